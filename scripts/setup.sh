@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Installs everything vision_preproc needs on a fresh Debian 12 / Ubuntu x86-64 machine
+# with no ROS packages: apt packages, a Python 3.11 venv in .ros/venv holding ROS 2
+# Kilted from PyPI wheels, colcon, the test tools and NVRTC, the three wheel fix-ups,
+# the interface package vision_preproc_msgs built into .ros/install, and .ros/env.sh.
+#
+# Idempotent: each step is skipped when its inputs have not changed (stamp files in
+# .ros/), so a second run finishes in about a second.
+#
+# Usage: scripts/setup.sh            then: source .ros/env.sh
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROS_DIR="$ROOT/.ros"
+VENV="$ROS_DIR/venv"
+PREFIX="$ROS_DIR/install"
+PYTHON="${PYTHON:-python3.11}"
+
+log() { printf '[setup] %s\n' "$*"; }
+hash_of() { cat "$@" | sha256sum | cut -c1-16; }
+stamp_ok() { [ -f "$ROS_DIR/$1.stamp" ] && [ "$(cat "$ROS_DIR/$1.stamp")" = "$2" ]; }
+stamp_set() { echo "$2" >"$ROS_DIR/$1.stamp"; }
+
+mkdir -p "$ROS_DIR"
+
+# 1. System packages: r2r runs bindgen at build time (libclang).
+missing=()
+for p in libclang-dev clang; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    log "apt: installing ${missing[*]}"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+    log "apt: libclang-dev clang present"
+fi
+
+# 2. The venv with pinned ROS 2 wheels, colcon, test tools, NVRTC.
+command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found (Python 3.11 is required by the ROS 2 wheels)" >&2; exit 1; }
+req_hash="$(hash_of "$ROOT/scripts/requirements-ros.txt")-$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')-$ROOT"
+if [ -x "$VENV/bin/python" ] && stamp_ok venv "$req_hash"; then
+    log "venv: up to date ($VENV)"
+else
+    log "venv: installing pinned wheels into $VENV (about 30 s with a warm pip cache)"
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/scripts/requirements-ros.txt"
+    rm -f "$ROS_DIR"/*.stamp
+    stamp_set venv "$req_hash"
+fi
+
+# 3. The three fix-ups (idempotent, cheap: always run).
+"$VENV/bin/python" "$ROOT/scripts/ros_fixups.py" "$VENV"
+
+# 4. The environment file.
+"$VENV/bin/python" "$ROOT/scripts/write_env.py" "$ROOT" >"$ROS_DIR/env.sh.tmp"
+mv "$ROS_DIR/env.sh.tmp" "$ROS_DIR/env.sh"
+
+# 5. The interface package, built with colcon into .ros/install.
+msgs_hash="$(hash_of $(find "$ROOT/msgs" -type f | sort) "$ROS_DIR/venv.stamp")"
+if stamp_ok msgs "$msgs_hash" && [ -f "$PREFIX/share/vision_preproc_msgs/package.xml" ]; then
+    log "vision_preproc_msgs: up to date ($PREFIX)"
+else
+    log "vision_preproc_msgs: building with colcon (about 20 s)"
+    (
+        # shellcheck disable=SC1091
+        source "$ROS_DIR/env.sh"
+        cd "$ROS_DIR"
+        colcon --log-base "$ROS_DIR/log/colcon" build \
+            --base-paths "$ROOT/msgs" \
+            --build-base "$ROS_DIR/build" --install-base "$PREFIX" --merge-install \
+            --event-handlers console_cohesion- summary+ \
+            --cmake-args -DBUILD_TESTING=OFF -DPython3_EXECUTABLE="$VENV/bin/python"
+    )
+    stamp_set msgs "$msgs_hash"
+fi
+
+log "done. Use it with: source $ROS_DIR/env.sh"
