@@ -1,0 +1,49 @@
+//! Backends compute one function, defined by the CPU backend (the specification) and
+//! reproduced by the CUDA backend. They know nothing of ROS or of the configuration
+//! file: the pipeline resolves everything into the plain operation structs of [`ops`].
+
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub.rs"]
+pub mod cuda;
+pub mod ops;
+
+use crate::error::Result;
+use crate::image::ImageView;
+pub use ops::{AxisMap, Conv2dOp, PreprocessOp, PreprocessParams, TensorDesc};
+
+/// Time spent in each stage of one frame, in microseconds. A stage a backend does not
+/// have is 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StageTimes {
+    /// Copy of the frame into the backend's input buffer.
+    pub upload_us: f32,
+    /// The fused decode + resize + pad + normalize + layout pass.
+    pub preprocess_us: f32,
+    /// conv2d.
+    pub conv_us: f32,
+    /// Copy of the tensor back to host memory.
+    pub download_us: f32,
+}
+
+/// A compute backend.
+pub trait Backend: Send {
+    /// "cpu" or "cuda", as published in `FrameTiming.backend`.
+    fn name(&self) -> &'static str;
+
+    /// A human-readable description of the device (CPU threads, GPU name and clock).
+    fn device_description(&self) -> String;
+
+    /// Run the preprocessing (and conv2d, when given) on `image`, writing the finished
+    /// tensor's bytes (`op.params.tensor_desc()`, little-endian) into `out`, which is
+    /// resized to fit.
+    fn process(
+        &mut self,
+        image: &ImageView<'_>,
+        op: &PreprocessOp,
+        conv: Option<&Conv2dOp>,
+        out: &mut Vec<u8>,
+    ) -> Result<StageTimes>;
+}

@@ -1,0 +1,200 @@
+//! The operations, as plain structs shared by both backends. What goes to a kernel by
+//! value is `#[repr(C)]` with a C twin in `kernels/common.cuh` (keep in sync; a test
+//! checks size and offsets).
+
+use crate::config::{Border, DType, Interpolation, Layout};
+
+/// Per-axis sampling table: for each destination index `d` in the content rectangle, the
+/// two source indices (absolute, in the full image) and the weight of the second, exactly
+/// as OpenCV's `cv::resize` computes them (`hal::resize`: `scale = 1 / (dst / src)` in
+/// double; linear: `f = (float)((d + 0.5) * scale - 0.5)`, `s = floor(f)`, `f -= s`,
+/// clamped at both edges with weight 0 on the outer tap; nearest:
+/// `s = min(floor(d * scale), src - 1)`). Both backends sample through these tables, so
+/// their coordinates are bit-identical; the CUDA backend uploads them once per size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AxisMap {
+    /// First source index of each destination index.
+    pub i0: Vec<i32>,
+    /// Second source index (== `i0` at the clamped edges and for nearest).
+    pub i1: Vec<i32>,
+    /// Weight of `i1`; `i0` has weight `1 - w1`.
+    pub w1: Vec<f32>,
+}
+
+impl AxisMap {
+    /// Map `dst_len` destination samples onto the source span `[start, start + src_len)`.
+    pub fn new(start: u32, src_len: u32, dst_len: u32, interpolation: Interpolation) -> Self {
+        let n = dst_len as usize;
+        let mut map = AxisMap {
+            i0: Vec::with_capacity(n),
+            i1: Vec::with_capacity(n),
+            w1: Vec::with_capacity(n),
+        };
+        let inv_scale = f64::from(dst_len) / f64::from(src_len);
+        let scale = 1.0 / inv_scale;
+        let last = src_len as i32 - 1;
+        for d in 0..dst_len {
+            let (s, f) = match interpolation {
+                Interpolation::Nearest => {
+                    (((f64::from(d) * scale).floor() as i32).min(last), 0.0f32)
+                }
+                Interpolation::Linear => {
+                    let mut f = ((f64::from(d) + 0.5) * scale - 0.5) as f32;
+                    let mut s = f.floor() as i32;
+                    f -= s as f32;
+                    if s < 0 {
+                        s = 0;
+                        f = 0.0;
+                    }
+                    if s >= last {
+                        s = last;
+                        f = 0.0;
+                    }
+                    (s, f)
+                }
+            };
+            let (s1, f) = match interpolation {
+                Interpolation::Nearest => (s, f),
+                Interpolation::Linear => ((s + 1).min(last), f),
+            };
+            map.i0.push(start as i32 + s);
+            map.i1.push(start as i32 + s1);
+            map.w1.push(f);
+        }
+        map
+    }
+}
+
+/// Shape and type of the output tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorDesc {
+    /// Channels (1 or 3).
+    pub channels: u32,
+    /// Network image height.
+    pub height: u32,
+    /// Network image width.
+    pub width: u32,
+    /// Layout.
+    pub layout: Layout,
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl TensorDesc {
+    /// Elements in the tensor.
+    pub fn len(&self) -> usize {
+        self.channels as usize * self.height as usize * self.width as usize
+    }
+    /// True when the tensor has no elements (never, for a validated configuration).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Bytes in the tensor.
+    pub fn byte_len(&self) -> usize {
+        self.len() * self.dtype.size()
+    }
+    /// Dimensions in layout order, batch first.
+    pub fn shape(&self) -> [u32; 4] {
+        match self.layout {
+            Layout::Nchw => [1, self.channels, self.height, self.width],
+            Layout::Nhwc => [1, self.height, self.width, self.channels],
+        }
+    }
+    /// Element index of (channel, row, column).
+    #[inline]
+    pub fn index(&self, c: usize, y: usize, x: usize) -> usize {
+        let (h, w, ch) = (self.height as usize, self.width as usize, self.channels as usize);
+        match self.layout {
+            Layout::Nchw => (c * h + y) * w + x,
+            Layout::Nhwc => (y * w + x) * ch + c,
+        }
+    }
+}
+
+/// The fused preprocessing of one frame size, passed to the kernel by value.
+/// Keep in sync with `struct PreprocessParams` in `kernels/common.cuh`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PreprocessParams {
+    /// Source width in pixels.
+    pub src_width: u32,
+    /// Source height in pixels.
+    pub src_height: u32,
+    /// Source row stride in bytes.
+    pub src_step: u32,
+    /// `Encoding` discriminant.
+    pub encoding: u32,
+    /// 1 when 16-bit samples are big-endian.
+    pub big_endian: u32,
+    /// Network image width.
+    pub dst_width: u32,
+    /// Network image height.
+    pub dst_height: u32,
+    /// Content rectangle (where the resampled region lands), left.
+    pub content_x: u32,
+    /// Content rectangle, top.
+    pub content_y: u32,
+    /// Content rectangle, width (length of the x sampling table).
+    pub content_w: u32,
+    /// Content rectangle, height (length of the y sampling table).
+    pub content_h: u32,
+    /// Output channels, 1 or 3.
+    pub channels: u32,
+    /// 1 when output channel 0 is blue (channel_order bgr).
+    pub swap_rb: u32,
+    /// `Layout` discriminant.
+    pub layout: u32,
+    /// `DType` discriminant.
+    pub dtype: u32,
+    /// `Interpolation` discriminant.
+    pub interpolation: u32,
+    /// Per output channel: `pixel_scale / image_stddev[c]`.
+    pub scale: [f32; 3],
+    /// Per output channel: `-image_mean[c] / image_stddev[c]`.
+    pub bias: [f32; 3],
+    /// Per output channel: the normalized padding value.
+    pub pad: [f32; 3],
+}
+
+impl PreprocessParams {
+    /// The output tensor this operation writes.
+    pub fn tensor_desc(&self) -> TensorDesc {
+        TensorDesc {
+            channels: self.channels,
+            height: self.dst_height,
+            width: self.dst_width,
+            layout: if self.layout == Layout::Nhwc as u32 { Layout::Nhwc } else { Layout::Nchw },
+            dtype: if self.dtype == DType::Float16 as u32 {
+                DType::Float16
+            } else {
+                DType::Float32
+            },
+        }
+    }
+}
+
+/// The fused preprocessing of one frame size: parameters plus sampling tables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreprocessOp {
+    /// Scalars, passed to the kernel by value.
+    pub params: PreprocessParams,
+    /// Column table (`content_w` entries).
+    pub x_map: AxisMap,
+    /// Row table (`content_h` entries).
+    pub y_map: AxisMap,
+}
+
+/// conv2d on each channel of the normalized network image (correlation, like
+/// `cv2.filter2D`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conv2dOp {
+    /// Odd kernel size, 1..=15.
+    pub size: u32,
+    /// `size * size` weights, row-major.
+    pub weights: Vec<f32>,
+    /// `(column, row)` factors when the kernel is their outer product
+    /// (`weights[r * size + c] = row[r] * col[c]`), for the separable path.
+    pub separable: Option<(Vec<f32>, Vec<f32>)>,
+    /// Border handling.
+    pub border: Border,
+}

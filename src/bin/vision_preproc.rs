@@ -1,0 +1,50 @@
+//! `vision_preproc`: the offline command-line tool (no ROS needed).
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use vision_preproc::pipeline::select_backend;
+use vision_preproc::Config;
+
+#[derive(Parser)]
+#[command(
+    name = "vision_preproc",
+    version,
+    about = "Offline tools of vision_preproc: configurations, files, bags, benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Parse and validate a parameters file (ROS `ros__parameters` shape) and print the
+    /// resolved configuration.
+    CheckConfig {
+        /// The YAML file.
+        file: PathBuf,
+    },
+    /// Say which backend `backend: auto` would pick on this machine, and why.
+    Info,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { file } => {
+            let cfg = Config::from_yaml_file(&file)?;
+            print!("{}", serde_yaml::to_string(&cfg).context("printing the configuration")?);
+        }
+        Command::Info => {
+            let cfg = Config::default();
+            let (backend, fallback) = select_backend(&cfg)?;
+            println!("vision_preproc {}", env!("CARGO_PKG_VERSION"));
+            println!("backend (auto): {} — {}", backend.name(), backend.device_description());
+            if let Some(reason) = fallback {
+                println!("no GPU backend: {reason}");
+            }
+        }
+    }
+    Ok(())
+}

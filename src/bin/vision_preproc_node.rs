@@ -1,0 +1,5 @@
+//! `vision_preproc_node`: the ROS 2 node. All the work is in `vision_preproc::node`.
+
+fn main() -> std::process::ExitCode {
+    vision_preproc::node::main()
+}

@@ -1,0 +1,191 @@
+//! One error type for the crate: configuration, image validation, CUDA, I/O.
+
+use crate::image::Encoding;
+
+/// Result with the crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in vision_preproc. Each message names the parameter or
+/// field at fault and, where there is one, the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value is out of range or of the wrong shape.
+    #[error("parameter `{param}`: {value} is invalid; {expected}")]
+    Config {
+        /// The ROS parameter name (dotted for nested ones, e.g. `conv.size`).
+        param: String,
+        /// The offending value, as given.
+        value: String,
+        /// The valid range or set, phrased as a fix.
+        expected: String,
+    },
+    /// An input image that cannot be processed (the frame is rejected, the node goes on).
+    #[error("invalid image: {0}")]
+    Image(#[from] ImageError),
+    /// A CUDA failure, with context.
+    #[error("CUDA: {0}")]
+    Cuda(#[from] CudaError),
+    /// The CUDA backend was asked for but this binary was built without it.
+    #[error("backend `cuda`: this binary was built without the `cuda` feature; rebuild with `--features cuda` or set `backend: cpu`")]
+    CudaNotCompiled,
+    /// Reading or writing a file.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A YAML file that does not parse into the configuration.
+    #[error("{context}: {message}")]
+    Yaml {
+        /// The file.
+        context: String,
+        /// serde_yaml's message (names the unknown or mistyped parameter).
+        message: String,
+    },
+}
+
+impl Error {
+    /// A configuration error naming `param`, the bad `value` and the `expected` range.
+    pub fn config(
+        param: impl Into<String>,
+        value: impl std::fmt::Display,
+        expected: impl Into<String>,
+    ) -> Self {
+        Error::Config { param: param.into(), value: value.to_string(), expected: expected.into() }
+    }
+
+    /// An I/O error with the action and path as context.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+}
+
+/// Why an input image was rejected. Each variant names the `sensor_msgs/Image` field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageError {
+    /// `encoding` is not one we decode.
+    #[error("encoding `{0}` is not supported; use one of: {list}", list = Encoding::SUPPORTED_LIST)]
+    UnknownEncoding(String),
+    /// `width` or `height` is zero.
+    #[error("width {width} x height {height}: both must be at least 1")]
+    ZeroSize {
+        /// `width` field.
+        width: u32,
+        /// `height` field.
+        height: u32,
+    },
+    /// `width` * bytes per pixel (or step * height) does not fit in memory arithmetic.
+    #[error("width {width} x height {height} with step {step} overflows the byte count for encoding {encoding}")]
+    Overflow {
+        /// `width` field.
+        width: u32,
+        /// `height` field.
+        height: u32,
+        /// `step` field.
+        step: u32,
+        /// Parsed encoding.
+        encoding: Encoding,
+    },
+    /// `step` is smaller than one row of pixels.
+    #[error("step {step} < width*{bpp} ({min}) for encoding {encoding}; step is the row length in bytes")]
+    StepTooSmall {
+        /// `step` field.
+        step: u32,
+        /// Bytes per pixel of the encoding (for 4:2:2, 2).
+        bpp: u32,
+        /// width * bytes per pixel.
+        min: u64,
+        /// Parsed encoding.
+        encoding: Encoding,
+    },
+    /// `data` is not exactly the size the header describes.
+    #[error("data is {len} bytes but {expected_expr} = {expected} for encoding {encoding}")]
+    DataSize {
+        /// `data.len()`.
+        len: usize,
+        /// The size the header implies.
+        expected: u64,
+        /// How `expected` was computed (e.g. "step*height").
+        expected_expr: &'static str,
+        /// Parsed encoding.
+        encoding: Encoding,
+    },
+    /// 4:2:2 encodings pack two pixels in four bytes: width must be even.
+    #[error("width {width} is odd; {encoding} packs 2 pixels per 4 bytes, so width must be even")]
+    OddWidth {
+        /// `width` field.
+        width: u32,
+        /// Parsed encoding.
+        encoding: Encoding,
+    },
+    /// 4:2:0 encodings subsample both axes: width and height must be even.
+    #[error(
+        "width {width} x height {height}: {encoding} subsamples chroma 2x2, so both must be even"
+    )]
+    OddSize {
+        /// `width` field.
+        width: u32,
+        /// `height` field.
+        height: u32,
+        /// Parsed encoding.
+        encoding: Encoding,
+    },
+    /// The configured `roi` does not lie inside the image.
+    #[error("roi [x {x}, y {y}, width {w}, height {h}] is not inside the {width}x{height} image; shrink `roi` or set it to [] for the whole image")]
+    RoiOutside {
+        /// roi x.
+        x: u32,
+        /// roi y.
+        y: u32,
+        /// roi width.
+        w: u32,
+        /// roi height.
+        h: u32,
+        /// Image width.
+        width: u32,
+        /// Image height.
+        height: u32,
+    },
+}
+
+/// A CUDA failure with the context needed to find it: which call, which kernel, which
+/// launch shape.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// libcuda or libnvrtc could not be loaded, or no device is present.
+    #[error("no usable GPU: {0}")]
+    Unavailable(String),
+    /// NVRTC rejected a kernel; `log` is the compiler's output.
+    #[error("compiling kernel file `{file}` for {arch} failed:\n{log}")]
+    Compile {
+        /// Kernel source file (e.g. `resize_normalize.cu`).
+        file: String,
+        /// Target (e.g. `sm_87`).
+        arch: String,
+        /// NVRTC's log.
+        log: String,
+    },
+    /// A kernel launch failed.
+    #[error("launching `{kernel}` with grid {grid:?} block {block:?}: {message}")]
+    Launch {
+        /// Kernel entry point.
+        kernel: String,
+        /// Grid dimensions.
+        grid: (u32, u32, u32),
+        /// Block dimensions.
+        block: (u32, u32, u32),
+        /// Driver error.
+        message: String,
+    },
+    /// Any other driver call.
+    #[error("{call}: {message}")]
+    Driver {
+        /// What was being done (e.g. "allocating 12 MB of pinned memory").
+        call: String,
+        /// Driver error.
+        message: String,
+    },
+}

@@ -1,0 +1,317 @@
+//! A validated, borrowed view of one input image (`sensor_msgs/Image` without ROS), and
+//! the encodings we decode.
+
+use crate::error::ImageError;
+use std::fmt;
+
+/// A pixel encoding of `sensor_msgs/Image` that vision_preproc decodes. The discriminants
+/// are shared with the CUDA kernels (`kernels/common.cuh`, keep in sync).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Encoding {
+    /// 3 x u8, R G B.
+    Rgb8 = 0,
+    /// 3 x u8, B G R.
+    Bgr8 = 1,
+    /// 4 x u8, R G B A (alpha ignored).
+    Rgba8 = 2,
+    /// 4 x u8, B G R A (alpha ignored).
+    Bgra8 = 3,
+    /// 1 x u8.
+    Mono8 = 4,
+    /// 1 x u16 (byte order from `is_bigendian`).
+    Mono16 = 5,
+    /// 3 x u16, R G B.
+    Rgb16 = 6,
+    /// 3 x u16, B G R.
+    Bgr16 = 7,
+    /// YUV 4:2:2, bytes Y0 U Y1 V (ROS `yuv422_yuy2`).
+    Yuyv = 8,
+    /// YUV 4:2:2, bytes U Y0 V Y1 (ROS `yuv422`).
+    Uyvy = 9,
+    /// YUV 4:2:0, a Y plane then interleaved U V rows.
+    Nv12 = 10,
+    /// YUV 4:2:0, a Y plane then interleaved V U rows.
+    Nv21 = 11,
+    /// Bayer mosaic, first row R G R G.
+    BayerRggb8 = 12,
+    /// Bayer mosaic, first row B G B G.
+    BayerBggr8 = 13,
+    /// Bayer mosaic, first row G B G B.
+    BayerGbrg8 = 14,
+    /// Bayer mosaic, first row G R G R.
+    BayerGrbg8 = 15,
+}
+
+impl Encoding {
+    /// Every supported encoding, in discriminant order.
+    pub const ALL: [Encoding; 16] = [
+        Encoding::Rgb8,
+        Encoding::Bgr8,
+        Encoding::Rgba8,
+        Encoding::Bgra8,
+        Encoding::Mono8,
+        Encoding::Mono16,
+        Encoding::Rgb16,
+        Encoding::Bgr16,
+        Encoding::Yuyv,
+        Encoding::Uyvy,
+        Encoding::Nv12,
+        Encoding::Nv21,
+        Encoding::BayerRggb8,
+        Encoding::BayerBggr8,
+        Encoding::BayerGbrg8,
+        Encoding::BayerGrbg8,
+    ];
+
+    /// The accepted `encoding` strings, for error messages.
+    pub const SUPPORTED_LIST: &'static str = "rgb8, bgr8, rgba8, bgra8, mono8, mono16, rgb16, \
+        bgr16, yuyv (alias yuv422_yuy2), uyvy (alias yuv422), nv12, nv21, bayer_rggb8, \
+        bayer_bggr8, bayer_gbrg8, bayer_grbg8";
+
+    /// Parse a `sensor_msgs/Image` encoding string (exact, lower case as in
+    /// `sensor_msgs/image_encodings.hpp`; `yuv422_yuy2` and `yuv422` are the older names
+    /// of `yuyv` and `uyvy`).
+    pub fn parse(s: &str) -> Result<Encoding, ImageError> {
+        Ok(match s {
+            "rgb8" => Encoding::Rgb8,
+            "bgr8" => Encoding::Bgr8,
+            "rgba8" => Encoding::Rgba8,
+            "bgra8" => Encoding::Bgra8,
+            "mono8" => Encoding::Mono8,
+            "mono16" => Encoding::Mono16,
+            "rgb16" => Encoding::Rgb16,
+            "bgr16" => Encoding::Bgr16,
+            "yuyv" | "yuv422_yuy2" => Encoding::Yuyv,
+            "uyvy" | "yuv422" => Encoding::Uyvy,
+            "nv12" => Encoding::Nv12,
+            "nv21" => Encoding::Nv21,
+            "bayer_rggb8" => Encoding::BayerRggb8,
+            "bayer_bggr8" => Encoding::BayerBggr8,
+            "bayer_gbrg8" => Encoding::BayerGbrg8,
+            "bayer_grbg8" => Encoding::BayerGrbg8,
+            other => return Err(ImageError::UnknownEncoding(other.to_string())),
+        })
+    }
+
+    /// The canonical ROS name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Rgb8 => "rgb8",
+            Encoding::Bgr8 => "bgr8",
+            Encoding::Rgba8 => "rgba8",
+            Encoding::Bgra8 => "bgra8",
+            Encoding::Mono8 => "mono8",
+            Encoding::Mono16 => "mono16",
+            Encoding::Rgb16 => "rgb16",
+            Encoding::Bgr16 => "bgr16",
+            Encoding::Yuyv => "yuyv",
+            Encoding::Uyvy => "uyvy",
+            Encoding::Nv12 => "nv12",
+            Encoding::Nv21 => "nv21",
+            Encoding::BayerRggb8 => "bayer_rggb8",
+            Encoding::BayerBggr8 => "bayer_bggr8",
+            Encoding::BayerGbrg8 => "bayer_gbrg8",
+            Encoding::BayerGrbg8 => "bayer_grbg8",
+        }
+    }
+
+    /// Bytes per pixel in a row of the (first) plane. 4:2:2 formats: 2 (4 bytes per 2
+    /// pixels); NV12/NV21: 1 (the Y plane).
+    pub fn bytes_per_pixel(self) -> u32 {
+        match self {
+            Encoding::Rgb8 | Encoding::Bgr8 => 3,
+            Encoding::Rgba8 | Encoding::Bgra8 => 4,
+            Encoding::Mono8 => 1,
+            Encoding::Mono16 => 2,
+            Encoding::Rgb16 | Encoding::Bgr16 => 6,
+            Encoding::Yuyv | Encoding::Uyvy => 2,
+            Encoding::Nv12 | Encoding::Nv21 => 1,
+            Encoding::BayerRggb8
+            | Encoding::BayerBggr8
+            | Encoding::BayerGbrg8
+            | Encoding::BayerGrbg8 => 1,
+        }
+    }
+
+    /// True for single-channel (grey) sources: mono8 and mono16.
+    pub fn is_mono(self) -> bool {
+        matches!(self, Encoding::Mono8 | Encoding::Mono16)
+    }
+
+    /// True for 16-bit samples (byte order matters).
+    pub fn is_16bit(self) -> bool {
+        matches!(self, Encoding::Mono16 | Encoding::Rgb16 | Encoding::Bgr16)
+    }
+
+    /// Rows of `step` bytes in `data`, times 2, for a `height`-row image (NV12/NV21 carry
+    /// half as many chroma rows after the Y plane).
+    fn rows_x2(self, height: u64) -> u64 {
+        match self {
+            Encoding::Nv12 | Encoding::Nv21 => height * 3,
+            _ => height * 2,
+        }
+    }
+}
+
+impl fmt::Display for Encoding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A borrowed, validated image: every constructor checks the header against the data,
+/// so code that takes an `ImageView` never indexes out of bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct ImageView<'a> {
+    width: u32,
+    height: u32,
+    step: u32,
+    encoding: Encoding,
+    big_endian: bool,
+    data: &'a [u8],
+}
+
+impl<'a> ImageView<'a> {
+    /// Validate the fields of a `sensor_msgs/Image` and borrow its data.
+    ///
+    /// The data must be exactly `step * height` bytes (`step * height * 3 / 2` for
+    /// NV12/NV21: a Y plane of `height` rows, then `height / 2` rows of interleaved
+    /// chroma, all of `step` bytes).
+    pub fn new(
+        width: u32,
+        height: u32,
+        step: u32,
+        encoding: &str,
+        is_bigendian: bool,
+        data: &'a [u8],
+    ) -> Result<Self, ImageError> {
+        let encoding = Encoding::parse(encoding)?;
+        Self::with_encoding(width, height, step, encoding, is_bigendian, data)
+    }
+
+    /// [`ImageView::new`] with an already parsed encoding.
+    pub fn with_encoding(
+        width: u32,
+        height: u32,
+        step: u32,
+        encoding: Encoding,
+        is_bigendian: bool,
+        data: &'a [u8],
+    ) -> Result<Self, ImageError> {
+        if width == 0 || height == 0 {
+            return Err(ImageError::ZeroSize { width, height });
+        }
+        match encoding {
+            Encoding::Yuyv | Encoding::Uyvy if width % 2 != 0 => {
+                return Err(ImageError::OddWidth { width, encoding });
+            }
+            Encoding::Nv12 | Encoding::Nv21 if width % 2 != 0 || height % 2 != 0 => {
+                return Err(ImageError::OddSize { width, height, encoding });
+            }
+            _ => {}
+        }
+        let bpp = encoding.bytes_per_pixel();
+        let min = u64::from(width) * u64::from(bpp);
+        if u64::from(step) < min {
+            return Err(ImageError::StepTooSmall { step, bpp, min, encoding });
+        }
+        let expected = u64::from(step) * encoding.rows_x2(u64::from(height)) / 2;
+        // Every index we compute is an i32/u32 on the GPU: keep the buffer under 2 GiB.
+        if expected > i32::MAX as u64 {
+            return Err(ImageError::Overflow { width, height, step, encoding });
+        }
+        if data.len() as u64 != expected {
+            let expected_expr = match encoding {
+                Encoding::Nv12 | Encoding::Nv21 => "step*height*3/2",
+                _ => "step*height",
+            };
+            return Err(ImageError::DataSize {
+                len: data.len(),
+                expected,
+                expected_expr,
+                encoding,
+            });
+        }
+        Ok(ImageView { width, height, step, encoding, big_endian: is_bigendian, data })
+    }
+
+    /// Width in pixels.
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+    /// Height in pixels.
+    pub fn height(&self) -> u32 {
+        self.height
+    }
+    /// Row stride in bytes.
+    pub fn step(&self) -> u32 {
+        self.step
+    }
+    /// Pixel encoding.
+    pub fn encoding(&self) -> Encoding {
+        self.encoding
+    }
+    /// Byte order of 16-bit samples (ignored for 8-bit encodings).
+    pub fn big_endian(&self) -> bool {
+        self.big_endian
+    }
+    /// The bytes, exactly as long as the header says.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_name_and_alias() {
+        for e in Encoding::ALL {
+            assert_eq!(Encoding::parse(e.name()), Ok(e));
+        }
+        assert_eq!(Encoding::parse("yuv422_yuy2"), Ok(Encoding::Yuyv));
+        assert_eq!(Encoding::parse("yuv422"), Ok(Encoding::Uyvy));
+        let err = Encoding::parse("8UC3").unwrap_err();
+        assert_eq!(err, ImageError::UnknownEncoding("8UC3".into()));
+        assert!(err.to_string().contains("encoding `8UC3` is not supported"), "{err}");
+    }
+
+    #[test]
+    fn discriminants_follow_all() {
+        for (i, e) in Encoding::ALL.iter().enumerate() {
+            assert_eq!(*e as u32, i as u32);
+        }
+    }
+
+    #[test]
+    fn rejects_bad_headers_with_the_field_named() {
+        let d = vec![0u8; 12];
+        let e = ImageView::new(4, 1, 11, "rgb8", false, &d).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "step 11 < width*3 (12) for encoding rgb8; step is the row length in bytes"
+        );
+        let e = ImageView::new(4, 2, 12, "rgb8", false, &d).unwrap_err();
+        assert_eq!(e.to_string(), "data is 12 bytes but step*height = 24 for encoding rgb8");
+        let e = ImageView::new(0, 2, 12, "rgb8", false, &d).unwrap_err();
+        assert!(matches!(e, ImageError::ZeroSize { width: 0, height: 2 }));
+        let e = ImageView::new(3, 2, 6, "yuyv", false, &d).unwrap_err();
+        assert!(matches!(e, ImageError::OddWidth { width: 3, .. }));
+        let e = ImageView::new(4, 3, 4, "nv12", false, &d).unwrap_err();
+        assert!(matches!(e, ImageError::OddSize { width: 4, height: 3, .. }));
+        let e = ImageView::new(u32::MAX, u32::MAX, u32::MAX, "rgb16", false, &d).unwrap_err();
+        assert!(matches!(e, ImageError::StepTooSmall { .. }), "{e:?}");
+        let e = ImageView::new(65536, 65536, 196608, "rgb8", false, &d).unwrap_err();
+        assert!(matches!(e, ImageError::Overflow { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn nv12_size_includes_the_chroma_rows() {
+        let d = vec![0u8; 4 * 2 * 3 / 2];
+        assert!(ImageView::new(4, 2, 4, "nv12", false, &d).is_ok());
+        let e = ImageView::new(4, 2, 4, "nv12", false, &d[..8]).unwrap_err();
+        assert_eq!(e.to_string(), "data is 8 bytes but step*height*3/2 = 12 for encoding nv12");
+    }
+}

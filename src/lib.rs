@@ -1,0 +1,30 @@
+//! vision_preproc turns camera frames into network-ready tensors: decode any common
+//! camera encoding, crop, resize (bilinear or nearest) with letterbox or centre crop,
+//! normalize, reorder channels and lay the result out as NCHW/NHWC float32/float16, then
+//! optionally convolve — in one pass.
+//!
+//! Three layers, arrows pointing down only:
+//!
+//! ```text
+//! node/      r2r + tokio: topics, QoS, parameters, message <-> view, diagnostics  (feature "ros")
+//!   | uses
+//! pipeline/  validated config, geometry, operations per frame size, backend selection
+//!   | uses
+//! backend/   trait Backend  ->  cpu/ (the specification)  |  cuda/ (feature "cuda")
+//! ```
+//!
+//! [`config`] and [`image`] are the shared vocabulary (the parameters; a validated view
+//! of an input image). `backend/` never imports r2r and `node/` never imports cudarc.
+
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod image;
+#[cfg(feature = "ros")]
+pub mod node;
+pub mod pipeline;
+
+pub use config::Config;
+pub use error::{Error, ImageError, Result};
+pub use image::{Encoding, ImageView};
+pub use pipeline::{FrameInfo, Geometry, Pipeline};

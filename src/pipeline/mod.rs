@@ -1,0 +1,163 @@
+//! The pipeline: turns a validated [`Config`] and each frame's size into the backend's
+//! operations (cached per frame size), selects the backend, runs a frame and returns
+//! the tensor with its geometry and stage timing.
+
+pub mod geometry;
+
+use crate::backend::{
+    self, Backend, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes, TensorDesc,
+};
+use crate::config::{BackendChoice, ChannelOrder, Config, ConvKernel};
+use crate::error::{Error, Result};
+use crate::image::ImageView;
+pub use geometry::{Geometry, Rect};
+
+/// One processed frame: the tensor bytes live in the [`Pipeline`]'s output buffer.
+#[derive(Debug, Clone)]
+pub struct FrameInfo {
+    /// Shape and type of the tensor.
+    pub desc: TensorDesc,
+    /// The geometry used (scale, offset, source size).
+    pub geometry: Geometry,
+    /// Stage timing reported by the backend.
+    pub times: StageTimes,
+}
+
+/// Builds the operations for each frame size and runs them on a backend.
+pub struct Pipeline {
+    config: Config,
+    backend: Box<dyn Backend>,
+    /// Operation for the last frame size: (width, height) -> (geometry, op).
+    cached: Option<((u32, u32), Geometry, PreprocessOp)>,
+    conv: Option<Conv2dOp>,
+    output: Vec<u8>,
+}
+
+impl Pipeline {
+    /// A pipeline for a validated `config` on `backend`.
+    pub fn new(config: Config, backend: Box<dyn Backend>) -> Result<Self> {
+        config.validate()?;
+        let conv = conv_op(&config)?;
+        Ok(Pipeline { config, backend, cached: None, conv, output: Vec::new() })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    /// Replace the configuration (validated first; on error the old one stays). Cheap
+    /// changes apply to the next frame; size changes rebuild the cached operation.
+    pub fn set_config(&mut self, config: Config) -> Result<()> {
+        config.validate()?;
+        self.conv = conv_op(&config)?;
+        self.config = config;
+        self.cached = None;
+        Ok(())
+    }
+
+    /// Process one frame. The tensor's bytes are in [`Pipeline::tensor_bytes`] until the
+    /// next call.
+    pub fn process(&mut self, image: &ImageView<'_>) -> Result<FrameInfo> {
+        let key = (image.width(), image.height());
+        let stale = !matches!(&self.cached, Some((k, _, _)) if *k == key);
+        if stale {
+            let geometry = Geometry::resolve(&self.config, key.0, key.1)?;
+            let op = preprocess_op(&self.config, &geometry);
+            self.cached = Some((key, geometry, op));
+        }
+        let Some((_, geometry, op)) = &mut self.cached else { unreachable!("cache filled above") };
+        // Per-frame fields of the source (same size, maybe another encoding or step).
+        op.params.src_step = image.step();
+        op.params.encoding = image.encoding() as u32;
+        op.params.big_endian = u32::from(image.big_endian());
+        let times = self.backend.process(image, op, self.conv.as_ref(), &mut self.output)?;
+        Ok(FrameInfo { desc: op.params.tensor_desc(), geometry: geometry.clone(), times })
+    }
+
+    /// The bytes of the last tensor (little-endian, dense in its layout).
+    pub fn tensor_bytes(&self) -> &[u8] {
+        &self.output
+    }
+}
+
+/// Resolve the fused operation for one geometry.
+pub fn preprocess_op(cfg: &Config, g: &Geometry) -> PreprocessOp {
+    let channels = cfg.output_channels;
+    let mut scale = [0.0f32; 3];
+    let mut bias = [0.0f32; 3];
+    let mut pad = [0.0f32; 3];
+    let swap_rb = channels == 3 && cfg.channel_order == ChannelOrder::Bgr;
+    for c in 0..channels as usize {
+        let mean = Config::per_channel(&cfg.image_mean, c);
+        let std = Config::per_channel(&cfg.image_stddev, c);
+        scale[c] = (cfg.pixel_scale / std) as f32;
+        bias[c] = (-mean / std) as f32;
+        // pad_value is [R, G, B] in source units; output channel c is R, G or B.
+        let pad_src = if channels == 1 {
+            // Grey padding: the same weights as the colour conversion (RGB2GRAY).
+            let p = |i: usize| Config::per_channel(&cfg.pad_value, i);
+            0.299 * p(0) + 0.587 * p(1) + 0.114 * p(2)
+        } else {
+            let rgb_index = if swap_rb { 2 - c } else { c };
+            Config::per_channel(&cfg.pad_value, rgb_index)
+        };
+        pad[c] = ((pad_src * cfg.pixel_scale - mean) / std) as f32;
+    }
+    let params = PreprocessParams {
+        src_width: g.source_width,
+        src_height: g.source_height,
+        src_step: 0,
+        encoding: 0,
+        big_endian: 0,
+        dst_width: g.network_width,
+        dst_height: g.network_height,
+        content_x: g.content.x,
+        content_y: g.content.y,
+        content_w: g.content.w,
+        content_h: g.content.h,
+        channels,
+        swap_rb: u32::from(swap_rb),
+        layout: cfg.output_layout as u32,
+        dtype: cfg.output_dtype as u32,
+        interpolation: cfg.interpolation as u32,
+        scale,
+        bias,
+        pad,
+    };
+    PreprocessOp { params, x_map: g.x_map(cfg.interpolation), y_map: g.y_map(cfg.interpolation) }
+}
+
+/// The conv2d operation of a configuration, or `None` for `conv.kernel: none`.
+pub fn conv_op(cfg: &Config) -> Result<Option<Conv2dOp>> {
+    match cfg.conv.kernel {
+        ConvKernel::None => Ok(None),
+        other => Err(Error::config(
+            "conv.kernel",
+            format!("{other:?}"),
+            "conv2d is not implemented yet in this build; use none",
+        )),
+    }
+}
+
+/// Pick the backend for `cfg.backend`. Returns the backend and, when `auto` fell back
+/// to the CPU, the reason (for a warning and a diagnostics note).
+pub fn select_backend(cfg: &Config) -> Result<(Box<dyn Backend>, Option<String>)> {
+    match cfg.backend {
+        BackendChoice::Cpu => Ok((Box::new(backend::cpu::CpuBackend::new()), None)),
+        BackendChoice::Cuda => {
+            Ok((backend::cuda::CudaBackend::open(cfg.device_id, cfg.memory_mode)?, None))
+        }
+        BackendChoice::Auto => {
+            match backend::cuda::CudaBackend::open(cfg.device_id, cfg.memory_mode) {
+                Ok(b) => Ok((b, None)),
+                Err(e) => Ok((Box::new(backend::cpu::CpuBackend::new()), Some(e.to_string()))),
+            }
+        }
+    }
+}
