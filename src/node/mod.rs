@@ -13,6 +13,7 @@ use futures::StreamExt;
 use r2r::sensor_msgs::msg::Image;
 use r2r::vision_preproc_msgs::msg::{FrameTiming, Tensor};
 use r2r::QosProfile;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -95,10 +96,34 @@ fn qos(profile: crate::config::QosProfile, depth: u32) -> QosProfile {
     base.keep_last(depth as usize)
 }
 
+/// The Fast DDS profile for camera-sized samples shipped with the package, if
+/// `FASTDDS_DEFAULT_PROFILES_FILE` is not already set: next to the executable in a colcon
+/// install (`lib/vision_preproc/` -> `share/vision_preproc/config/`), else in the source
+/// tree the binary was built from.
+fn default_dds_profile() -> Option<PathBuf> {
+    if std::env::var_os("FASTDDS_DEFAULT_PROFILES_FILE").is_some() {
+        return None;
+    }
+    let name = "fastdds_large_frames.xml";
+    let installed = std::env::current_exe().ok().and_then(|exe| {
+        Some(exe.parent()?.parent()?.parent()?.join("share/vision_preproc/config").join(name))
+    });
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("config").join(name);
+    installed.into_iter().chain([source]).find(|p| p.is_file())
+}
+
 fn run() -> anyhow::Result<()> {
+    // Before the DDS participant exists, while this process has one thread.
+    let dds_profile = default_dds_profile();
+    if let Some(p) = &dds_profile {
+        std::env::set_var("FASTDDS_DEFAULT_PROFILES_FILE", p);
+    }
     let ctx = r2r::Context::create()?;
     let mut node = r2r::Node::create(ctx, NODE_NAME, "")?;
     let logger = node.logger().to_string();
+    if let Some(p) = &dds_profile {
+        r2r::log_info!(&logger, "Fast DDS profile for large samples: {}", p.display());
+    }
 
     let config = {
         let params = node.params.lock().unwrap_or_else(|p| p.into_inner());
