@@ -574,3 +574,25 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("[x, y, width, height]"));
     }
 }
+
+#[cfg(test)]
+mod preset_tests {
+    use super::*;
+
+    /// Every shipped parameters file parses and validates (the presets users start from).
+    #[test]
+    fn every_shipped_config_file_is_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                Config::from_yaml_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 3, "expected default.yaml and at least two presets, found {n}");
+        let yolo = Config::from_yaml_file(&dir.join("yolo_640_letterbox.yaml")).unwrap();
+        assert_eq!((yolo.network_image_width, yolo.pad_value[0], yolo.tensor_name.as_str()), (640, 114.0, "images"));
+    }
+}
