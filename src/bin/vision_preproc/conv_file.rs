@@ -17,11 +17,13 @@ use vision_preproc::Config;
 /// Arguments of `conv-file`.
 #[derive(Args)]
 pub struct ConvFileArgs {
-    /// Input planes: float32 array of shape (C, H, W), C order.
-    input: PathBuf,
-    /// Output: float32 (C, H, W), the input after conv2d.
-    #[arg(short, long)]
-    output: PathBuf,
+    /// Input planes: float32 arrays of shape (C, H, W), C order (several files, each of
+    /// its own size, share one start-up).
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
+    /// Output: float32 (C, H, W), the input after conv2d; one `-o` per input, in order.
+    #[arg(short, long = "output", required = true)]
+    outputs: Vec<PathBuf>,
     /// Override a parameter, `KEY=VALUE` with a YAML value (`conv.kernel=gaussian`,
     /// `conv.weights=[0, 1, 0, ...]`); repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -39,20 +41,33 @@ pub struct ConvFileArgs {
 pub fn run(args: ConvFileArgs) -> Result<()> {
     let cfg = config_with_overrides(&args.set)?;
     let Some(op) = conv_op(&cfg)? else { bail!("conv.kernel is none: set --set conv.kernel=...") };
-    let (shape, mut data) = read_f32(&args.input)?;
-    let [c, h, w] = shape;
-    let dim = |v: u64, what: &str| {
-        u32::try_from(v).ok().filter(|v| *v > 0).with_context(|| format!("{what} {v}: use 1..2^32"))
-    };
-    let desc = TensorDesc {
-        channels: dim(c, "channels")?,
-        height: dim(h, "height")?,
-        width: dim(w, "width")?,
-        layout: Layout::Nchw,
-        dtype: DType::Float32,
-    };
-    conv2d(&desc, &op, &mut data, &mut ConvScratch::default())?;
-    write_f32(&args.output, &shape, &data)?;
+    if args.inputs.len() != args.outputs.len() {
+        bail!(
+            "{} inputs but {} outputs: give one -o per input",
+            args.inputs.len(),
+            args.outputs.len()
+        );
+    }
+    let mut scratch = ConvScratch::default();
+    for (input, output) in args.inputs.iter().zip(&args.outputs) {
+        let (shape, mut data) = read_f32(input)?;
+        let [c, h, w] = shape;
+        let dim = |v: u64, what: &str| {
+            u32::try_from(v)
+                .ok()
+                .filter(|v| *v > 0)
+                .with_context(|| format!("{}: {what} {v}: use 1..2^32", input.display()))
+        };
+        let desc = TensorDesc {
+            channels: dim(c, "channels")?,
+            height: dim(h, "height")?,
+            width: dim(w, "width")?,
+            layout: Layout::Nchw,
+            dtype: DType::Float32,
+        };
+        conv2d(&desc, &op, &mut data, &mut scratch)?;
+        write_f32(output, &shape, &data)?;
+    }
     let n = u64::from(op.size);
     if let Some(path) = &args.dump_kernel {
         write_f32(path, &[n, n], &op.weights)?;
