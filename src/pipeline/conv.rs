@@ -99,8 +99,9 @@ pub fn kernel_f64(conv: &ConvConfig) -> Result<Option<KernelF64>> {
 /// `sigma_x = sigma > 0 ? sigma : fma(n, 0.15, 0.35)` (= `0.3*((n-1)*0.5-1)+0.8`),
 /// `t_i = exp((1-n+2i)² · (-0.125/sigma_x²))` for the `n/2` outer taps, centre 1, each
 /// divided by `2·Σt_i + 1`. OpenCV evaluates `exp` with its own soft-float: the f64
-/// values may differ from it in the last bit, the f32 weights do not (checked on 24,000
-/// sizes and sigmas by `test/python/test_conv_parity.py`).
+/// values may differ from it in the last bit, the f32 weights do not
+/// (`test_gaussian_weights_equal_opencv_for_any_sigma` in `test/python/test_conv_parity.py`
+/// checks every size on a grid of sigmas; 24,000 random sigmas were checked once by hand).
 pub fn gaussian_1d(n: usize, sigma: f64) -> Vec<f64> {
     if sigma <= 0.0 {
         let table: Option<&[f64]> = match n {
@@ -384,6 +385,76 @@ mod tests {
         );
         assert_eq!(op.border, Border::Replicate);
         assert_eq!(conv_op(&Config::default()).unwrap(), None);
+    }
+
+    /// Every conv error names the parameter, the value and the fix.
+    #[test]
+    fn config_errors_name_parameter_value_and_range() {
+        let check = |conv: ConvConfig, want: &str| {
+            let e = Config { conv, ..Config::default() }.validate().unwrap_err();
+            assert!(matches!(e, Error::Config { .. }), "{e:?}");
+            assert_eq!(e.to_string(), want);
+        };
+        for (size, kernel) in
+            [(0, ConvKernel::Box), (4, ConvKernel::Gaussian), (17, ConvKernel::SobelX)]
+        {
+            check(
+                conv(kernel, size, 0.0),
+                &format!("parameter `conv.size`: {size} is invalid; use an odd size 1..=15"),
+            );
+        }
+        let custom = |size, weights| ConvConfig {
+            kernel: ConvKernel::Custom,
+            size,
+            weights,
+            ..ConvConfig::default()
+        };
+        check(
+            custom(3, vec![1.0; 8]),
+            "parameter `conv.weights`: 8 values is invalid; custom needs conv.size*conv.size = 9 \
+             values, row-major",
+        );
+        for (bad, shown) in [
+            (f64::NAN, "NaN"),
+            (f64::INFINITY, "inf"),
+            (1e39, "1000000000000000000000000000000000000000"),
+        ] {
+            let mut w = vec![0.5; 9];
+            w[4] = bad;
+            check(
+                custom(3, w),
+                &format!(
+                    "parameter `conv.weights`: {shown} at index 4 is invalid; weights must be \
+                     finite and within float32 range (|w| <= 3.4e38)"
+                ),
+            );
+        }
+        for (sigma, shown) in [(f64::NAN, "NaN"), (f64::NEG_INFINITY, "-inf")] {
+            check(
+                conv(ConvKernel::Gaussian, 5, sigma),
+                &format!(
+                    "parameter `conv.sigma`: {shown} is invalid; use a finite sigma; <= 0 \
+                     derives it from conv.size"
+                ),
+            );
+        }
+        // From YAML, as a user writes it.
+        let e = Config::from_yaml_str("conv: {kernel: sharpen, size: 3, sigma: .nan}", "p.yaml")
+            .unwrap_err();
+        assert!(e.to_string().starts_with("parameter `conv.sigma`: NaN is invalid"), "{e}");
+        // sobel and laplacian take every odd size 1..=15 (OpenCV's Sobel/Laplacian do).
+        for size in (1..=15).step_by(2) {
+            for kernel in [ConvKernel::SobelX, ConvKernel::SobelY, ConvKernel::Laplacian] {
+                let c = Config { conv: conv(kernel, size, 0.0), ..Config::default() };
+                c.validate().unwrap();
+                let op = conv_op(&c).unwrap().unwrap();
+                assert_eq!(op.size, size.max(3));
+            }
+        }
+        // `none` ignores the other conv parameters.
+        Config { conv: conv(ConvKernel::None, 4, f64::NAN), ..Config::default() }
+            .validate()
+            .unwrap();
     }
 
     #[test]
