@@ -1,5 +1,7 @@
 //! `vision_preproc`: the offline command-line tool (no ROS needed).
 
+mod conv_file;
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -27,6 +29,9 @@ enum Command {
     },
     /// Say which backend `backend: auto` would pick on this machine, and why.
     Info,
+    /// (tests) The CPU conv2d alone on a float32 (C, H, W) .npy.
+    #[command(hide = true)]
+    ConvFile(conv_file::ConvFileArgs),
 }
 
 fn main() -> Result<()> {
@@ -45,6 +50,7 @@ fn main() -> Result<()> {
                 println!("no GPU backend: {reason}");
             }
         }
+        Command::ConvFile(args) => conv_file::run(args)?,
     }
     Ok(())
 }
