@@ -5,12 +5,21 @@
 use crate::config::{Border, DType, Interpolation, Layout};
 
 /// Per-axis sampling table: for each destination index `d` in the content rectangle, the
-/// two source indices (absolute, in the full image) and the weight of the second, exactly
-/// as OpenCV's `cv::resize` computes them (`hal::resize`: `scale = 1 / (dst / src)` in
-/// double; linear: `f = (float)((d + 0.5) * scale - 0.5)`, `s = floor(f)`, `f -= s`,
-/// clamped at both edges with weight 0 on the outer tap; nearest:
-/// `s = min(floor(d * scale), src - 1)`). Both backends sample through these tables, so
-/// their coordinates are bit-identical; the CUDA backend uploads them once per size.
+/// two source indices (absolute, in the full image) and the weight of the second, as
+/// `cv2.resize` computes them in OpenCV 5.0: `scale = 1 / (dst / src)` in double;
+/// linear: `f = (d + 0.5) * scale - 0.5` in double, `s = floor(f)`, weight
+/// `(float)(f - s)`, clamped at both edges with weight 0 on the outer tap (`s < 0` ->
+/// `s = 0`; `s >= src - 1` -> `s = src - 1`); nearest: `s = min(floor(d * scale),
+/// src - 1)`. Both backends sample through these tables, so their coordinates are
+/// bit-identical; the CUDA backend uploads them once per size.
+///
+/// The fraction is taken in double, then rounded to f32: OpenCV's generic `hal::resize`
+/// rounds the coordinate to float first (`(float)((d + 0.5) * scale - 0.5)`), but
+/// cv2 5.0 as shipped dispatches float images of 2 rows or more to its IPP HAL, whose
+/// weights are the double fraction rounded to float (found by experiment with impulse
+/// images: e.g. 600 -> 29 columns, d = 1: IPP weight 0.53448278, float-coordinate weight
+/// 0.53448296). The double fraction is also the more exact one: with float coordinates
+/// a 4000-pixel-wide source would be off by up to 2.4e-4 of a pixel step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AxisMap {
     /// First source index of each destination index.
@@ -39,9 +48,13 @@ impl AxisMap {
                     (((f64::from(d) * scale).floor() as i32).min(last), 0.0f32)
                 }
                 Interpolation::Linear => {
-                    let mut f = ((f64::from(d) + 0.5) * scale - 0.5) as f32;
-                    let mut s = f.floor() as i32;
-                    f -= s as f32;
+                    // The coordinate and its fraction in double, then the fraction to
+                    // f32: what cv2.resize computes in OpenCV 5.0 with its IPP HAL (see
+                    // the type's doc).
+                    let fd = (f64::from(d) + 0.5) * scale - 0.5;
+                    let fl = fd.floor();
+                    let mut s = fl as i32;
+                    let mut f = (fd - fl) as f32;
                     if s < 0 {
                         s = 0;
                         f = 0.0;

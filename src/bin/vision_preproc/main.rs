@@ -1,5 +1,9 @@
 //! `vision_preproc`: the offline command-line tool (no ROS needed).
 
+mod bench_cpu;
+mod input;
+mod run_file;
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -27,6 +31,11 @@ enum Command {
     },
     /// Say which backend `backend: auto` would pick on this machine, and why.
     Info,
+    /// Run one image file (PNG/JPEG, or raw bytes of any encoding) through the pipeline
+    /// and write the tensor as .npy (and a preview PNG).
+    RunFile(run_file::RunFileArgs),
+    /// Time the CPU backend per frame (p50/p99).
+    BenchCpu(bench_cpu::BenchCpuArgs),
 }
 
 fn main() -> Result<()> {
@@ -45,6 +54,8 @@ fn main() -> Result<()> {
                 println!("no GPU backend: {reason}");
             }
         }
+        Command::RunFile(args) => run_file::run(args)?,
+        Command::BenchCpu(args) => bench_cpu::run(args)?,
     }
     Ok(())
 }
