@@ -98,10 +98,12 @@ def make_frame(encoding: str, rgb: np.ndarray, pad: int = 0, big_endian: bool = 
         code = cv2.COLOR_RGB2YUV_YUY2 if encoding in ("yuyv", "yuv422_yuy2") else cv2.COLOR_RGB2YUV_UYVY
         plane = cv2.cvtColor(rgb, code).reshape(h, w * 2)
     elif encoding in ("nv12", "nv21"):
-        i420 = cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420)  # (h*3/2, w): Y, U plane, V plane
-        y = i420[:h]
-        u = i420[h:h + h // 4].reshape(h // 2, w // 2)
-        v = i420[h + h // 4:].reshape(h // 2, w // 2)
+        # I420 is a flat buffer: Y (h*w), then U and V planes of (h/2)*(w/2) each.
+        i420 = cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420).ravel()
+        q = (h // 2) * (w // 2)
+        y = i420[:h * w].reshape(h, w)
+        u = i420[h * w:h * w + q].reshape(h // 2, w // 2)
+        v = i420[h * w + q:].reshape(h // 2, w // 2)
         first, second = (u, v) if encoding == "nv12" else (v, u)
         chroma = np.stack([first, second], axis=2).reshape(h // 2, w)
         plane = np.concatenate([y, chroma], axis=0)

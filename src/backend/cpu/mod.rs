@@ -34,6 +34,8 @@ use std::time::Instant;
 #[derive(Debug, Default)]
 pub struct CpuBackend {
     bands: Vec<Scratch>,
+    /// The normalized f32 tensor, when conv2d runs on it before the dtype conversion.
+    scratch: Vec<f32>,
 }
 
 impl CpuBackend {
@@ -54,15 +56,78 @@ impl CpuBackend {
         check_op(image, op)?;
         let desc = op.params.tensor_desc();
         out.resize(desc.byte_len(), 0);
-        let bands = &mut self.bands;
-        with_source!(*image, s => {
-            if op.params.channels == 1 {
-                run::<_, 1>(&s, op, out, bands)
-            } else {
-                run::<_, 3>(&s, op, out, bands)
-            }
-        });
+        let store = match desc.dtype {
+            DType::Float32 => Store::F32Le,
+            DType::Float16 => Store::F16Le,
+        };
+        fused(image, op, out, store, &mut self.bands);
         Ok(())
+    }
+
+    /// The same pass into [`CpuBackend::f32_tensor`]: the normalized tensor as native
+    /// f32 in the output layout, before any dtype conversion (for conv2d).
+    pub fn preprocess_f32(&mut self, image: &ImageView<'_>, op: &PreprocessOp) -> Result<()> {
+        check_op(image, op)?;
+        self.scratch.resize(op.params.tensor_desc().len(), 0.0);
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.scratch[..]);
+        fused(image, op, bytes, Store::F32Native, &mut self.bands);
+        Ok(())
+    }
+
+    /// The tensor written by [`CpuBackend::preprocess_f32`].
+    pub fn f32_tensor(&mut self) -> &mut [f32] {
+        &mut self.scratch
+    }
+}
+
+/// Store f32 values as little-endian bytes of `dtype` into `out` (resized to fit).
+pub fn store(src: &[f32], dtype: DType, out: &mut Vec<u8>) {
+    let es = dtype.size();
+    out.resize(src.len() * es, 0);
+    let store = match dtype {
+        DType::Float32 => Store::F32Le,
+        DType::Float16 => Store::F16Le,
+    };
+    const CHUNK: usize = 1 << 14;
+    out.par_chunks_mut(CHUNK * es).zip(src.par_chunks(CHUNK)).for_each_init(
+        Vec::new,
+        |half_buf, (dst, vals)| emit(vals, dst, store, half_buf),
+    );
+}
+
+fn fused(
+    image: &ImageView<'_>,
+    op: &PreprocessOp,
+    out: &mut [u8],
+    store: Store,
+    bands: &mut Vec<Scratch>,
+) {
+    with_source!(*image, s => {
+        if op.params.channels == 1 {
+            run::<_, 1>(&s, op, out, store, bands)
+        } else {
+            run::<_, 3>(&s, op, out, store, bands)
+        }
+    });
+}
+
+/// How output values are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Store {
+    /// f32, little-endian (the tensor's bytes).
+    F32Le,
+    /// f16 rounded to nearest even, little-endian.
+    F16Le,
+    /// f32 in native byte order (the f32 scratch tensor).
+    F32Native,
+}
+
+impl Store {
+    fn size(self) -> usize {
+        match self {
+            Store::F32Le | Store::F32Native => 4,
+            Store::F16Le => 2,
+        }
     }
 }
 
@@ -82,15 +147,19 @@ impl Backend for CpuBackend {
         conv: Option<&Conv2dOp>,
         out: &mut Vec<u8>,
     ) -> Result<StageTimes> {
-        if conv.is_some() {
-            return Err(Error::config("conv.kernel", "set", "conv2d is not implemented yet"));
-        }
         let start = Instant::now();
-        self.preprocess(image, op, out)?;
-        Ok(StageTimes {
-            preprocess_us: start.elapsed().as_secs_f32() * 1e6,
-            ..StageTimes::default()
-        })
+        let Some(_conv) = conv else {
+            // No conv2d: one fused pass straight into the output dtype.
+            self.preprocess(image, op, out)?;
+            return Ok(StageTimes {
+                preprocess_us: start.elapsed().as_secs_f32() * 1e6,
+                ..StageTimes::default()
+            });
+        };
+        // conv2d runs on the normalized f32 tensor: fused pass into f32, conv2d, then the
+        // dtype conversion. (conv2d itself lands with the conv2d work, on this hook:
+        // `self.preprocess_f32(..)`, conv on `self.f32_tensor()`, `store(..)`.)
+        Err(Error::config("conv.kernel", "set", "conv2d is not implemented yet"))
     }
 }
 
@@ -177,19 +246,20 @@ struct Frame<'a> {
     /// Output channel c reads plane `src_plane[c]` of the blended rows (RGB or grey).
     src_plane: [usize; 3],
     layout: Layout,
-    dtype: DType,
+    store: Store,
 }
 
 fn run<S: Source, const C: usize>(
     src: &S,
     op: &PreprocessOp,
     out: &mut [u8],
+    store: Store,
     bands: &mut Vec<Scratch>,
 ) {
     let p = &op.params;
     let (w, h) = (p.dst_width as usize, p.dst_height as usize);
     let desc = p.tensor_desc();
-    let es = desc.dtype.size();
+    let es = store.size();
     let x_single = op.x_map.w1.iter().all(|&v| v == 0.0);
     let taps = op.x_map.i0.len() * if x_single { 1 } else { 2 };
     let x_start = op.x_map.i0.iter().chain(&op.x_map.i1).copied().min().unwrap_or(0) as usize;
@@ -205,7 +275,7 @@ fn run<S: Source, const C: usize>(
         x_len: x_end - x_start,
         src_plane: if swap { [2, 1, 0] } else { [0, 1, 2] },
         layout: desc.layout,
-        dtype: desc.dtype,
+        store,
     };
     // Bands of whole rows: several per thread so a busy core does not hold the frame up.
     let n_bands = (rayon::current_num_threads() * 4).clamp(1, h);
@@ -264,7 +334,7 @@ fn band<S: Source, const C: usize>(
         sc.decoded.resize(C * f.x_len, 0.0);
     }
     sc.row.resize(C * w, 0.0);
-    let es = f.dtype.size();
+    let es = f.store.size();
     let nhwc = f.layout == Layout::Nhwc;
     for (i, y) in rows.enumerate() {
         if y < cy || y >= cy + ch {
@@ -296,11 +366,11 @@ fn band<S: Source, const C: usize>(
         if nhwc {
             let n = w * C;
             let dst = &mut outs[0][i * n * es..(i + 1) * n * es];
-            emit(&sc.row[..n], dst, f.dtype, &mut sc.half);
+            emit(&sc.row[..n], dst, f.store, &mut sc.half);
         } else {
             for (c, plane) in outs.iter_mut().enumerate().take(C) {
                 let dst = &mut plane[i * w * es..(i + 1) * w * es];
-                emit(&sc.row[c * w..(c + 1) * w], dst, f.dtype, &mut sc.half);
+                emit(&sc.row[c * w..(c + 1) * w], dst, f.store, &mut sc.half);
             }
         }
     }
@@ -352,15 +422,20 @@ fn fill_pad<const C: usize>(
     }
 }
 
-/// Convert an f32 row to the output dtype, little-endian, into `dst`.
-fn emit(vals: &[f32], dst: &mut [u8], dtype: DType, half_buf: &mut Vec<half::f16>) {
-    match dtype {
-        DType::Float32 => {
+/// Convert an f32 row as `store` says, into `dst`.
+fn emit(vals: &[f32], dst: &mut [u8], store: Store, half_buf: &mut Vec<half::f16>) {
+    match store {
+        Store::F32Le => {
             for (o, v) in dst.chunks_exact_mut(4).zip(vals) {
                 o.copy_from_slice(&v.to_le_bytes());
             }
         }
-        DType::Float16 => {
+        Store::F32Native => {
+            for (o, v) in dst.chunks_exact_mut(4).zip(vals) {
+                o.copy_from_slice(&v.to_ne_bytes());
+            }
+        }
+        Store::F16Le => {
             half_buf.resize(vals.len(), half::f16::ZERO);
             half_buf.convert_from_f32_slice(vals);
             for (o, v) in dst.chunks_exact_mut(2).zip(half_buf.iter()) {

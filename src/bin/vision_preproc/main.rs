@@ -7,6 +7,7 @@ mod run_file;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use vision_preproc::pipeline::select_backend;
 use vision_preproc::Config;
 
@@ -38,8 +39,18 @@ enum Command {
     BenchCpu(bench_cpu::BenchCpuArgs),
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    // Errors as one clear message (the chain of causes), exit code 1; never a backtrace.
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::CheckConfig { file } => {
             let cfg = Config::from_yaml_file(&file)?;
