@@ -89,10 +89,9 @@ pub fn store(src: &[f32], dtype: DType, out: &mut Vec<u8>) {
         DType::Float16 => Store::F16Le,
     };
     const CHUNK: usize = 1 << 14;
-    out.par_chunks_mut(CHUNK * es).zip(src.par_chunks(CHUNK)).for_each_init(
-        Vec::new,
-        |half_buf, (dst, vals)| emit(vals, dst, store, half_buf),
-    );
+    out.par_chunks_mut(CHUNK * es)
+        .zip(src.par_chunks(CHUNK))
+        .for_each_init(Vec::new, |half_buf, (dst, vals)| emit(vals, dst, store, half_buf));
 }
 
 fn fused(
@@ -203,7 +202,12 @@ pub fn check_op(image: &ImageView<'_>, op: &PreprocessOp) -> Result<()> {
 fn check_map(axis: &str, m: &AxisMap, len: u32, src: u32) -> Result<()> {
     let n = len as usize;
     if m.i0.len() != n || m.i1.len() != n || m.w1.len() != n {
-        return Err(Error::Operation(format!("{axis} table has not {n} entries")));
+        return Err(Error::Operation(format!(
+            "{axis} table lengths {}/{}/{} (i0/i1/w1), expected {n}",
+            m.i0.len(),
+            m.i1.len(),
+            m.w1.len()
+        )));
     }
     let inside = |i: &i32| *i >= 0 && (*i as u32) < src;
     if !m.i0.iter().all(inside) || !m.i1.iter().all(inside) {
