@@ -266,3 +266,15 @@ def test_conv_after_preprocessing(conv: dict) -> None:
     actual, _ = runner.run_frame(frame, cfg)
     tolerances.assert_close_conv(actual, runner.expected(frame, cfg), "float32",
                                  oracle_conv.kernel_l1(conv), f"conv {conv['kernel']}")
+
+
+@pytest.mark.parametrize("encoding", ["bgr8", "yuyv", "mono16"])
+def test_large_source_coordinates(encoding: str) -> None:
+    # A 4000-pixel-wide frame (rocket.jpg upscaled): at coordinates near 4000 a float
+    # coordinate is off by up to 2.4e-4 pixel; the weights must be the double fraction,
+    # rounded once, as cv2.resize computes them (AxisMap).
+    frame = photo_frame(encoding, "rocket.jpg", size=(4000, 2668), pad=4)
+    for w, h, mode in [(333, 222, "letterbox"), (29, 31, "stretch"), (1001, 9, "center_crop")]:
+        cfg = dict(network_image_width=w, network_image_height=h, resize_mode=mode,
+                   image_mean=[0.485, 0.456, 0.406], image_stddev=[0.229, 0.224, 0.225])
+        runner.check(frame, cfg, f"{encoding} 4000x2668 -> {w}x{h} {mode}")
