@@ -10,7 +10,7 @@
 //!
 //! Parity with OpenCV on real photographs is the Python suite (test/python).
 
-use vision_preproc::backend::cpu::{check_op, reference, CpuBackend};
+use vision_preproc::backend::cpu::{check_op, reference, CpuBackend, Simd};
 use vision_preproc::backend::{Backend, PreprocessOp};
 use vision_preproc::config::{
     ChannelOrder, Config, DType, Interpolation, Layout, LetterboxAnchor, ResizeMode,
@@ -48,17 +48,26 @@ fn op_for(cfg: &Config, img: &ImageView<'_>) -> PreprocessOp {
     op
 }
 
-/// The fast pass and the reference, byte for byte.
+/// The fast pass (both builds of its inner loops: baseline and, where the CPU has it,
+/// AVX2) and the reference, byte for byte.
 fn assert_fast_equals_reference(img: &ImageView<'_>, cfg: &Config, what: &str) {
     let op = op_for(cfg, img);
-    let mut fast = Vec::new();
-    CpuBackend::new().preprocess(img, &op, &mut fast).unwrap();
     let mut slow = Vec::new();
     reference::preprocess(img, &op, &mut slow).unwrap();
-    assert_eq!(fast.len(), op.params.tensor_desc().byte_len(), "{what}");
-    if fast != slow {
-        let i = fast.iter().zip(&slow).position(|(a, b)| a != b).unwrap();
-        panic!("{what}: fast pass differs from the reference at byte {i} of {}", fast.len());
+    for simd in [Simd::Baseline, Simd::Avx2] {
+        let mut cpu = CpuBackend::new();
+        cpu.set_simd(simd);
+        let mut fast = Vec::new();
+        cpu.preprocess(img, &op, &mut fast).unwrap();
+        assert_eq!(fast.len(), op.params.tensor_desc().byte_len(), "{what}");
+        if fast != slow {
+            let i = fast.iter().zip(&slow).position(|(a, b)| a != b).unwrap();
+            panic!(
+                "{what} ({:?}): fast pass differs from the reference at byte {i} of {}",
+                cpu.simd(),
+                fast.len()
+            );
+        }
     }
 }
 

@@ -443,42 +443,84 @@ impl<const Y: usize, const U: usize, const V: usize> Source for Yuv422<'_, Y, U,
     }
     #[inline(always)]
     fn decode_row<const C: usize>(row: &[u8], x0: usize, n: usize, out: &mut [f32]) {
-        // An odd first pixel alone, then whole pairs (one chroma computation each), then
-        // an odd last pixel alone.
-        let mut i = 0;
-        if x0 & 1 == 1 && n > 0 {
-            put::<C>(out, n, 0, pixel::<Self, C>(row, x0));
-            i = 1;
-        }
-        let pairs = (n - i) / 2;
-        let base = (x0 + i) / 2 * 4;
-        let src = row[base..base + 4 * pairs].chunks_exact(4);
-        if C == 1 {
-            let dst = out[i..i + 2 * pairs].chunks_exact_mut(2);
-            for (q, d) in src.zip(dst) {
-                let [a, b] = yuv_pair_to_rgb(q[Y], q[Y + 2], q[U], q[V]);
-                d[0] = rgb_f32::<1>(a)[0];
-                d[1] = rgb_f32::<1>(b)[0];
+        // Gather Y, U, V bytes of a block of pixels, then convert the block in one
+        // straight loop the compiler vectorizes.
+        let mut done = 0;
+        while done < n {
+            let m = (n - done).min(YUV_BLOCK);
+            let (mut ys, mut us, mut vs) = ([0u8; YUV_BLOCK], [0u8; YUV_BLOCK], [0u8; YUV_BLOCK]);
+            let x = x0 + done;
+            // An odd first pixel, then whole pairs, then an odd last pixel.
+            let mut i = 0;
+            if x & 1 == 1 {
+                let pair = &row[(x >> 1) * 4..(x >> 1) * 4 + 4];
+                (ys[0], us[0], vs[0]) = (pair[Y + 2], pair[U], pair[V]);
+                i = 1;
             }
-        } else {
-            let (r, rest) = out.split_at_mut(n);
-            let (g, b) = rest.split_at_mut(n);
-            let rs = r[i..i + 2 * pairs].chunks_exact_mut(2);
-            let gs = g[i..i + 2 * pairs].chunks_exact_mut(2);
-            let bs = b[i..i + 2 * pairs].chunks_exact_mut(2);
-            for (((q, r), g), b) in src.zip(rs).zip(gs).zip(bs) {
-                let [p0, p1] = yuv_pair_to_rgb(q[Y], q[Y + 2], q[U], q[V]);
-                r[0] = f32::from(p0[0]);
-                r[1] = f32::from(p1[0]);
-                g[0] = f32::from(p0[1]);
-                g[1] = f32::from(p1[1]);
-                b[0] = f32::from(p0[2]);
-                b[1] = f32::from(p1[2]);
+            let pairs = (m - i) / 2;
+            let start = ((x + i) >> 1) * 4;
+            for (j, q) in row[start..start + 4 * pairs].chunks_exact(4).enumerate() {
+                let k = i + 2 * j;
+                (ys[k], ys[k + 1]) = (q[Y], q[Y + 2]);
+                (us[k], us[k + 1]) = (q[U], q[U]);
+                (vs[k], vs[k + 1]) = (q[V], q[V]);
             }
+            i += 2 * pairs;
+            if i < m {
+                let xe = x + i;
+                let pair = &row[(xe >> 1) * 4..(xe >> 1) * 4 + 4];
+                (ys[i], us[i], vs[i]) = (pair[Y], pair[U], pair[V]);
+            }
+            yuv_block::<C>(&ys[..m], &us[..m], &vs[..m], out, n, done);
+            done += m;
         }
-        i += 2 * pairs;
-        if i < n {
-            put::<C>(out, n, i, pixel::<Self, C>(row, x0 + i));
+    }
+}
+
+/// Pixels converted per block by [`yuv_block`].
+const YUV_BLOCK: usize = 64;
+
+/// [`yuv_to_rgb`] of `ys.len()` pixels (Y, U, V bytes each) into the `C` planes of `n`
+/// values of `out`, at `off..off + ys.len()`; grey (`C` = 1) as [`rgb_to_grey`]. The
+/// same integer arithmetic, written as one loop over arrays so it vectorizes.
+#[inline(always)]
+fn yuv_block<const C: usize>(
+    ys: &[u8],
+    us: &[u8],
+    vs: &[u8],
+    out: &mut [f32],
+    n: usize,
+    off: usize,
+) {
+    use bt601::*;
+    let m = ys.len();
+    let (us, vs) = (&us[..m], &vs[..m]);
+    let half = 1 << (SHIFT - 1);
+    let conv = |i: usize| {
+        let uu = i32::from(us[i]) - 128;
+        let vv = i32::from(vs[i]) - 128;
+        let yy = (i32::from(ys[i]) - 16).max(0) * CY + half;
+        let r = ((yy + CVR * vv) >> SHIFT).clamp(0, 255);
+        let g = ((yy + CVG * vv + CUG * uu) >> SHIFT).clamp(0, 255);
+        let b = ((yy + CUB * uu) >> SHIFT).clamp(0, 255);
+        (r, g, b)
+    };
+    if C == 1 {
+        let dst = &mut out[off..off + m];
+        for (i, d) in dst.iter_mut().enumerate() {
+            let (r, g, b) = conv(i);
+            let w = GREY_WEIGHTS.map(|w| w as i32);
+            *d = ((w[0] * r + w[1] * g + w[2] * b + (1 << (GREY_SHIFT - 1))) >> GREY_SHIFT) as f32;
+        }
+    } else {
+        let (rp, rest) = out.split_at_mut(n);
+        let (gp, bp) = rest.split_at_mut(n);
+        let (rp, gp, bp) = (&mut rp[off..off + m], &mut gp[off..off + m], &mut bp[off..off + m]);
+        for i in 0..m {
+            let (r, g, b) = conv(i);
+            rp[i] = r as f32;
+            gp[i] = g as f32;
+            bp[i] = b as f32;
         }
     }
 }

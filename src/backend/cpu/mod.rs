@@ -31,17 +31,35 @@ use rayon::prelude::*;
 use std::time::Instant;
 
 /// The CPU backend (rayon's global thread pool).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CpuBackend {
     bands: Vec<Scratch>,
     /// The normalized f32 tensor, when conv2d runs on it before the dtype conversion.
     scratch: Vec<f32>,
+    simd: Simd,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend { bands: Vec::new(), scratch: Vec::new(), simd: Simd::detect() }
+    }
 }
 
 impl CpuBackend {
-    /// A CPU backend using rayon's global pool.
+    /// A CPU backend using rayon's global pool and the best instruction set of the CPU.
     pub fn new() -> Self {
         CpuBackend::default()
+    }
+
+    /// Choose the build of the inner loops (the values are the same; tests run both).
+    /// `Simd::Avx2` falls back to the baseline on a CPU without AVX2.
+    pub fn set_simd(&mut self, simd: Simd) {
+        self.simd = if simd == Simd::Avx2 { Simd::detect() } else { Simd::Baseline };
+    }
+
+    /// The build of the inner loops in use.
+    pub fn simd(&self) -> Simd {
+        self.simd
     }
 
     /// The fused pass: decode, resample, pad, normalize and store `op`'s tensor
@@ -60,7 +78,7 @@ impl CpuBackend {
             DType::Float32 => Store::F32Le,
             DType::Float16 => Store::F16Le,
         };
-        fused(image, op, out, store, &mut self.bands);
+        fused(image, op, out, store, self.simd, &mut self.bands);
         Ok(())
     }
 
@@ -70,7 +88,7 @@ impl CpuBackend {
         check_op(image, op)?;
         self.scratch.resize(op.params.tensor_desc().len(), 0.0);
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.scratch[..]);
-        fused(image, op, bytes, Store::F32Native, &mut self.bands);
+        fused(image, op, bytes, Store::F32Native, self.simd, &mut self.bands);
         Ok(())
     }
 
@@ -99,15 +117,37 @@ fn fused(
     op: &PreprocessOp,
     out: &mut [u8],
     store: Store,
+    simd: Simd,
     bands: &mut Vec<Scratch>,
 ) {
     with_source!(*image, s => {
         if op.params.channels == 1 {
-            run::<_, 1>(&s, op, out, store, bands)
+            run::<_, 1>(&s, op, out, store, simd, bands)
         } else {
-            run::<_, 3>(&s, op, out, store, bands)
+            run::<_, 3>(&s, op, out, store, simd, bands)
         }
     });
+}
+
+/// Which build of the inner loops runs (same values; see [`CpuBackend::set_simd`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Simd {
+    /// The target's baseline instructions (SSE2 on x86-64, NEON on aarch64).
+    #[default]
+    Baseline,
+    /// AVX2 (x86-64 only, when the CPU has it).
+    Avx2,
+}
+
+impl Simd {
+    /// The best build this CPU runs.
+    pub fn detect() -> Simd {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            return Simd::Avx2;
+        }
+        Simd::Baseline
+    }
 }
 
 /// How output values are stored.
@@ -136,7 +176,7 @@ impl Backend for CpuBackend {
     }
 
     fn device_description(&self) -> String {
-        format!("CPU, {} threads", rayon::current_num_threads())
+        format!("CPU, {} threads, {:?}", rayon::current_num_threads(), self.simd)
     }
 
     fn process(
@@ -247,10 +287,15 @@ struct Frame<'a> {
     /// First source column of the region and its width.
     x_start: usize,
     x_len: usize,
+    /// `x_map.i0`, `x_map.i1` relative to `x_start` (predecode path).
+    rel_i0: Vec<u32>,
+    rel_i1: Vec<u32>,
     /// Output channel c reads plane `src_plane[c]` of the blended rows (RGB or grey).
     src_plane: [usize; 3],
     layout: Layout,
     store: Store,
+    /// Run the AVX2 build of the band loop.
+    avx2: bool,
 }
 
 fn run<S: Source, const C: usize>(
@@ -258,6 +303,7 @@ fn run<S: Source, const C: usize>(
     op: &PreprocessOp,
     out: &mut [u8],
     store: Store,
+    simd: Simd,
     bands: &mut Vec<Scratch>,
 ) {
     let p = &op.params;
@@ -277,9 +323,12 @@ fn run<S: Source, const C: usize>(
         x_predecode: x_end - x_start <= taps,
         x_start,
         x_len: x_end - x_start,
+        rel_i0: op.x_map.i0.iter().map(|&i| i as u32 - x_start as u32).collect(),
+        rel_i1: op.x_map.i1.iter().map(|&i| i as u32 - x_start as u32).collect(),
         src_plane: if swap { [2, 1, 0] } else { [0, 1, 2] },
         layout: desc.layout,
         store,
+        avx2: simd == Simd::Avx2,
     };
     // Bands of whole rows: several per thread so a busy core does not hold the frame up.
     let n_bands = (rayon::current_num_threads() * 4).clamp(1, h);
@@ -295,7 +344,7 @@ fn run<S: Source, const C: usize>(
                 .enumerate()
                 .for_each(|(b, (chunk, scratch))| {
                     let rows = b * band_rows..((b + 1) * band_rows).min(h);
-                    band::<S, C>(src, &frame, rows, [chunk, &mut [], &mut []], scratch);
+                    band_dispatch::<S, C>(src, &frame, rows, [chunk, &mut [], &mut []], scratch);
                 });
         }
         Layout::Nchw => {
@@ -310,15 +359,48 @@ fn run<S: Source, const C: usize>(
             outs.into_par_iter().zip(bands.par_iter_mut()).enumerate().for_each(
                 |(b, (planes, scratch))| {
                     let rows = b * band_rows..((b + 1) * band_rows).min(h);
-                    band::<S, C>(src, &frame, rows, planes, scratch);
+                    band_dispatch::<S, C>(src, &frame, rows, planes, scratch);
                 },
             );
         }
     }
 }
 
+/// [`band`], compiled for AVX2 when the frame says the CPU has it (x86-64; the
+/// baseline is SSE2). The values are the same: IEEE f32 operations in the same order,
+/// no fused multiply-add, integer arithmetic exact.
+fn band_dispatch<S: Source, const C: usize>(
+    src: &S,
+    f: &Frame<'_>,
+    rows: std::ops::Range<usize>,
+    outs: [&mut [u8]; 3],
+    sc: &mut Scratch,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if f.avx2 {
+        // SAFETY: `f.avx2` is set only when `is_x86_feature_detected!("avx2")` is true
+        // (see `Simd::detect`), so every instruction of `band_avx2` exists on this CPU.
+        unsafe { band_avx2::<S, C>(src, f, rows, outs, sc) };
+        return;
+    }
+    band::<S, C>(src, f, rows, outs, sc);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn band_avx2<S: Source, const C: usize>(
+    src: &S,
+    f: &Frame<'_>,
+    rows: std::ops::Range<usize>,
+    outs: [&mut [u8]; 3],
+    sc: &mut Scratch,
+) {
+    band::<S, C>(src, f, rows, outs, sc);
+}
+
 /// Output rows `rows` into `outs` (NHWC: `outs[0]` holds the band's rows; NCHW:
 /// `outs[c]` holds the band's rows of plane c).
+#[inline(always)]
 fn band<S: Source, const C: usize>(
     src: &S,
     f: &Frame<'_>,
@@ -405,6 +487,7 @@ fn vblend<'a>(
 }
 
 /// Pad columns `cols` of the output row with each channel's padding value.
+#[inline(always)]
 fn fill_pad<const C: usize>(
     row: &mut [f32],
     pad: &[f32; 3],
@@ -427,6 +510,7 @@ fn fill_pad<const C: usize>(
 }
 
 /// Convert an f32 row as `store` says, into `dst`.
+#[inline(always)]
 fn emit(vals: &[f32], dst: &mut [u8], store: Store, half_buf: &mut Vec<half::f16>) {
     match store {
         Store::F32Le => {
@@ -451,6 +535,7 @@ fn emit(vals: &[f32], dst: &mut [u8], store: Store, half_buf: &mut Vec<half::f16
 
 /// Make sure the horizontal blend of source row `y` is in one of the two slots (without
 /// evicting `keep`), and return the slot.
+#[inline(always)]
 fn ensure_row<S: Source, const C: usize>(
     src: &S,
     f: &Frame<'_>,
@@ -469,6 +554,7 @@ fn ensure_row<S: Source, const C: usize>(
 
 /// Horizontal pass of source row `y` into `out` (`C` planes of `content_w`):
 /// `out[k][dx] = s(i0[dx])[k] * (1 - w1[dx]) + s(i1[dx])[k] * w1[dx]`.
+#[inline(always)]
 fn hpass<S: Source, const C: usize>(
     src: &S,
     f: &Frame<'_>,
@@ -481,20 +567,25 @@ fn hpass<S: Source, const C: usize>(
     let cw = m.i0.len();
     let sample = |x: usize| -> [f32; C] { decode::pixel::<S, C>(row, x) };
     if f.x_predecode {
-        // Decode the region's pixels once, planar, then blend from the decoded row.
+        // Decode the region's pixels once, planar, then blend from the decoded row
+        // (indices relative to the region's first column).
         let n = f.x_len;
         S::decode_row::<C>(row, f.x_start, n, decoded);
-        for k in 0..C {
-            let plane = &decoded[k * n..(k + 1) * n];
-            let dst = &mut out[k * cw..(k + 1) * cw];
-            let at = |i: i32| plane[i as usize - f.x_start];
-            if f.x_single {
-                for (d, &i) in dst.iter_mut().zip(&m.i0) {
-                    *d = at(i);
+        let (r0, r1) = (&f.rel_i0[..cw], &f.rel_i1[..cw]);
+        let planes: [&[f32]; C] = std::array::from_fn(|k| &decoded[k * n..(k + 1) * n]);
+        let mut outs = out.chunks_exact_mut(cw);
+        let dsts: [&mut [f32]; C] = std::array::from_fn(|_| outs.next().unwrap_or_default());
+        if f.x_single {
+            for (p, d) in planes.iter().zip(dsts) {
+                for (d, &i) in d.iter_mut().zip(r0) {
+                    *d = p[i as usize];
                 }
-            } else {
-                for (((d, &i0), &i1), &w) in dst.iter_mut().zip(&m.i0).zip(&m.i1).zip(&m.w1) {
-                    *d = at(i0) * (1.0 - w) + at(i1) * w;
+            }
+        } else {
+            let w1 = &m.w1[..cw];
+            for (p, d) in planes.iter().zip(dsts) {
+                for (((d, &i0), &i1), &w) in d.iter_mut().zip(r0).zip(r1).zip(w1) {
+                    *d = p[i0 as usize] * (1.0 - w) + p[i1 as usize] * w;
                 }
             }
         }
