@@ -219,13 +219,13 @@ mod tests {
     #[test]
     fn linear_weights_are_the_double_fraction_rounded_once() {
         // 600 -> 29, d = 1: (1 + 0.5) * 600/29 - 0.5 = 30.53448275862069 in double; the
-        // fraction 0.53448275862069 as f32 is 0.53448278, the weight cv2.resize 5.0 uses
+        // fraction 0.53448275862069 as f32 is 0.5344828, the weight cv2.resize 5.0 uses
         // (read off an impulse image: np.zeros((2, 600), np.float32) with column 31 = 1,
-        // cv2.resize(.., (29, 2))[0, 1] -> 0.53448278). Rounding the coordinate to float
+        // cv2.resize(.., (29, 2))[0, 1] -> 0.5344828). Rounding the coordinate to float
         // first would give 30.534483 -> 0.53448296.
         let m = AxisMap::new(0, 600, 29, Interpolation::Linear);
         assert_eq!((m.i0[1], m.i1[1]), (30, 31));
-        assert_eq!(m.w1[1], 0.534_482_76_f32);
+        assert_eq!(m.w1[1], 0.534_482_8_f32);
         assert_ne!(m.w1[1], 0.534_482_96_f32);
     }
 

@@ -172,7 +172,7 @@ fn rgb_f32<const C: usize>(p: [u8; 3]) -> [f32; C] {
 
 #[inline(always)]
 fn sat_u8(v: i32) -> u8 {
-    v.max(0).min(255) as u8
+    v.clamp(0, 255) as u8
 }
 
 /// OpenCV 5.0's RGB -> grey weights in 15-bit fixed point (0.299, 0.587, 0.114 scaled by
@@ -230,6 +230,16 @@ pub trait Source: Sync {
     fn decode_row<const C: usize>(row: Self::Row<'_>, x0: usize, n: usize, out: &mut [f32]) {
         for i in 0..n {
             put::<C>(out, n, i, pixel::<Self, C>(row, x0 + i));
+        }
+    }
+    /// Pixels `xs[i]` of the row into `out`, planar: `C` planes of `xs.len()` values.
+    /// Same values as [`Source::rgb`] / [`Source::grey`]; encodings override it where a
+    /// block of pixels converts faster than one at a time.
+    #[inline(always)]
+    fn decode_at<const C: usize>(row: Self::Row<'_>, xs: &[i32], out: &mut [f32]) {
+        let n = xs.len();
+        for (i, &x) in xs.iter().enumerate() {
+            put::<C>(out, n, i, pixel::<Self, C>(row, x as usize));
         }
     }
 }
@@ -475,6 +485,28 @@ impl<const Y: usize, const U: usize, const V: usize> Source for Yuv422<'_, Y, U,
             done += m;
         }
     }
+    #[inline(always)]
+    fn decode_at<const C: usize>(row: &[u8], xs: &[i32], out: &mut [f32]) {
+        yuv_decode_at::<C>(xs, out, |x| {
+            let pair = &row[(x >> 1) * 4..(x >> 1) * 4 + 4];
+            (pair[Y + 2 * (x & 1)], pair[U], pair[V])
+        });
+    }
+}
+
+/// [`Source::decode_at`] for YUV encodings: gather the Y, U, V bytes of a block of
+/// pixels with `yuv(x)`, then convert the block with [`yuv_block`].
+#[inline(always)]
+fn yuv_decode_at<const C: usize>(xs: &[i32], out: &mut [f32], yuv: impl Fn(usize) -> (u8, u8, u8)) {
+    let n = xs.len();
+    for (b, block) in xs.chunks(YUV_BLOCK).enumerate() {
+        let (mut ys, mut us, mut vs) = ([0u8; YUV_BLOCK], [0u8; YUV_BLOCK], [0u8; YUV_BLOCK]);
+        for (i, &x) in block.iter().enumerate() {
+            (ys[i], us[i], vs[i]) = yuv(x as usize);
+        }
+        let m = block.len();
+        yuv_block::<C>(&ys[..m], &us[..m], &vs[..m], out, n, b * YUV_BLOCK);
+    }
 }
 
 /// Pixels converted per block by [`yuv_block`].
@@ -589,6 +621,13 @@ impl<const U: usize, const V: usize> Source for Nv<'_, U, V> {
         if i < n {
             put::<C>(out, n, i, pixel::<Self, C>(row, x0 + i));
         }
+    }
+    #[inline(always)]
+    fn decode_at<const C: usize>((luma, chroma): (&[u8], &[u8]), xs: &[i32], out: &mut [f32]) {
+        yuv_decode_at::<C>(xs, out, |x| {
+            let c = &chroma[x & !1..(x & !1) + 2];
+            (luma[x], c[U], c[V])
+        });
     }
 }
 

@@ -266,8 +266,11 @@ struct Scratch {
     /// Horizontal blends of two source rows; `keys` says which rows.
     hrows: [Vec<f32>; 2],
     keys: [Option<usize>; 2],
-    /// A source row decoded once, planar (upscaling: fewer decodes than taps).
+    /// A source row decoded once, planar (when it has fewer pixels than taps), and the
+    /// two taps of each output column gathered from it (`C` planes of `content_w`).
     decoded: Vec<f32>,
+    tap0: Vec<f32>,
+    tap1: Vec<f32>,
     /// The output row in f32, in the output layout (NCHW: `C` planes of `width`).
     row: Vec<f32>,
     /// The output row in f16.
@@ -320,7 +323,7 @@ fn run<S: Source, const C: usize>(
         x_map: &op.x_map,
         y_map: &op.y_map,
         x_single,
-        x_predecode: x_end - x_start <= taps,
+        x_predecode: 2 * (x_end - x_start) <= taps,
         x_start,
         x_len: x_end - x_start,
         rel_i0: op.x_map.i0.iter().map(|&i| i as u32 - x_start as u32).collect(),
@@ -419,6 +422,8 @@ fn band<S: Source, const C: usize>(
     if f.x_predecode {
         sc.decoded.resize(C * f.x_len, 0.0);
     }
+    sc.tap0.resize(C * cw, 0.0);
+    sc.tap1.resize(C * cw, 0.0);
     sc.row.resize(C * w, 0.0);
     let es = f.store.size();
     let nhwc = f.layout == Layout::Nhwc;
@@ -547,7 +552,8 @@ fn ensure_row<S: Source, const C: usize>(
         return slot;
     }
     let slot = if keep.is_some() && sc.keys[0] == keep { 1 } else { 0 };
-    hpass::<S, C>(src, f, y, &mut sc.hrows[slot], &mut sc.decoded);
+    let taps = (&mut sc.tap0[..], &mut sc.tap1[..]);
+    hpass::<S, C>(src, f, y, &mut sc.hrows[slot], &mut sc.decoded, taps);
     sc.keys[slot] = Some(y);
     slot
 }
@@ -561,50 +567,52 @@ fn hpass<S: Source, const C: usize>(
     y: usize,
     out: &mut [f32],
     decoded: &mut [f32],
+    (tap0, tap1): (&mut [f32], &mut [f32]),
 ) {
     let row = src.row(y);
     let m = f.x_map;
     let cw = m.i0.len();
-    let sample = |x: usize| -> [f32; C] { decode::pixel::<S, C>(row, x) };
-    if f.x_predecode {
-        // Decode the region's pixels once, planar, then blend from the decoded row
-        // (indices relative to the region's first column).
-        let n = f.x_len;
-        S::decode_row::<C>(row, f.x_start, n, decoded);
-        let (r0, r1) = (&f.rel_i0[..cw], &f.rel_i1[..cw]);
-        let planes: [&[f32]; C] = std::array::from_fn(|k| &decoded[k * n..(k + 1) * n]);
-        let mut outs = out.chunks_exact_mut(cw);
-        let dsts: [&mut [f32]; C] = std::array::from_fn(|_| outs.next().unwrap_or_default());
-        if f.x_single {
-            for (p, d) in planes.iter().zip(dsts) {
-                for (d, &i) in d.iter_mut().zip(r0) {
-                    *d = p[i as usize];
-                }
-            }
+    if f.x_single {
+        // Weight 0 on every second tap: the value is the first tap.
+        if f.x_predecode {
+            S::decode_row::<C>(row, f.x_start, f.x_len, decoded);
+            gather::<C>(decoded, f.x_len, &f.rel_i0[..cw], out);
         } else {
-            let w1 = &m.w1[..cw];
-            for (p, d) in planes.iter().zip(dsts) {
-                for (((d, &i0), &i1), &w) in d.iter_mut().zip(r0).zip(r1).zip(w1) {
-                    *d = p[i0 as usize] * (1.0 - w) + p[i1 as usize] * w;
-                }
-            }
+            S::decode_at::<C>(row, &m.i0, out);
         }
         return;
     }
-    if f.x_single {
-        for (dx, &i) in m.i0.iter().enumerate() {
-            let a = sample(i as usize);
-            for k in 0..C {
-                out[k * cw + dx] = a[k];
-            }
-        }
+    if f.x_predecode {
+        // Fewer source pixels than taps (upscaling): decode each pixel of the region
+        // once, then gather the taps from the decoded row.
+        S::decode_row::<C>(row, f.x_start, f.x_len, decoded);
+        gather::<C>(decoded, f.x_len, &f.rel_i0[..cw], tap0);
+        gather::<C>(decoded, f.x_len, &f.rel_i1[..cw], tap1);
     } else {
-        for (dx, ((&i0, &i1), &w)) in m.i0.iter().zip(&m.i1).zip(&m.w1).enumerate() {
-            let (a, b) = (sample(i0 as usize), sample(i1 as usize));
-            let iw = 1.0 - w;
-            for k in 0..C {
-                out[k * cw + dx] = a[k] * iw + b[k] * w;
-            }
+        S::decode_at::<C>(row, &m.i0, tap0);
+        S::decode_at::<C>(row, &m.i1, tap1);
+    }
+    // The blend, in a straight loop that vectorizes.
+    let w1 = &m.w1[..cw];
+    for k in 0..C {
+        let (t0, t1) = (&tap0[k * cw..(k + 1) * cw], &tap1[k * cw..(k + 1) * cw]);
+        for (((d, &a), &b), &w) in out[k * cw..(k + 1) * cw].iter_mut().zip(t0).zip(t1).zip(w1) {
+            *d = a * (1.0 - w) + b * w;
+        }
+    }
+}
+
+/// `out[k][i] = decoded[k][idx[i]]` for the `C` planes of `n` values of `decoded`.
+#[inline(always)]
+fn gather<const C: usize>(decoded: &[f32], n: usize, idx: &[u32], out: &mut [f32]) {
+    let len = idx.len();
+    // Every relative index is < n by construction; `min(n - 1)` tells the compiler so
+    // (no bounds check in the loop).
+    let last = n as u32 - 1;
+    for k in 0..C {
+        let p = &decoded[k * n..(k + 1) * n];
+        for (d, &i) in out[k * len..(k + 1) * len].iter_mut().zip(idx) {
+            *d = p[i.min(last) as usize];
         }
     }
 }
