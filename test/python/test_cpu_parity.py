@@ -278,3 +278,47 @@ def test_large_source_coordinates(encoding: str) -> None:
         cfg = dict(network_image_width=w, network_image_height=h, resize_mode=mode,
                    image_mean=[0.485, 0.456, 0.406], image_stddev=[0.229, 0.224, 0.225])
         runner.check(frame, cfg, f"{encoding} 4000x2668 -> {w}x{h} {mode}")
+
+
+CLI_ERRORS = [
+    # (arguments after `run-file`, text the error must contain)
+    (["--raw", "--encoding", "rgb9", "--width", "4", "--height", "2", "{raw24}"],
+     "encoding `rgb9` is not supported; use one of: rgb8"),
+    (["--raw", "--encoding", "rgb8", "--width", "4", "--height", "2", "--step", "11", "{raw24}"],
+     "step 11 < width*3 (12) for encoding rgb8"),
+    (["--raw", "--encoding", "rgb8", "--width", "4", "--height", "3", "{raw24}"],
+     "data is 24 bytes but step*height = 36 for encoding rgb8"),
+    (["--raw", "--encoding", "yuyv", "--width", "3", "--height", "4", "{raw24}"],
+     "width 3 is odd; yuyv packs 2 pixels per 4 bytes"),
+    (["--raw", "--encoding", "nv12", "--width", "4", "--height", "3", "{raw24}"],
+     "width 4 x height 3: nv12 subsamples chroma 2x2"),
+    (["--raw", "--encoding", "mono8", "--width", "0", "--height", "3", "{raw24}"],
+     "width 0 x height 3: both must be at least 1"),
+    (["--raw", "--encoding", "rgb8", "--width", "4", "--height", "2", "--set", "roi=[2,0,3,2]",
+      "{raw24}"], "roi [x 2, y 0, width 3, height 2] is not inside the 4x2 image"),
+    (["--raw", "--width", "4", "--height", "2", "{raw24}"],
+     "--raw needs --encoding, --width and --height"),
+    (["--set", "network_width=3", "{png}"], "parameter `network_width`: unknown field"),
+    (["--set", "resize_mode=fit", "{png}"], "parameter `resize_mode`: unknown variant `fit`"),
+    (["--set", "output_channels=2", "{png}"], "parameter `output_channels`: 2 is invalid"),
+    (["--set", "image_stddev=[0.5, 0]", "{png}"], "parameter `image_stddev`: [0.5, 0.0] is invalid"),
+    (["--set", "pad_value", "{png}"], "--set \"pad_value\": write KEY=VALUE"),
+    (["{missing}"], "opening"),
+    (["{raw24}"], "decoding"),
+]
+
+
+@pytest.mark.parametrize("args,message", CLI_ERRORS, ids=[m[:40] for _, m in CLI_ERRORS])
+def test_cli_errors_are_clear_and_never_panics(tmp: Path, args: list, message: str) -> None:
+    raw = tmp / "raw24.bin"
+    raw.write_bytes(bytes(range(24)))
+    png = tmp / "tiny.png"
+    cv2.imwrite(str(png), np.zeros((2, 4, 3), np.uint8))
+    subst = {"{raw24}": str(raw), "{png}": str(png), "{missing}": str(tmp / "nope.png")}
+    argv = ["run-file", *[subst.get(a, a) for a in args], "-o", str(tmp / "o.npy")]
+    p = runner.cli(*argv, check=False)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert "panicked" not in p.stderr and "backtrace" not in p.stderr.lower(), p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last, p.stderr
+    assert last.count(message) == 1, f"message repeated: {last}"

@@ -12,8 +12,11 @@
 //! - the horizontal blend of a source row is computed once and kept while consecutive
 //!   output rows use it (OpenCV's order: horizontal pass, then vertical);
 //! - one `match` on the encoding per frame ([`decode::with_source`]): the loops are
-//!   monomorphised per encoding and channel count; the vertical blend, normalization and
-//!   store are plain slice loops the compiler vectorizes;
+//!   monomorphised per encoding and channel count; the taps of a row are decoded in
+//!   blocks (YUV: the integer formula over arrays), the blends, normalization and store
+//!   are plain slice loops: the compiler vectorizes them;
+//! - on x86-64 the band loop is also compiled for AVX2 and chosen at run time
+//!   ([`Simd`]); the values are the same (no fused multiply-add, exact integers);
 //! - taps of weight 0 (nearest; integer downscale factors such as 1920 -> 640) are not
 //!   read: `a * (1 - 0) + b * 0 == a` exactly, so this changes no value;
 //! - no intermediate full-size image: every sample is decoded from the source bytes.
@@ -284,8 +287,9 @@ struct Frame<'a> {
     y_map: &'a AxisMap,
     /// Every x weight is 0: read only `i0`.
     x_single: bool,
-    /// Decode each source pixel of the region once per row, then gather (when the
-    /// region is narrower than the number of taps, i.e. upscaling).
+    /// Decode each source pixel of the region once per row, then gather the taps (when
+    /// the region has at most half as many pixels as a row has taps: upscaling);
+    /// otherwise decode the taps themselves.
     x_predecode: bool,
     /// First source column of the region and its width.
     x_start: usize,
@@ -318,16 +322,24 @@ fn run<S: Source, const C: usize>(
     let x_start = op.x_map.i0.iter().chain(&op.x_map.i1).copied().min().unwrap_or(0) as usize;
     let x_end = op.x_map.i0.iter().chain(&op.x_map.i1).copied().max().unwrap_or(0) as usize + 1;
     let swap = C == 3 && p.swap_rb != 0;
+    let x_predecode = 2 * (x_end - x_start) <= taps;
+    let rel = |m: &[i32]| -> Vec<u32> {
+        if x_predecode {
+            m.iter().map(|&i| (i as usize - x_start) as u32).collect()
+        } else {
+            Vec::new()
+        }
+    };
     let frame = Frame {
         p,
         x_map: &op.x_map,
         y_map: &op.y_map,
         x_single,
-        x_predecode: 2 * (x_end - x_start) <= taps,
+        x_predecode,
         x_start,
         x_len: x_end - x_start,
-        rel_i0: op.x_map.i0.iter().map(|&i| i as u32 - x_start as u32).collect(),
-        rel_i1: op.x_map.i1.iter().map(|&i| i as u32 - x_start as u32).collect(),
+        rel_i0: rel(&op.x_map.i0),
+        rel_i1: rel(&op.x_map.i1),
         src_plane: if swap { [2, 1, 0] } else { [0, 1, 2] },
         layout: desc.layout,
         store,
