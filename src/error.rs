@@ -20,14 +20,20 @@ pub enum Error {
         expected: String,
     },
     /// An input image that cannot be processed (the frame is rejected, the node goes on).
+    /// (The inner error is in the message, not a `source`, so error chains do not print
+    /// it twice.)
     #[error("invalid image: {0}")]
-    Image(#[from] ImageError),
+    Image(ImageError),
     /// A CUDA failure, with context.
     #[error("CUDA: {0}")]
-    Cuda(#[from] CudaError),
+    Cuda(CudaError),
     /// The CUDA backend was asked for but this binary was built without it.
     #[error("backend `cuda`: this binary was built without the `cuda` feature; rebuild with `--features cuda` or set `backend: cpu`")]
     CudaNotCompiled,
+    /// A preprocessing operation that does not fit the image it is run on (a
+    /// hand-built `PreprocessOp`; the pipeline always builds consistent ones).
+    #[error("preprocessing operation does not match the image: {0}")]
+    Operation(String),
     /// Reading or writing a file.
     #[error("{context}: {source}")]
     Io {
@@ -45,6 +51,18 @@ pub enum Error {
         /// serde_yaml's message (names the unknown or mistyped parameter).
         message: String,
     },
+}
+
+impl From<ImageError> for Error {
+    fn from(e: ImageError) -> Self {
+        Error::Image(e)
+    }
+}
+
+impl From<CudaError> for Error {
+    fn from(e: CudaError) -> Self {
+        Error::Cuda(e)
+    }
 }
 
 impl Error {
