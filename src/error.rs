@@ -43,6 +43,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A rosbag2 bag that cannot be read or written.
+    #[error("bag {path}: {message}")]
+    Bag {
+        /// The bag (folder or file).
+        path: String,
+        /// What is wrong, and where.
+        message: String,
+    },
     /// A YAML file that does not parse into the configuration.
     #[error("{context}: {message}")]
     Yaml {

@@ -17,6 +17,7 @@
 //! of an input image). `backend/` never imports r2r and `node/` never imports cudarc.
 
 pub mod backend;
+pub mod bag;
 pub mod config;
 pub mod error;
 pub mod image;

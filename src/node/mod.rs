@@ -8,6 +8,7 @@
 //! flight finish, and exit 0.
 
 mod params;
+mod play;
 mod stats;
 
 use crate::pipeline::{select_backend, FrameInfo, Geometry, Pipeline};
@@ -24,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use params::{config_from_params, NodeParams, PARAMETERS};
+pub use play::{play, PlayOptions, PlayStats};
 pub use stats::{BackendInfo, Counts, Stats};
 
 /// The node's name (`ros2 node list` shows `/vision_preproc` unless remapped).

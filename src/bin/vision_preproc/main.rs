@@ -1,8 +1,10 @@
 //! `vision_preproc`: the offline command-line tool (no ROS needed).
 
-mod conv_file;
 mod bench_cpu;
+mod conv_file;
 mod input;
+mod play;
+mod replay;
 mod run_file;
 
 use anyhow::{Context, Result};
@@ -41,6 +43,12 @@ enum Command {
     RunFile(run_file::RunFileArgs),
     /// Time the CPU backend per frame (p50/p99).
     BenchCpu(bench_cpu::BenchCpuArgs),
+    /// Run the pipeline on every image of a rosbag2 bag (MCAP or sqlite3) and write the
+    /// tensors and timings to a new MCAP bag.
+    Replay(replay::ReplayArgs),
+    /// Publish a bag's images (and camera_info) as a ROS 2 publisher, with the recorded
+    /// timing (needs the `ros` build).
+    Play(play::PlayArgs),
 }
 
 fn main() -> ExitCode {
@@ -72,6 +80,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::ConvFile(args) => conv_file::run(args)?,
         Command::RunFile(args) => run_file::run(args)?,
         Command::BenchCpu(args) => bench_cpu::run(args)?,
+        Command::Replay(args) => replay::run(args)?,
+        Command::Play(args) => play::run(args)?,
     }
     Ok(())
 }

@@ -1,0 +1,248 @@
+//! The messages the CLI reads from and writes to bags, without ROS: decoded from and
+//! encoded to CDR with [`super::cdr`], and their `ros2msg` definitions for MCAP schemas.
+
+use super::cdr::{CdrError, Reader, Writer};
+
+/// `std_msgs/Header`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Header {
+    /// `stamp.sec`.
+    pub sec: i32,
+    /// `stamp.nanosec`.
+    pub nanosec: u32,
+    /// `frame_id`.
+    pub frame_id: String,
+}
+
+impl Header {
+    fn read(r: &mut Reader<'_>) -> Result<Self, CdrError> {
+        Ok(Header {
+            sec: r.i32("header.stamp.sec")?,
+            nanosec: r.u32("header.stamp.nanosec")?,
+            frame_id: r.string("header.frame_id")?,
+        })
+    }
+    fn write(&self, w: &mut Writer) {
+        w.i32(self.sec);
+        w.u32(self.nanosec);
+        w.string(&self.frame_id);
+    }
+    /// The stamp in nanoseconds.
+    pub fn stamp_ns(&self) -> i64 {
+        i64::from(self.sec) * 1_000_000_000 + i64::from(self.nanosec)
+    }
+}
+
+/// `sensor_msgs/Image`, with `data` borrowed from the bag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image<'a> {
+    /// `header`.
+    pub header: Header,
+    /// `height`.
+    pub height: u32,
+    /// `width`.
+    pub width: u32,
+    /// `encoding`.
+    pub encoding: String,
+    /// `is_bigendian`.
+    pub is_bigendian: u8,
+    /// `step`.
+    pub step: u32,
+    /// `data`.
+    pub data: &'a [u8],
+}
+
+impl<'a> Image<'a> {
+    /// Decode a CDR `sensor_msgs/Image`.
+    pub fn decode(cdr: &'a [u8]) -> Result<Self, CdrError> {
+        let mut r = Reader::new(cdr)?;
+        Ok(Image {
+            header: Header::read(&mut r)?,
+            height: r.u32("height")?,
+            width: r.u32("width")?,
+            encoding: r.string("encoding")?,
+            is_bigendian: r.u8("is_bigendian")?,
+            step: r.u32("step")?,
+            data: r.bytes("data")?,
+        })
+    }
+
+    /// Encode as CDR (used by tests and the sample-bag tools).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        self.header.write(&mut w);
+        w.u32(self.height);
+        w.u32(self.width);
+        w.string(&self.encoding);
+        w.u8(self.is_bigendian);
+        w.u32(self.step);
+        w.bytes(self.data);
+        w.finish()
+    }
+}
+
+/// `sensor_msgs/CameraInfo` (the fields the node and the CLI use are all kept).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CameraInfo {
+    /// `header`.
+    pub header: Header,
+    /// `height`.
+    pub height: u32,
+    /// `width`.
+    pub width: u32,
+    /// `distortion_model`.
+    pub distortion_model: String,
+    /// `d`.
+    pub d: Vec<f64>,
+    /// `k`.
+    pub k: [f64; 9],
+    /// `r`.
+    pub r: [f64; 9],
+    /// `p`.
+    pub p: [f64; 12],
+}
+
+impl CameraInfo {
+    /// Decode a CDR `sensor_msgs/CameraInfo` (binning and roi are read and ignored).
+    pub fn decode(cdr: &[u8]) -> Result<Self, CdrError> {
+        let mut r = Reader::new(cdr)?;
+        Ok(CameraInfo {
+            header: Header::read(&mut r)?,
+            height: r.u32("height")?,
+            width: r.u32("width")?,
+            distortion_model: r.string("distortion_model")?,
+            d: r.f64_seq("d")?,
+            k: r.f64_array("k")?,
+            r: r.f64_array("r")?,
+            p: r.f64_array("p")?,
+        })
+    }
+}
+
+/// `vision_preproc_msgs/Tensor`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tensor<'a> {
+    /// `header`.
+    pub header: Header,
+    /// `name`.
+    pub name: &'a str,
+    /// `layout`.
+    pub layout: &'a str,
+    /// `dtype`.
+    pub dtype: &'a str,
+    /// `shape`.
+    pub shape: [u32; 4],
+    /// `data`.
+    pub data: &'a [u8],
+    /// `scale_x`, `scale_y`, `offset_x`, `offset_y`.
+    pub geometry: [f32; 4],
+    /// `source_width`.
+    pub source_width: u32,
+    /// `source_height`.
+    pub source_height: u32,
+    /// `source_encoding`.
+    pub source_encoding: &'a str,
+}
+
+impl Tensor<'_> {
+    /// Encode as CDR.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        self.header.write(&mut w);
+        w.string(self.name);
+        w.string(self.layout);
+        w.string(self.dtype);
+        w.u32_seq(&self.shape);
+        w.bytes(self.data);
+        for g in self.geometry {
+            w.f32(g);
+        }
+        w.u32(self.source_width);
+        w.u32(self.source_height);
+        w.string(self.source_encoding);
+        w.finish()
+    }
+}
+
+/// `vision_preproc_msgs/FrameTiming`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FrameTiming {
+    /// `header`.
+    pub header: Header,
+    /// `sequence`.
+    pub sequence: u64,
+    /// `backend`.
+    pub backend: String,
+    /// `upload_us`, `preprocess_us`, `conv_us`, `download_us`, `total_us`, `age_us`.
+    pub stages_us: [f32; 6],
+    /// `dropped_since_last`.
+    pub dropped_since_last: u32,
+}
+
+impl FrameTiming {
+    /// Encode as CDR.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        self.header.write(&mut w);
+        w.u64(self.sequence);
+        w.string(&self.backend);
+        for s in self.stages_us {
+            w.f32(s);
+        }
+        w.u32(self.dropped_since_last);
+        w.finish()
+    }
+}
+
+const SEPARATOR: &str =
+    "================================================================================";
+const HEADER_MSG: &str = "builtin_interfaces/Time stamp\nstring frame_id\n";
+const TIME_MSG: &str = "int32 sec\nuint32 nanosec\n";
+
+/// The `ros2msg` schema text of a message type with its dependencies, as rosbag2 writes
+/// it into MCAP files.
+pub fn schema(type_name: &str) -> Option<String> {
+    let main = match type_name {
+        "vision_preproc_msgs/msg/Tensor" => {
+            include_str!("../../msgs/vision_preproc_msgs/msg/Tensor.msg")
+        }
+        "vision_preproc_msgs/msg/FrameTiming" => {
+            include_str!("../../msgs/vision_preproc_msgs/msg/FrameTiming.msg")
+        }
+        _ => return None,
+    };
+    Some(format!(
+        "{main}\n{SEPARATOR}\nMSG: std_msgs/Header\n{HEADER_MSG}\n{SEPARATOR}\nMSG: builtin_interfaces/Time\n{TIME_MSG}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_round_trip_and_corruption() {
+        let data = [1u8, 2, 3, 4, 5, 6];
+        let img = Image {
+            header: Header { sec: 5, nanosec: 7, frame_id: "cam".into() },
+            height: 1,
+            width: 2,
+            encoding: "rgb8".into(),
+            is_bigendian: 0,
+            step: 6,
+            data: &data,
+        };
+        let cdr = img.encode();
+        assert_eq!(Image::decode(&cdr).unwrap(), img);
+        // Truncated: the data field is cut.
+        let e = Image::decode(&cdr[..cdr.len() - 2]).unwrap_err();
+        assert_eq!(e.field, "data");
+    }
+
+    #[test]
+    fn schemas_carry_dependencies() {
+        let s = schema("vision_preproc_msgs/msg/Tensor").unwrap();
+        assert!(s.contains("std_msgs/Header header") && s.contains("MSG: builtin_interfaces/Time"));
+        assert!(schema("sensor_msgs/msg/Image").is_none());
+    }
+}

@@ -1,0 +1,146 @@
+//! `vision_preproc play`: publish a bag's images (and camera_info) as a ROS 2 publisher,
+//! with the recorded timing — the playback side of a live replay, for machines without
+//! `ros2 bag play`. Messages are published as recorded (serialized bytes, original
+//! header stamps); each is checked to decode first, so a corrupt one is skipped with its
+//! reason instead of being sent.
+
+use crate::bag::msgs::{CameraInfo as BagCameraInfo, Image as BagImage};
+use crate::bag::{Bag, CAMERA_INFO_TYPE, IMAGE_TYPE};
+use crate::error::{Error, Result};
+use r2r::QosProfile;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// What to play and how.
+#[derive(Debug, Clone)]
+pub struct PlayOptions {
+    /// The bag (folder, .mcap or .db3).
+    pub input: PathBuf,
+    /// Image topic of the bag to play (default: the only image topic).
+    pub topic: Option<String>,
+    /// Playback speed factor (1 = recorded timing).
+    pub rate: f64,
+    /// Publish as fast as possible, ignoring the recorded timing.
+    pub max: bool,
+    /// Start again at the end, until interrupted.
+    pub repeat: bool,
+    /// Topic the images are published on (relative names follow the namespace).
+    pub image_topic: String,
+    /// Topic the camera infos are published on.
+    pub camera_info_topic: String,
+    /// Wait (up to 20 s) for this many subscribers on the image topic before starting.
+    pub wait_subscribers: usize,
+}
+
+/// What was played.
+#[derive(Debug, Clone, Default)]
+pub struct PlayStats {
+    /// Images published.
+    pub images: u64,
+    /// Camera infos published.
+    pub camera_infos: u64,
+    /// Messages skipped, with reasons.
+    pub skipped: Vec<String>,
+    /// Damage found in the bag.
+    pub damage: Vec<String>,
+}
+
+fn ros_err(what: &str, e: r2r::Error) -> Error {
+    Error::Bag { path: what.to_string(), message: e.to_string() }
+}
+
+/// Play the bag. Blocks until the end (or forever with `repeat`).
+pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
+    let bag = Bag::open(&opts.input)?;
+    let topics = bag.topics()?;
+    let images: Vec<&str> =
+        topics.iter().filter(|t| t.type_name == IMAGE_TYPE).map(|t| t.name.as_str()).collect();
+    let image_topic = match (&opts.topic, images.as_slice()) {
+        (Some(t), _) if images.contains(&t.as_str()) => t.clone(),
+        (None, [only]) => (*only).to_string(),
+        _ => {
+            return Err(Error::Bag {
+                path: opts.input.display().to_string(),
+                message: format!("choose the image topic with --topic; image topics: {images:?}"),
+            })
+        }
+    };
+    let info_topic =
+        topics.iter().find(|t| t.type_name == CAMERA_INFO_TYPE).map(|t| t.name.clone());
+
+    if let Some(p) = super::default_dds_profile() {
+        std::env::set_var("FASTDDS_DEFAULT_PROFILES_FILE", p);
+    }
+    let ctx = r2r::Context::create().map_err(|e| ros_err("creating the ROS context", e))?;
+    let mut node = r2r::Node::create(ctx, "vision_preproc_player", "")
+        .map_err(|e| ros_err("creating the node", e))?;
+    // Camera drivers publish best effort (sensor data QoS); so does the player.
+    let qos = QosProfile::sensor_data().keep_last(5);
+    let image_pub = node
+        .create_publisher_untyped(&opts.image_topic, IMAGE_TYPE, qos.clone())
+        .map_err(|e| ros_err("creating the image publisher", e))?;
+    let info_pub = node
+        .create_publisher_untyped(&opts.camera_info_topic, CAMERA_INFO_TYPE, qos)
+        .map_err(|e| ros_err("creating the camera_info publisher", e))?;
+
+    if opts.wait_subscribers > 0 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while image_pub.get_inter_process_subscription_count().unwrap_or(0) < opts.wait_subscribers
+        {
+            if Instant::now() > deadline {
+                return Err(Error::Bag {
+                    path: opts.input.display().to_string(),
+                    message: format!("no subscriber on {} within 20 s", opts.image_topic),
+                });
+            }
+            node.spin_once(Duration::from_millis(50));
+        }
+        // Let the new subscription's reader finish matching before the first sample.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    let mut stats = PlayStats::default();
+    let mut wanted = vec![image_topic.as_str()];
+    if let Some(t) = &info_topic {
+        wanted.push(t);
+    }
+    loop {
+        let mut first: Option<(u64, Instant)> = None;
+        let damage = bag.for_each(&wanted, |m| {
+            if !opts.max {
+                let (t0, start) = *first.get_or_insert((m.log_time, Instant::now()));
+                let due = Duration::from_nanos(m.log_time.saturating_sub(t0))
+                    .div_f64(opts.rate.max(1e-6));
+                if let Some(wait) = due.checked_sub(start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            let is_image = m.topic == image_topic;
+            let check = if is_image {
+                BagImage::decode(&m.data).map(|_| ())
+            } else {
+                BagCameraInfo::decode(&m.data).map(|_| ())
+            };
+            if let Err(e) = check {
+                stats.skipped.push(format!("{} at {}: {e}", m.topic, m.log_time));
+                return Ok(());
+            }
+            let (publisher, count) = if is_image {
+                (&image_pub, &mut stats.images)
+            } else {
+                (&info_pub, &mut stats.camera_infos)
+            };
+            publisher.publish_raw(&m.data).map_err(|e| ros_err("publishing", e))?;
+            *count += 1;
+            Ok(())
+        })?;
+        stats.damage.extend(damage);
+        node.spin_once(Duration::from_millis(1));
+        if !opts.repeat {
+            break;
+        }
+    }
+    // Give best-effort samples still in the shared-memory queues time to be read.
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(stats)
+}

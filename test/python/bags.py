@@ -1,0 +1,91 @@
+"""rosbag2 bags written and read with the `rosbags` library (pure Python, independent of
+vision_preproc): inputs for `replay`/`play`, and the reader of their output bags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from rosbags.rosbag2 import Reader, StoragePlugin, Writer
+from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+from sources import Frame
+
+ROOT = Path(__file__).resolve().parents[2]
+MSGS = ROOT / "msgs" / "vision_preproc_msgs" / "msg"
+
+
+def typestore():
+    """Kilted's types plus vision_preproc_msgs, read from our .msg files."""
+    ts = get_typestore(Stores.LATEST)
+    add = {}
+    for name in ("Tensor", "FrameTiming"):
+        add.update(get_types_from_msg((MSGS / f"{name}.msg").read_text(), f"vision_preproc_msgs/msg/{name}"))
+    ts.register(add)
+    return ts
+
+
+TS = typestore()
+Image = TS.types["sensor_msgs/msg/Image"]
+CameraInfo = TS.types["sensor_msgs/msg/CameraInfo"]
+Header = TS.types["std_msgs/msg/Header"]
+Time = TS.types["builtin_interfaces/msg/Time"]
+RegionOfInterest = TS.types["sensor_msgs/msg/RegionOfInterest"]
+
+
+def header(stamp_ns: int, frame_id: str = "camera"):
+    return Header(stamp=Time(sec=stamp_ns // 10**9, nanosec=stamp_ns % 10**9), frame_id=frame_id)
+
+
+def image_of(frame: Frame, stamp_ns: int, frame_id: str = "camera"):
+    return Image(header=header(stamp_ns, frame_id), height=frame.height, width=frame.width,
+                 encoding=frame.encoding, is_bigendian=int(frame.big_endian), step=frame.step,
+                 data=np.frombuffer(frame.data, np.uint8))
+
+
+def camera_info(width: int, height: int, stamp_ns: int):
+    k = np.array([500.0, 0, width / 2, 0, 500.0, height / 2, 0, 0, 1])
+    p = np.array([500.0, 0, width / 2, 0, 0, 500.0, height / 2, 0, 0, 0, 1, 0])
+    return CameraInfo(header=header(stamp_ns), height=height, width=width, distortion_model="plumb_bob",
+                      d=np.zeros(5), k=k, r=np.eye(3).ravel(), p=p, binning_x=0, binning_y=0,
+                      roi=RegionOfInterest(x_offset=0, y_offset=0, height=0, width=0, do_rectify=False))
+
+
+def write_bag(path: Path, frames: list[Frame], storage: str = "mcap", topic: str = "/camera/image_raw",
+              period_ns: int = 33_333_333, with_camera_info: bool = True, start_ns: int = 1_700_000_000_000_000_000,
+              extra: list[tuple[str, str, bytes]] | None = None) -> list[int]:
+    """Write `frames` as sensor_msgs/Image on `topic` (and a camera_info before each), in
+    `storage` ("mcap" or "sqlite3"). `extra`: (topic, type, raw CDR) messages appended
+    after the images. Returns the stamps."""
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    stamps = []
+    with Writer(path, version=9, storage_plugin=plugin) as w:
+        img_c = w.add_connection(topic, Image.__msgtype__, typestore=TS)
+        info_c = w.add_connection(topic.rsplit("/", 1)[0] + "/camera_info", CameraInfo.__msgtype__, typestore=TS)
+        extra_c = {(topic, Image.__msgtype__): img_c}
+        for i, f in enumerate(frames):
+            t = start_ns + i * period_ns
+            stamps.append(t)
+            if with_camera_info:
+                w.write(info_c, t, TS.serialize_cdr(camera_info(f.width, f.height, t), CameraInfo.__msgtype__))
+            w.write(img_c, t + 1, TS.serialize_cdr(image_of(f, t), Image.__msgtype__))
+        for j, (tp, ty, raw) in enumerate(extra or []):
+            if (tp, ty) not in extra_c:
+                extra_c[(tp, ty)] = w.add_connection(tp, ty, typestore=TS)
+            w.write(extra_c[(tp, ty)], start_ns + (len(frames) + j) * period_ns, raw)
+    return stamps
+
+
+def read_outputs(path: Path) -> tuple[list, list]:
+    """(tensors, timings) of an output bag, deserialized by rosbags."""
+    tensors, timings = [], []
+    with Reader(path) as r:
+        for conn, _t, raw in r.messages():
+            msg = TS.deserialize_cdr(raw, conn.msgtype)
+            (tensors if conn.msgtype.endswith("/Tensor") else timings).append(msg)
+    return tensors, timings
+
+
+def tensor_array(t) -> np.ndarray:
+    dtype = {"float32": "<f4", "float16": "<f2"}[t.dtype]
+    return np.frombuffer(t.data.tobytes(), dtype=dtype).reshape(tuple(int(x) for x in t.shape))

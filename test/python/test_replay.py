@@ -1,0 +1,134 @@
+"""`vision_preproc replay`: bags written by the `rosbags` library (MCAP and sqlite3,
+several encodings and sizes, a camera_info topic) -> replay -> the output bag read back
+with `rosbags` -> tensors equal to the OpenCV oracle, one timing per tensor. Damaged bags
+replay what can be replayed and say why the rest could not."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import oracle
+from bags import TS, Image, image_of, read_outputs, tensor_array, write_bag
+from runner import CLI
+from sources import photo_frame
+from tolerances import assert_close
+
+CONFIG = {"network_image_width": 96, "network_image_height": 64, "resize_mode": "letterbox",
+          "image_mean": [0.485, 0.456, 0.406], "image_stddev": [0.229, 0.224, 0.225]}
+
+
+def frames():
+    return [
+        photo_frame("bgr8", "chelsea.png", size=(151, 100)),
+        photo_frame("yuyv", "coffee.png", size=(120, 80), pad=4),
+        photo_frame("nv12", "astronaut.png", size=(64, 64)),
+        photo_frame("bayer_rggb8", "rocket.jpg", size=(90, 60)),
+        photo_frame("mono16", "camera.png", size=(50, 70), big_endian=True),
+        photo_frame("rgb8", "coffee.png", size=(33, 17), pad=3),
+    ]
+
+
+def replay(inp: Path, out: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+    cfg = out.parent / "cfg.yaml"
+    cfg.write_text("vision_preproc:\n  ros__parameters:\n" + "".join(
+        f"    {k}: {v}\n" for k, v in CONFIG.items()))
+    p = subprocess.run([str(CLI), "replay", str(inp), "-o", str(out), "--config", str(cfg), "--backend", "cpu", *extra],
+                       capture_output=True, text=True, timeout=300)
+    if check:
+        assert p.returncode == 0, p.stderr + p.stdout
+    return p
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_replay_matches_the_oracle(tmp_path: Path, storage: str) -> None:
+    fs = frames()
+    stamps = write_bag(tmp_path / "in", fs, storage=storage)
+    p = replay(tmp_path / "in", tmp_path / "out")
+    assert f"frames {len(fs)}: published {len(fs)}, rejected 0, skipped 0" in p.stdout, p.stdout
+    tensors, timings = read_outputs(tmp_path / "out")
+    assert len(tensors) == len(timings) == len(fs)
+    for f, stamp, t, tm in zip(fs, stamps, tensors, timings):
+        got = tensor_array(t)
+        want = oracle.preprocess(f.data, f.encoding, f.width, f.height, f.step, f.big_endian, CONFIG)
+        assert_close(got, want, "float32", f"replay {storage} {f.encoding} {f.width}x{f.height}")
+        assert t.header.stamp.sec * 10**9 + t.header.stamp.nanosec == stamp
+        assert (t.source_width, t.source_height, t.source_encoding) == (f.width, f.height, f.encoding)
+        assert (t.layout, t.dtype, list(t.shape)) == ("NCHW", "float32", [1, 3, 64, 96])
+        assert tm.header.stamp == t.header.stamp and tm.backend == "cpu"
+        assert tm.preprocess_us > 0 and tm.total_us >= tm.preprocess_us
+    assert [tm.sequence for tm in timings] == list(range(len(fs)))
+
+
+def test_bare_files_and_determinism(tmp_path: Path) -> None:
+    write_bag(tmp_path / "in", frames()[:3], storage="mcap")
+    mcap = next((tmp_path / "in").glob("*.mcap"))
+    replay(mcap, tmp_path / "a")
+    replay(mcap, tmp_path / "b")
+    # On the CPU backend the tensors are bit-identical from run to run.
+    ta, _ = read_outputs(tmp_path / "a")
+    tb, _ = read_outputs(tmp_path / "b")
+    assert [t.data.tobytes() for t in ta] == [t.data.tobytes() for t in tb]
+    assert len(ta) == 3
+    write_bag(tmp_path / "db", frames()[:2], storage="sqlite3")
+    db3 = next((tmp_path / "db").glob("*.db3"))
+    replay(db3, tmp_path / "c")
+    assert len(read_outputs(tmp_path / "c")[0]) == 2
+
+
+def test_damaged_bags_replay_the_rest(tmp_path: Path) -> None:
+    fs = frames()[:4]
+    # One corrupt message (data cut short), one message of the wrong type on the image
+    # topic, one invalid image (step too small) - each skipped or rejected with a reason.
+    good = TS.serialize_cdr(image_of(fs[0], 5), Image.__msgtype__)
+    corrupt = bytes(good[: len(good) // 2])
+    bad_step = image_of(fs[1], 6)
+    bad_step.step = 3
+    string_msg = TS.serialize_cdr(TS.types["std_msgs/msg/String"](data="not an image"), "std_msgs/msg/String")
+    write_bag(tmp_path / "in", fs, storage="mcap", with_camera_info=False, extra=[
+        ("/camera/image_raw", Image.__msgtype__, corrupt),
+        ("/camera/image_raw", Image.__msgtype__, string_msg),
+        ("/camera/image_raw", Image.__msgtype__, TS.serialize_cdr(bad_step, Image.__msgtype__)),
+    ])
+    p = replay(tmp_path / "in", tmp_path / "out")
+    assert "frames 7: published 4, rejected 1, skipped 2" in p.stdout, p.stdout
+    assert "corrupt CDR at field `data`" in p.stdout, p.stdout
+    assert "step 3 < width*" in p.stdout, p.stdout
+    assert len(read_outputs(tmp_path / "out")[0]) == 4
+
+    # A truncated file (six equal frames, cut in the middle): the messages before the cut
+    # are replayed, the damage is reported.
+    same = [photo_frame("bgr8", "coffee.png", size=(120, 80))] * 6
+    write_bag(tmp_path / "six", same, storage="mcap", with_camera_info=False)
+    mcap = next((tmp_path / "six").glob("*.mcap"))
+    cut = tmp_path / "cut.mcap"
+    cut.write_bytes(mcap.read_bytes()[: mcap.stat().st_size // 2])
+    p = replay(cut, tmp_path / "out_cut")
+    assert "bag damaged" in p.stdout and "stopped reading" in p.stdout, p.stdout
+    tensors, _ = read_outputs(tmp_path / "out_cut")
+    assert 2 <= len(tensors) <= 3, len(tensors)
+    for f, t in zip(same, tensors):
+        want = oracle.preprocess(f.data, f.encoding, f.width, f.height, f.step, f.big_endian, CONFIG)
+        assert_close(tensor_array(t), want, "float32", "truncated bag")
+
+    # Not a bag at all, and a missing one: clear errors, no panic.
+    junk = tmp_path / "junk.mcap"
+    junk.write_bytes(b"hello")
+    for path, msg in [(junk, "not an MCAP file"), (tmp_path / "missing", "missing")]:
+        p = replay(path, tmp_path / f"o_{path.name}", check=False)
+        assert p.returncode == 1 and msg in p.stderr and "panicked" not in p.stderr, p.stderr
+
+
+def test_topic_choice(tmp_path: Path) -> None:
+    fs = frames()[:2]
+    write_bag(tmp_path / "in", fs, storage="mcap", with_camera_info=False,
+              extra=[("/other/image", Image.__msgtype__, TS.serialize_cdr(image_of(fs[0], 9), Image.__msgtype__))])
+    p = replay(tmp_path / "in", tmp_path / "o1", check=False)
+    assert p.returncode == 1 and "several image topics" in p.stderr and "/other/image" in p.stderr, p.stderr
+    p = replay(tmp_path / "in", tmp_path / "o2", "--topic", "/other/image")
+    assert "frames 1: published 1" in p.stdout
+    p = replay(tmp_path / "in", tmp_path / "o3", "--topic", "/nope", check=False)
+    assert p.returncode == 1 and "--topic /nope" in p.stderr
