@@ -1,0 +1,401 @@
+// resize_normalize.cu: the fused preprocessing, ONE launch per frame that reads the
+// source bytes once and writes the tensor once:
+//   decode (any encoding) -> ROI -> bilinear/nearest sample -> letterbox pad or crop
+//   -> normalize -> channel order -> NCHW/NHWC store in float32 or float16.
+//
+// Layouts
+//   src   the frame as received (sensor_msgs/Image data): src_height rows of src_step
+//         bytes; NV12/NV21 append src_height/2 interleaved chroma rows of src_step bytes.
+//         The buffer is allocated to a multiple of 4 bytes: the staged path reads whole
+//         aligned 32-bit words, up to 3 bytes past the last byte it needs.
+//   maps  the sampling tables of src/backend/ops.rs AxisMap as int32, x then y:
+//         [x_i0 | x_i1 | x_w1 (f32 bits)] (content_w each), [y_i0 | y_i1 | y_w1]
+//         (content_h each). Indices are absolute source pixels (ROI already applied).
+//   dst   (C, H, W) planar (NCHW) or (H, W, C) interleaved (NHWC), dense, float32 or
+//         float16 bits; 16-byte aligned.
+// Launch shape
+//   block (RN_BLOCK_X, RN_BLOCK_Y) = (16, 16); each thread writes RN_PX = 4 adjacent
+//   pixels of one row (one 16-byte store per channel for NCHW float32 when W % 4 == 0),
+//   so a block covers a 64 x 16 tile; grid (ceil(W / 64), ceil(H / 16)).
+//   Dynamic shared memory: 0 for the direct path, 2 * RN_BLOCK_Y * smem_row_words * 4
+//   bytes for the staged path (below).
+// Reference behaviour: src/backend/cpu (the specification). Per output pixel: outside
+//   the content rectangle -> pad[c]; else four taps (i0/i1 of each axis) decoded to RGB in
+//   8-bit units (16-bit samples / 257), bilinear in float, horizontal then vertical
+//   (top = s00*(1-wx) + s01*wx, bottom likewise, v = top*(1-wy) + bottom*wy) = the
+//   sampling of cv2.resize INTER_LINEAR / INTER_NEAREST through the same host tables;
+//   grey output from colour: OpenCV RGB2GRAY fixed point on each tap before
+//   interpolation; then v*scale[c] + bias[c]; float16 rounds to nearest even. All
+//   arithmetic is __fmul_rn/__fadd_rn (never contracted into FMA), so each value is
+//   bit-identical to the CPU's.
+// Staged path (host passes smem_row_words > 0; only encodings whose pixel x starts at
+//   byte x*bpp of its row, and only when the widest tile window fits): the block copies,
+//   with coalesced aligned 32-bit loads, the source columns its tile samples from each
+//   of the two source rows of each of its 16 output rows into shared memory, then
+//   samples there. That replaces ~48 scattered byte loads per thread (rgb8) by ~3 word
+//   loads; the direct path does the scattered loads through L1.
+#include "common.cuh"
+
+// keep in sync with src/backend/cuda/launch.rs
+#define RN_PX 4
+#define RN_BLOCK_X 16
+#define RN_BLOCK_Y 16
+#define RN_THREADS (RN_BLOCK_X * RN_BLOCK_Y)
+#define RN_TILE_W (RN_BLOCK_X * RN_PX)
+#define RN_TILE_H RN_BLOCK_Y
+
+// OpenCV's BT.601 YUV -> RGB fixed point (color_yuv.simd.hpp, ITUR_BT_601_*).
+#define YUV_SHIFT 20
+#define YUV_CY 1220542
+#define YUV_CUB 2116026
+#define YUV_CUG (-409993)
+#define YUV_CVG (-852492)
+#define YUV_CVR 1673527
+// OpenCV's RGB2GRAY fixed point (color_rgb.simd.hpp, yuv_shift 14).
+#define GRAY_SHIFT 14
+#define GRAY_R 4899
+#define GRAY_G 9617
+#define GRAY_B 1868
+
+__device__ constexpr u32 enc_bpp(u32 e) {
+    return e == ENC_RGB8 || e == ENC_BGR8     ? 3
+           : e == ENC_RGBA8 || e == ENC_BGRA8 ? 4
+           : e == ENC_MONO16                  ? 2
+           : e == ENC_RGB16 || e == ENC_BGR16 ? 6
+           : e == ENC_YUYV || e == ENC_UYVY   ? 2
+                                              : 1;
+}
+__device__ constexpr bool enc_is_16bit(u32 e) { return e == ENC_MONO16 || e == ENC_RGB16 || e == ENC_BGR16; }
+__device__ constexpr bool enc_is_mono(u32 e) { return e == ENC_MONO8 || e == ENC_MONO16; }
+__device__ constexpr bool enc_is_yuv422(u32 e) { return e == ENC_YUYV || e == ENC_UYVY; }
+// Pixel x of a row starts at byte x*bpp (4:2:2: its pair starts at (x & ~1) * 2).
+__device__ constexpr bool enc_is_packed(u32 e) { return e <= ENC_BGR16 || enc_is_yuv422(e); }
+
+__device__ __forceinline__ int clamp_u8(int v) { return v < 0 ? 0 : (v > 255 ? 255 : v); }
+
+// One row of source bytes: pixel x of encoding ENC starts at base[off + x * bpp].
+struct Row {
+    const u8* base;
+    int off;
+};
+
+// A decoded tap in source integer units (8 or 16 bits): r, g, b.
+struct Rgb {
+    int r, g, b;
+};
+
+__device__ __forceinline__ int rd16(const u8* q, u32 big_endian) {
+    return big_endian ? (q[0] << 8 | q[1]) : (q[1] << 8 | q[0]);
+}
+
+__device__ __forceinline__ Rgb yuv_to_rgb(int yy, int u, int v) {
+    const int y = max(0, yy - 16) * YUV_CY;
+    const int uu = u - 128, vv = v - 128;
+    const int ruv = (1 << (YUV_SHIFT - 1)) + YUV_CVR * vv;
+    const int guv = (1 << (YUV_SHIFT - 1)) + YUV_CVG * vv + YUV_CUG * uu;
+    const int buv = (1 << (YUV_SHIFT - 1)) + YUV_CUB * uu;
+    Rgb o;
+    o.r = clamp_u8((y + ruv) >> YUV_SHIFT);
+    o.g = clamp_u8((y + guv) >> YUV_SHIFT);
+    o.b = clamp_u8((y + buv) >> YUV_SHIFT);
+    return o;
+}
+
+// Packed encodings: the tap at column x of `row`.
+template <u32 ENC>
+__device__ __forceinline__ Rgb decode_packed(Row row, int x, u32 big_endian) {
+    Rgb o;
+    if constexpr (enc_is_yuv422(ENC)) {
+        const u8* q = row.base + row.off + (x & ~1) * 2;
+        // yuyv: Y0 U Y1 V; uyvy: U Y0 V Y1
+        const int yy = ENC == ENC_YUYV ? q[(x & 1) * 2] : q[(x & 1) * 2 + 1];
+        const int u = ENC == ENC_YUYV ? q[1] : q[0];
+        const int v = ENC == ENC_YUYV ? q[3] : q[2];
+        return yuv_to_rgb(yy, u, v);
+    } else {
+        const u8* q = row.base + row.off + x * (int)enc_bpp(ENC);
+        if constexpr (ENC == ENC_RGB8 || ENC == ENC_RGBA8) {
+            o.r = q[0]; o.g = q[1]; o.b = q[2];
+        } else if constexpr (ENC == ENC_BGR8 || ENC == ENC_BGRA8) {
+            o.r = q[2]; o.g = q[1]; o.b = q[0];
+        } else if constexpr (ENC == ENC_MONO8) {
+            o.r = o.g = o.b = q[0];
+        } else if constexpr (ENC == ENC_MONO16) {
+            o.r = o.g = o.b = rd16(q, big_endian);
+        } else if constexpr (ENC == ENC_RGB16) {
+            o.r = rd16(q, big_endian); o.g = rd16(q + 2, big_endian); o.b = rd16(q + 4, big_endian);
+        } else {  // ENC_BGR16
+            o.r = rd16(q + 4, big_endian); o.g = rd16(q + 2, big_endian); o.b = rd16(q, big_endian);
+        }
+        return o;
+    }
+}
+
+// NV12/NV21: Y at (x, y), chroma pair at (x/2, y/2) of the plane after the Y rows.
+template <u32 ENC>
+__device__ __forceinline__ Rgb decode_nv(const PreprocessParams& p, const u8* src, int x, int y) {
+    const int yy = src[(unsigned long long)y * p.src_step + x];
+    const u8* c = src + (unsigned long long)(p.src_height + (y >> 1)) * p.src_step + (x & ~1);
+    const int u = ENC == ENC_NV12 ? c[0] : c[1];
+    const int v = ENC == ENC_NV12 ? c[1] : c[0];
+    return yuv_to_rgb(yy, u, v);
+}
+
+// Bayer: colour of the mosaic at (x, y): 0 = R, 1 = G, 2 = B.
+template <u32 ENC>
+__device__ __forceinline__ int bayer_colour(int x, int y) {
+    // first row / second row of the 2x2 cell, left to right
+    constexpr int c00 = ENC == ENC_BAYER_RGGB8 ? 0 : ENC == ENC_BAYER_BGGR8 ? 2 : 1;
+    constexpr int c01 = ENC == ENC_BAYER_RGGB8 ? 1 : ENC == ENC_BAYER_BGGR8 ? 1
+                      : ENC == ENC_BAYER_GBRG8 ? 2 : 0;
+    constexpr int c10 = ENC == ENC_BAYER_RGGB8 ? 1 : ENC == ENC_BAYER_BGGR8 ? 1
+                      : ENC == ENC_BAYER_GBRG8 ? 0 : 2;
+    constexpr int c11 = ENC == ENC_BAYER_RGGB8 ? 2 : ENC == ENC_BAYER_BGGR8 ? 0 : 1;
+    return (y & 1) ? ((x & 1) ? c11 : c10) : ((x & 1) ? c01 : c00);
+}
+
+// OpenCV's bilinear demosaic (demosaicing.cpp Bayer2RGB_): interior pixels from their
+// 3x3 neighbourhood; the first/last column copy their neighbour column, then the
+// first/last row copy their neighbour row; images narrower or shorter than 3 are 0.
+template <u32 ENC>
+__device__ __forceinline__ Rgb decode_bayer(const PreprocessParams& p, const u8* src, int x, int y) {
+    Rgb o;
+    const int w = p.src_width, h = p.src_height;
+    if (w < 3 || h < 3) {
+        o.r = o.g = o.b = 0;
+        return o;
+    }
+    x = min(max(x, 1), w - 2);
+    y = min(max(y, 1), h - 2);
+    const unsigned long long s = p.src_step;
+    const u8* c = src + (unsigned long long)y * s + x;
+    const int here = c[0];
+    const int n = c[-(long long)s], so = c[s], we = c[-1], ea = c[1];
+    const int col = bayer_colour<ENC>(x, y);
+    if (col == 1) {
+        const int hor = (we + ea + 1) >> 1, ver = (n + so + 1) >> 1;
+        // colour of the horizontal neighbours
+        const int hcol = bayer_colour<ENC>(x + 1, y);
+        o.g = here;
+        if (hcol == 0) { o.r = hor; o.b = ver; } else { o.b = hor; o.r = ver; }
+    } else {
+        const int cross = (n + so + we + ea + 2) >> 2;
+        const int diag = (c[-(long long)s - 1] + c[-(long long)s + 1] + c[s - 1] + c[s + 1] + 2) >> 2;
+        o.g = cross;
+        if (col == 0) { o.r = here; o.b = diag; } else { o.b = here; o.r = diag; }
+    }
+    return o;
+}
+
+// One tap as floats in 8-bit units: v[0..3] = R, G, B, or v[0] = grey when `grey`.
+template <u32 ENC>
+__device__ __forceinline__ void tap(const PreprocessParams& p, const u8* src, Row row, int x,
+                                    int y, bool grey, float v[3]) {
+    Rgb t;
+    if constexpr (enc_is_packed(ENC)) {
+        t = decode_packed<ENC>(row, x, p.big_endian);
+    } else if constexpr (ENC == ENC_NV12 || ENC == ENC_NV21) {
+        t = decode_nv<ENC>(p, src, x, y);
+    } else {
+        t = decode_bayer<ENC>(p, src, x, y);
+    }
+    if (grey && !enc_is_mono(ENC)) {
+        const int g = (t.r * GRAY_R + t.g * GRAY_G + t.b * GRAY_B + (1 << (GRAY_SHIFT - 1))) >> GRAY_SHIFT;
+        t.r = g;
+    }
+    if constexpr (enc_is_16bit(ENC)) {
+        v[0] = __fdiv_rn((float)t.r, 257.0f);
+        v[1] = __fdiv_rn((float)t.g, 257.0f);
+        v[2] = __fdiv_rn((float)t.b, 257.0f);
+    } else {
+        v[0] = (float)t.r;
+        v[1] = (float)t.g;
+        v[2] = (float)t.b;
+    }
+}
+
+__device__ __forceinline__ float lerp_rn(float a, float b, float w) {
+    // a*(1-w) + b*w, each operation rounded (= the CPU's Rust expression)
+    return __fadd_rn(__fmul_rn(a, __fsub_rn(1.0f, w)), __fmul_rn(b, w));
+}
+
+template <u32 ENC>
+__device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
+                                                 const u8* __restrict__ src,
+                                                 const int* __restrict__ maps,
+                                                 void* __restrict__ dst, u32 smem_row_words) {
+    extern __shared__ u32 rn_smem[];
+    const int tile_x0 = blockIdx.x * RN_TILE_W, tile_y0 = blockIdx.y * RN_TILE_H;
+    const int x0 = tile_x0 + threadIdx.x * RN_PX;
+    const int y = tile_y0 + threadIdx.y;
+    const int W = p.dst_width, H = p.dst_height;
+    const int cx = p.content_x, cy = p.content_y, cw = p.content_w, chh = p.content_h;
+    const int* x_i0 = maps;
+    const int* x_i1 = maps + cw;
+    const float* x_w1 = (const float*)(maps + 2 * cw);
+    const int* y_i0 = maps + 3 * cw;
+    const int* y_i1 = y_i0 + chh;
+    const float* y_w1 = (const float*)(y_i1 + chh);
+    constexpr int bpp = enc_bpp(ENC);
+
+    // Staged path: copy the tile's source window into shared memory (whole block).
+    int ws = 0;  // first staged source column
+    bool staged = false;
+    if constexpr (enc_is_packed(ENC)) {
+        if (smem_row_words != 0) {  // uniform over the block
+            staged = true;
+            const int lo = max(tile_x0, cx), hi = min(tile_x0 + RN_TILE_W, cx + cw) - 1;
+            if (lo <= hi) {
+                ws = x_i0[lo - cx];
+                int we = x_i1[hi - cx];
+                if constexpr (enc_is_yuv422(ENC)) {
+                    ws &= ~1;
+                    we |= 1;
+                }
+                const int tid = threadIdx.y * RN_BLOCK_X + threadIdx.x;
+                const int lane = tid & 31;
+                for (int slot = tid >> 5; slot < 2 * RN_TILE_H; slot += RN_THREADS / 32) {
+                    const int yy = tile_y0 + (slot >> 1);
+                    if (yy < cy || yy >= cy + chh) continue;
+                    const int row = (slot & 1) ? y_i1[yy - cy] : y_i0[yy - cy];
+                    const unsigned long long first =
+                        (unsigned long long)row * p.src_step + (unsigned long long)ws * bpp;
+                    const int shift = (int)(first & 3);
+                    const int nwords =
+                        min((shift + (we - ws + 1) * bpp + 3) >> 2, (int)smem_row_words);
+                    const u32* words = (const u32*)src + (first >> 2);
+                    u32* srow = rn_smem + slot * smem_row_words;
+                    for (int w = lane; w < nwords; w += 32) srow[w] = words[w];
+                }
+            }
+            __syncthreads();
+        }
+    }
+
+    if (y >= H || x0 >= W) return;
+    const bool grey = p.channels == 1;
+    const bool row_in = y >= cy && y < cy + chh;
+    int yr0 = 0, yr1 = 0;
+    float wy = 0.0f;
+    Row r0 = {src, 0}, r1 = {src, 0};
+    if (row_in) {
+        yr0 = y_i0[y - cy];
+        yr1 = y_i1[y - cy];
+        wy = y_w1[y - cy];
+        if (staged) {
+            const int slot = 2 * threadIdx.y;
+            r0.base = (const u8*)(rn_smem + slot * smem_row_words);
+            r1.base = (const u8*)(rn_smem + (slot + 1) * smem_row_words);
+            const int wsb = enc_is_yuv422(ENC) ? ws * 2 : ws * bpp;
+            r0.off = (int)(((unsigned long long)yr0 * p.src_step + wsb) & 3) - wsb;
+            r1.off = (int)(((unsigned long long)yr1 * p.src_step + wsb) & 3) - wsb;
+        } else {
+            r0.base = src + (unsigned long long)yr0 * p.src_step;
+            r1.base = src + (unsigned long long)yr1 * p.src_step;
+        }
+    }
+
+    float out[RN_PX][3];
+#pragma unroll
+    for (int k = 0; k < RN_PX; ++k) {
+        const int x = x0 + k;
+        if (!row_in || x < cx || x >= cx + cw || x >= W) {
+            out[k][0] = p.pad[0];
+            out[k][1] = p.pad[1];
+            out[k][2] = p.pad[2];
+            continue;
+        }
+        const int xs0 = x_i0[x - cx];
+        float v[3];
+        if (p.interpolation == INTERP_NEAREST) {
+            tap<ENC>(p, src, r0, xs0, yr0, grey, v);
+        } else {
+            const int xs1 = x_i1[x - cx];
+            const float wx = x_w1[x - cx];
+            float s00[3], s01[3], s10[3], s11[3];
+            tap<ENC>(p, src, r0, xs0, yr0, grey, s00);
+            tap<ENC>(p, src, r0, xs1, yr0, grey, s01);
+            tap<ENC>(p, src, r1, xs0, yr1, grey, s10);
+            tap<ENC>(p, src, r1, xs1, yr1, grey, s11);
+#pragma unroll
+            for (int c = 0; c < 3; ++c) {
+                v[c] = lerp_rn(lerp_rn(s00[c], s01[c], wx), lerp_rn(s10[c], s11[c], wx), wy);
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const float s = grey ? v[0] : (p.swap_rb ? v[2 - c] : v[c]);
+            out[k][c] = __fadd_rn(__fmul_rn(s, p.scale[c]), p.bias[c]);
+        }
+    }
+
+    // Store: vectorized when the 4 pixels are whole and rows are 16-byte multiples.
+    const int C = p.channels;
+    if ((W & 3) == 0) {  // then x0 + 3 < W and every vector below is aligned
+        if (p.layout == LAYOUT_NCHW || C == 1) {
+            for (int c = 0; c < C; ++c) {
+                const unsigned long long i = ((unsigned long long)c * H + y) * W + x0;
+                if (p.dtype == DTYPE_F32) {
+                    *(float4*)((float*)dst + i) = make_float4(out[0][c], out[1][c], out[2][c], out[3][c]);
+                } else {
+                    uint2 h;
+                    h.x = f32_to_f16_bits(out[0][c]) | (u32)f32_to_f16_bits(out[1][c]) << 16;
+                    h.y = f32_to_f16_bits(out[2][c]) | (u32)f32_to_f16_bits(out[3][c]) << 16;
+                    *(uint2*)((u16*)dst + i) = h;
+                }
+            }
+        } else {  // NHWC, 3 channels: 12 consecutive values
+            const unsigned long long i = ((unsigned long long)y * W + x0) * 3;
+            const float* o = &out[0][0];
+            if (p.dtype == DTYPE_F32) {
+                float4* d = (float4*)((float*)dst + i);
+                d[0] = make_float4(o[0], o[1], o[2], o[3]);
+                d[1] = make_float4(o[4], o[5], o[6], o[7]);
+                d[2] = make_float4(o[8], o[9], o[10], o[11]);
+            } else {
+                uint2* d = (uint2*)((u16*)dst + i);
+#pragma unroll
+                for (int j = 0; j < 3; ++j) {
+                    uint2 h;
+                    h.x = f32_to_f16_bits(o[4 * j]) | (u32)f32_to_f16_bits(o[4 * j + 1]) << 16;
+                    h.y = f32_to_f16_bits(o[4 * j + 2]) | (u32)f32_to_f16_bits(o[4 * j + 3]) << 16;
+                    d[j] = h;
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < RN_PX; ++k) {
+            if (x0 + k >= W) break;
+            for (int c = 0; c < C; ++c) {
+                store_elem(dst, p.dtype, tensor_index(p.layout, C, H, W, c, y, x0 + k), out[k][c]);
+            }
+        }
+    }
+}
+
+#define RN_ENTRY(name, ENC)                                                               \
+    extern "C" __global__ void __launch_bounds__(RN_THREADS)                              \
+        resize_normalize_##name(const PreprocessParams p, const u8* __restrict__ src,     \
+                                const int* __restrict__ maps, void* __restrict__ dst,     \
+                                u32 smem_row_words) {                                     \
+        resize_normalize<ENC>(p, src, maps, dst, smem_row_words);                         \
+    }
+
+// keep in sync with src/backend/cuda/kernels.rs (RESIZE_NORMALIZE_ENTRIES)
+RN_ENTRY(rgb8, ENC_RGB8)
+RN_ENTRY(bgr8, ENC_BGR8)
+RN_ENTRY(rgba8, ENC_RGBA8)
+RN_ENTRY(bgra8, ENC_BGRA8)
+RN_ENTRY(mono8, ENC_MONO8)
+RN_ENTRY(mono16, ENC_MONO16)
+RN_ENTRY(rgb16, ENC_RGB16)
+RN_ENTRY(bgr16, ENC_BGR16)
+RN_ENTRY(yuyv, ENC_YUYV)
+RN_ENTRY(uyvy, ENC_UYVY)
+RN_ENTRY(nv12, ENC_NV12)
+RN_ENTRY(nv21, ENC_NV21)
+RN_ENTRY(bayer_rggb8, ENC_BAYER_RGGB8)
+RN_ENTRY(bayer_bggr8, ENC_BAYER_BGGR8)
+RN_ENTRY(bayer_gbrg8, ENC_BAYER_GBRG8)
+RN_ENTRY(bayer_grbg8, ENC_BAYER_GRBG8)

@@ -1,0 +1,1 @@
+//! `vision_preproc bench` (placeholder, filled below).
