@@ -78,6 +78,9 @@ fn a_syntax_error_reports_the_compiler_log() {
     opts.push("-DPreprocessParams=1".to_string()); // `struct 1 {`: a syntax error
     let err = compile_with_options(KernelFile::ResizeNormalize, "sm_90", &opts).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.starts_with("compiling kernel file `resize_normalize.cu` for sm_90 failed"), "{msg}");
+    assert!(
+        msg.starts_with("compiling kernel file `resize_normalize.cu` for sm_90 failed"),
+        "{msg}"
+    );
     assert!(msg.contains("error"), "the log must be in the message: {msg}");
 }

@@ -3,8 +3,8 @@
 //! this: [`KernelFile::ALL`] lists every file, and the entry-point tables below list
 //! every function the host launches.
 
-use crate::backend::ops::PreprocessParams;
 use crate::backend::cuda::launch::Conv2dParams;
+use crate::backend::ops::PreprocessParams;
 use crate::error::CudaError;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::sys as nvrtc;
@@ -144,9 +144,9 @@ pub fn nvrtc_available() -> bool {
 pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
     let (mut major, mut minor) = (0, 0);
     // SAFETY: both pointers are valid for writes for the duration of the call.
-    unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) }
-        .result()
-        .map_err(|e| CudaError::Driver { call: "nvrtcVersion".into(), message: format!("{e:?}") })?;
+    unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) }.result().map_err(|e| {
+        CudaError::Driver { call: "nvrtcVersion".into(), message: format!("{e:?}") }
+    })?;
     Ok((major, minor))
 }
 
@@ -228,7 +228,8 @@ pub fn compile_with_options(
     let opts: Vec<CString> = options.iter().map(|o| cstr(o)).collect::<Result<_, _>>()?;
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: prog.0 is a live program; opt_ptrs holds opts.len() valid C strings.
-    let status = unsafe { nvrtc::nvrtcCompileProgram(prog.0, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
+    let status =
+        unsafe { nvrtc::nvrtcCompileProgram(prog.0, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
     let log = program_log(&prog).unwrap_or_else(|e| format!("(no log: {e:?})"));
     if status != nvrtc::nvrtcResult::NVRTC_SUCCESS {
         return Err(CudaError::Compile {
@@ -311,14 +312,15 @@ pub struct LoadReport {
     pub log: String,
 }
 
-/// Load `file` for `arch` into `ctx`: from the disk cache when a CUBIN for this exact
-/// source, options, architecture, NVRTC and driver is there and loads, else compile
-/// (failing with the compiler log) and store it.
+/// Load `file` for `arch` into `ctx`: from the disk cache directory `cache` when a CUBIN
+/// for this exact source, options, architecture, NVRTC and driver is there and loads,
+/// else compile (failing with the compiler log) and store it there.
 pub fn load(
     ctx: &Arc<CudaContext>,
     file: KernelFile,
     arch: &str,
     driver_version: i32,
+    cache: Option<&std::path::Path>,
 ) -> Result<(Arc<CudaModule>, LoadReport), CudaError> {
     let (nv_major, nv_minor) = nvrtc_version()?;
     let opts = compile_options(arch).join(" ");
@@ -330,11 +332,15 @@ pub fn load(
         versions.as_bytes(),
     ]);
     let stem = file.file_name().trim_end_matches(".cu");
-    let path = cache_dir().map(|d| d.join(format!("{stem}-{arch}-{key:016x}.cubin")));
+    let path = cache.map(|d| d.join(format!("{stem}-{arch}-{key:016x}.cubin")));
     if let Some(cubin) = path.as_ref().and_then(|p| read_cached(p)) {
         if let Ok(module) = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)) {
-            let report =
-                LoadReport { file: file.file_name(), cached: true, compile_ms: 0.0, log: String::new() };
+            let report = LoadReport {
+                file: file.file_name(),
+                cached: true,
+                compile_ms: 0.0,
+                log: String::new(),
+            };
             return Ok((module, report));
         }
     }
@@ -351,7 +357,10 @@ pub fn load(
             message: format!("{e:?}"),
         }
     })?;
-    Ok((module, LoadReport { file: file.file_name(), cached: false, compile_ms, log: compiled.log }))
+    Ok((
+        module,
+        LoadReport { file: file.file_name(), cached: false, compile_ms, log: compiled.log },
+    ))
 }
 
 /// The cached CUBIN at `path` if it exists and its trailing checksum matches.
@@ -437,7 +446,11 @@ mod tests {
                         name.strip_prefix("conv2d_separable_k").map(|k| format!("CV_ENTRY({k})"))
                     })
                     .unwrap_or_else(|| format!("void {name}("));
-                assert!(file.source().contains(&needle), "{name}: `{needle}` not in {}", file.file_name());
+                assert!(
+                    file.source().contains(&needle),
+                    "{name}: `{needle}` not in {}",
+                    file.file_name()
+                );
             }
         }
         for (i, e) in crate::image::Encoding::ALL.iter().enumerate() {

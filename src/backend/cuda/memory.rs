@@ -58,7 +58,8 @@ impl PinnedBuffer {
         ctx.bind_to_thread().map_err(|e| drv(what(), e))?;
         // SAFETY: a plain allocation call; the pointer is checked for null below and
         // owned by the returned value, which frees it exactly once.
-        let raw = unsafe { cudarc::driver::result::malloc_host(len, flags) }.map_err(|e| drv(what(), e))?;
+        let raw = unsafe { cudarc::driver::result::malloc_host(len, flags) }
+            .map_err(|e| drv(what(), e))?;
         let ptr = NonNull::new(raw as *mut u8).ok_or_else(|| drv(what(), "null pointer"))?;
         let mut buf = PinnedBuffer { ptr, len, device_ptr: None, ctx: ctx.clone() };
         // SAFETY: ptr points to `len` freshly allocated bytes nobody else uses yet.
@@ -138,9 +139,9 @@ impl DeviceBuffer {
         if !big_enough {
             // Free the old one first (stream-ordered, after the work already queued).
             self.slice = None;
-            let s = stream
-                .alloc_zeros::<u8>(len)
-                .map_err(|e| drv(format!("allocating {len} bytes of device memory for {what}"), e))?;
+            let s = stream.alloc_zeros::<u8>(len).map_err(|e| {
+                drv(format!("allocating {len} bytes of device memory for {what}"), e)
+            })?;
             self.slice = Some(s);
         }
         self.ptr(stream).ok_or_else(|| drv(what, "buffer missing after allocation"))
@@ -152,10 +153,5 @@ impl DeviceBuffer {
             let (p, _no_tracking) = s.device_ptr(stream);
             p
         })
-    }
-
-    /// Allocated bytes (0 when not allocated).
-    pub fn len(&self) -> usize {
-        self.slice.as_ref().map_or(0, |s| s.len())
     }
 }

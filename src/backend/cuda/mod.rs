@@ -24,7 +24,9 @@ use crate::config::{DType, Layout, MemoryMode};
 use crate::error::{CudaError, Result};
 use crate::image::{Encoding, ImageView};
 use cudarc::driver::sys::{self, CUdeviceptr};
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+};
 use kernels::{KernelFile, LoadReport, CONV_SIZES, RESIZE_NORMALIZE_ENTRIES};
 use memory::{DeviceBuffer, PinnedBuffer, PinnedKind};
 use std::sync::Arc;
@@ -151,6 +153,16 @@ impl CudaBackend {
     /// Open device `device_id`: create the context and stream, compile (or load from the
     /// cache) every kernel for the device's compute capability, resolve the memory mode.
     pub fn new(device_id: u32, memory_mode: MemoryMode) -> Result<Self> {
+        Self::new_with_cache(device_id, memory_mode, kernels::cache_dir().as_deref())
+    }
+
+    /// [`CudaBackend::new`] with an explicit kernel cache directory (`None`: compile
+    /// every time, cache nothing).
+    pub fn new_with_cache(
+        device_id: u32,
+        memory_mode: MemoryMode,
+        cache: Option<&std::path::Path>,
+    ) -> Result<Self> {
         // SAFETY: only tries to dlopen libcuda; no symbol is called.
         if !unsafe { sys::is_culib_present() } {
             return Err(CudaError::Unavailable(
@@ -158,7 +170,8 @@ impl CudaBackend {
             )
             .into());
         }
-        cudarc::driver::result::init().map_err(|e| CudaError::Unavailable(format!("cuInit: {e:?}")))?;
+        cudarc::driver::result::init()
+            .map_err(|e| CudaError::Unavailable(format!("cuInit: {e:?}")))?;
         let count = cudarc::driver::result::device::get_count()
             .map_err(|e| CudaError::Unavailable(format!("cuDeviceGetCount: {e:?}")))?;
         if device_id as i32 >= count {
@@ -198,7 +211,8 @@ impl CudaBackend {
         let mut loads = Vec::new();
         let mut modules = Vec::new();
         for file in KernelFile::BACKEND {
-            let (m, report) = kernels::load(&ctx, file, &device.arch, device.driver_version)?;
+            let (m, report) =
+                kernels::load(&ctx, file, &device.arch, device.driver_version, cache)?;
             loads.push(report);
             modules.push(m);
         }
@@ -207,7 +221,8 @@ impl CudaBackend {
         let names: Vec<String> = RESIZE_NORMALIZE_ENTRIES.iter().map(|s| s.to_string()).collect();
         let resize = kernels::functions(&rn_module, KernelFile::ResizeNormalize, &names)?;
         let tiled: Vec<String> = CONV_SIZES.iter().map(|k| format!("conv2d_tiled_k{k}")).collect();
-        let sep: Vec<String> = CONV_SIZES.iter().map(|k| format!("conv2d_separable_k{k}")).collect();
+        let sep: Vec<String> =
+            CONV_SIZES.iter().map(|k| format!("conv2d_separable_k{k}")).collect();
         let conv_tiled = kernels::functions(&conv_module, KernelFile::Conv2dTiled, &tiled)?;
         let conv_separable = kernels::functions(&conv_module, KernelFile::Conv2dTiled, &sep)?;
         let mut slots = Vec::with_capacity(RING);
@@ -289,7 +304,9 @@ impl CudaBackend {
         }
         let p = &op.params;
         let (xm, ym) = (&op.x_map, &op.y_map);
-        let lens_ok = [xm.i0.len(), xm.i1.len(), xm.w1.len()].iter().all(|&n| n == p.content_w as usize)
+        let lens_ok = [xm.i0.len(), xm.i1.len(), xm.w1.len()]
+            .iter()
+            .all(|&n| n == p.content_w as usize)
             && [ym.i0.len(), ym.i1.len(), ym.w1.len()].iter().all(|&n| n == p.content_h as usize);
         let in_range = |v: &[i32], n: u32| v.iter().all(|&i| i >= 0 && (i as u32) < n);
         let inside = p.content_x.checked_add(p.content_w).is_some_and(|e| e <= p.dst_width)
@@ -317,7 +334,12 @@ impl CudaBackend {
         // SAFETY: dptr has at least words.len() bytes; the source is pageable, so the call
         // returns only after the bytes have been staged and `words` may then be dropped.
         unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dptr, words.as_ptr() as *const _, words.len(), self.stream.cu_stream())
+            sys::cuMemcpyHtoDAsync_v2(
+                dptr,
+                words.as_ptr() as *const _,
+                words.len(),
+                self.stream.cu_stream(),
+            )
         }
         .result()
         .map_err(|e| drv_err("uploading the sampling tables", e))?;
@@ -328,7 +350,8 @@ impl CudaBackend {
 
     /// Put the conv2d weights into the conv module's constant memory when they change.
     fn ensure_conv_constants(&mut self, conv: &Conv2dOp) -> Result<()> {
-        let want = ConvConstants { weights: conv.weights.clone(), separable: conv.separable.clone() };
+        let want =
+            ConvConstants { weights: conv.weights.clone(), separable: conv.separable.clone() };
         if self.conv_constants.as_ref() == Some(&want) {
             return Ok(());
         }
@@ -369,13 +392,20 @@ impl CudaBackend {
         self.next_slot = (s + 1) % RING;
         self.retire(s)?;
         let p = op.params;
-        if p.src_width != image.width() || p.src_height != image.height() || p.encoding != image.encoding() as u32
+        if p.src_width != image.width()
+            || p.src_height != image.height()
+            || p.encoding != image.encoding() as u32
         {
             return Err(drv_err(
                 "checking the operation against the frame",
                 format!(
                     "operation built for {}x{} encoding {} but the frame is {}x{} {}",
-                    p.src_width, p.src_height, p.encoding, image.width(), image.height(), image.encoding()
+                    p.src_width,
+                    p.src_height,
+                    p.encoding,
+                    image.width(),
+                    image.height(),
+                    image.encoding()
                 ),
             )
             .into());
@@ -391,11 +421,11 @@ impl CudaBackend {
         let in_kind = if mapped { PinnedKind::Mapped } else { PinnedKind::Upload };
         let out_kind = if mapped { PinnedKind::Mapped } else { PinnedKind::Download };
         let slot = &mut self.slots[s];
-        if slot.input.as_ref().is_none_or(|b| b.len() < data.len()) {
+        if !slot.input.as_ref().is_some_and(|b| b.len() >= data.len()) {
             slot.input = None;
             slot.input = Some(PinnedBuffer::new(&self.ctx, data.len(), in_kind)?);
         }
-        if slot.output.as_ref().is_none_or(|b| b.len() < out_len) {
+        if !slot.output.as_ref().is_some_and(|b| b.len() >= out_len) {
             slot.output = None;
             slot.output = Some(PinnedBuffer::new(&self.ctx, out_len, out_kind)?);
         }
@@ -438,9 +468,11 @@ impl CudaBackend {
                 // SAFETY: the pinned source holds data.len() staged bytes and stays alive
                 // and untouched until this slot's last event completes; d has at least
                 // data.len() bytes.
-                unsafe { sys::cuMemcpyHtoDAsync_v2(d, input_host as *const _, data.len(), cu_stream) }
-                    .result()
-                    .map_err(|e| drv_err(format!("uploading {} frame bytes", data.len()), e))?;
+                unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(d, input_host as *const _, data.len(), cu_stream)
+                }
+                .result()
+                .map_err(|e| drv_err(format!("uploading {} frame bytes", data.len()), e))?;
                 d
             }
         };
@@ -459,13 +491,13 @@ impl CudaBackend {
             if self.poison {
                 memset(d, desc.len() * 4, cu_stream)?;
             }
-            let k = CONV_SIZES.iter().position(|&k| k == c.size).ok_or_else(|| {
-                crate::error::Error::config("conv.size", c.size, "use an odd size 1..=15")
-            })?;
-            if c.weights.len() != (c.size * c.size) as usize {
-                return Err(drv_err("conv2d", "weights are not size*size").into());
+            if !CONV_SIZES.contains(&c.size) || c.weights.len() != (c.size * c.size) as usize {
+                return Err(crate::error::Error::config(
+                    "conv.size",
+                    c.size,
+                    "use an odd size 1..=15 with size*size weights",
+                ));
             }
-            let _ = k;
             d
         } else {
             tensor_dst
@@ -475,7 +507,17 @@ impl CudaBackend {
         }
         let f = &self.resize[enc as usize];
         let name = RESIZE_NORMALIZE_ENTRIES[enc as usize];
-        launch_kernel!(stream, f, name, launch::resize_normalize_cfg(&fp, row_words), &fp, &src, &maps, &fused_dst, &row_words)?;
+        launch_kernel!(
+            stream,
+            f,
+            name,
+            launch::resize_normalize_cfg(&fp, row_words),
+            &fp,
+            &src,
+            &maps,
+            &fused_dst,
+            &row_words
+        )?;
         record(&self.slots[s], 2)?;
 
         if let Some(c) = conv {
@@ -495,15 +537,25 @@ impl CudaBackend {
                 None => (&self.conv_tiled[k], "conv2d_tiled_k"),
             };
             let name = format!("{kind}{}", c.size);
-            launch_kernel!(stream, f, name, launch::conv_tiled_cfg(p.dst_width, p.dst_height), &cp, &fused_dst, &tensor_dst)?;
+            launch_kernel!(
+                stream,
+                f,
+                name,
+                launch::conv_tiled_cfg(p.dst_width, p.dst_height),
+                &cp,
+                &fused_dst,
+                &tensor_dst
+            )?;
         }
         record(&self.slots[s], 3)?;
         if output_dev.is_none() {
             // SAFETY: the pinned output of this slot has at least out_len bytes and is not
             // read by the CPU before this slot's last event completes (finish/retire).
-            unsafe { sys::cuMemcpyDtoHAsync_v2(output_host as *mut _, tensor_dst, out_len, cu_stream) }
-                .result()
-                .map_err(|e| drv_err(format!("downloading {out_len} tensor bytes"), e))?;
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(output_host as *mut _, tensor_dst, out_len, cu_stream)
+            }
+            .result()
+            .map_err(|e| drv_err(format!("downloading {out_len} tensor bytes"), e))?;
         }
         record(&self.slots[s], 4)?;
         self.slots[s].in_flight = Some(InFlight { out_len, host_stage_us, kernel: name });
@@ -519,7 +571,10 @@ impl CudaBackend {
             .slots
             .get_mut(slot)
             .ok_or_else(|| drv_err("finish", format!("no ring slot {slot}")))?;
-        let f = s.in_flight.take().ok_or_else(|| drv_err("finish", format!("no frame in slot {slot}")))?;
+        let f = s
+            .in_flight
+            .take()
+            .ok_or_else(|| drv_err("finish", format!("no frame in slot {slot}")))?;
         s.events[4].synchronize().map_err(|e| {
             drv_err(format!("running the frame (upload, {}, conv, download)", f.kernel), e)
         })?;
@@ -553,7 +608,8 @@ fn memset(ptr: CUdeviceptr, len: usize, stream: sys::CUstream) -> Result<(), Cud
 fn device_info(ctx: &Arc<CudaContext>, ordinal: u32) -> Result<DeviceInfo, CudaError> {
     use sys::CUdevice_attribute as A;
     let name = ctx.name().map_err(|e| drv_err("cuDeviceGetName", e))?;
-    let compute_capability = ctx.compute_capability().map_err(|e| drv_err("compute capability", e))?;
+    let compute_capability =
+        ctx.compute_capability().map_err(|e| drv_err("compute capability", e))?;
     let mut driver_version = 0;
     // SAFETY: a valid out pointer for the duration of the call.
     unsafe { sys::cuDriverGetVersion(&mut driver_version) }
@@ -569,7 +625,10 @@ fn device_info(ctx: &Arc<CudaContext>, ordinal: u32) -> Result<DeviceInfo, CudaE
         can_map_host_memory: attr(ctx, A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? != 0,
         multiprocessors: attr(ctx, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
         l2_bytes: attr(ctx, A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
-        max_sm_clock_mhz: attr(ctx, A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE).ok().filter(|&k| k > 0).map(|k| f64::from(k) / 1e3),
+        max_sm_clock_mhz: attr(ctx, A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
+            .ok()
+            .filter(|&k| k > 0)
+            .map(|k| f64::from(k) / 1e3),
         driver_version,
         nvrtc_version,
     })

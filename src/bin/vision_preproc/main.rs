@@ -1,5 +1,7 @@
 //! `vision_preproc`: the offline command-line tool (no ROS needed).
 
+mod bench_gpu;
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -27,6 +29,9 @@ enum Command {
     },
     /// Say which backend `backend: auto` would pick on this machine, and why.
     Info,
+    /// Benchmark the CUDA backend (fused vs three-kernel, tiled vs naive conv2d, upload,
+    /// download, full frame); prints a table and writes results.json.
+    Bench(bench_gpu::BenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -45,6 +50,7 @@ fn main() -> Result<()> {
                 println!("no GPU backend: {reason}");
             }
         }
+        Command::Bench(args) => bench_gpu::run(&args)?,
     }
     Ok(())
 }

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# GPU check, part 2 (THERE, on the GPU machine, from the repository root, after
+# scripts/gpu_check.sh staged the binaries into .device/):
+#   bash .device/gpu_remote.sh smoke   # context, NVRTC for the device, both memory modes,
+#                                      # a parity sample, start-up times, tool presence
+#   bash .device/gpu_remote.sh full    # full parity, compute-sanitizer memcheck and
+#                                      # racecheck, the benchmark (results.json)
+# Logs and results go to $OUT (or /tmp/vp_out). Never changes GPU clocks or settings.
+set -uo pipefail
+D="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+OUT="${OUT:-/tmp/vp_out}"
+mkdir -p "$OUT"
+MODE="${1:-smoke}"
+RACE_STRIDE="${RACE_STRIDE:-4}"
+export VISION_PREPROC_KERNEL_CACHE=/tmp/vp_kernel_cache
+status=0
+section() { printf '\n==== %s ====\n' "$*"; }
+gpu_state() {
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu \
+        --format=csv 2>&1
+}
+section "machine ($(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(cat "$D/COMMIT" 2>/dev/null))"
+gpu_state
+command -v compute-sanitizer && compute-sanitizer --version | tail -1
+
+if [[ "$MODE" == smoke ]]; then
+    section "info (backend auto)"
+    "$D/vision_preproc" info || status=1
+    section "start-up: cold (empty cache), then warm (cached), separate processes"
+    rm -rf /tmp/vp_startup
+    "$D/vision_preproc" bench --startup /tmp/vp_startup || status=1
+    "$D/vision_preproc" bench --startup /tmp/vp_startup || status=1
+    "$D/vision_preproc" bench --startup /tmp/vp_startup || status=1
+    section "parity sample (every 9th case, both memory modes)"
+    "$D/gpu_parity" --stride 9 2>&1 | tee "$OUT/parity_smoke.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    section "memcheck on a small sample"
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$D/gpu_parity" --stride 97 2>&1 | tail -15
+    echo "memcheck exit ${PIPESTATUS[0]}"
+    section "short benchmark (200 iterations)"
+    "$D/vision_preproc" bench --iterations 200 --warmup 20 --out "$OUT/results_smoke.json" 2>&1 | tee "$OUT/bench_smoke.log" || status=1
+    gpu_state
+    exit $status
+fi
+
+section "parity: full matrix"
+"$D/gpu_parity" 2>&1 | tee "$OUT/parity.log" | grep -v '^FAIL' | tail -40
+grep -c '^FAIL' "$OUT/parity.log" | sed 's/^/FAIL lines: /'
+grep '^FAIL' "$OUT/parity.log" | head -20
+[[ ${PIPESTATUS[0]} -eq 0 ]] || true
+section "compute-sanitizer memcheck: full matrix"
+compute-sanitizer --tool memcheck --error-exitcode 3 "$D/gpu_parity" >"$OUT/memcheck.log" 2>&1
+echo "memcheck exit $?"
+grep -E '^========= (ERROR SUMMARY|Program hit|Invalid)' "$OUT/memcheck.log" | sort | uniq -c | head
+grep 'gpu_parity summary' "$OUT/memcheck.log"
+section "compute-sanitizer racecheck: every ${RACE_STRIDE}th case"
+compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$D/gpu_parity" --stride "$RACE_STRIDE" >"$OUT/racecheck.log" 2>&1
+echo "racecheck exit $?"
+grep -E '^========= (RACECHECK SUMMARY|ERROR SUMMARY|Error|Warning)' "$OUT/racecheck.log" | sort | uniq -c | head
+grep 'gpu_parity summary' "$OUT/racecheck.log"
+section "benchmark"
+gpu_state
+"$D/vision_preproc" bench --out "$OUT/results.json" 2>&1 | tee "$OUT/bench.log" || status=1
+gpu_state
+exit $status
