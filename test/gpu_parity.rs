@@ -547,6 +547,14 @@ fn main() -> ExitCode {
                 });
             match outcome {
                 Ok(o) => {
+                    println!(
+                        "ok   {name} ({}x{} step {}): max |diff| {:.3e}{}",
+                        frame.w,
+                        frame.h,
+                        frame.step,
+                        o.max_diff,
+                        if o.staged { ", staged" } else { "" }
+                    );
                     st.passed += 1;
                     st.staged += usize::from(o.staged);
                     match cfg.output_dtype {

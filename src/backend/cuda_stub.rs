@@ -31,6 +31,8 @@ pub mod bench {
         pub iterations: u32,
         /// Untimed iterations first.
         pub warmup: u32,
+        /// Also time variants of the fused kernel.
+        pub variants: bool,
     }
 
     /// Benchmark output (see the `cuda` build).

@@ -34,7 +34,18 @@ pub struct BenchOptions {
     pub iterations: u32,
     /// Untimed iterations first.
     pub warmup: u32,
+    /// Also time compile-time variants of the fused kernel ([`FUSED_VARIANTS`]) and its
+    /// direct (unstaged) path.
+    pub variants: bool,
 }
+
+/// Compile-time variants of the fused kernel the benchmark can time beside the default:
+/// (label, extra NVRTC options).
+pub const FUSED_VARIANTS: [(&str, &[&str]); 3] = [
+    ("variant min 8 blocks/SM", &["-DRN_MIN_BLOCKS=8"]),
+    ("variant fast int->float", &["-DRN_FAST_CVT=1"]),
+    ("variant 8 blocks + fast cvt", &["-DRN_MIN_BLOCKS=8", "-DRN_FAST_CVT=1"]),
+];
 
 /// What `run` produced: the full results (written to results.json) and a table.
 #[derive(Debug, Clone)]
@@ -447,6 +458,35 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
             fused_ledger,
             &[info],
         );
+        if opts.variants {
+            let zero = 0u32;
+            let dcfg = launch::resize_normalize_cfg(&p, 0);
+            let t = bench.time(iters, |i| {
+                let (s, d) = (src_p[i % sets], dst_p[i % sets]);
+                launch_kernel!(stream, &f, fname, dcfg, &p, &s, &maps, &d, &zero)
+            })?;
+            let info = kernel_info(&f, fname, &dcfg)?;
+            bench.push(&sc.name, "fused, direct path forced", "events", t, fused_ledger, &[info]);
+            for (label, extra) in FUSED_VARIANTS {
+                let mut o = kernels::compile_options(&dev.arch);
+                o.extend(extra.iter().map(|e| e.to_string()));
+                let c = kernels::compile_with_options(KernelFile::ResizeNormalize, &dev.arch, &o)?;
+                let m = bench
+                    .b
+                    .ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_binary(c.cubin))
+                    .map_err(|e| drv_err(format!("loading {label}"), e))?;
+                let vf = m
+                    .load_function(fname)
+                    .map_err(|e| drv_err(format!("{fname} in {label}"), e))?;
+                let t = bench.time(iters, |i| {
+                    let (s, d) = (src_p[i % sets], dst_p[i % sets]);
+                    launch_kernel!(stream, &vf, fname, cfg, &p, &s, &maps, &d, &words)
+                })?;
+                let info = kernel_info(&vf, fname, &cfg)?;
+                bench.push(&sc.name, label, "events", t, fused_ledger, &[info]);
+            }
+        }
 
         // Three-kernel path: resize u8 -> normalize f32 HWC -> CHW.
         let npx = (p.dst_width * p.dst_height) as usize;

@@ -20,6 +20,9 @@ pub struct BenchArgs {
     /// Where to write the full results.
     #[arg(long, default_value = "results.json")]
     pub out: PathBuf,
+    /// Also time compile-time variants of the fused kernel and its direct path.
+    #[arg(long)]
+    pub variants: bool,
     /// Only measure start-up: open the backend with kernels cached in this directory
     /// (compiled and stored there when missing) and process one frame. Run it twice
     /// with an empty directory for the cold and the warm start.
@@ -39,8 +42,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let opts =
-        BenchOptions { device_id: args.device, iterations: args.iterations, warmup: args.warmup };
+    let opts = BenchOptions {
+        device_id: args.device,
+        iterations: args.iterations,
+        warmup: args.warmup,
+        variants: args.variants,
+    };
     let report = bench::run(&opts)?;
     let text = serde_json::to_string_pretty(&report.json).context("serializing the results")?;
     std::fs::write(&args.out, text + "\n")
