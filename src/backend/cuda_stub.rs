@@ -33,6 +33,10 @@ pub mod bench {
         pub warmup: u32,
         /// Also time variants of the fused kernel.
         pub variants: bool,
+        /// Frame size cases to run, by index; empty: all.
+        pub cases: Vec<usize>,
+        /// conv2d kernel sizes to time; empty: none.
+        pub conv_sizes: Vec<u32>,
     }
 
     /// Benchmark output (see the `cuda` build).

@@ -37,6 +37,10 @@ pub struct BenchOptions {
     /// Also time compile-time variants of the fused kernel ([`FUSED_VARIANTS`]) and its
     /// direct (unstaged) path.
     pub variants: bool,
+    /// Frame size cases to run, by index (0: 1280x720, 1: 1920x1200, 2: 4K); empty: all.
+    pub cases: Vec<usize>,
+    /// conv2d kernel sizes to time (tiled, naive, separable); empty: no conv2d figures.
+    pub conv_sizes: Vec<u32>,
 }
 
 /// Compile-time variants of the fused kernel the benchmark can time beside the default:
@@ -403,7 +407,10 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     );
     drop((roof_src, roof_dst));
 
-    for sc in size_cases() {
+    for (ci, sc) in size_cases().into_iter().enumerate() {
+        if !opts.cases.is_empty() && !opts.cases.contains(&ci) {
+            continue;
+        }
         let (sw, sh) = sc.src;
         let step = sw * sc.enc.bytes_per_pixel();
         let frame_bytes = (step * sh) as usize;
@@ -609,124 +616,128 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         bench.push(&sc.name, "full frame, mapped mode", "wall clock", t, full_ledger, &[]);
     }
 
-    // conv2d on 1920x1080x3 float32 (NCHW in, NCHW f32 out), reflect101 border.
-    let (w, h, c) = (1920u32, 1080u32, 3u32);
-    let plane_bytes = (w * h * c) as usize * 4;
-    let sets = rotation(2 * plane_bytes as u64, dev.l2_bytes);
-    let mut ins = Vec::new();
-    let mut outs = Vec::new();
-    for _ in 0..sets {
-        let vals: Vec<u8> = rng
-            .bytes(plane_bytes / 4)
-            .iter()
-            .flat_map(|&b| (f32::from(b) / 64.0 - 2.0).to_le_bytes())
-            .collect();
-        let mut s = bench.alloc(plane_bytes, "conv input")?;
-        bench.upload(&mut s, &vals)?;
-        ins.push(s);
-        outs.push(bench.alloc(plane_bytes, "conv output")?);
-    }
-    let in_p: Vec<CUdeviceptr> = ins.iter().map(|s| ptr(s, bench.b)).collect();
-    let out_p: Vec<CUdeviceptr> = outs.iter().map(|s| ptr(s, bench.b)).collect();
-    let ledger = 2 * plane_bytes as u64;
-    let case = "conv2d 1920x1080x3 float32, reflect101".to_string();
-    let stream = bench.b.stream.clone();
-    for k in [3u32, 5, 7] {
-        let n = (k * k) as usize;
-        let weights: Vec<f32> = rng.bytes(n).iter().map(|&b| f32::from(b) / 255.0 - 0.5).collect();
-        let op = Conv2dOp {
-            size: k,
-            weights: weights.clone(),
-            separable: None,
-            border: Border::Reflect101,
-        };
-        bench.b.ensure_conv_constants(&op)?;
-        {
-            let bytes: Vec<u8> = weights.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let mut sym =
-                bl_module.get_global("c_naive_w", &stream).map_err(|e| drv_err("c_naive_w", e))?;
-            stream
-                .memcpy_htod(&bytes, &mut sym.slice_mut(..bytes.len()))
-                .map_err(|e| drv_err("c_naive_w", e))?;
+    if !opts.conv_sizes.is_empty() {
+        // conv2d on 1920x1080x3 float32 (NCHW in, NCHW f32 out), reflect101 border.
+        let (w, h, c) = (1920u32, 1080u32, 3u32);
+        let plane_bytes = (w * h * c) as usize * 4;
+        let sets = rotation(2 * plane_bytes as u64, dev.l2_bytes);
+        let mut ins = Vec::new();
+        let mut outs = Vec::new();
+        for _ in 0..sets {
+            let vals: Vec<u8> = rng
+                .bytes(plane_bytes / 4)
+                .iter()
+                .flat_map(|&b| (f32::from(b) / 64.0 - 2.0).to_le_bytes())
+                .collect();
+            let mut s = bench.alloc(plane_bytes, "conv input")?;
+            bench.upload(&mut s, &vals)?;
+            ins.push(s);
+            outs.push(bench.alloc(plane_bytes, "conv output")?);
         }
-        let cp = Conv2dParams {
-            width: w,
-            height: h,
-            channels: c,
-            size: k,
-            border: Border::Reflect101 as u32,
-            layout: 0,
-            dtype: 0,
-        };
-        let ki = kernels::CONV_SIZES.iter().position(|&s| s == k).unwrap_or(0);
-        let ft = bench.b.conv_tiled[ki].clone();
-        let tname = format!("conv2d_tiled_k{k}");
-        let tcfg = launch::conv_tiled_cfg(w, h);
-        let t = bench.time(iters, |i| {
-            launch_kernel!(stream, &ft, tname, tcfg, &cp, &in_p[i % sets], &out_p[i % sets])
-        })?;
-        let ti = kernel_info(&ft, &tname, &tcfg)?;
-        let tiled = bench.push(&case, &format!("tiled {k}x{k}"), "events", t, ledger, &[ti]);
-        let ncfg = launch::conv_naive_cfg(w, h, c);
-        let t = bench.time(iters, |i| {
-            launch_kernel!(
-                stream,
-                bl_naive,
-                "conv2d_naive",
-                ncfg,
-                &cp,
-                &in_p[i % sets],
-                &out_p[i % sets]
-            )
-        })?;
-        let ni = kernel_info(bl_naive, "conv2d_naive", &ncfg)?;
-        let naive = bench.push(&case, &format!("naive {k}x{k}"), "events", t, ledger, &[ni]);
-        // Sanity: tiled and naive agree.
-        let mut a = vec![0u8; plane_bytes];
-        let mut bb = vec![0u8; plane_bytes];
-        launch_kernel!(stream, &ft, tname, tcfg, &cp, &in_p[0], &out_p[0])?;
-        stream.memcpy_dtoh(&outs[0], &mut a).map_err(|e| drv_err("bench readback", e))?;
-        let out1 = out_p[sets.min(2) - 1];
-        launch_kernel!(stream, bl_naive, "conv2d_naive", ncfg, &cp, &in_p[0], &out1)?;
-        stream
-            .memcpy_dtoh(&outs[sets.min(2) - 1], &mut bb)
-            .map_err(|e| drv_err("bench readback", e))?;
-        let max = a
-            .chunks_exact(4)
-            .zip(bb.chunks_exact(4))
-            .map(|(x, y)| {
-                (f32::from_le_bytes([x[0], x[1], x[2], x[3]])
-                    - f32::from_le_bytes([y[0], y[1], y[2], y[3]]))
-                .abs()
-            })
-            .fold(0.0f32, f32::max);
-        bench.notes.push(format!("conv2d {k}x{k}: tiled {:.1} us vs naive {:.1} us (p50) = {:.2}x; tiled vs naive max |diff| {max:.2e}", tiled.p50, naive.p50, naive.p50 / tiled.p50));
-        // Separable path (Gaussian-like outer product), for information.
-        let col: Vec<f32> = (0..k).map(|i| 1.0 + i.min(k - 1 - i) as f32).collect();
-        let sum: f32 = col.iter().sum();
-        let col: Vec<f32> = col.iter().map(|v| v / sum).collect();
-        let mut wts = vec![0.0f32; n];
-        for r in 0..k as usize {
-            for cc in 0..k as usize {
-                wts[r * k as usize + cc] = col[r] * col[cc];
+        let in_p: Vec<CUdeviceptr> = ins.iter().map(|s| ptr(s, bench.b)).collect();
+        let out_p: Vec<CUdeviceptr> = outs.iter().map(|s| ptr(s, bench.b)).collect();
+        let ledger = 2 * plane_bytes as u64;
+        let case = "conv2d 1920x1080x3 float32, reflect101".to_string();
+        let stream = bench.b.stream.clone();
+        for &k in &opts.conv_sizes {
+            let n = (k * k) as usize;
+            let weights: Vec<f32> =
+                rng.bytes(n).iter().map(|&b| f32::from(b) / 255.0 - 0.5).collect();
+            let op = Conv2dOp {
+                size: k,
+                weights: weights.clone(),
+                separable: None,
+                border: Border::Reflect101,
+            };
+            bench.b.ensure_conv_constants(&op)?;
+            {
+                let bytes: Vec<u8> = weights.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let mut sym = bl_module
+                    .get_global("c_naive_w", &stream)
+                    .map_err(|e| drv_err("c_naive_w", e))?;
+                stream
+                    .memcpy_htod(&bytes, &mut sym.slice_mut(..bytes.len()))
+                    .map_err(|e| drv_err("c_naive_w", e))?;
             }
+            let cp = Conv2dParams {
+                width: w,
+                height: h,
+                channels: c,
+                size: k,
+                border: Border::Reflect101 as u32,
+                layout: 0,
+                dtype: 0,
+            };
+            let ki = kernels::CONV_SIZES.iter().position(|&s| s == k).unwrap_or(0);
+            let ft = bench.b.conv_tiled[ki].clone();
+            let tname = format!("conv2d_tiled_k{k}");
+            let tcfg = launch::conv_tiled_cfg(w, h);
+            let t = bench.time(iters, |i| {
+                launch_kernel!(stream, &ft, tname, tcfg, &cp, &in_p[i % sets], &out_p[i % sets])
+            })?;
+            let ti = kernel_info(&ft, &tname, &tcfg)?;
+            let tiled = bench.push(&case, &format!("tiled {k}x{k}"), "events", t, ledger, &[ti]);
+            let ncfg = launch::conv_naive_cfg(w, h, c);
+            let t = bench.time(iters, |i| {
+                launch_kernel!(
+                    stream,
+                    bl_naive,
+                    "conv2d_naive",
+                    ncfg,
+                    &cp,
+                    &in_p[i % sets],
+                    &out_p[i % sets]
+                )
+            })?;
+            let ni = kernel_info(bl_naive, "conv2d_naive", &ncfg)?;
+            let naive = bench.push(&case, &format!("naive {k}x{k}"), "events", t, ledger, &[ni]);
+            // Sanity: tiled and naive agree.
+            let mut a = vec![0u8; plane_bytes];
+            let mut bb = vec![0u8; plane_bytes];
+            launch_kernel!(stream, &ft, tname, tcfg, &cp, &in_p[0], &out_p[0])?;
+            stream.memcpy_dtoh(&outs[0], &mut a).map_err(|e| drv_err("bench readback", e))?;
+            let out1 = out_p[sets.min(2) - 1];
+            launch_kernel!(stream, bl_naive, "conv2d_naive", ncfg, &cp, &in_p[0], &out1)?;
+            stream
+                .memcpy_dtoh(&outs[sets.min(2) - 1], &mut bb)
+                .map_err(|e| drv_err("bench readback", e))?;
+            let max = a
+                .chunks_exact(4)
+                .zip(bb.chunks_exact(4))
+                .map(|(x, y)| {
+                    (f32::from_le_bytes([x[0], x[1], x[2], x[3]])
+                        - f32::from_le_bytes([y[0], y[1], y[2], y[3]]))
+                    .abs()
+                })
+                .fold(0.0f32, f32::max);
+            bench.notes.push(format!("conv2d {k}x{k}: tiled {:.1} us vs naive {:.1} us (p50) = {:.2}x; tiled vs naive max |diff| {max:.2e}", tiled.p50, naive.p50, naive.p50 / tiled.p50));
+            // Separable path (Gaussian-like outer product), for information.
+            let col: Vec<f32> = (0..k).map(|i| 1.0 + i.min(k - 1 - i) as f32).collect();
+            let sum: f32 = col.iter().sum();
+            let col: Vec<f32> = col.iter().map(|v| v / sum).collect();
+            let mut wts = vec![0.0f32; n];
+            for r in 0..k as usize {
+                for cc in 0..k as usize {
+                    wts[r * k as usize + cc] = col[r] * col[cc];
+                }
+            }
+            let sop = Conv2dOp {
+                size: k,
+                weights: wts,
+                separable: Some((col.clone(), col)),
+                border: Border::Reflect101,
+            };
+            bench.b.ensure_conv_constants(&sop)?;
+            let fs = bench.b.conv_separable[ki].clone();
+            let sname = format!("conv2d_separable_k{k}");
+            let t = bench.time(iters, |i| {
+                launch_kernel!(stream, &fs, sname, tcfg, &cp, &in_p[i % sets], &out_p[i % sets])
+            })?;
+            let si = kernel_info(&fs, &sname, &tcfg)?;
+            bench.push(&case, &format!("separable {k}x{k}"), "events", t, ledger, &[si]);
         }
-        let sop = Conv2dOp {
-            size: k,
-            weights: wts,
-            separable: Some((col.clone(), col)),
-            border: Border::Reflect101,
-        };
-        bench.b.ensure_conv_constants(&sop)?;
-        let fs = bench.b.conv_separable[ki].clone();
-        let sname = format!("conv2d_separable_k{k}");
-        let t = bench.time(iters, |i| {
-            launch_kernel!(stream, &fs, sname, tcfg, &cp, &in_p[i % sets], &out_p[i % sets])
-        })?;
-        let si = kernel_info(&fs, &sname, &tcfg)?;
-        bench.push(&case, &format!("separable {k}x{k}"), "events", t, ledger, &[si]);
+        drop((ins, outs));
     }
-    drop((ins, outs));
     let clock_after = measure_clock(bench.b, bl_clock)?;
 
     // Verdicts on the targets.

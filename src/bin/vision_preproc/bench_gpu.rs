@@ -23,6 +23,13 @@ pub struct BenchArgs {
     /// Also time compile-time variants of the fused kernel and its direct path.
     #[arg(long)]
     pub variants: bool,
+    /// Frame size cases to run, by index (0: 1280x720, 1: 1920x1200, 2: 3840x2160);
+    /// default all.
+    #[arg(long, value_delimiter = ',')]
+    pub cases: Vec<usize>,
+    /// conv2d sizes to time, e.g. `3,5,7` (the default); `--conv-sizes 0` for none.
+    #[arg(long, value_delimiter = ',', default_value = "3,5,7")]
+    pub conv_sizes: Vec<u32>,
     /// Only measure start-up: open the backend with kernels cached in this directory
     /// (compiled and stored there when missing) and process one frame. Run it twice
     /// with an empty directory for the cold and the warm start.
@@ -47,6 +54,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         iterations: args.iterations,
         warmup: args.warmup,
         variants: args.variants,
+        cases: args.cases.clone(),
+        conv_sizes: args.conv_sizes.iter().copied().filter(|&k| k > 0).collect(),
     };
     let report = bench::run(&opts)?;
     let text = serde_json::to_string_pretty(&report.json).context("serializing the results")?;
