@@ -17,8 +17,8 @@
 //   block (RN_BLOCK_X, RN_BLOCK_Y) = (16, 16); each thread writes RN_PX = 4 adjacent
 //   pixels of one row (one 16-byte store per channel for NCHW float32 when W % 4 == 0),
 //   so a block covers a 64 x 16 tile; grid (ceil(W / 64), ceil(H / 16)).
-//   Dynamic shared memory: 0 for the direct path, 2 * RN_BLOCK_Y * smem_row_words * 4
-//   bytes for the staged path (below).
+//   Shared memory: the tile's x table (3 * 64 int32, static) and, for the staged path,
+//   2 * RN_BLOCK_Y * row_words * 4 bytes of dynamic shared memory (0 for the direct path).
 // Reference behaviour: src/backend/cpu (the specification). Per output pixel: outside
 //   the content rectangle -> pad[c]; else four taps (i0/i1 of each axis) decoded to RGB in
 //   8-bit units (16-bit samples / 257), bilinear in float, horizontal then vertical
@@ -28,7 +28,7 @@
 //   interpolation; then v*scale[c] + bias[c]; float16 rounds to nearest even. All
 //   arithmetic is __fmul_rn/__fadd_rn (never contracted into FMA), so each value is
 //   bit-identical to the CPU's.
-// Staged path (host passes smem_row_words > 0; only encodings whose pixel x starts at
+// Staged path (host passes row_words > 0; only encodings whose pixel x starts at
 //   byte x*bpp of its row, and only when the widest tile window fits): the block copies,
 //   with coalesced aligned 32-bit loads, the source columns its tile samples from each
 //   of the two source rows of each of its 16 output rows into shared memory, then
@@ -255,82 +255,58 @@ __device__ __forceinline__ float lerp_rn(float a, float b, float w) {
     return __fadd_rn(__fmul_rn(a, __fsub_rn(1.0f, w)), __fmul_rn(b, w));
 }
 
-template <u32 ENC>
-__device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
-                                                 const u8* __restrict__ src,
-                                                 const int* __restrict__ maps,
-                                                 void* __restrict__ dst, u32 smem_row_words) {
+// The per-thread part: RN_PX adjacent pixels of one output row. STAGED selects where
+// packed encodings read their bytes: the shared-memory window (STAGED) or global memory
+// (direct). Separate instantiations keep every load in a known address space (LDS/LDG,
+// never generic) and every array index compile-time (no local memory).
+template <u32 ENC, bool STAGED>
+__device__ __forceinline__ void rn_pixels(const PreprocessParams& p, const u8* __restrict__ src,
+                                          const int* __restrict__ maps, void* __restrict__ dst,
+                                          u32 row_words, int ws, const int* s_xtab) {
     extern __shared__ u32 rn_smem[];
-    const int tile_x0 = blockIdx.x * RN_TILE_W, tile_y0 = blockIdx.y * RN_TILE_H;
-    const int x0 = tile_x0 + threadIdx.x * RN_PX;
-    const int y = tile_y0 + threadIdx.y;
+    const int x0 = blockIdx.x * RN_TILE_W + threadIdx.x * RN_PX;
+    const int y = blockIdx.y * RN_TILE_H + threadIdx.y;
     const int W = p.dst_width, H = p.dst_height;
+    if (y >= H || x0 >= W) return;
     const int cx = p.content_x, cy = p.content_y, cw = p.content_w, chh = p.content_h;
-    const int* x_i0 = maps;
-    const int* x_i1 = maps + cw;
-    const float* x_w1 = (const float*)(maps + 2 * cw);
     const int* y_i0 = maps + 3 * cw;
     const int* y_i1 = y_i0 + chh;
     const float* y_w1 = (const float*)(y_i1 + chh);
     constexpr int bpp = enc_bpp(ENC);
-
-    // Staged path: copy the tile's source window into shared memory (whole block).
-    int ws = 0;  // first staged source column
-    bool staged = false;
-    if constexpr (enc_is_packed(ENC)) {
-        if (smem_row_words != 0) {  // uniform over the block
-            staged = true;
-            const int lo = max(tile_x0, cx), hi = min(tile_x0 + RN_TILE_W, cx + cw) - 1;
-            if (lo <= hi) {
-                ws = x_i0[lo - cx];
-                int we = x_i1[hi - cx];
-                if constexpr (enc_is_yuv422(ENC)) {
-                    ws &= ~1;
-                    we |= 1;
-                }
-                const int tid = threadIdx.y * RN_BLOCK_X + threadIdx.x;
-                const int lane = tid & 31;
-                for (int slot = tid >> 5; slot < 2 * RN_TILE_H; slot += RN_THREADS / 32) {
-                    const int yy = tile_y0 + (slot >> 1);
-                    if (yy < cy || yy >= cy + chh) continue;
-                    const int row = (slot & 1) ? y_i1[yy - cy] : y_i0[yy - cy];
-                    const unsigned long long first =
-                        (unsigned long long)row * p.src_step + (unsigned long long)ws * bpp;
-                    const int shift = (int)(first & 3);
-                    const int nwords =
-                        min((shift + (we - ws + 1) * bpp + 3) >> 2, (int)smem_row_words);
-                    const u32* words = (const u32*)src + (first >> 2);
-                    u32* srow = rn_smem + slot * smem_row_words;
-                    for (int w = lane; w < nwords; w += 32) cp_async4(srow + w, words + w);
-                }
-            }
-            cp_async_wait_all();
-            __syncthreads();
-        }
-    }
-
-    if (y >= H || x0 >= W) return;
     const bool grey = p.channels == 1;
+    const bool swap = p.swap_rb != 0;
     const bool row_in = y >= cy && y < cy + chh;
+    const bool nearest = p.interpolation == INTERP_NEAREST;
+
     int yr0 = 0, yr1 = 0;
     float wy = 0.0f;
-    Row r0 = {src, 0}, r1 = {src, 0};
     if (row_in) {
         yr0 = y_i0[y - cy];
         yr1 = y_i1[y - cy];
         wy = y_w1[y - cy];
-        if (staged) {
-            const int slot = 2 * threadIdx.y;
-            r0.base = (const u8*)(rn_smem + slot * smem_row_words);
-            r1.base = (const u8*)(rn_smem + (slot + 1) * smem_row_words);
-            const int wsb = enc_is_yuv422(ENC) ? ws * 2 : ws * bpp;
-            r0.off = (int)(((unsigned long long)yr0 * p.src_step + wsb) & 3) - wsb;
-            r1.off = (int)(((unsigned long long)yr1 * p.src_step + wsb) & 3) - wsb;
-        } else {
-            r0.base = src + (unsigned long long)yr0 * p.src_step;
-            r1.base = src + (unsigned long long)yr1 * p.src_step;
-        }
     }
+    // Row bases are never a mix of shared and global pointers (that would make every load
+    // generic): shared rows in the staged instantiation, global rows in the direct one.
+    Row r0, r1;
+    if constexpr (STAGED) {
+        const int wsb = ws * bpp;
+        r0.base = (const u8*)(rn_smem + threadIdx.y * row_words);
+        r1.base = (const u8*)(rn_smem + (RN_TILE_H + threadIdx.y) * row_words);
+        r0.off = (int)(((unsigned long long)yr0 * p.src_step + wsb) & 3) - wsb;
+        r1.off = (int)(((unsigned long long)yr1 * p.src_step + wsb) & 3) - wsb;
+    } else {
+        r0.base = src + (unsigned long long)yr0 * p.src_step;
+        r1.base = src + (unsigned long long)yr1 * p.src_step;
+        r0.off = 0;
+        r1.off = 0;
+    }
+    // This thread's 4 entries of the tile's x table (staged in shared memory).
+    const int4 xi0 = *(const int4*)(s_xtab + threadIdx.x * RN_PX);
+    const int4 xi1 = *(const int4*)(s_xtab + RN_TILE_W + threadIdx.x * RN_PX);
+    const float4 xw = *(const float4*)(s_xtab + 2 * RN_TILE_W + threadIdx.x * RN_PX);
+    const int xs0s[RN_PX] = {xi0.x, xi0.y, xi0.z, xi0.w};
+    const int xs1s[RN_PX] = {xi1.x, xi1.y, xi1.z, xi1.w};
+    const float wxs[RN_PX] = {xw.x, xw.y, xw.z, xw.w};
 
     float out[RN_PX][3];
 #pragma unroll
@@ -342,35 +318,36 @@ __device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
             out[k][2] = p.pad[2];
             continue;
         }
-        const int xs0 = x_i0[x - cx];
         float v[3];
-        if (p.interpolation == INTERP_NEAREST) {
-            tap<ENC>(p, src, r0, xs0, yr0, grey, v);
+        if (nearest) {
+            tap<ENC>(p, src, r0, xs0s[k], yr0, grey, v);
         } else {
-            const int xs1 = x_i1[x - cx];
-            const float wx = x_w1[x - cx];
             float s00[3], s01[3], s10[3], s11[3];
-            tap<ENC>(p, src, r0, xs0, yr0, grey, s00);
-            tap<ENC>(p, src, r0, xs1, yr0, grey, s01);
-            tap<ENC>(p, src, r1, xs0, yr1, grey, s10);
-            tap<ENC>(p, src, r1, xs1, yr1, grey, s11);
+            tap<ENC>(p, src, r0, xs0s[k], yr0, grey, s00);
+            tap<ENC>(p, src, r0, xs1s[k], yr0, grey, s01);
+            tap<ENC>(p, src, r1, xs0s[k], yr1, grey, s10);
+            tap<ENC>(p, src, r1, xs1s[k], yr1, grey, s11);
 #pragma unroll
             for (int c = 0; c < 3; ++c) {
-                v[c] = lerp_rn(lerp_rn(s00[c], s01[c], wx), lerp_rn(s10[c], s11[c], wx), wy);
+                v[c] = lerp_rn(lerp_rn(s00[c], s01[c], wxs[k]), lerp_rn(s10[c], s11[c], wxs[k]), wy);
             }
         }
-#pragma unroll
-        for (int c = 0; c < 3; ++c) {
-            const float s = grey ? v[0] : (p.swap_rb ? v[2 - c] : v[c]);
-            out[k][c] = __fadd_rn(__fmul_rn(s, p.scale[c]), p.bias[c]);
-        }
+        // channel order by selects (no runtime array index: that would go to local memory)
+        const float c0 = grey ? v[0] : (swap ? v[2] : v[0]);
+        const float c1 = grey ? v[0] : v[1];
+        const float c2 = grey ? v[0] : (swap ? v[0] : v[2]);
+        out[k][0] = __fadd_rn(__fmul_rn(c0, p.scale[0]), p.bias[0]);
+        out[k][1] = __fadd_rn(__fmul_rn(c1, p.scale[1]), p.bias[1]);
+        out[k][2] = __fadd_rn(__fmul_rn(c2, p.scale[2]), p.bias[2]);
     }
 
     // Store: vectorized when the 4 pixels are whole and rows are 16-byte multiples.
     const int C = p.channels;
     if ((W & 3) == 0) {  // then x0 + 3 < W and every vector below is aligned
         if (p.layout == LAYOUT_NCHW || C == 1) {
-            for (int c = 0; c < C; ++c) {
+#pragma unroll
+            for (int c = 0; c < 3; ++c) {
+                if (c >= C) break;
                 const unsigned long long i = ((unsigned long long)c * H + y) * W + x0;
                 if (p.dtype == DTYPE_F32) {
                     *(float4*)((float*)dst + i) = make_float4(out[0][c], out[1][c], out[2][c], out[3][c]);
@@ -383,40 +360,109 @@ __device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
             }
         } else {  // NHWC, 3 channels: 12 consecutive values
             const unsigned long long i = ((unsigned long long)y * W + x0) * 3;
-            const float* o = &out[0][0];
             if (p.dtype == DTYPE_F32) {
                 float4* d = (float4*)((float*)dst + i);
-                d[0] = make_float4(o[0], o[1], o[2], o[3]);
-                d[1] = make_float4(o[4], o[5], o[6], o[7]);
-                d[2] = make_float4(o[8], o[9], o[10], o[11]);
+                d[0] = make_float4(out[0][0], out[0][1], out[0][2], out[1][0]);
+                d[1] = make_float4(out[1][1], out[1][2], out[2][0], out[2][1]);
+                d[2] = make_float4(out[2][2], out[3][0], out[3][1], out[3][2]);
             } else {
                 uint2* d = (uint2*)((u16*)dst + i);
-#pragma unroll
-                for (int j = 0; j < 3; ++j) {
-                    uint2 h;
-                    h.x = f32_to_f16_bits(o[4 * j]) | (u32)f32_to_f16_bits(o[4 * j + 1]) << 16;
-                    h.y = f32_to_f16_bits(o[4 * j + 2]) | (u32)f32_to_f16_bits(o[4 * j + 3]) << 16;
-                    d[j] = h;
-                }
+                uint2 h;
+                h.x = f32_to_f16_bits(out[0][0]) | (u32)f32_to_f16_bits(out[0][1]) << 16;
+                h.y = f32_to_f16_bits(out[0][2]) | (u32)f32_to_f16_bits(out[1][0]) << 16;
+                d[0] = h;
+                h.x = f32_to_f16_bits(out[1][1]) | (u32)f32_to_f16_bits(out[1][2]) << 16;
+                h.y = f32_to_f16_bits(out[2][0]) | (u32)f32_to_f16_bits(out[2][1]) << 16;
+                d[1] = h;
+                h.x = f32_to_f16_bits(out[2][2]) | (u32)f32_to_f16_bits(out[3][0]) << 16;
+                h.y = f32_to_f16_bits(out[3][1]) | (u32)f32_to_f16_bits(out[3][2]) << 16;
+                d[2] = h;
             }
         }
     } else {
 #pragma unroll
         for (int k = 0; k < RN_PX; ++k) {
             if (x0 + k >= W) break;
-            for (int c = 0; c < C; ++c) {
+#pragma unroll
+            for (int c = 0; c < 3; ++c) {
+                if (c >= C) break;
                 store_elem(dst, p.dtype, tensor_index(p.layout, C, H, W, c, y, x0 + k), out[k][c]);
             }
         }
     }
 }
 
+template <u32 ENC>
+__device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
+                                                 const u8* __restrict__ src,
+                                                 const int* __restrict__ maps,
+                                                 void* __restrict__ dst, u32 row_words) {
+    extern __shared__ u32 rn_smem[];
+    // The tile's x table: i0 | i1 | w1 (bits), RN_TILE_W entries each, 0 outside content.
+    __shared__ __align__(16) int s_xtab[3 * RN_TILE_W];
+    const int tile_x0 = blockIdx.x * RN_TILE_W, tile_y0 = blockIdx.y * RN_TILE_H;
+    const int cx = p.content_x, cw = p.content_w, cy = p.content_y, chh = p.content_h;
+    const int tid = threadIdx.y * RN_BLOCK_X + threadIdx.x;
+    for (int i = tid; i < RN_TILE_W; i += RN_THREADS) {
+        const int x = tile_x0 + i;
+        const bool in = x >= cx && x < cx + cw;
+        s_xtab[i] = in ? maps[x - cx] : 0;
+        s_xtab[RN_TILE_W + i] = in ? maps[cw + x - cx] : 0;
+        s_xtab[2 * RN_TILE_W + i] = in ? maps[2 * cw + x - cx] : 0;
+    }
+
+    // Staged path: copy the tile's source window into shared memory (whole block).
+    // Slot ty holds row y_i0[y], slot RN_TILE_H + ty row y_i1[y], for output row
+    // y = tile_y0 + ty; the host makes row_words odd, so the two half-warps of a warp
+    // (adjacent ty) read different banks.
+    int ws = 0;
+    if constexpr (enc_is_packed(ENC)) {
+        if (row_words != 0) {  // uniform over the block
+            const int lo = max(tile_x0, cx), hi = min(tile_x0 + RN_TILE_W, cx + cw) - 1;
+            if (lo <= hi) {
+                ws = maps[lo - cx];
+                int we = maps[cw + hi - cx];
+                if constexpr (enc_is_yuv422(ENC)) {
+                    ws &= ~1;
+                    we |= 1;
+                }
+                constexpr int bpp = enc_bpp(ENC);
+                const int lane = tid & 31;
+                const int* y_i0 = maps + 3 * cw;
+                const int* y_i1 = y_i0 + chh;
+                for (int slot = tid >> 5; slot < 2 * RN_TILE_H; slot += RN_THREADS / 32) {
+                    const int ty = slot % RN_TILE_H;
+                    const int yy = tile_y0 + ty;
+                    if (yy < cy || yy >= cy + chh) continue;
+                    const int row = slot < RN_TILE_H ? y_i0[yy - cy] : y_i1[yy - cy];
+                    const unsigned long long first =
+                        (unsigned long long)row * p.src_step + (unsigned long long)ws * bpp;
+                    const int shift = (int)(first & 3);
+                    const int nwords = min((shift + (we - ws + 1) * bpp + 3) >> 2, (int)row_words);
+                    const u32* words = (const u32*)src + (first >> 2);
+                    u32* srow = rn_smem + slot * row_words;
+                    for (int w = lane; w < nwords; w += 32) cp_async4(srow + w, words + w);
+                }
+            }
+            cp_async_wait_all();
+        }
+    }
+    __syncthreads();
+    if constexpr (enc_is_packed(ENC)) {
+        if (row_words != 0) {
+            rn_pixels<ENC, true>(p, src, maps, dst, row_words, ws, s_xtab);
+            return;
+        }
+    }
+    rn_pixels<ENC, false>(p, src, maps, dst, row_words, ws, s_xtab);
+}
+
 #define RN_ENTRY(name, ENC)                                                               \
     extern "C" __global__ void __launch_bounds__(RN_THREADS, RN_MIN_BLOCKS)               \
         resize_normalize_##name(const PreprocessParams p, const u8* __restrict__ src,     \
                                 const int* __restrict__ maps, void* __restrict__ dst,     \
-                                u32 smem_row_words) {                                     \
-        resize_normalize<ENC>(p, src, maps, dst, smem_row_words);                         \
+                                u32 row_words) {                                          \
+        resize_normalize<ENC>(p, src, maps, dst, row_words);                              \
     }
 
 // keep in sync with src/backend/cuda/kernels.rs (RESIZE_NORMALIZE_ENTRIES)

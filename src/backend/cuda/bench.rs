@@ -45,10 +45,11 @@ pub struct BenchOptions {
 
 /// Compile-time variants of the fused kernel the benchmark can time beside the default:
 /// (label, extra NVRTC options).
-pub const FUSED_VARIANTS: [(&str, &[&str]); 3] = [
-    ("variant min 8 blocks/SM", &["-DRN_MIN_BLOCKS=8"]),
+pub const FUSED_VARIANTS: [(&str, &[&str]); 4] = [
+    ("variant >= 5 blocks/SM", &["-DRN_MIN_BLOCKS=5"]),
+    ("variant >= 6 blocks/SM", &["-DRN_MIN_BLOCKS=6"]),
     ("variant fast int->float", &["-DRN_FAST_CVT=1"]),
-    ("variant 8 blocks + fast cvt", &["-DRN_MIN_BLOCKS=8", "-DRN_FAST_CVT=1"]),
+    ("variant 5 blocks + fast cvt", &["-DRN_MIN_BLOCKS=5", "-DRN_FAST_CVT=1"]),
 ];
 
 /// What `run` produced: the full results (written to results.json) and a table.

@@ -116,7 +116,8 @@ pub fn staged_row_words(p: &PreprocessParams, x_map: &AxisMap, enc: Encoding) ->
         }
         tile_x0 += RN_TILE_W;
     }
-    let words = (3 + max_span * bpp).div_ceil(4);
+    // Odd, so the rows of adjacent output rows (adjacent slots) start in different banks.
+    let words = (3 + max_span * bpp).div_ceil(4) | 1;
     if staged_smem_bytes(words) > STAGED_SMEM_MAX_BYTES {
         0
     } else {
@@ -177,8 +178,15 @@ mod tests {
         let m = AxisMap::new(0, 3840, 1920, Interpolation::Linear);
         let p = params(1920, 0, 1920);
         let words = staged_row_words(&p, &m, Encoding::Rgb8);
-        assert_eq!(words, (3 + 128 * 3u32).div_ceil(4));
+        assert_eq!(words, 97, "ceil((3 + 384) / 4) = 97, already odd");
         assert_eq!(staged_smem_bytes(words), 2 * 16 * 97 * 4);
+        // 3x: f = 3d + 1, so a tile samples 3*64t+1 ..= 3*64t+191: 191 px = 573 B + 3 =
+        // 576 B = 144 words, bumped to 145 (odd: adjacent slots start in other banks).
+        let m3 = AxisMap::new(0, 1536, 512, Interpolation::Linear);
+        assert_eq!(staged_row_words(&params(512, 0, 512), &m3, Encoding::Rgb8), 145);
+        // 4x: 255 px = 765 B + 3 -> 192 | 1 = 193 words = 24.7 KiB > 24 KiB: direct path.
+        let m4 = AxisMap::new(0, 2048, 512, Interpolation::Linear);
+        assert_eq!(staged_row_words(&params(512, 0, 512), &m4, Encoding::Rgb8), 0);
         assert_eq!(staged_row_words(&p, &m, Encoding::Nv12), 0, "nv12 is not packed");
     }
 
