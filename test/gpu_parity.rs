@@ -2,7 +2,9 @@
 //! whole matrix: every encoding, resize mode, interpolation, layout, dtype, channel
 //! count and order, ROI, awkward and padded sizes, conv2d sizes and borders, both memory
 //! modes; on fresh random inputs (new seed each run, printed) AND the photographs in
-//! test/data/. Every output buffer of the CUDA backend is poisoned with NaN before each
+//! test/data/, through three CUDA backends: upload + direct fused path, mapped + direct,
+//! upload + staged (shared-memory window) path. Every output buffer of the CUDA backend is
+//! poisoned with NaN before each
 //! frame, so an element the kernels do not write fails. Tolerances come from
 //! test/tolerances.json.
 //!
@@ -15,7 +17,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
-use vision_preproc::backend::cuda::CudaBackend;
+use vision_preproc::backend::cuda::{CudaBackend, FusedPath};
 use vision_preproc::backend::{Backend, Conv2dOp, PreprocessOp};
 use vision_preproc::config::{
     Border, ChannelOrder, DType, Interpolation, Layout, LetterboxAnchor, MemoryMode, ResizeMode,
@@ -495,16 +497,22 @@ fn main() -> ExitCode {
     let mut st = Stats::default();
     let t0 = Instant::now();
 
-    for mode in [MemoryMode::Upload, MemoryMode::Mapped] {
-        let mut gpu = match CudaBackend::new(0, mode) {
+    let runs = [
+        (MemoryMode::Upload, FusedPath::Direct),
+        (MemoryMode::Mapped, FusedPath::Direct),
+        (MemoryMode::Upload, FusedPath::Staged),
+    ];
+    for (mode, path) in runs {
+        let cache = vision_preproc::backend::cuda::kernels::cache_dir();
+        let mut gpu = match CudaBackend::new_with_options(0, mode, cache.as_deref(), path) {
             Ok(b) => b,
             Err(e) => {
-                println!("FAIL: opening the CUDA backend ({mode:?}): {e}");
+                println!("FAIL: opening the CUDA backend ({mode:?}, {path:?}): {e}");
                 return ExitCode::FAILURE;
             }
         };
         gpu.set_poison_outputs(true);
-        println!("[{mode:?}] {}", gpu.device_description());
+        println!("[{mode:?} {path:?}] {}", gpu.device_description());
         let run = |name: String,
                    frame: &Frame,
                    cfg: &Config,
@@ -516,7 +524,7 @@ fn main() -> ExitCode {
             if (st.case_no - 1) % stride != 0 || !name.contains(filter.as_str()) {
                 return;
             }
-            let name = format!("[{mode:?}] {name}");
+            let name = format!("[{mode:?} {path:?}] {name}");
             let op = match build_op(cfg, frame) {
                 Ok(op) => op,
                 Err(e) => {
@@ -540,7 +548,7 @@ fn main() -> ExitCode {
             let outcome =
                 result.and_then(|_| compare(&out, &exp, cfg.output_dtype, &tol)).map(|d| Outcome {
                     max_diff: d,
-                    staged: conv.is_none()
+                    staged: path == FusedPath::Staged
                         && vision_preproc::backend::cuda::launch::staged_row_words(
                             &op.params, &op.x_map, frame.enc,
                         ) > 0,
@@ -684,7 +692,7 @@ fn main() -> ExitCode {
                 Ok(()) => st.passed += 1,
                 Err(e) => {
                     st.failed += 1;
-                    println!("FAIL [{mode:?}] two frames in flight: {e}");
+                    println!("FAIL [{mode:?} {path:?}] two frames in flight: {e}");
                 }
             }
         }

@@ -43,13 +43,13 @@ pub struct BenchOptions {
     pub conv_sizes: Vec<u32>,
 }
 
-/// Compile-time variants of the fused kernel the benchmark can time beside the default:
-/// (label, extra NVRTC options).
-pub const FUSED_VARIANTS: [(&str, &[&str]); 4] = [
-    ("variant >= 5 blocks/SM", &["-DRN_MIN_BLOCKS=5"]),
-    ("variant >= 6 blocks/SM", &["-DRN_MIN_BLOCKS=6"]),
-    ("variant fast int->float", &["-DRN_FAST_CVT=1"]),
-    ("variant 5 blocks + fast cvt", &["-DRN_MIN_BLOCKS=5", "-DRN_FAST_CVT=1"]),
+/// Compile-time variants of the fused kernel the benchmark can time beside the default
+/// (direct path): (label, extra NVRTC options, staged path).
+pub const FUSED_VARIANTS: [(&str, &[&str], bool); 4] = [
+    ("variant staged (RN_STAGED=1)", &["-DRN_STAGED=1"], true),
+    ("variant staged, >= 6 blocks/SM", &["-DRN_STAGED=1", "-DRN_MIN_BLOCKS=6"], true),
+    ("variant direct, >= 6 blocks/SM", &["-DRN_MIN_BLOCKS=6"], false),
+    ("variant direct, fast int->float", &["-DRN_FAST_CVT=1"], false),
 ];
 
 /// What `run` produced: the full results (written to results.json) and a table.
@@ -366,6 +366,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         &dev.arch,
         dev.driver_version,
         kernels::cache_dir().as_deref(),
+        &[],
     )?;
     let names: Vec<String> = kernels::BASELINE_ENTRIES.iter().map(|s| s.to_string()).collect();
     let bl = kernels::functions(&bl_module, KernelFile::Baselines, &names)?;
@@ -439,7 +440,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         let mut srcs = Vec::new();
         let mut dsts = Vec::new();
         for _ in 0..sets {
-            let mut s = bench.alloc(frame_bytes.next_multiple_of(64), "frames")?;
+            let mut s = bench.alloc(frame_bytes + super::memory::SRC_SLACK, "frames")?;
             bench.upload(&mut s, &rng.bytes(frame_bytes))?;
             srcs.push(s);
             dsts.push(bench.alloc(out_bytes, "tensors")?);
@@ -448,7 +449,8 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         let dst_p: Vec<CUdeviceptr> = dsts.iter().map(|s| ptr(s, bench.b)).collect();
 
         // Fused.
-        let words = launch::staged_row_words(&p, &op.x_map, sc.enc);
+        // The backend's default: the direct path (no shared-memory window).
+        let words = 0u32;
         let cfg = launch::resize_normalize_cfg(&p, words);
         let f = bench.b.resize[sc.enc as usize].clone();
         let fname = kernels::RESIZE_NORMALIZE_ENTRIES[sc.enc as usize];
@@ -467,15 +469,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
             &[info],
         );
         if opts.variants {
-            let zero = 0u32;
-            let dcfg = launch::resize_normalize_cfg(&p, 0);
-            let t = bench.time(iters, |i| {
-                let (s, d) = (src_p[i % sets], dst_p[i % sets]);
-                launch_kernel!(stream, &f, fname, dcfg, &p, &s, &maps, &d, &zero)
-            })?;
-            let info = kernel_info(&f, fname, &dcfg)?;
-            bench.push(&sc.name, "fused, direct path forced", "events", t, fused_ledger, &[info]);
-            for (label, extra) in FUSED_VARIANTS {
+            for (label, extra, staged) in FUSED_VARIANTS {
                 let mut o = kernels::compile_options(&dev.arch);
                 o.extend(extra.iter().map(|e| e.to_string()));
                 let c = kernels::compile_with_options(KernelFile::ResizeNormalize, &dev.arch, &o)?;
@@ -487,12 +481,36 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
                 let vf = m
                     .load_function(fname)
                     .map_err(|e| drv_err(format!("{fname} in {label}"), e))?;
+                let vw = if staged { launch::staged_row_words(&p, &op.x_map, sc.enc) } else { 0 };
+                let vcfg = launch::resize_normalize_cfg(&p, vw);
                 let t = bench.time(iters, |i| {
                     let (s, d) = (src_p[i % sets], dst_p[i % sets]);
-                    launch_kernel!(stream, &vf, fname, cfg, &p, &s, &maps, &d, &words)
+                    launch_kernel!(stream, &vf, fname, vcfg, &p, &s, &maps, &d, &vw)
                 })?;
-                let info = kernel_info(&vf, fname, &cfg)?;
-                bench.push(&sc.name, label, "events", t, fused_ledger, &[info]);
+                let info = kernel_info(&vf, fname, &vcfg)?;
+                let label = if staged && vw == 0 {
+                    format!("{label} [window too wide: direct]")
+                } else {
+                    label.to_string()
+                };
+                bench.push(&sc.name, &label, "events", t, fused_ledger, &[info]);
+                // The variant must compute the same tensor, bit for bit.
+                let d1 = dst_p[1 % sets];
+                launch_kernel!(stream, &vf, fname, vcfg, &p, &src_p[0], &maps, &dst_p[0], &vw)?;
+                launch_kernel!(stream, &f, fname, cfg, &p, &src_p[0], &maps, &d1, &words)?;
+                let mut a = vec![0u8; out_bytes];
+                let mut bb = vec![0u8; out_bytes];
+                stream
+                    .memcpy_dtoh(&dsts[0].slice(..out_bytes), &mut a)
+                    .map_err(|e| drv_err("bench readback", e))?;
+                stream
+                    .memcpy_dtoh(&dsts[1 % sets].slice(..out_bytes), &mut bb)
+                    .map_err(|e| drv_err("bench readback", e))?;
+                bench.notes.push(format!(
+                    "{}: {label}: output {} the default's",
+                    sc.name,
+                    if a == bb { "bit-identical to" } else { "DIFFERS from" }
+                ));
             }
         }
 

@@ -312,7 +312,8 @@ pub struct LoadReport {
     pub log: String,
 }
 
-/// Load `file` for `arch` into `ctx`: from the disk cache directory `cache` when a CUBIN
+/// Load `file` for `arch` (with `extra_options` after the standard ones) into `ctx`: from
+/// the disk cache directory `cache` when a CUBIN
 /// for this exact source, options, architecture, NVRTC and driver is there and loads,
 /// else compile (failing with the compiler log) and store it there.
 pub fn load(
@@ -321,9 +322,12 @@ pub fn load(
     arch: &str,
     driver_version: i32,
     cache: Option<&std::path::Path>,
+    extra_options: &[String],
 ) -> Result<(Arc<CudaModule>, LoadReport), CudaError> {
     let (nv_major, nv_minor) = nvrtc_version()?;
-    let opts = compile_options(arch).join(" ");
+    let mut options = compile_options(arch);
+    options.extend(extra_options.iter().cloned());
+    let opts = options.join(" ");
     let versions = format!("nvrtc {nv_major}.{nv_minor} driver {driver_version}");
     let key = fnv1a64(&[
         COMMON_CUH.as_bytes(),
@@ -345,7 +349,7 @@ pub fn load(
         }
     }
     let t = Instant::now();
-    let compiled = compile(file, arch)?;
+    let compiled = compile_with_options(file, arch, &options)?;
     let compile_ms = t.elapsed().as_secs_f64() * 1e3;
     if let Some(p) = &path {
         // A cache that cannot be written only costs the next start its compile time.

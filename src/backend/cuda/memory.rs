@@ -8,9 +8,12 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-/// Round staging sizes up to this many bytes: the staged kernel path reads whole
-/// aligned 32-bit words, up to 3 bytes past the last byte of the frame.
+/// Round staging sizes up to this many bytes.
 pub const STAGING_ALIGN: usize = 64;
+/// Bytes every frame buffer carries after the frame: the fused kernel reads whole aligned
+/// 32-bit words, up to 11 bytes past the first byte of the last pixel it needs
+/// (`resize_normalize.cu`, decode_pair_words and the staged path).
+pub const SRC_SLACK: usize = 16;
 
 /// How a pinned buffer is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -28,13 +28,24 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 use kernels::{KernelFile, LoadReport, CONV_SIZES, RESIZE_NORMALIZE_ENTRIES};
-use memory::{DeviceBuffer, PinnedBuffer, PinnedKind};
+use memory::{DeviceBuffer, PinnedBuffer, PinnedKind, SRC_SLACK};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Frames that can be in flight at once: the ring of pinned staging buffers lets the CPU
 /// stage frame N+1 while the GPU still works on frame N.
 pub const RING: usize = 2;
+
+/// How the fused kernel reads packed encodings (rgb8 ... bgr16, yuyv, uyvy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedPath {
+    /// Straight from global memory through L1, 3- and 4-byte pixels as aligned words (the
+    /// default: measured faster on the H200, docs/GPU.md).
+    Direct,
+    /// Through a shared-memory copy of each tile's source window (cp.async), when the
+    /// window fits; compiled with `-DRN_STAGED=1`.
+    Staged,
+}
 
 /// What the backend knows about its GPU.
 #[derive(Debug, Clone)]
@@ -142,6 +153,7 @@ pub struct CudaBackend {
     row_words: Option<(Encoding, u32)>,
     conv_constants: Option<ConvConstants>,
     poison: bool,
+    fused_path: FusedPath,
 }
 
 impl CudaBackend {
@@ -162,6 +174,17 @@ impl CudaBackend {
         device_id: u32,
         memory_mode: MemoryMode,
         cache: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        Self::new_with_options(device_id, memory_mode, cache, FusedPath::Direct)
+    }
+
+    /// [`CudaBackend::new_with_cache`] choosing how the fused kernel reads packed
+    /// encodings (tests and the benchmark exercise both; the node uses the default).
+    pub fn new_with_options(
+        device_id: u32,
+        memory_mode: MemoryMode,
+        cache: Option<&std::path::Path>,
+        fused_path: FusedPath,
     ) -> Result<Self> {
         // SAFETY: only tries to dlopen libcuda; no symbol is called.
         if !unsafe { sys::is_culib_present() } {
@@ -211,8 +234,14 @@ impl CudaBackend {
         let mut loads = Vec::new();
         let mut modules = Vec::new();
         for file in KernelFile::BACKEND {
+            let extra = match (file, fused_path) {
+                (KernelFile::ResizeNormalize, FusedPath::Staged) => {
+                    vec!["-DRN_STAGED=1".to_string()]
+                }
+                _ => Vec::new(),
+            };
             let (m, report) =
-                kernels::load(&ctx, file, &device.arch, device.driver_version, cache)?;
+                kernels::load(&ctx, file, &device.arch, device.driver_version, cache, &extra)?;
             loads.push(report);
             modules.push(m);
         }
@@ -258,6 +287,7 @@ impl CudaBackend {
             row_words: None,
             conv_constants: None,
             poison: false,
+            fused_path,
         })
     }
 
@@ -421,9 +451,9 @@ impl CudaBackend {
         let in_kind = if mapped { PinnedKind::Mapped } else { PinnedKind::Upload };
         let out_kind = if mapped { PinnedKind::Mapped } else { PinnedKind::Download };
         let slot = &mut self.slots[s];
-        if !slot.input.as_ref().is_some_and(|b| b.len() >= data.len()) {
+        if !slot.input.as_ref().is_some_and(|b| b.len() >= data.len() + SRC_SLACK) {
             slot.input = None;
-            slot.input = Some(PinnedBuffer::new(&self.ctx, data.len(), in_kind)?);
+            slot.input = Some(PinnedBuffer::new(&self.ctx, data.len() + SRC_SLACK, in_kind)?);
         }
         if !slot.output.as_ref().is_some_and(|b| b.len() >= out_len) {
             slot.output = None;
@@ -449,7 +479,10 @@ impl CudaBackend {
         let row_words = match self.row_words {
             Some((e, w)) if e == enc => w,
             _ => {
-                let w = launch::staged_row_words(&p, &op.x_map, enc);
+                let w = match self.fused_path {
+                    FusedPath::Staged => launch::staged_row_words(&p, &op.x_map, enc),
+                    FusedPath::Direct => 0,
+                };
                 self.row_words = Some((enc, w));
                 w
             }
@@ -464,7 +497,7 @@ impl CudaBackend {
         let src = match input_dev {
             Some(d) => d,
             None => {
-                let d = self.src_dev.ensure(&stream, data.len(), "the frame")?;
+                let d = self.src_dev.ensure(&stream, data.len() + SRC_SLACK, "the frame")?;
                 // SAFETY: the pinned source holds data.len() staged bytes and stays alive
                 // and untouched until this slot's last event completes; d has at least
                 // data.len() bytes.
