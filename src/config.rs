@@ -185,7 +185,8 @@ pub enum QosProfile {
 pub struct ConvConfig {
     /// Filter: none | box | gaussian | sharpen | sobel_x | sobel_y | laplacian | custom.
     pub kernel: ConvKernel,
-    /// Kernel size, odd, 1..=15 (sobel: 3, 5, 7; laplacian: 1, 3, 5, 7).
+    /// Kernel size, odd, 1..=15. sobel and laplacian take 1 as OpenCV's `ksize=1` does
+    /// (a 3-tap derivative without smoothing; the kernel applied is 3x3).
     pub size: u32,
     /// Gaussian sigma in network pixels (gaussian, sharpen); <= 0 derives it from `size`
     /// as OpenCV does: `0.3 * ((size - 1) * 0.5 - 1) + 0.8`.
@@ -440,7 +441,8 @@ impl Config {
         Ok(())
     }
 
-    fn validate_conv(&self) -> Result<()> {
+    /// The `conv.*` checks of [`Config::validate`].
+    pub(crate) fn validate_conv(&self) -> Result<()> {
         let conv = &self.conv;
         if conv.kernel == ConvKernel::None {
             return Ok(());
@@ -453,31 +455,25 @@ impl Config {
                 format!("use an odd size 1..={MAX_CONV_SIZE}"),
             ));
         }
-        match conv.kernel {
-            ConvKernel::SobelX | ConvKernel::SobelY if !matches!(s, 3 | 5 | 7) => {
-                return Err(Error::config("conv.size", s, "sobel kernels take size 3, 5 or 7"));
+        if conv.kernel == ConvKernel::Custom {
+            let n = (s * s) as usize;
+            if conv.weights.len() != n {
+                return Err(Error::config(
+                    "conv.weights",
+                    format!("{} values", conv.weights.len()),
+                    format!("custom needs conv.size*conv.size = {n} values, row-major"),
+                ));
             }
-            ConvKernel::Laplacian if !matches!(s, 1 | 3 | 5 | 7) => {
-                return Err(Error::config("conv.size", s, "laplacian takes size 1, 3, 5 or 7"));
+            // Applied in float32: a finite f64 beyond f32::MAX would become inf.
+            if let Some((i, w)) =
+                conv.weights.iter().enumerate().find(|(_, w)| !(**w as f32).is_finite())
+            {
+                return Err(Error::config(
+                    "conv.weights",
+                    format!("{w} at index {i}"),
+                    "weights must be finite and within float32 range (|w| <= 3.4e38)",
+                ));
             }
-            ConvKernel::Custom => {
-                let n = (s * s) as usize;
-                if conv.weights.len() != n {
-                    return Err(Error::config(
-                        "conv.weights",
-                        format!("{} values", conv.weights.len()),
-                        format!("custom needs conv.size*conv.size = {n} values, row-major"),
-                    ));
-                }
-                if conv.weights.iter().any(|w| !w.is_finite()) {
-                    return Err(Error::config(
-                        "conv.weights",
-                        format!("{:?}", conv.weights),
-                        "weights must be finite",
-                    ));
-                }
-            }
-            _ => {}
         }
         if !conv.sigma.is_finite() {
             return Err(Error::config(
@@ -572,5 +568,27 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().starts_with("parameter `image_stddev`"));
         c = Config { roi: vec![1, 2, 3], ..Config::default() };
         assert!(c.validate().unwrap_err().to_string().contains("[x, y, width, height]"));
+    }
+}
+
+#[cfg(test)]
+mod preset_tests {
+    use super::*;
+
+    /// Every shipped parameters file parses and validates (the presets users start from).
+    #[test]
+    fn every_shipped_config_file_is_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                Config::from_yaml_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 3, "expected default.yaml and at least two presets, found {n}");
+        let yolo = Config::from_yaml_file(&dir.join("yolo_640_letterbox.yaml")).unwrap();
+        assert_eq!((yolo.network_image_width, yolo.pad_value[0], yolo.tensor_name.as_str()), (640, 114.0, "images"));
     }
 }

@@ -22,6 +22,9 @@ pub mod error;
 pub mod image;
 #[cfg(feature = "ros")]
 pub mod node;
+#[cfg(not(feature = "ros"))]
+#[path = "node_stub.rs"]
+pub mod node;
 pub mod pipeline;
 
 pub use config::Config;

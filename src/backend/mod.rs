@@ -36,6 +36,12 @@ pub trait Backend: Send {
     /// A human-readable description of the device (CPU threads, GPU name and clock).
     fn device_description(&self) -> String;
 
+    /// Extra facts for `/diagnostics` as (key, value), e.g. the GPU clock and memory
+    /// mode. None by default.
+    fn diagnostics(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// Run the preprocessing (and conv2d, when given) on `image`, writing the finished
     /// tensor's bytes (`op.params.tensor_desc()`, little-endian) into `out`, which is
     /// resized to fit.

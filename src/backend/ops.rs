@@ -185,16 +185,59 @@ pub struct PreprocessOp {
 }
 
 /// conv2d on each channel of the normalized network image (correlation, like
-/// `cv2.filter2D`).
+/// `cv2.filter2D`), before the output dtype conversion. Built by
+/// `pipeline::conv::conv_op`; semantics in `docs/SPEC_conv2d.md`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Conv2dOp {
-    /// Odd kernel size, 1..=15.
+    /// Odd kernel size, 1..=15 (the size applied: 3 for sobel/laplacian `conv.size: 1`).
     pub size: u32,
-    /// `size * size` weights, row-major.
+    /// `size * size` weights, row-major: `weights[ky * size + kx]` multiplies the pixel at
+    /// `(y + ky - size/2, x + kx - size/2)` (no flip). Used by the direct 2-D path.
     pub weights: Vec<f32>,
-    /// `(column, row)` factors when the kernel is their outer product
-    /// (`weights[r * size + c] = row[r] * col[c]`), for the separable path.
+    /// `(kx, ky)` when the kernel is their outer product (`weights[r * size + c] =
+    /// ky[r] * kx[c]`, each factor rounded to f32 on its own): `kx` is the horizontal
+    /// pass along each row (first), `ky` the vertical pass (second). `None`: direct 2-D.
     pub separable: Option<(Vec<f32>, Vec<f32>)>,
-    /// Border handling.
+    /// Border handling (`cv::borderInterpolate`).
     pub border: Border,
+}
+
+impl Conv2dOp {
+    /// Largest kernel size.
+    pub const MAX_SIZE: u32 = 15;
+
+    /// Kernel radius, `size / 2`.
+    pub fn radius(&self) -> usize {
+        self.size as usize / 2
+    }
+
+    /// `Σ|w|` of the 2-D weights: the gain from the input's error (or magnitude) to the
+    /// output's; the conv tolerance of the tests scales with it.
+    pub fn l1_norm(&self) -> f64 {
+        self.weights.iter().map(|w| f64::from(w.abs())).sum()
+    }
+
+    /// Check the invariants the backends rely on (odd size 1..=15, weight counts).
+    pub fn check(&self) -> crate::error::Result<()> {
+        let n = self.size as usize;
+        let bad = |what: String| {
+            Err(crate::error::Error::config("conv", what, "use an odd size 1..=15 with size*size weights (and size taps per separable factor)"))
+        };
+        if self.size % 2 == 0 || self.size > Self::MAX_SIZE {
+            return bad(format!("size {}", self.size));
+        }
+        if self.weights.len() != n * n {
+            return bad(format!("{} weights for size {n}", self.weights.len()));
+        }
+        if let Some((kx, ky)) = &self.separable {
+            if kx.len() != n || ky.len() != n {
+                return bad(format!(
+                    "separable factors of {} and {} taps for size {n}",
+                    kx.len(),
+                    ky.len()
+                ));
+            }
+        }
+        Ok(())
+    }
 }

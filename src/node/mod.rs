@@ -1,27 +1,36 @@
-//! The ROS 2 node: subscribes to `image`, publishes `tensor` and `timing`.
+//! The ROS 2 node: subscribes to `image` (and, optionally, `camera_info`), publishes
+//! `tensor`, `timing`, `tensor/camera_info` and `/diagnostics`.
 //!
 //! Shape (r2r + tokio): a blocking spin loop; an ingest task that keeps only the newest
 //! frame and counts what it replaces; one processing thread that owns the pipeline (and
-//! so the backend and its stream) and publishes. Ctrl-C / SIGTERM stop ingest, let the
-//! frame in flight finish, and exit 0.
+//! so the backend and its stream) and publishes; a parameter handler and a 1 Hz
+//! diagnostics task on the runtime. Ctrl-C / SIGTERM stop ingest, let the frame in
+//! flight finish, and exit 0.
 
 mod params;
+mod stats;
 
-use crate::pipeline::{select_backend, FrameInfo, Pipeline};
+use crate::pipeline::{select_backend, FrameInfo, Geometry, Pipeline};
 use crate::ImageView;
 use futures::StreamExt;
-use r2r::sensor_msgs::msg::Image;
+use r2r::diagnostic_msgs::msg::DiagnosticArray;
+use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
 use r2r::vision_preproc_msgs::msg::{FrameTiming, Tensor};
 use r2r::QosProfile;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use params::config_from_params;
+pub use params::{config_from_params, NodeParams, PARAMETERS};
+pub use stats::{BackendInfo, Counts, Stats};
 
 /// The node's name (`ros2 node list` shows `/vision_preproc` unless remapped).
 pub const NODE_NAME: &str = "vision_preproc";
+
+/// Seconds between two logs of rejected frames (the count in between is logged).
+const REJECT_LOG_PERIOD: Duration = Duration::from_secs(2);
 
 /// Entry point of `vision_preproc_node`.
 pub fn main() -> ExitCode {
@@ -32,6 +41,10 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A frame as received, with the instant it arrived.
@@ -45,31 +58,27 @@ struct Received {
 struct Latest {
     slot: Mutex<Option<Received>>,
     ready: Condvar,
-    received: AtomicU64,
-    /// Frames replaced in the slot before processing took them.
-    dropped: AtomicU64,
     shutdown: AtomicBool,
 }
 
 impl Latest {
-    fn put(&self, r: Received) {
-        self.received.fetch_add(1, Ordering::Relaxed);
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.replace(r).is_some() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+    fn put(&self, r: Received, stats: &Stats) {
+        stats.received.fetch_add(1, Ordering::Relaxed);
+        if lock(&self.slot).replace(r).is_some() {
+            stats.dropped.fetch_add(1, Ordering::Relaxed);
         }
         self.ready.notify_one();
     }
 
-    /// The next frame, or `None` once shut down and empty.
+    /// The next frame, or `None` once shut down.
     fn take(&self) -> Option<Received> {
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = lock(&self.slot);
         loop {
-            if let Some(r) = slot.take() {
-                return Some(r);
-            }
             if self.shutdown.load(Ordering::Acquire) {
                 return None;
+            }
+            if let Some(r) = slot.take() {
+                return Some(r);
             }
             slot = self
                 .ready
@@ -79,8 +88,12 @@ impl Latest {
         }
     }
 
-    fn stop(&self) {
+    /// Stop: the frame in flight finishes; a frame still waiting is counted as dropped.
+    fn stop(&self, stats: &Stats) {
         self.shutdown.store(true, Ordering::Release);
+        if lock(&self.slot).take().is_some() {
+            stats.dropped.fetch_add(1, Ordering::Relaxed);
+        }
         self.ready.notify_all();
     }
 }
@@ -95,76 +108,199 @@ fn qos(profile: crate::config::QosProfile, depth: u32) -> QosProfile {
     base.keep_last(depth as usize)
 }
 
+/// The Fast DDS profile for camera-sized samples shipped with the package, if
+/// `FASTDDS_DEFAULT_PROFILES_FILE` is not already set: next to the executable in a colcon
+/// install (`lib/vision_preproc/` -> `share/vision_preproc/config/`), else in the source
+/// tree the binary was built from.
+fn default_dds_profile() -> Option<PathBuf> {
+    if std::env::var_os("FASTDDS_DEFAULT_PROFILES_FILE").is_some() {
+        return None;
+    }
+    let name = "fastdds_large_frames.xml";
+    let installed = std::env::current_exe().ok().and_then(|exe| {
+        Some(exe.parent()?.parent()?.parent()?.join("share/vision_preproc/config").join(name))
+    });
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("config").join(name);
+    installed.into_iter().chain([source]).find(|p| p.is_file())
+}
+
+/// Publishers the processing thread uses.
+struct Outputs {
+    tensor: r2r::Publisher<Tensor>,
+    timing: r2r::Publisher<FrameTiming>,
+    camera_info: r2r::Publisher<CameraInfo>,
+}
+
+/// State shared between the tasks and the processing thread.
+struct Shared {
+    latest: Latest,
+    stats: Stats,
+    params: Arc<Mutex<NodeParams>>,
+    camera_info: Mutex<Option<CameraInfo>>,
+    logger: String,
+}
+
 fn run() -> anyhow::Result<()> {
+    // Before the DDS participant exists, while this process has one thread.
+    let dds_profile = default_dds_profile();
+    if let Some(p) = &dds_profile {
+        std::env::set_var("FASTDDS_DEFAULT_PROFILES_FILE", p);
+    }
     let ctx = r2r::Context::create()?;
     let mut node = r2r::Node::create(ctx, NODE_NAME, "")?;
     let logger = node.logger().to_string();
+    let status_name = node.fully_qualified_name()?.trim_start_matches('/').to_string();
+    if let Some(p) = &dds_profile {
+        r2r::log_info!(&logger, "Fast DDS profile for large samples: {}", p.display());
+    }
 
+    // Parameters: command line / params file over the defaults, validated.
     let config = {
-        let params = node.params.lock().unwrap_or_else(|p| p.into_inner());
+        let params = lock(&node.params);
         config_from_params(params.iter().map(|(k, p)| (k.as_str(), &p.value)))?
     };
+    let params = Arc::new(Mutex::new(NodeParams::new(config.clone())));
+    let (param_handler, param_events) = node.make_derived_parameter_handler(params.clone())?;
+
     let (backend, fallback) = select_backend(&config)?;
     if let Some(reason) = &fallback {
-        r2r::log_warn!(&logger, "backend auto: using the CPU backend ({reason})");
+        r2r::log_warn!(&logger, "backend auto: no usable GPU, using the CPU backend ({reason})");
     }
+    let backend_info = BackendInfo {
+        name: backend.name().to_string(),
+        device: backend.device_description(),
+        details: backend.diagnostics(),
+        fallback,
+    };
     r2r::log_info!(
         &logger,
-        "backend {} ({}); network input {}x{} {} {} {}",
-        backend.name(),
-        backend.device_description(),
+        "backend {} ({}); network input {}x{} {} {} {:?}",
+        backend_info.name,
+        backend_info.device,
         config.network_image_width,
         config.network_image_height,
         config.output_layout.name(),
         config.output_dtype.name(),
-        serde_yaml::to_string(&config.resize_mode).unwrap_or_default().trim()
+        config.resize_mode
     );
-    let images = node.subscribe::<Image>("image", qos(config.input_qos, config.input_qos_depth))?;
+    let in_qos = qos(config.input_qos, config.input_qos_depth);
+    let images = node.subscribe::<Image>("image", in_qos.clone())?;
+    let camera_infos = node.subscribe::<CameraInfo>("camera_info", in_qos)?;
     let out_qos = qos(config.output_qos, config.output_qos_depth);
-    let tensor_pub = node.create_publisher::<Tensor>("tensor", out_qos.clone())?;
-    let timing_pub = node.create_publisher::<FrameTiming>("timing", out_qos)?;
+    let outputs = Outputs {
+        tensor: node.create_publisher::<Tensor>("tensor", out_qos.clone())?,
+        timing: node.create_publisher::<FrameTiming>("timing", out_qos.clone())?,
+        camera_info: node.create_publisher::<CameraInfo>("tensor/camera_info", out_qos)?,
+    };
+    let diagnostics =
+        node.create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())?;
     let pipeline = Pipeline::new(config, backend)?;
 
-    let latest = Arc::new(Latest::default());
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let shared = Arc::new(Shared {
+        latest: Latest::default(),
+        stats: Stats::default(),
+        params,
+        camera_info: Mutex::new(None),
+        logger: logger.clone(),
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
 
-    // Spin: r2r delivers subscription messages and services from spin_once.
-    let spin_latest = latest.clone();
+    // Spin: r2r delivers subscription messages and service requests from spin_once.
+    let spin_shared = shared.clone();
     let spinner = std::thread::Builder::new().name("spin".into()).spawn(move || {
-        while !spin_latest.shutdown.load(Ordering::Acquire) {
+        while !spin_shared.latest.shutdown.load(Ordering::Acquire) {
             node.spin_once(Duration::from_millis(20));
         }
     })?;
 
     // Processing: owns the pipeline.
-    let proc_latest = latest.clone();
-    let proc_logger = logger.clone();
-    let processor = std::thread::Builder::new().name("process".into()).spawn(move || {
-        process_loop(pipeline, &proc_latest, &tensor_pub, &timing_pub, &proc_logger)
-    })?;
+    let proc_shared = shared.clone();
+    let processor = std::thread::Builder::new()
+        .name("process".into())
+        .spawn(move || process_loop(pipeline, &proc_shared, &outputs))?;
 
     rt.block_on(async {
-        let ingest_latest = latest.clone();
-        let ingest = tokio::spawn(ingest(images, ingest_latest));
+        let tasks = [
+            tokio::spawn(ingest(images, shared.clone())),
+            tokio::spawn(keep_camera_info(camera_infos, shared.clone())),
+            tokio::spawn(param_handler),
+            tokio::spawn(log_param_changes(param_events, logger.clone())),
+            tokio::spawn(publish_diagnostics(
+                diagnostics,
+                shared.clone(),
+                status_name,
+                backend_info,
+            )),
+        ];
         shutdown_signal().await;
         r2r::log_info!(&logger, "shutting down");
-        latest.stop();
-        ingest.abort();
+        shared.latest.stop(&shared.stats);
+        for t in tasks {
+            t.abort();
+        }
     });
     processor.join().map_err(|_| anyhow::anyhow!("processing thread panicked"))?;
     spinner.join().map_err(|_| anyhow::anyhow!("spin thread panicked"))?;
+    let c = shared.stats.counts();
     r2r::log_info!(
         &logger,
-        "stopped: {} frames received, {} replaced before processing",
-        latest.received.load(Ordering::Relaxed),
-        latest.dropped.load(Ordering::Relaxed)
+        "stopped: {} frames received, {} published, {} dropped (queue), {} rejected (invalid), {} failed",
+        c.received,
+        c.published,
+        c.dropped,
+        c.rejected,
+        c.failed
     );
     Ok(())
 }
 
-async fn ingest(mut images: impl futures::Stream<Item = Image> + Unpin, latest: Arc<Latest>) {
+async fn ingest(mut images: impl futures::Stream<Item = Image> + Unpin, shared: Arc<Shared>) {
     while let Some(msg) = images.next().await {
-        latest.put(Received { msg, at: Instant::now() });
+        shared.latest.put(Received { msg, at: Instant::now() }, &shared.stats);
+    }
+}
+
+/// Keep the newest camera_info; it is read, never waited for, on the hot path.
+async fn keep_camera_info(
+    mut infos: impl futures::Stream<Item = CameraInfo> + Unpin,
+    shared: Arc<Shared>,
+) {
+    while let Some(info) = infos.next().await {
+        *lock(&shared.camera_info) = Some(info);
+    }
+}
+
+async fn log_param_changes(
+    mut events: impl futures::Stream<Item = (String, r2r::ParameterValue)> + Unpin,
+    logger: String,
+) {
+    while let Some((name, value)) = events.next().await {
+        r2r::log_info!(&logger, "parameter {name} set to {value:?}; applies from the next frame");
+    }
+}
+
+async fn publish_diagnostics(
+    publisher: r2r::Publisher<DiagnosticArray>,
+    shared: Arc<Shared>,
+    name: String,
+    backend: BackendInfo,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut previous = Counts::default();
+    let mut last = Instant::now();
+    loop {
+        tick.tick().await;
+        let seconds = last.elapsed().as_secs_f64();
+        last = Instant::now();
+        let (status, now) = shared.stats.status(&name, previous, seconds, &backend);
+        previous = now;
+        let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
+        msg.header.stamp = now_stamp();
+        if let Err(e) = publisher.publish(&msg) {
+            r2r::log_warn!(&shared.logger, "publishing /diagnostics: {e}");
+        }
     }
 }
 
@@ -182,16 +318,45 @@ async fn shutdown_signal() {
     }
 }
 
-fn process_loop(
-    mut pipeline: Pipeline,
-    latest: &Latest,
-    tensor_pub: &r2r::Publisher<Tensor>,
-    timing_pub: &r2r::Publisher<FrameTiming>,
-    logger: &str,
-) {
+/// Logs rejected frames at most once per [`REJECT_LOG_PERIOD`], with the count between.
+struct RateLimitedLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimitedLog {
+    fn error(&mut self, logger: &str, what: &str) {
+        if self.last.is_some_and(|t| t.elapsed() < REJECT_LOG_PERIOD) {
+            self.suppressed += 1;
+            return;
+        }
+        if self.suppressed > 0 {
+            r2r::log_error!(logger, "{what} (and {} more since the last message)", self.suppressed);
+        } else {
+            r2r::log_error!(logger, "{what}");
+        }
+        self.last = Some(Instant::now());
+        self.suppressed = 0;
+    }
+}
+
+fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
+    let logger = shared.logger.as_str();
     let mut sequence = 0u64;
     let mut dropped_reported = 0u64;
-    while let Some(frame) = latest.take() {
+    let mut generation = 0u64;
+    let mut reject_log = RateLimitedLog { last: None, suppressed: 0 };
+    while let Some(frame) = shared.latest.take() {
+        // Parameters set at run time apply from this frame (validated when set).
+        {
+            let p = lock(&shared.params);
+            if p.generation != generation {
+                generation = p.generation;
+                if let Err(e) = pipeline.set_config(p.config.clone()) {
+                    r2r::log_error!(logger, "new parameters not applied: {e}");
+                }
+            }
+        }
         let msg = &frame.msg;
         let view = ImageView::new(
             msg.width,
@@ -201,11 +366,17 @@ fn process_loop(
             msg.is_bigendian != 0,
             &msg.data,
         );
-        let result = view.map_err(crate::Error::from).and_then(|v| pipeline.process(&v));
-        let info = match result {
+        let info = match view.map_err(crate::Error::from).and_then(|v| pipeline.process(&v)) {
             Ok(info) => info,
+            Err(crate::Error::Image(e)) => {
+                let reason = e.to_string();
+                reject_log.error(logger, &format!("frame rejected: invalid image: {reason}"));
+                shared.stats.rejected(reason);
+                continue;
+            }
             Err(e) => {
-                r2r::log_error!(logger, "frame rejected: {e}");
+                reject_log.error(logger, &format!("frame failed: {e}"));
+                shared.stats.failed(e.to_string());
                 continue;
             }
         };
@@ -215,10 +386,20 @@ fn process_loop(
             pipeline.config().tensor_name.clone(),
             pipeline.tensor_bytes(),
         );
-        if let Err(e) = tensor_pub.publish(&tensor) {
-            r2r::log_error!(logger, "publishing tensor: {e}");
+        if let Err(e) = out.tensor.publish(&tensor) {
+            reject_log.error(logger, &format!("publishing tensor: {e}"));
+            shared.stats.failed(format!("publishing tensor: {e}"));
+            continue;
         }
-        let dropped = latest.dropped.load(Ordering::Relaxed);
+        if let Some(info_msg) = lock(&shared.camera_info).as_ref() {
+            let scaled = scaled_camera_info(info_msg, &info.geometry, msg);
+            if let Err(e) = out.camera_info.publish(&scaled) {
+                r2r::log_warn!(logger, "publishing tensor/camera_info: {e}");
+            }
+        }
+        let total_us = frame.at.elapsed().as_secs_f32() * 1e6;
+        shared.stats.published(total_us / 1000.0);
+        let dropped = shared.stats.dropped.load(Ordering::Relaxed);
         let timing = FrameTiming {
             header: msg.header.clone(),
             sequence,
@@ -227,13 +408,13 @@ fn process_loop(
             preprocess_us: info.times.preprocess_us,
             conv_us: info.times.conv_us,
             download_us: info.times.download_us,
-            total_us: frame.at.elapsed().as_secs_f32() * 1e6,
+            total_us,
             age_us: age_us(&msg.header.stamp),
             dropped_since_last: u32::try_from(dropped - dropped_reported).unwrap_or(u32::MAX),
         };
         dropped_reported = dropped;
-        if let Err(e) = timing_pub.publish(&timing) {
-            r2r::log_error!(logger, "publishing timing: {e}");
+        if let Err(e) = out.timing.publish(&timing) {
+            r2r::log_warn!(logger, "publishing timing: {e}");
         }
         sequence += 1;
     }
@@ -255,6 +436,40 @@ fn tensor_message(src: &Image, info: &FrameInfo, name: String, bytes: &[u8]) -> 
         source_width: g.source_width,
         source_height: g.source_height,
         source_encoding: src.encoding.clone(),
+    }
+}
+
+/// The camera_info of the network image: the source's, scaled and offset exactly like
+/// the image (see [`Geometry::scale_intrinsics`]), stamped like the tensor.
+fn scaled_camera_info(src: &CameraInfo, g: &Geometry, image: &Image) -> CameraInfo {
+    let mut out = src.clone();
+    out.header = image.header.clone();
+    if !src.header.frame_id.is_empty() {
+        out.header.frame_id = src.header.frame_id.clone();
+    }
+    out.width = g.network_width;
+    out.height = g.network_height;
+    let mut k = [0.0; 9];
+    let mut p = [0.0; 12];
+    let kn = src.k.len().min(9);
+    let pn = src.p.len().min(12);
+    k[..kn].copy_from_slice(&src.k[..kn]);
+    p[..pn].copy_from_slice(&src.p[..pn]);
+    g.scale_intrinsics(&mut k, &mut p);
+    out.k = k.to_vec();
+    out.p = p.to_vec();
+    // The network image is the whole output: no further binning or roi applies.
+    out.binning_x = 0;
+    out.binning_y = 0;
+    out.roi = RegionOfInterest::default();
+    out
+}
+
+fn now_stamp() -> r2r::builtin_interfaces::msg::Time {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    r2r::builtin_interfaces::msg::Time {
+        sec: i32::try_from(now.as_secs()).unwrap_or(i32::MAX),
+        nanosec: now.subsec_nanos(),
     }
 }
 

@@ -2,13 +2,14 @@
 //! operations (cached per frame size), selects the backend, runs a frame and returns
 //! the tensor with its geometry and stage timing.
 
+pub mod conv;
 pub mod geometry;
 
 use crate::backend::{
     self, Backend, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes, TensorDesc,
 };
-use crate::config::{BackendChoice, ChannelOrder, Config, ConvKernel};
-use crate::error::{Error, Result};
+use crate::config::{BackendChoice, ChannelOrder, Config};
+use crate::error::Result;
 use crate::image::ImageView;
 pub use geometry::{Geometry, Rect};
 
@@ -135,14 +136,7 @@ pub fn preprocess_op(cfg: &Config, g: &Geometry) -> PreprocessOp {
 
 /// The conv2d operation of a configuration, or `None` for `conv.kernel: none`.
 pub fn conv_op(cfg: &Config) -> Result<Option<Conv2dOp>> {
-    match cfg.conv.kernel {
-        ConvKernel::None => Ok(None),
-        other => Err(Error::config(
-            "conv.kernel",
-            format!("{other:?}"),
-            "conv2d is not implemented yet in this build; use none",
-        )),
-    }
+    conv::conv_op(cfg)
 }
 
 /// Pick the backend for `cfg.backend`. Returns the backend and, when `auto` fell back

@@ -38,3 +38,40 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, dtype: str, what: str
             f"max diff {diff.max():.3g} at {tuple(int(v) for v in i)}: "
             f"actual {actual[i]!r} expected {expected[i]!r} tol {tol[i]:.3g}"
         )
+
+
+#: conv2d outputs: absolute tolerance per unit of the kernel's L1 norm sum(|w|). A
+#: correlation multiplies an input error by up to sum(|w|) and its f32 rounding grows
+#: with it, so the float32 rule (FLOAT32_ABS on values of gain 1) is scaled by the gain:
+#: box and gaussian keep 1e-4, sobel 7 (sum 1280) gets 0.128.
+CONV_FLOAT32_ABS_PER_L1: float = _T["conv_float32_abs_per_l1"]
+
+
+def conv_abs_tolerance(kernel_l1: float) -> float:
+    """Absolute tolerance on conv2d outputs of a kernel with sum(|w|) = `kernel_l1`."""
+    return CONV_FLOAT32_ABS_PER_L1 * max(1.0, kernel_l1)
+
+
+def assert_close_conv(
+    actual: np.ndarray, expected: np.ndarray, dtype: str, kernel_l1: float, what: str = ""
+) -> None:
+    """`assert_close` for tensors after conv2d: the absolute part of the tolerance is
+    `conv_abs_tolerance(kernel_l1)` (float16 adds FLOAT16_REL * |expected| on top)."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert np.isfinite(actual).all(), f"{what}: non-finite values at {np.argwhere(~np.isfinite(actual))[:5].tolist()}"
+    tol = np.full(expected.shape, conv_abs_tolerance(kernel_l1))
+    if dtype == "float16":
+        tol += FLOAT16_REL * np.abs(expected)
+    elif dtype != "float32":
+        raise ValueError(dtype)
+    diff = np.abs(actual - expected)
+    bad = diff > tol
+    if bad.any():
+        i = np.unravel_index(np.argmax(diff - tol), diff.shape)
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {diff.size} elements out of tolerance ({dtype}, conv "
+            f"sum|w| {kernel_l1:.6g}); max diff {diff.max():.3g} at {tuple(int(v) for v in i)}: "
+            f"actual {actual[i]!r} expected {expected[i]!r} tol {tol[i]:.3g}"
+        )

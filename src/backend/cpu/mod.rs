@@ -1,9 +1,13 @@
 //! The CPU backend: the specification of what vision_preproc computes. One pass per
 //! output element (sample, convert, normalize, store), rows in parallel.
 
+mod conv;
+
+pub use conv::{border_index, conv2d, ConvScratch};
+
 use crate::backend::{Backend, Conv2dOp, PreprocessOp, StageTimes};
 use crate::config::DType;
-use crate::error::{Error, ImageError, Result};
+use crate::error::{ImageError, Result};
 use crate::image::{Encoding, ImageView};
 use rayon::prelude::*;
 use std::time::Instant;
@@ -12,6 +16,7 @@ use std::time::Instant;
 #[derive(Debug, Default)]
 pub struct CpuBackend {
     scratch: Vec<f32>,
+    conv_scratch: conv::ConvScratch,
 }
 
 impl CpuBackend {
@@ -37,18 +42,14 @@ impl Backend for CpuBackend {
         conv: Option<&Conv2dOp>,
         out: &mut Vec<u8>,
     ) -> Result<StageTimes> {
-        if conv.is_some() {
-            return Err(Error::config("conv.kernel", "set", "conv2d is not implemented yet"));
-        }
         let start = Instant::now();
         let desc = op.params.tensor_desc();
         self.scratch.resize(desc.len(), 0.0);
         preprocess_f32(image, op, &mut self.scratch)?;
+        let preprocess_us = start.elapsed().as_secs_f32() * 1e6;
+        let conv_us = conv::apply(&desc, conv, &mut self.scratch, &mut self.conv_scratch)?;
         store(&self.scratch, desc.dtype, out);
-        Ok(StageTimes {
-            preprocess_us: start.elapsed().as_secs_f32() * 1e6,
-            ..StageTimes::default()
-        })
+        Ok(StageTimes { preprocess_us, conv_us, ..StageTimes::default() })
     }
 }
 

@@ -1,6 +1,7 @@
 //! `vision_preproc`: the offline command-line tool (no ROS needed).
 
 mod bench_gpu;
+mod conv_file;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -32,6 +33,9 @@ enum Command {
     /// Benchmark the CUDA backend (fused vs three-kernel, tiled vs naive conv2d, upload,
     /// download, full frame); prints a table and writes results.json.
     Bench(bench_gpu::BenchArgs),
+    /// (tests) The CPU conv2d alone on a float32 (C, H, W) .npy.
+    #[command(hide = true)]
+    ConvFile(conv_file::ConvFileArgs),
 }
 
 fn main() -> Result<()> {
@@ -51,6 +55,7 @@ fn main() -> Result<()> {
             }
         }
         Command::Bench(args) => bench_gpu::run(&args)?,
+        Command::ConvFile(args) => conv_file::run(args)?,
     }
     Ok(())
 }

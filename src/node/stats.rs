@@ -1,0 +1,237 @@
+//! Frame accounting and the `/diagnostics` status built from it (pure: unit-tested
+//! without ROS types beyond the message structs).
+//!
+//! Every frame the node receives ends up in exactly one counter: published, dropped
+//! (replaced by a newer frame before processing), rejected (invalid input) or failed
+//! (a backend or publish error); a frame being processed is in none yet.
+
+use r2r::diagnostic_msgs::msg::{DiagnosticStatus, KeyValue};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Counters shared by the ingest task, the processing thread and the diagnostics timer.
+#[derive(Default)]
+pub struct Stats {
+    /// Frames taken from the subscription.
+    pub received: AtomicU64,
+    /// Tensors published.
+    pub published: AtomicU64,
+    /// Frames replaced by a newer one before processing (keep-latest queue).
+    pub dropped: AtomicU64,
+    /// Frames rejected as invalid (bad header, unsupported encoding, roi outside, ...).
+    pub rejected: AtomicU64,
+    /// Frames lost to a backend or publish error.
+    pub failed: AtomicU64,
+    /// Window since the last diagnostics report.
+    window: Mutex<Window>,
+}
+
+#[derive(Default)]
+struct Window {
+    /// Receive -> publish latencies of the frames published in the window, ms.
+    latencies_ms: Vec<f32>,
+    last_rejection: Option<String>,
+    last_failure: Option<String>,
+}
+
+/// A snapshot of the counters, for differences between reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// See [`Stats::received`].
+    pub received: u64,
+    /// See [`Stats::published`].
+    pub published: u64,
+    /// See [`Stats::dropped`].
+    pub dropped: u64,
+    /// See [`Stats::rejected`].
+    pub rejected: u64,
+    /// See [`Stats::failed`].
+    pub failed: u64,
+}
+
+/// What the diagnostics status says about the backend.
+#[derive(Debug, Clone, Default)]
+pub struct BackendInfo {
+    /// "cpu" or "cuda".
+    pub name: String,
+    /// Device description (CPU threads, GPU name).
+    pub device: String,
+    /// Extra key/values from the backend (GPU clock, memory mode, ...).
+    pub details: Vec<(String, String)>,
+    /// Why `backend: auto` fell back to the CPU, if it did.
+    pub fallback: Option<String>,
+}
+
+impl Stats {
+    /// Snapshot of the counters.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            received: self.received.load(Ordering::Relaxed),
+            published: self.published.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+            rejected: self.rejected.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A tensor was published `latency_ms` after its frame arrived.
+    pub fn published(&self, latency_ms: f32) {
+        self.published.fetch_add(1, Ordering::Relaxed);
+        self.lock().latencies_ms.push(latency_ms);
+    }
+
+    /// A frame was rejected as invalid.
+    pub fn rejected(&self, reason: String) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.lock().last_rejection = Some(reason);
+    }
+
+    /// A frame was lost to a backend or publish error.
+    pub fn failed(&self, reason: String) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        self.lock().last_failure = Some(reason);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The diagnostics status for the window since `previous` (`seconds` long), and the
+    /// counts to pass as `previous` next time.
+    pub fn status(
+        &self,
+        name: &str,
+        previous: Counts,
+        seconds: f64,
+        backend: &BackendInfo,
+    ) -> (DiagnosticStatus, Counts) {
+        let now = self.counts();
+        let mut window = self.lock();
+        let mut lat = std::mem::take(&mut window.latencies_ms);
+        lat.sort_by(f32::total_cmp);
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        let (published, dropped, rejected, failed) = (
+            d(now.published, previous.published),
+            d(now.dropped, previous.dropped),
+            d(now.rejected, previous.rejected),
+            d(now.failed, previous.failed),
+        );
+        let (level, message) = if rejected > 0 {
+            (
+                DiagnosticStatus::ERROR as u8,
+                format!("rejecting invalid frames ({rejected} in the last {seconds:.0} s)"),
+            )
+        } else if failed > 0 {
+            (
+                DiagnosticStatus::ERROR as u8,
+                format!("frames failed ({failed} in the last {seconds:.0} s)"),
+            )
+        } else if dropped > 0 {
+            (
+                DiagnosticStatus::WARN as u8,
+                format!(
+                    "dropping frames: {dropped} replaced by newer ones in the last {seconds:.0} s"
+                ),
+            )
+        } else if backend.fallback.is_some() {
+            (DiagnosticStatus::WARN as u8, "no usable GPU: running on the CPU backend".to_string())
+        } else if now.received == 0 {
+            (DiagnosticStatus::OK as u8, "waiting for images".to_string())
+        } else {
+            (DiagnosticStatus::OK as u8, "ok".to_string())
+        };
+        let mut values = vec![
+            kv("Actual frequency (Hz)", format!("{:.2}", published as f64 / seconds.max(1e-9))),
+            kv("Frames received", now.received.to_string()),
+            kv("Frames published", now.published.to_string()),
+            kv("Frames dropped (queue)", now.dropped.to_string()),
+            kv("Frames rejected (invalid)", now.rejected.to_string()),
+            kv("Frames failed (error)", now.failed.to_string()),
+            kv("Last rejection reason", window.last_rejection.clone().unwrap_or_default()),
+            kv("Latency p50 (ms)", percentile(&lat, 50.0)),
+            kv("Latency p99 (ms)", percentile(&lat, 99.0)),
+            kv("Backend", backend.name.clone()),
+            kv("Device", backend.device.clone()),
+        ];
+        values.extend(backend.details.iter().map(|(k, v)| kv(k, v.clone())));
+        if let Some(reason) = &backend.fallback {
+            values.push(kv("Backend fallback reason", reason.clone()));
+        }
+        if let Some(f) = &window.last_failure {
+            values.push(kv("Last failure", f.clone()));
+        }
+        let status = DiagnosticStatus {
+            level,
+            name: name.to_string(),
+            message,
+            hardware_id: backend.device.clone(),
+            values,
+        };
+        (status, now)
+    }
+}
+
+fn kv(key: &str, value: String) -> KeyValue {
+    KeyValue { key: key.to_string(), value }
+}
+
+/// Nearest-rank percentile of sorted values, formatted in ms; "" with no samples.
+fn percentile(sorted: &[f32], q: f64) -> String {
+    if sorted.is_empty() {
+        return String::new();
+    }
+    let rank = ((q / 100.0) * sorted.len() as f64).ceil() as usize;
+    format!("{:.3}", sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value<'a>(s: &'a DiagnosticStatus, key: &str) -> &'a str {
+        s.values.iter().find(|v| v.key == key).map(|v| v.value.as_str()).unwrap_or("<missing>")
+    }
+
+    #[test]
+    fn levels_follow_the_window() {
+        let stats = Stats::default();
+        let info = BackendInfo {
+            name: "cpu".into(),
+            device: "CPU, 2 threads".into(),
+            ..Default::default()
+        };
+        let (s, prev) = stats.status("vp", Counts::default(), 1.0, &info);
+        assert_eq!(
+            (s.level, s.message.as_str()),
+            (DiagnosticStatus::OK as u8, "waiting for images")
+        );
+        for ms in [1.0, 2.0, 3.0, 4.0] {
+            stats.received.fetch_add(1, Ordering::Relaxed);
+            stats.published(ms);
+        }
+        let (s, prev) = stats.status("vp", prev, 2.0, &info);
+        assert_eq!(s.level, DiagnosticStatus::OK as u8);
+        assert_eq!(value(&s, "Actual frequency (Hz)"), "2.00");
+        // Nearest rank: p50 of [1,2,3,4] is the 2nd value, p99 the 4th.
+        assert_eq!(
+            (value(&s, "Latency p50 (ms)"), value(&s, "Latency p99 (ms)")),
+            ("2.000", "4.000")
+        );
+        stats.dropped.fetch_add(2, Ordering::Relaxed);
+        let (s, prev) = stats.status("vp", prev, 1.0, &info);
+        assert_eq!(s.level, DiagnosticStatus::WARN as u8);
+        assert_eq!(value(&s, "Frames dropped (queue)"), "2");
+        stats.rejected("encoding `8UC3` is not supported".into());
+        let (s, prev) = stats.status("vp", prev, 1.0, &info);
+        assert_eq!(s.level, DiagnosticStatus::ERROR as u8);
+        assert_eq!(value(&s, "Last rejection reason"), "encoding `8UC3` is not supported");
+        // A quiet window after that is OK again, totals stay.
+        let (s, _) = stats.status("vp", prev, 1.0, &info);
+        assert_eq!(s.level, DiagnosticStatus::OK as u8);
+        assert_eq!(value(&s, "Frames rejected (invalid)"), "1");
+        let fallback = BackendInfo { fallback: Some("no GPU".into()), ..info };
+        let (s, _) = stats.status("vp", stats.counts(), 1.0, &fallback);
+        assert_eq!(s.level, DiagnosticStatus::WARN as u8);
+        assert_eq!(value(&s, "Backend fallback reason"), "no GPU");
+    }
+}

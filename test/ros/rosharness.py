@@ -1,0 +1,172 @@
+"""Harness for tests through real ROS 2: the node runs as its own process, rclpy is the
+independent peer in this process, and DDS carries everything in between.
+
+Every test run gets its own ROS_DOMAIN_ID and stays on loopback
+(ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST); every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_BIN = ROOT / "target" / "release" / "vision_preproc_node"
+
+# One domain for this test run (set before rclpy is imported anywhere), loopback only.
+os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid() ^ int(time.time())).randint(1, 100)))
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+# The peer publishes large best-effort images: use the Fast DDS profile the README tells
+# camera drivers to use (a large shared-memory segment; see config/fastdds_large_frames.xml).
+os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(ROOT / "config" / "fastdds_large_frames.xml"))
+
+import rclpy  # noqa: E402
+from rclpy.node import Node  # noqa: E402
+from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, qos_profile_sensor_data  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
+from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
+
+RELIABLE = QoSProfile(reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST, depth=10)
+BEST_EFFORT = qos_profile_sensor_data
+
+
+def image_msg(pixels: np.ndarray, encoding: str, stamp_ns: int, frame_id: str, step_pad: int = 0) -> Image:
+    """A sensor_msgs/Image of `pixels` (H, W[, C]) with `step_pad` extra bytes per row."""
+    h, w = pixels.shape[:2]
+    row = pixels.reshape(h, -1).view(np.uint8)
+    if step_pad:
+        row = np.concatenate([row, np.full((h, step_pad), 0xAB, np.uint8)], axis=1)
+    msg = Image()
+    msg.header.stamp.sec = stamp_ns // 1_000_000_000
+    msg.header.stamp.nanosec = stamp_ns % 1_000_000_000
+    msg.header.frame_id = frame_id
+    msg.height, msg.width = h, w
+    msg.encoding = encoding
+    msg.is_bigendian = 0
+    msg.step = row.shape[1]
+    msg.data = np.ascontiguousarray(row).tobytes()
+    return msg
+
+
+def tensor_array(msg: Tensor) -> np.ndarray:
+    """The tensor's values as a NumPy array of its shape (little-endian)."""
+    dtype = {"float32": "<f4", "float16": "<f2"}[msg.dtype]
+    return np.frombuffer(bytes(msg.data), dtype=dtype).reshape(tuple(msg.shape))
+
+
+def stamp_ns(header) -> int:
+    return header.stamp.sec * 1_000_000_000 + header.stamp.nanosec
+
+
+class NodeProcess:
+    """`vision_preproc_node` in its own process, with ROS arguments; stopped with SIGINT."""
+
+    def __init__(self, ros_args: list[str], binary: Path = NODE_BIN, env: dict | None = None, log: Path | None = None):
+        self.binary = binary
+        self.cmd = [str(binary), "--ros-args", *ros_args]
+        self.env = dict(os.environ, **(env or {}))
+        self.log_path = log
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "NodeProcess":
+        assert self.binary.exists(), f"{self.binary} missing: run `make build` first"
+        self._log = open(self.log_path, "w+") if self.log_path else subprocess.PIPE
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        return self
+
+    def output(self) -> str:
+        if self.log_path:
+            return Path(self.log_path).read_text()
+        return ""
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 5.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+            raise AssertionError(f"node did not exit within {timeout} s of signal {sig}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.stop()
+
+
+@dataclass
+class Peer:
+    """An rclpy node publishing images and recording tensors and timings."""
+
+    ns: str
+    image_qos: QoSProfile = field(default_factory=lambda: BEST_EFFORT)
+    output_qos: QoSProfile = field(default_factory=lambda: RELIABLE)
+
+    def __post_init__(self) -> None:
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = Node(f"peer_{os.getpid()}", namespace=self.ns, context=self.context)
+        self.pub = self.node.create_publisher(Image, "image", self.image_qos)
+        self.tensors: list[Tensor] = []
+        self.timings: list[FrameTiming] = []
+        self.node.create_subscription(Tensor, "tensor", self.tensors.append, self.output_qos)
+        self.node.create_subscription(FrameTiming, "timing", self.timings.append, self.output_qos)
+        self.executor = rclpy.executors.SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+
+    def spin_until(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            self.executor.spin_once(timeout_sec=0.05)
+
+    def wait_connected(self, timeout: float = 20.0) -> None:
+        """Until the node's image subscription and our output subscriptions are matched."""
+        tensor_topic = f"{self.ns}/tensor".replace("//", "/")
+        self.spin_until(
+            lambda: self.pub.get_subscription_count() >= 1
+            and self.node.count_publishers(tensor_topic) >= 1,
+            timeout,
+            "the node to appear on DDS",
+        )
+
+    def send_until_received(self, msg: Image, timeout: float = 15.0, resend: float = 1.0) -> Tensor:
+        """Publish `msg` (again every `resend` s: best effort may drop) until a tensor with
+        its stamp arrives; return that tensor."""
+        want = stamp_ns(msg.header)
+        deadline = time.monotonic() + timeout
+        while True:
+            self.pub.publish(msg)
+            until = min(deadline, time.monotonic() + resend)
+            while time.monotonic() < until:
+                self.executor.spin_once(timeout_sec=0.05)
+                for t in self.tensors:
+                    if stamp_ns(t.header) == want:
+                        return t
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"no tensor for stamp {want} within {timeout} s")
+
+    def timing_for(self, stamp: int, timeout: float = 5.0) -> FrameTiming:
+        found: list[FrameTiming] = []
+
+        def have() -> bool:
+            found[:] = [t for t in self.timings if stamp_ns(t.header) == stamp]
+            return bool(found)
+
+        self.spin_until(have, timeout, f"FrameTiming for stamp {stamp}")
+        return found[0]
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        self.node.destroy_node()
+        rclpy.shutdown(context=self.context)

@@ -1,0 +1,235 @@
+"""The node's ROS interface through real DDS: parameters (file, command line, run time via
+the parameter services `ros2 param` uses), /diagnostics keys and levels with invalid
+frames mixed in, camera_info scaling, frame accounting, clean shutdown on SIGINT and
+SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+from rcl_interfaces.srv import DescribeParameters, GetParameters, ListParameters, SetParameters
+from sensor_msgs.msg import CameraInfo
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from rosharness import RELIABLE, ROOT, NodeProcess, Peer, image_msg, stamp_ns, tensor_array  # noqa: E402
+from tolerances import assert_close  # noqa: E402
+
+DATA = ROOT / "test" / "data"
+CHELSEA = cv2.imread(str(DATA / "chelsea.png"))  # bgr, 451x300
+
+
+def expected_stretch(bgr: np.ndarray, w: int, h: int, mean, std) -> np.ndarray:
+    """bgr8 -> RGB, stretch to w x h (cv2.resize INTER_LINEAR on float32), normalize, NCHW."""
+    rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB).astype(np.float32)
+    r = cv2.resize(rgb, (w, h), interpolation=cv2.INTER_LINEAR).astype(np.float64)
+    return ((r / 255.0 - np.array(mean)) / np.array(std)).transpose(2, 0, 1)[None]
+
+
+def call(peer: Peer, srv_type, name: str, request, timeout: float = 10.0):
+    client = peer.node.create_client(srv_type, name)
+    peer.spin_until(lambda: client.service_is_ready(), timeout, f"service {name}")
+    future = client.call_async(request)
+    peer.spin_until(future.done, timeout, f"reply from {name}")
+    return future.result()
+
+
+def param(name: str, value) -> Parameter:
+    v = ParameterValue()
+    if isinstance(value, str):
+        v.type, v.string_value = ParameterType.PARAMETER_STRING, value
+    elif isinstance(value, float):
+        v.type, v.double_value = ParameterType.PARAMETER_DOUBLE, value
+    elif isinstance(value, int):
+        v.type, v.integer_value = ParameterType.PARAMETER_INTEGER, value
+    elif isinstance(value, list):
+        v.type, v.double_array_value = ParameterType.PARAMETER_DOUBLE_ARRAY, [float(x) for x in value]
+    return Parameter(name=name, value=v)
+
+
+def test_parameters_from_file_command_line_and_run_time(tmp_path: Path) -> None:
+    ns = "/params"
+    params_file = tmp_path / "p.yaml"
+    params_file.write_text(
+        "vision_preproc:\n  ros__parameters:\n    network_image_width: 100\n    network_image_height: 60\n"
+        "    resize_mode: stretch\n    image_mean: [0.1, 0.2, 0.3]\n    image_stddev: [0.5, 0.5, 0.5]\n"
+        "    backend: cpu\n"
+    )
+    # The command line overrides the file.
+    args = ["-r", f"__ns:={ns}", "--params-file", str(params_file), "-p", "network_image_width:=90"]
+    with NodeProcess(args, log=tmp_path / "node.log") as node:
+        peer = Peer(ns)
+        try:
+            peer.wait_connected()
+            t = peer.send_until_received(image_msg(CHELSEA, "bgr8", 1_000_000_001, "cam"))
+            assert list(t.shape) == [1, 3, 60, 90]
+            assert_close(tensor_array(t), expected_stretch(CHELSEA, 90, 60, [0.1, 0.2, 0.3], [0.5] * 3), "float32", "file+cli")
+
+            srv = f"{ns}/vision_preproc"
+            names = call(peer, ListParameters, f"{srv}/list_parameters", ListParameters.Request()).result.names
+            for n in ["network_image_width", "conv.kernel", "image_mean", "roi", "backend", "output_qos_depth"]:
+                assert n in names, f"{n} not listed: {names}"
+            got = call(peer, GetParameters, f"{srv}/get_parameters",
+                       GetParameters.Request(names=["network_image_width", "image_mean", "resize_mode"])).values
+            assert got[0].integer_value == 90
+            assert list(got[1].double_array_value) == [0.1, 0.2, 0.3]
+            assert got[2].string_value == "stretch"
+            desc = call(peer, DescribeParameters, f"{srv}/describe_parameters",
+                        DescribeParameters.Request(names=["network_image_width"])).descriptors
+            assert "1..8192" in desc[0].description
+
+            # A valid run-time change applies to the next tensor.
+            res = call(peer, SetParameters, f"{srv}/set_parameters",
+                       SetParameters.Request(parameters=[param("image_mean", [0.4, 0.5, 0.6])])).results
+            assert res[0].successful, res[0].reason
+            t = peer.send_until_received(image_msg(CHELSEA, "bgr8", 1_000_000_002, "cam"))
+            assert_close(tensor_array(t), expected_stretch(CHELSEA, 90, 60, [0.4, 0.5, 0.6], [0.5] * 3), "float32", "run-time mean")
+            # A size change reallocates cleanly.
+            res = call(peer, SetParameters, f"{srv}/set_parameters",
+                       SetParameters.Request(parameters=[param("network_image_width", 45)])).results
+            assert res[0].successful, res[0].reason
+            t = peer.send_until_received(image_msg(CHELSEA, "bgr8", 1_000_000_003, "cam"))
+            assert list(t.shape) == [1, 3, 60, 45]
+            assert_close(tensor_array(t), expected_stretch(CHELSEA, 45, 60, [0.4, 0.5, 0.6], [0.5] * 3), "float32", "run-time size")
+            # Invalid values are refused with the reason; start-up-only ones too.
+            res = call(peer, SetParameters, f"{srv}/set_parameters",
+                       SetParameters.Request(parameters=[param("network_image_width", 0),
+                                                         param("backend", "cuda")])).results
+            assert not res[0].successful and "1..=8192" in res[0].reason, res[0].reason
+            assert not res[1].successful and "start-up" in res[1].reason, res[1].reason
+            got = call(peer, GetParameters, f"{srv}/get_parameters",
+                       GetParameters.Request(names=["network_image_width"])).values
+            assert got[0].integer_value == 45
+        finally:
+            peer.close()
+        assert node.stop() == 0, node.output()
+
+
+def test_invalid_parameters_stop_the_node_with_the_name(tmp_path: Path) -> None:
+    with NodeProcess(["-p", "output_dtype:=float64"], log=tmp_path / "node.log") as node:
+        rc = node.proc.wait(timeout=20)
+    out = node.output()
+    assert rc == 1, out
+    assert "output_dtype" in out and "float64" in out and "float32" in out, out
+
+
+def test_diagnostics_and_frame_accounting_with_invalid_frames(tmp_path: Path) -> None:
+    ns = "/diag"
+    args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "network_image_width:=64", "-p", "network_image_height:=48"]
+    with NodeProcess(args, log=tmp_path / "node.log") as node:
+        peer = Peer(ns)
+        statuses: list[DiagnosticStatus] = []
+        peer.node.create_subscription(
+            DiagnosticArray, "/diagnostics",
+            lambda m: statuses.extend(s for s in m.status if s.name == "diag/vision_preproc"), RELIABLE)
+        try:
+            peer.wait_connected()
+            peer.send_until_received(image_msg(CHELSEA, "bgr8", 2_000_000_001, "cam"))
+            # Invalid frames: step too small, unknown encoding. Sent a few times (best effort).
+            bad = image_msg(CHELSEA, "bgr8", 2_000_000_002, "cam")
+            bad.step = 10
+            unknown = image_msg(CHELSEA, "bgr8", 2_000_000_003, "cam")
+            unknown.encoding = "8UC3"
+            for m in [bad, unknown]:
+                peer.pub.publish(m)
+                for _ in range(4):
+                    peer.executor.spin_once(timeout_sec=0.05)
+            # The next valid frame is processed normally.
+            t = peer.send_until_received(image_msg(CHELSEA, "bgr8", 2_000_000_004, "cam"))
+            assert list(t.shape) == [1, 3, 48, 64]
+            peer.spin_until(lambda: any(s.level == DiagnosticStatus.ERROR for s in statuses), 5.0,
+                            "an ERROR diagnostics status after invalid frames")
+            err = next(s for s in statuses if s.level == DiagnosticStatus.ERROR)
+            kv = {v.key: v.value for v in err.values}
+            for key in ["Actual frequency (Hz)", "Frames received", "Frames published", "Frames dropped (queue)",
+                        "Frames rejected (invalid)", "Last rejection reason", "Latency p50 (ms)",
+                        "Latency p99 (ms)", "Backend", "Device"]:
+                assert key in kv, f"missing diagnostics key {key!r}: {sorted(kv)}"
+            assert kv["Backend"] == "cpu"
+            assert int(kv["Frames rejected (invalid)"]) >= 1
+            assert ("step 10 < width*3" in kv["Last rejection reason"]
+                    or "encoding `8UC3` is not supported" in kv["Last rejection reason"]), kv
+            # Later windows without bad frames go back to OK, and the books balance.
+            n_before = len(statuses)
+            peer.spin_until(lambda: len(statuses) >= n_before + 2, 5.0, "two more diagnostics")
+            last = statuses[-1]
+            assert last.level == DiagnosticStatus.OK, last
+            kv = {v.key: int(v.value) for v in last.values if v.key.startswith("Frames")}
+            assert kv["Frames received"] == kv["Frames published"] + kv["Frames dropped (queue)"] \
+                + kv["Frames rejected (invalid)"] + kv["Frames failed (error)"], kv
+            # Every published tensor reached this reliable subscriber.
+            assert kv["Frames published"] == len(peer.tensors), (kv, len(peer.tensors))
+        finally:
+            peer.close()
+        assert node.stop() == 0
+
+
+def test_camera_info_is_scaled_like_the_image(tmp_path: Path) -> None:
+    ns = "/caminfo"
+    args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "network_image_width:=320",
+            "-p", "network_image_height:=320", "-p", "resize_mode:=letterbox"]
+    with NodeProcess(args, log=tmp_path / "node.log") as node:
+        peer = Peer(ns)
+        infos: list[CameraInfo] = []
+        peer.node.create_subscription(CameraInfo, "tensor/camera_info", infos.append, RELIABLE)
+        info_pub = peer.node.create_publisher(CameraInfo, "camera_info", RELIABLE)
+        try:
+            peer.wait_connected()
+            # Without camera_info, tensors still flow (never waited for).
+            peer.send_until_received(image_msg(CHELSEA, "bgr8", 3_000_000_001, "cam"))
+            assert infos == []
+            ci = CameraInfo()
+            ci.header.frame_id = "cam_optical"
+            ci.width, ci.height = 451, 300
+            ci.k = [400.0, 0.0, 225.0, 0.0, 410.0, 150.0, 0.0, 0.0, 1.0]
+            ci.p = [400.0, 0.0, 225.0, -20.0, 0.0, 410.0, 150.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+            ci.d = [0.1, -0.05, 0.0, 0.0, 0.0]
+            ci.distortion_model = "plumb_bob"
+            peer.spin_until(lambda: info_pub.get_subscription_count() >= 1, 10, "camera_info subscriber")
+            info_pub.publish(ci)
+            time.sleep(0.3)
+            peer.send_until_received(image_msg(CHELSEA, "bgr8", 3_000_000_002, "cam"))
+            peer.spin_until(lambda: any(stamp_ns(i.header) == 3_000_000_002 for i in infos), 5, "tensor/camera_info")
+            out = next(i for i in infos if stamp_ns(i.header) == 3_000_000_002)
+            # Letterbox 451x300 -> 320x320: s = 320/451, content 320 x round(300*s)=213,
+            # top = (320-213)//2 = 53. x' = s*x + ox with half-pixel term: cx' = s*cx + ox + (s-1)/2.
+            sx, sy = 320 / 451, 213 / 300
+            ox, oy = 0.0, 53.0
+            assert (out.width, out.height) == (320, 320)
+            assert out.header.frame_id == "cam_optical"
+            assert out.k[0] == pytest.approx(400 * sx) and out.k[4] == pytest.approx(410 * sy)
+            assert out.k[2] == pytest.approx(225 * sx + ox + (sx - 1) / 2)
+            assert out.k[5] == pytest.approx(150 * sy + oy + (sy - 1) / 2)
+            assert out.p[0] == pytest.approx(400 * sx) and out.p[3] == pytest.approx(-20 * sx)
+            assert out.p[2] == pytest.approx(out.k[2]) and out.p[6] == pytest.approx(out.k[5])
+            assert list(out.d) == pytest.approx(ci.d) and out.distortion_model == "plumb_bob"
+        finally:
+            peer.close()
+        assert node.stop() == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signals_stop_the_node_cleanly_under_load(tmp_path: Path, sig: int) -> None:
+    ns = f"/sig{int(sig)}"
+    with NodeProcess(["-r", f"__ns:={ns}", "-p", "backend:=cpu"], log=tmp_path / "node.log") as node:
+        peer = Peer(ns)
+        try:
+            peer.wait_connected()
+            msg = image_msg(CHELSEA, "bgr8", 4_000_000_000, "cam")
+            for _ in range(20):
+                peer.pub.publish(msg)
+                peer.executor.spin_once(timeout_sec=0.01)
+            t0 = time.monotonic()
+            rc = node.stop(sig, timeout=2.0)
+            assert rc == 0 and time.monotonic() - t0 < 2.0, node.output()
+        finally:
+            peer.close()
+    out = node.output()
+    assert "stopped:" in out, out
