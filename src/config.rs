@@ -317,14 +317,28 @@ impl Config {
 
     /// [`Config::from_yaml_file`] on a string; `context` names the source in errors.
     pub fn from_yaml_str(text: &str, context: &str) -> Result<Config> {
+        Self::from_yaml_str_with_overrides(text, context, &[])
+    }
+
+    /// [`Config::from_yaml_str`], then `overrides` applied in order before validation:
+    /// each is `(dotted key, YAML value)`, e.g. `("conv.kernel", "box")` or
+    /// `("roi", "[0, 0, 64, 48]")` (the command line's `--set key=value`).
+    pub fn from_yaml_str_with_overrides(
+        text: &str,
+        context: &str,
+        overrides: &[(String, String)],
+    ) -> Result<Config> {
         let yaml_err = |e: serde_yaml::Error| Error::Yaml {
             context: context.to_string(),
             message: e.to_string(),
         };
         let doc: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_err)?;
-        let params = ros_parameters(&doc).unwrap_or(doc);
+        let mut params = ros_parameters(&doc).unwrap_or(doc);
         if params.is_null() {
-            return Ok(Config::default());
+            params = serde_yaml::Value::Mapping(serde_yaml::Mapping::new());
+        }
+        for (key, value) in overrides {
+            set_param(&mut params, key, value)?;
         }
         Self::from_yaml_value(params, context)
     }
@@ -505,6 +519,42 @@ fn check_per_channel(param: &str, values: &[f64], channels: usize) -> Result<()>
             format!("give 1 value or {channels} (one per output channel)"),
         ))
     }
+}
+
+/// Set the dotted parameter `key` (e.g. `conv.kernel`) of a parameter mapping to the
+/// YAML value `value` (typed as YAML types it: `3`, `0.5`, `[1, 2]`, `box`), creating
+/// nested groups as needed. Whether the key exists is checked when the mapping is
+/// deserialized (unknown keys are rejected there, by name).
+pub fn set_param(params: &mut serde_yaml::Value, key: &str, value: &str) -> Result<()> {
+    use serde_yaml::Value;
+    let parsed: Value = serde_yaml::from_str(value).map_err(|e| {
+        Error::config(key, format!("{value:?}"), format!("give a YAML value ({e})"))
+    })?;
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(Error::config(
+            "--set",
+            format!("{key:?}"),
+            "give a parameter name, dotted for nested ones (e.g. conv.kernel)",
+        ));
+    }
+    let mut node = params;
+    for (i, part) in parts.iter().enumerate() {
+        let Value::Mapping(map) = node else {
+            return Err(Error::config(
+                parts[..i].join("."),
+                format!("{key:?}"),
+                format!("`{}` is a value, not a group of parameters", parts[..i].join(".")),
+            ));
+        };
+        let k = Value::String((*part).to_string());
+        if i + 1 == parts.len() {
+            map.insert(k, parsed);
+            return Ok(());
+        }
+        node = map.entry(k).or_insert_with(|| Value::Mapping(serde_yaml::Mapping::new()));
+    }
+    Ok(())
 }
 
 /// `doc[<any node name>]["ros__parameters"]`, if the document has that shape.

@@ -28,6 +28,10 @@ pub enum Error {
     /// The CUDA backend was asked for but this binary was built without it.
     #[error("backend `cuda`: this binary was built without the `cuda` feature; rebuild with `--features cuda` or set `backend: cpu`")]
     CudaNotCompiled,
+    /// A preprocessing operation that does not fit the image it is run on (a
+    /// hand-built `PreprocessOp`; the pipeline always builds consistent ones).
+    #[error("preprocessing operation does not match the image: {0}")]
+    Operation(String),
     /// Reading or writing a file.
     #[error("{context}: {source}")]
     Io {

@@ -5,12 +5,21 @@
 use crate::config::{Border, DType, Interpolation, Layout};
 
 /// Per-axis sampling table: for each destination index `d` in the content rectangle, the
-/// two source indices (absolute, in the full image) and the weight of the second, exactly
-/// as OpenCV's `cv::resize` computes them (`hal::resize`: `scale = 1 / (dst / src)` in
-/// double; linear: `f = (float)((d + 0.5) * scale - 0.5)`, `s = floor(f)`, `f -= s`,
-/// clamped at both edges with weight 0 on the outer tap; nearest:
-/// `s = min(floor(d * scale), src - 1)`). Both backends sample through these tables, so
-/// their coordinates are bit-identical; the CUDA backend uploads them once per size.
+/// two source indices (absolute, in the full image) and the weight of the second, as
+/// `cv2.resize` computes them in OpenCV 5.0: `scale = 1 / (dst / src)` in double;
+/// linear: `f = (d + 0.5) * scale - 0.5` in double, `s = floor(f)`, weight
+/// `(float)(f - s)`, clamped at both edges with weight 0 on the outer tap (`s < 0` ->
+/// `s = 0`; `s >= src - 1` -> `s = src - 1`); nearest: `s = min(floor(d * scale),
+/// src - 1)`. Both backends sample through these tables, so their coordinates are
+/// bit-identical; the CUDA backend uploads them once per size.
+///
+/// The fraction is taken in double, then rounded to f32: OpenCV's generic `hal::resize`
+/// rounds the coordinate to float first (`(float)((d + 0.5) * scale - 0.5)`), but
+/// cv2 5.0 as shipped dispatches float images of 2 rows or more to its IPP HAL, whose
+/// weights are the double fraction rounded to float (found by experiment with impulse
+/// images: e.g. 600 -> 29 columns, d = 1: IPP weight 0.53448278, float-coordinate weight
+/// 0.53448296). The double fraction is also the more exact one: with float coordinates
+/// a 4000-pixel-wide source would be off by up to 2.4e-4 of a pixel step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AxisMap {
     /// First source index of each destination index.
@@ -39,9 +48,13 @@ impl AxisMap {
                     (((f64::from(d) * scale).floor() as i32).min(last), 0.0f32)
                 }
                 Interpolation::Linear => {
-                    let mut f = ((f64::from(d) + 0.5) * scale - 0.5) as f32;
-                    let mut s = f.floor() as i32;
-                    f -= s as f32;
+                    // The coordinate and its fraction in double, then the fraction to
+                    // f32: what cv2.resize computes in OpenCV 5.0 with its IPP HAL (see
+                    // the type's doc).
+                    let fd = (f64::from(d) + 0.5) * scale - 0.5;
+                    let fl = fd.floor();
+                    let mut s = fl as i32;
+                    let mut f = (fd - fl) as f32;
                     if s < 0 {
                         s = 0;
                         f = 0.0;
@@ -239,5 +252,42 @@ impl Conv2dOp {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_weights_are_the_double_fraction_rounded_once() {
+        // 600 -> 29, d = 1: (1 + 0.5) * 600/29 - 0.5 = 30.53448275862069 in double; the
+        // fraction 0.53448275862069 as f32 is 0.53448278, the weight cv2.resize 5.0 uses
+        // (read off an impulse image: np.zeros((2, 600), np.float32) with column 31 = 1,
+        // cv2.resize(.., (29, 2))[0, 1] -> 0.53448278). Rounding the coordinate to float
+        // first would give 30.534483 -> 0.53448296.
+        let m = AxisMap::new(0, 600, 29, Interpolation::Linear);
+        assert_eq!((m.i0[1], m.i1[1]), (30, 31));
+        assert_eq!(m.w1[1], 0.534_482_76_f32);
+        assert_ne!(m.w1[1], 0.534_482_96_f32);
+    }
+
+    #[test]
+    fn tensor_index_and_shape_follow_the_layout() {
+        let mut d = TensorDesc {
+            channels: 3,
+            height: 2,
+            width: 4,
+            layout: Layout::Nchw,
+            dtype: DType::Float16,
+        };
+        // NCHW: (c * H + y) * W + x = (2 * 2 + 1) * 4 + 3 = 23.
+        assert_eq!(d.index(2, 1, 3), 23);
+        assert_eq!(d.shape(), [1, 3, 2, 4]);
+        assert_eq!(d.byte_len(), 48);
+        d.layout = Layout::Nhwc;
+        // NHWC: (y * W + x) * C + c = (1 * 4 + 3) * 3 + 2 = 23 too; (0, 1, 0) differs: 12 vs 4.
+        assert_eq!(d.index(2, 1, 3), 23);
+        assert_eq!((d.index(0, 1, 0), d.shape()), (12, [1, 2, 4, 3]));
     }
 }

@@ -9,7 +9,7 @@ use crate::backend::{
     self, Backend, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes, TensorDesc,
 };
 use crate::config::{BackendChoice, ChannelOrder, Config};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::image::ImageView;
 pub use geometry::{Geometry, Rect};
 
@@ -85,6 +85,59 @@ impl Pipeline {
     pub fn tensor_bytes(&self) -> &[u8] {
         &self.output
     }
+
+    /// The last tensor de-normalized to an 8-bit image (see [`preview`]).
+    pub fn preview_image(&self) -> Result<PreviewImage> {
+        match &self.cached {
+            Some((_, _, op)) if self.output.len() == op.params.tensor_desc().byte_len() => {
+                Ok(preview(&op.params, &self.output))
+            }
+            _ => Err(Error::Operation("no frame has been processed yet".into())),
+        }
+    }
+}
+
+/// An 8-bit image of what the network sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreviewImage {
+    /// Network image width.
+    pub width: u32,
+    /// Network image height.
+    pub height: u32,
+    /// 3 (RGB, whatever the tensor's channel order) or 1 (grey).
+    pub channels: u32,
+    /// Rows of `width * channels` bytes.
+    pub data: Vec<u8>,
+}
+
+/// De-normalize a tensor written by `params` back to 8-bit source units, the inverse of
+/// `value = pixel * scale[c] + bias[c]`: `pixel = (value - bias[c]) / scale[c]`, rounded
+/// and clamped to 0..=255, channels back in RGB order. Letterbox padding shows as
+/// `pad_value`.
+pub fn preview(params: &PreprocessParams, tensor: &[u8]) -> PreviewImage {
+    let desc = params.tensor_desc();
+    let (w, h, ch) = (desc.width as usize, desc.height as usize, desc.channels as usize);
+    let es = desc.dtype.size();
+    let mut data = vec![0u8; w * h * ch];
+    for y in 0..h {
+        for x in 0..w {
+            for c in 0..ch {
+                let i = desc.index(c, y, x) * es;
+                let v = match desc.dtype {
+                    crate::config::DType::Float32 => {
+                        f32::from_le_bytes([tensor[i], tensor[i + 1], tensor[i + 2], tensor[i + 3]])
+                    }
+                    crate::config::DType::Float16 => {
+                        half::f16::from_le_bytes([tensor[i], tensor[i + 1]]).to_f32()
+                    }
+                };
+                let pixel = (v - params.bias[c]) / params.scale[c];
+                let rgb = if ch == 3 && params.swap_rb != 0 { 2 - c } else { c };
+                data[(y * w + x) * ch + rgb] = pixel.round().clamp(0.0, 255.0) as u8;
+            }
+        }
+    }
+    PreviewImage { width: desc.width, height: desc.height, channels: desc.channels, data }
 }
 
 /// Resolve the fused operation for one geometry.
@@ -101,9 +154,10 @@ pub fn preprocess_op(cfg: &Config, g: &Geometry) -> PreprocessOp {
         bias[c] = (-mean / std) as f32;
         // pad_value is [R, G, B] in source units; output channel c is R, G or B.
         let pad_src = if channels == 1 {
-            // Grey padding: the same weights as the colour conversion (RGB2GRAY).
+            // Grey padding: the weights of the colour conversion (OpenCV 5's RGB2GRAY),
+            // without integer rounding so [v, v, v] pads with exactly v.
             let p = |i: usize| Config::per_channel(&cfg.pad_value, i);
-            0.299 * p(0) + 0.587 * p(1) + 0.114 * p(2)
+            crate::backend::cpu::decode::pad_grey([p(0), p(1), p(2)])
         } else {
             let rgb_index = if swap_rb { 2 - c } else { c };
             Config::per_channel(&cfg.pad_value, rgb_index)

@@ -13,6 +13,24 @@ FLOAT32_ABS: float = _T["float32_abs"]
 #: float16 outputs: one half-precision rounding (2^-10 relative) plus FLOAT16_ABS.
 FLOAT16_REL: float = _T["float16_rel"]
 FLOAT16_ABS: float = _T["float16_abs"]
+#: Preview images (8-bit, de-normalized and rounded): absolute error in levels.
+PREVIEW_U8_ABS: int = _T["preview_u8_abs"]
+
+
+def assert_preview_close(actual: np.ndarray, expected: np.ndarray, what: str = "") -> None:
+    """Assert an 8-bit preview image equals `expected` (rounded 8-bit values) within
+    PREVIEW_U8_ABS levels."""
+    actual = np.asarray(actual, dtype=np.int64)
+    expected = np.asarray(expected, dtype=np.int64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    diff = np.abs(actual - expected)
+    if (diff > PREVIEW_U8_ABS).any():
+        i = np.unravel_index(np.argmax(diff), diff.shape)
+        raise AssertionError(
+            f"{what}: {int((diff > PREVIEW_U8_ABS).sum())} of {diff.size} pixels differ by more "
+            f"than {PREVIEW_U8_ABS}; max {diff.max()} at {tuple(int(v) for v in i)}: "
+            f"actual {actual[i]} expected {expected[i]}"
+        )
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray, dtype: str, what: str = "") -> None:

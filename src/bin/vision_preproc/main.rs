@@ -2,10 +2,14 @@
 
 mod bench_gpu;
 mod conv_file;
+mod bench_cpu;
+mod input;
+mod run_file;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use vision_preproc::pipeline::select_backend;
 use vision_preproc::Config;
 
@@ -36,10 +40,25 @@ enum Command {
     /// (tests) The CPU conv2d alone on a float32 (C, H, W) .npy.
     #[command(hide = true)]
     ConvFile(conv_file::ConvFileArgs),
+    /// Run one image file (PNG/JPEG, or raw bytes of any encoding) through the pipeline
+    /// and write the tensor as .npy (and a preview PNG).
+    RunFile(run_file::RunFileArgs),
+    /// Time the CPU backend per frame (p50/p99).
+    BenchCpu(bench_cpu::BenchCpuArgs),
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    // Errors as one clear message (the chain of causes), exit code 1; never a backtrace.
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::CheckConfig { file } => {
             let cfg = Config::from_yaml_file(&file)?;
@@ -56,6 +75,8 @@ fn main() -> Result<()> {
         }
         Command::Bench(args) => bench_gpu::run(&args)?,
         Command::ConvFile(args) => conv_file::run(args)?,
+        Command::RunFile(args) => run_file::run(args)?,
+        Command::BenchCpu(args) => bench_cpu::run(args)?,
     }
     Ok(())
 }
