@@ -25,16 +25,19 @@
 //   8-bit units (16-bit samples / 257), bilinear in float, horizontal then vertical
 //   (top = s00*(1-wx) + s01*wx, bottom likewise, v = top*(1-wy) + bottom*wy) = the
 //   sampling of cv2.resize INTER_LINEAR / INTER_NEAREST through the same host tables;
-//   grey output from colour: OpenCV RGB2GRAY fixed point on each tap before
-//   interpolation; then v*scale[c] + bias[c]; float16 rounds to nearest even. All
-//   arithmetic is __fmul_rn/__fadd_rn (never contracted into FMA), so each value is
-//   bit-identical to the CPU's.
-// Staged path (host passes row_words > 0; only encodings whose pixel x starts at
-//   byte x*bpp of its row, and only when the widest tile window fits): the block copies,
-//   with coalesced aligned 32-bit loads, the source columns its tile samples from each
-//   of the two source rows of each of its 16 output rows into shared memory, then
-//   samples there. That replaces ~48 scattered byte loads per thread (rgb8) by ~3 word
-//   loads; the direct path does the scattered loads through L1.
+//   grey output from colour: OpenCV 5.0 RGB2GRAY 15-bit fixed point on each tap before
+//   interpolation; YUV: BT.601 20-bit fixed point; Bayer: OpenCV's bilinear demosaic
+//   with its border copies (all as src/backend/cpu/decode.rs, which cites the OpenCV
+//   code); then v*scale[c] + bias[c]; float16 rounds to nearest even. All arithmetic is
+//   __fmul_rn/__fadd_rn (never contracted into FMA), so each value is bit-identical to
+//   the CPU's (src/backend/cpu/reference.rs, element()).
+// Direct path (default): taps are read from global memory through L1; rgb8/bgr8/rgba8/
+//   bgra8 read both horizontal taps of a row as three aligned 32-bit words.
+// Staged path (compiled with -DRN_STAGED=1; the host passes row_words > 0 for encodings
+//   whose pixel x starts at byte x*bpp of its row, when the widest tile window fits): the
+//   block copies, with cp.async 32-bit copies, the source columns its tile samples from
+//   each of the two source rows of each of its 16 output rows into shared memory, then
+//   samples there. Measured slower than the direct path on the H200 (docs/GPU.md).
 #include "common.cuh"
 
 // keep in sync with src/backend/cuda/launch.rs
@@ -66,11 +69,12 @@
 #define YUV_CUG (-409993)
 #define YUV_CVG (-852492)
 #define YUV_CVR 1673527
-// OpenCV's RGB2GRAY fixed point (color_rgb.simd.hpp, yuv_shift 14).
-#define GRAY_SHIFT 14
-#define GRAY_R 4899
-#define GRAY_G 9617
-#define GRAY_B 1868
+// OpenCV 5.0's RGB2GRAY fixed point, 15 bits, u8 and u16 alike (src/backend/cpu/decode.rs
+// GREY_WEIGHTS: 0.299, 0.587, 0.114 scaled by 2^15, summing to 2^15).
+#define GRAY_SHIFT 15
+#define GRAY_R 9798u
+#define GRAY_G 19235u
+#define GRAY_B 3735u
 
 __device__ constexpr u32 enc_bpp(u32 e) {
     return e == ENC_RGB8 || e == ENC_BGR8     ? 3
@@ -234,8 +238,10 @@ __device__ __forceinline__ Rgb decode_bayer(const PreprocessParams& p, const u8*
 template <u32 ENC>
 __device__ __forceinline__ void to_float(Rgb t, bool grey, float v[3]) {
     if (grey && !enc_is_mono(ENC)) {
-        const int g = (t.r * GRAY_R + t.g * GRAY_G + t.b * GRAY_B + (1 << (GRAY_SHIFT - 1))) >> GRAY_SHIFT;
-        t.r = g;
+        // unsigned: 16-bit samples reach 65535 * 2^15 + 2^14 > INT_MAX... just below 2^31
+        const u32 g = ((u32)t.r * GRAY_R + (u32)t.g * GRAY_G + (u32)t.b * GRAY_B +
+                       (1u << (GRAY_SHIFT - 1))) >> GRAY_SHIFT;
+        t.r = (int)g;
     }
     if constexpr (enc_is_16bit(ENC)) {
         v[0] = __fdiv_rn(u2f(t.r), 257.0f);

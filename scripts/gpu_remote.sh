@@ -11,7 +11,7 @@ D="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${OUT:-/tmp/vp_out}"
 mkdir -p "$OUT"
 MODE="${1:-smoke}"
-RACE_STRIDE="${RACE_STRIDE:-4}"
+RACE_STRIDE="${RACE_STRIDE:-6}"
 export VISION_PREPROC_KERNEL_CACHE=/tmp/vp_kernel_cache
 status=0
 section() { printf '\n==== %s ====\n' "$*"; }
@@ -41,23 +41,35 @@ if [[ "$MODE" == smoke ]]; then
     exit $status
 fi
 
-section "parity: full matrix"
-"$D/gpu_parity" 2>&1 | tee "$OUT/parity.log" | grep -v '^FAIL' | tail -40
-grep -c '^FAIL' "$OUT/parity.log" | sed 's/^/FAIL lines: /'
-grep '^FAIL' "$OUT/parity.log" | head -20
-[[ ${PIPESTATUS[0]} -eq 0 ]] || true
-section "compute-sanitizer memcheck: full matrix"
-compute-sanitizer --tool memcheck --error-exitcode 3 "$D/gpu_parity" >"$OUT/memcheck.log" 2>&1
-echo "memcheck exit $?"
-grep -E '^========= (ERROR SUMMARY|Program hit|Invalid)' "$OUT/memcheck.log" | sort | uniq -c | head
+section "start-up: cold (empty cache), then warm (cached), separate processes"
+rm -rf /tmp/vp_startup
+for i in 1 2 3; do "$D/vision_preproc" bench --startup /tmp/vp_startup 2>&1 | tee -a "$OUT/startup.log" || status=1; done
+
+section "parity: full matrix (3 backends: upload/direct, mapped/direct, upload/staged)"
+timeout "${PARITY_TIMEOUT:-150}" "$D/gpu_parity" >"$OUT/parity.log" 2>&1
+echo "parity exit $?"
+grep -v '^ok ' "$OUT/parity.log" | cut -c1-240 | tail -30
+echo "cases ok: $(grep -c '^ok ' "$OUT/parity.log")"
+
+section "compute-sanitizer memcheck: every ${MEMCHECK_STRIDE:-4}th case"
+timeout "${MEMCHECK_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$D/gpu_parity" --stride "${MEMCHECK_STRIDE:-4}" >"$OUT/memcheck.log" 2>&1
+echo "memcheck exit $? (3: errors found, 124: timed out)"
+grep -E '^========= (ERROR SUMMARY|LEAK SUMMARY)|Invalid|out of bounds' "$OUT/memcheck.log" | sort | uniq -c | head
 grep 'gpu_parity summary' "$OUT/memcheck.log"
+echo "cases checked: $(grep -c '^ok ' "$OUT/memcheck.log")"
+
 section "compute-sanitizer racecheck: every ${RACE_STRIDE}th case"
-compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$D/gpu_parity" --stride "$RACE_STRIDE" >"$OUT/racecheck.log" 2>&1
-echo "racecheck exit $?"
-grep -E '^========= (RACECHECK SUMMARY|ERROR SUMMARY|Error|Warning)' "$OUT/racecheck.log" | sort | uniq -c | head
+timeout "${RACE_TIMEOUT:-110}" compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 \
+    "$D/gpu_parity" --stride "$RACE_STRIDE" >"$OUT/racecheck.log" 2>&1
+echo "racecheck exit $? (3: hazards found, 124: timed out)"
+grep -E '^========= (RACECHECK SUMMARY|ERROR SUMMARY)|Error|Warning' "$OUT/racecheck.log" | sort | uniq -c | head
 grep 'gpu_parity summary' "$OUT/racecheck.log"
-section "benchmark"
+echo "cases checked: $(grep -c '^ok ' "$OUT/racecheck.log") (staged: $(grep -c 'Staged\].*staged$' "$OUT/racecheck.log"), conv: $(grep -c '^ok .*conv' "$OUT/racecheck.log"))"
+
+section "benchmark (1000 timed iterations per figure, variants)"
 gpu_state
-"$D/vision_preproc" bench --out "$OUT/results.json" 2>&1 | tee "$OUT/bench.log" || status=1
+timeout "${BENCH_TIMEOUT:-170}" "$D/vision_preproc" bench --variants --out "$OUT/results.json" >"$OUT/bench.log" 2>&1 || status=1
+cat "$OUT/bench.log"
 gpu_state
 exit $status

@@ -639,6 +639,9 @@ mod preset_tests {
         }
         assert!(n >= 3, "expected default.yaml and at least two presets, found {n}");
         let yolo = Config::from_yaml_file(&dir.join("yolo_640_letterbox.yaml")).unwrap();
-        assert_eq!((yolo.network_image_width, yolo.pad_value[0], yolo.tensor_name.as_str()), (640, 114.0, "images"));
+        assert_eq!(
+            (yolo.network_image_width, yolo.pad_value[0], yolo.tensor_name.as_str()),
+            (640, 114.0, "images")
+        );
     }
 }

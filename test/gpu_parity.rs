@@ -4,9 +4,9 @@
 //! modes; on fresh random inputs (new seed each run, printed) AND the photographs in
 //! test/data/, through three CUDA backends: upload + direct fused path, mapped + direct,
 //! upload + staged (shared-memory window) path. Every output buffer of the CUDA backend is
-//! poisoned with NaN before each
-//! frame, so an element the kernels do not write fails. Tolerances come from
-//! test/tolerances.json.
+//! poisoned with NaN before each frame, so an element the kernels do not write fails.
+//! Tolerances come from test/tolerances.json (conv2d: conv_float32_abs_per_l1 scaled by
+//! the kernel's sum|w|, docs/SPEC_conv2d.md).
 //!
 //! A `harness = false` target: on a machine without a GPU it prints
 //! "no GPU: GPU tests NOT run (not counted as passed)" and exits 0. On a GPU it exits 1 if
@@ -20,9 +20,10 @@ use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::{CudaBackend, FusedPath};
 use vision_preproc::backend::{Backend, Conv2dOp, PreprocessOp};
 use vision_preproc::config::{
-    Border, ChannelOrder, DType, Interpolation, Layout, LetterboxAnchor, MemoryMode, ResizeMode,
+    Border, ChannelOrder, ConvConfig, ConvKernel, DType, Interpolation, Layout, LetterboxAnchor,
+    MemoryMode, ResizeMode,
 };
-use vision_preproc::pipeline::{preprocess_op, Geometry};
+use vision_preproc::pipeline::{conv_op, preprocess_op, Geometry};
 use vision_preproc::{Config, Encoding, ImageView};
 
 const TOLERANCES: &str = include_str!("tolerances.json");
@@ -38,12 +39,19 @@ struct Tol {
     f32_abs: f64,
     f16_rel: f64,
     f16_abs: f64,
+    /// conv2d outputs: `conv_per_l1 * max(1, sum|w|)` absolute (docs/SPEC_conv2d.md).
+    conv_per_l1: f64,
 }
 
 fn tolerances() -> Tol {
     let v: serde_json::Value = serde_json::from_str(TOLERANCES).expect("test/tolerances.json");
     let g = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("tolerances.json: {k} missing"));
-    Tol { f32_abs: g("float32_abs"), f16_rel: g("float16_rel"), f16_abs: g("float16_abs") }
+    Tol {
+        f32_abs: g("float32_abs"),
+        f16_rel: g("float16_rel"),
+        f16_abs: g("float16_abs"),
+        conv_per_l1: g("conv_float32_abs_per_l1"),
+    }
 }
 
 /// splitmix64: a small, seedable generator for the random frames.
@@ -223,50 +231,6 @@ fn values(bytes: &[u8], dtype: DType) -> Vec<f64> {
     }
 }
 
-/// cv2.filter2D on one f32 plane (correlation, anchor centre), in f64, OpenCV borders.
-/// Used only while the CPU backend has no conv2d (before the conv2d branch is merged).
-fn reference_conv(plane: &[f64], w: usize, h: usize, op: &Conv2dOp) -> Vec<f64> {
-    let k = op.size as usize;
-    let r = (k / 2) as i64;
-    let idx = |p: i64, len: usize| -> Option<usize> {
-        let len_i = len as i64;
-        if (0..len_i).contains(&p) {
-            return Some(p as usize);
-        }
-        match op.border {
-            Border::Replicate => Some(p.clamp(0, len_i - 1) as usize),
-            Border::Constant => None,
-            Border::Reflect101 => {
-                if len == 1 {
-                    return Some(0);
-                }
-                let mut q = p;
-                while !(0..len_i).contains(&q) {
-                    q = if q < 0 { -q } else { 2 * len_i - q - 2 };
-                }
-                Some(q as usize)
-            }
-        }
-    };
-    let mut out = vec![0.0; w * h];
-    for y in 0..h {
-        for x in 0..w {
-            let mut acc = 0.0;
-            for ky in 0..k {
-                for kx in 0..k {
-                    let gy = idx(y as i64 + ky as i64 - r, h);
-                    let gx = idx(x as i64 + kx as i64 - r, w);
-                    if let (Some(gy), Some(gx)) = (gy, gx) {
-                        acc += f64::from(op.weights[ky * k + kx]) * plane[gy * w + gx];
-                    }
-                }
-            }
-            out[y * w + x] = acc;
-        }
-    }
-    out
-}
-
 fn build_op(cfg: &Config, frame: &Frame) -> Result<PreprocessOp, String> {
     let g = Geometry::resolve(cfg, frame.w, frame.h).map_err(|e| e.to_string())?;
     let mut op = preprocess_op(cfg, &g);
@@ -276,52 +240,27 @@ fn build_op(cfg: &Config, frame: &Frame) -> Result<PreprocessOp, String> {
     Ok(op)
 }
 
-/// The expected tensor (f64 values in the output layout) from the CPU backend; with a
-/// conv the CPU backend's conv2d when it has one, else the test-local reference.
+/// The expected tensor (f64 values in the output layout): the CPU backend's.
 fn expected(
     cpu: &mut CpuBackend,
     frame: &Frame,
     cfg: &Config,
     conv: Option<&Conv2dOp>,
-) -> Result<(Vec<f64>, &'static str), String> {
+) -> Result<Vec<f64>, String> {
     let op = build_op(cfg, frame)?;
     let mut out = Vec::new();
-    match cpu.process(&frame.view(), &op, conv, &mut out) {
-        Ok(_) => return Ok((values(&out, cfg.output_dtype), "cpu")),
-        Err(e) if conv.is_none() => return Err(format!("CPU backend: {e}")),
-        Err(_) => {}
-    }
-    // CPU has no conv2d yet: CPU preprocess to f32 NCHW, then the reference conv.
-    let Some(conv_op) = conv else { return Err("unreachable".into()) };
-    let mut c32 = cfg.clone();
-    c32.output_dtype = DType::Float32;
-    c32.output_layout = Layout::Nchw;
-    let op32 = build_op(&c32, frame)?;
-    cpu.process(&frame.view(), &op32, None, &mut out).map_err(|e| format!("CPU backend: {e}"))?;
-    let planar = values(&out, DType::Float32);
-    let (w, h, ch) = (
-        cfg.network_image_width as usize,
-        cfg.network_image_height as usize,
-        cfg.output_channels as usize,
-    );
-    let desc = op.params.tensor_desc();
-    let mut res = vec![0.0; w * h * ch];
-    for c in 0..ch {
-        let conv_plane = reference_conv(&planar[c * w * h..(c + 1) * w * h], w, h, conv_op);
-        for y in 0..h {
-            for x in 0..w {
-                let v = conv_plane[y * w + x];
-                res[desc.index(c, y, x)] = match cfg.output_dtype {
-                    DType::Float32 => f64::from(v as f32),
-                    DType::Float16 => f64::from(half::f16::from_f32(v as f32).to_f32()),
-                };
-            }
-        }
-    }
-    Ok((res, "test-local filter2D (the CPU backend has no conv2d in this build)"))
+    cpu.process(&frame.view(), &op, conv, &mut out).map_err(|e| format!("CPU backend: {e}"))?;
+    Ok(values(&out, cfg.output_dtype))
 }
 
-fn compare(actual: &[u8], expect: &[f64], dtype: DType, tol: &Tol) -> Result<f64, String> {
+/// Compare within the named tolerances; `conv_l1` is `sum|w|` of the conv2d applied, if any.
+fn compare(
+    actual: &[u8],
+    expect: &[f64],
+    dtype: DType,
+    tol: &Tol,
+    conv_l1: Option<f64>,
+) -> Result<f64, String> {
     let a = values(actual, dtype);
     if a.len() != expect.len() {
         return Err(format!("tensor has {} elements, expected {}", a.len(), expect.len()));
@@ -330,9 +269,14 @@ fn compare(actual: &[u8], expect: &[f64], dtype: DType, tol: &Tol) -> Result<f64
     let mut bad = 0usize;
     let mut first = None;
     for (i, (&x, &e)) in a.iter().zip(expect).enumerate() {
+        let abs = match conv_l1 {
+            Some(l1) => tol.conv_per_l1 * l1.max(1.0),
+            None if dtype == DType::Float32 => tol.f32_abs,
+            None => tol.f16_abs,
+        };
         let t = match dtype {
-            DType::Float32 => tol.f32_abs,
-            DType::Float16 => tol.f16_rel * e.abs() + tol.f16_abs,
+            DType::Float32 => abs,
+            DType::Float16 => tol.f16_rel * e.abs() + abs,
         };
         let d = (x - e).abs();
         if !x.is_finite() || d > t {
@@ -424,8 +368,34 @@ fn scenarios() -> Vec<(&'static str, u32, u32, u32, bool, Config)> {
     v
 }
 
+/// conv2d cases: every kernel the configuration offers, built by the pipeline as the node
+/// builds it, at several sizes and every border; plus random dense and random separable
+/// weights (any values, not only the named kernels').
 fn conv_cases(rng: &mut Rng) -> Vec<(String, Conv2dOp)> {
     let mut v = Vec::new();
+    let kernels = [
+        ConvKernel::Box,
+        ConvKernel::Gaussian,
+        ConvKernel::Sharpen,
+        ConvKernel::SobelX,
+        ConvKernel::SobelY,
+        ConvKernel::Laplacian,
+    ];
+    for kernel in kernels {
+        for size in [1u32, 3, 5, 7, 9, 15] {
+            for border in [Border::Replicate, Border::Constant, Border::Reflect101] {
+                let cfg = Config {
+                    conv: ConvConfig { kernel, size, border, ..ConvConfig::default() },
+                    ..Config::default()
+                };
+                match conv_op(&cfg) {
+                    Ok(Some(op)) => v.push((format!("conv-{kernel:?}-k{size}-{border:?}"), op)),
+                    Ok(None) => {}
+                    Err(e) => println!("skipped conv {kernel:?} size {size}: {e}"),
+                }
+            }
+        }
+    }
     for &size in &[1u32, 3, 5, 7, 15] {
         for border in [Border::Replicate, Border::Constant, Border::Reflect101] {
             let n = (size * size) as usize;
@@ -533,7 +503,7 @@ fn main() -> ExitCode {
                     return;
                 }
             };
-            let (exp, _reference) = match expected(cpu, frame, cfg, conv) {
+            let exp = match expected(cpu, frame, cfg, conv) {
                 Ok(x) => x,
                 Err(e) => {
                     st.not_compared += 1;
@@ -545,8 +515,11 @@ fn main() -> ExitCode {
             let result = gpu
                 .process(&frame.view(), &op, conv, &mut out)
                 .map_err(|e| format!("CUDA backend: {e}"));
-            let outcome =
-                result.and_then(|_| compare(&out, &exp, cfg.output_dtype, &tol)).map(|d| Outcome {
+            let outcome = result
+                .and_then(|_| {
+                    compare(&out, &exp, cfg.output_dtype, &tol, conv.map(|c| c.l1_norm()))
+                })
+                .map(|d| Outcome {
                     max_diff: d,
                     staged: path == FusedPath::Staged
                         && vision_preproc::backend::cuda::launch::staged_row_words(
@@ -682,10 +655,12 @@ fn main() -> ExitCode {
                 let (mut outa, mut outb) = (Vec::new(), Vec::new());
                 gpu.finish(sa, &mut outa).map_err(|e| e.to_string())?;
                 gpu.finish(sb, &mut outb).map_err(|e| e.to_string())?;
-                let (ea, _) = expected(&mut cpu, &fa, &cfg, None)?;
-                let (eb, _) = expected(&mut cpu, &fb, &cfg, None)?;
-                compare(&outa, &ea, DType::Float32, &tol).map_err(|e| format!("frame A: {e}"))?;
-                compare(&outb, &eb, DType::Float32, &tol).map_err(|e| format!("frame B: {e}"))?;
+                let ea = expected(&mut cpu, &fa, &cfg, None)?;
+                let eb = expected(&mut cpu, &fb, &cfg, None)?;
+                compare(&outa, &ea, DType::Float32, &tol, None)
+                    .map_err(|e| format!("frame A: {e}"))?;
+                compare(&outb, &eb, DType::Float32, &tol, None)
+                    .map_err(|e| format!("frame B: {e}"))?;
                 Ok(())
             })();
             match res {

@@ -1,8 +1,8 @@
 //! `vision_preproc`: the offline command-line tool (no ROS needed).
 
+mod bench_cpu;
 mod bench_gpu;
 mod conv_file;
-mod bench_cpu;
 mod input;
 mod run_file;
 
