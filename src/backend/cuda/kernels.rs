@@ -312,10 +312,95 @@ pub struct LoadReport {
     pub log: String,
 }
 
-/// Load `file` for `arch` (with `extra_options` after the standard ones) into `ctx`: from
-/// the disk cache directory `cache` when a CUBIN
-/// for this exact source, options, architecture, NVRTC and driver is there and loads,
-/// else compile (failing with the compiler log) and store it there.
+/// A kernel file's CUBIN, from the disk cache or freshly compiled (no GPU involved: this
+/// step can run on several threads at once, one file each).
+pub struct Prepared {
+    file: KernelFile,
+    arch: String,
+    options: Vec<String>,
+    path: Option<std::path::PathBuf>,
+    cubin: Vec<u8>,
+    report: LoadReport,
+}
+
+/// Get the CUBIN of `file` for `arch` (with `extra_options` after the standard ones): from
+/// the disk cache directory `cache` when a CUBIN for this exact source, options,
+/// architecture, NVRTC and driver is there, else compile it (failing with the compiler
+/// log) and store it there.
+pub fn prepare(
+    file: KernelFile,
+    arch: &str,
+    driver_version: i32,
+    cache: Option<&std::path::Path>,
+    extra_options: &[String],
+) -> Result<Prepared, CudaError> {
+    let (nv_major, nv_minor) = nvrtc_version()?;
+    let mut options = compile_options(arch);
+    options.extend(extra_options.iter().cloned());
+    let versions = format!("nvrtc {nv_major}.{nv_minor} driver {driver_version}");
+    let key = fnv1a64(&[
+        COMMON_CUH.as_bytes(),
+        file.source().as_bytes(),
+        options.join(" ").as_bytes(),
+        versions.as_bytes(),
+    ]);
+    let stem = file.file_name().trim_end_matches(".cu");
+    let path = cache.map(|d| d.join(format!("{stem}-{arch}-{key:016x}.cubin")));
+    if let Some(cubin) = path.as_ref().and_then(|p| read_cached(p)) {
+        let report = LoadReport {
+            file: file.file_name(),
+            cached: true,
+            compile_ms: 0.0,
+            log: String::new(),
+        };
+        return Ok(Prepared { file, arch: arch.into(), options, path, cubin, report });
+    }
+    compile_prepared(file, arch, options, path)
+}
+
+fn compile_prepared(
+    file: KernelFile,
+    arch: &str,
+    options: Vec<String>,
+    path: Option<std::path::PathBuf>,
+) -> Result<Prepared, CudaError> {
+    let t = Instant::now();
+    let compiled = compile_with_options(file, arch, &options)?;
+    let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+    if let Some(p) = &path {
+        // A cache that cannot be written only costs the next start its compile time.
+        let _ = write_cached(p, &compiled.cubin);
+    }
+    let report =
+        LoadReport { file: file.file_name(), cached: false, compile_ms, log: compiled.log };
+    Ok(Prepared { file, arch: arch.into(), options, path, cubin: compiled.cubin, report })
+}
+
+/// Load a prepared CUBIN into `ctx`. A cached CUBIN the driver refuses is compiled again
+/// (and the cache entry replaced).
+pub fn load_prepared(
+    ctx: &Arc<CudaContext>,
+    p: Prepared,
+) -> Result<(Arc<CudaModule>, LoadReport), CudaError> {
+    let load = |cubin: Vec<u8>| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin));
+    let p = match load(p.cubin.clone()) {
+        Ok(module) => return Ok((module, p.report)),
+        Err(_) if p.report.cached => compile_prepared(p.file, &p.arch, p.options, p.path)?,
+        Err(e) => {
+            return Err(CudaError::Driver {
+                call: format!("cuModuleLoadData({} for {})", p.file.file_name(), p.arch),
+                message: format!("{e:?}"),
+            })
+        }
+    };
+    let module = load(p.cubin).map_err(|e| CudaError::Driver {
+        call: format!("cuModuleLoadData({} for {})", p.file.file_name(), p.arch),
+        message: format!("{e:?}"),
+    })?;
+    Ok((module, p.report))
+}
+
+/// [`prepare`] then [`load_prepared`].
 pub fn load(
     ctx: &Arc<CudaContext>,
     file: KernelFile,
@@ -324,47 +409,7 @@ pub fn load(
     cache: Option<&std::path::Path>,
     extra_options: &[String],
 ) -> Result<(Arc<CudaModule>, LoadReport), CudaError> {
-    let (nv_major, nv_minor) = nvrtc_version()?;
-    let mut options = compile_options(arch);
-    options.extend(extra_options.iter().cloned());
-    let opts = options.join(" ");
-    let versions = format!("nvrtc {nv_major}.{nv_minor} driver {driver_version}");
-    let key = fnv1a64(&[
-        COMMON_CUH.as_bytes(),
-        file.source().as_bytes(),
-        opts.as_bytes(),
-        versions.as_bytes(),
-    ]);
-    let stem = file.file_name().trim_end_matches(".cu");
-    let path = cache.map(|d| d.join(format!("{stem}-{arch}-{key:016x}.cubin")));
-    if let Some(cubin) = path.as_ref().and_then(|p| read_cached(p)) {
-        if let Ok(module) = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)) {
-            let report = LoadReport {
-                file: file.file_name(),
-                cached: true,
-                compile_ms: 0.0,
-                log: String::new(),
-            };
-            return Ok((module, report));
-        }
-    }
-    let t = Instant::now();
-    let compiled = compile_with_options(file, arch, &options)?;
-    let compile_ms = t.elapsed().as_secs_f64() * 1e3;
-    if let Some(p) = &path {
-        // A cache that cannot be written only costs the next start its compile time.
-        let _ = write_cached(p, &compiled.cubin);
-    }
-    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin)).map_err(|e| {
-        CudaError::Driver {
-            call: format!("cuModuleLoadData({} for {arch})", file.file_name()),
-            message: format!("{e:?}"),
-        }
-    })?;
-    Ok((
-        module,
-        LoadReport { file: file.file_name(), cached: false, compile_ms, log: compiled.log },
-    ))
+    load_prepared(ctx, prepare(file, arch, driver_version, cache, extra_options)?)
 }
 
 /// The cached CUBIN at `path` if it exists and its trailing checksum matches.

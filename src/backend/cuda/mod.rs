@@ -231,17 +231,33 @@ impl CudaBackend {
             )
             .into());
         }
+        // Compile (or read from the cache) the kernel files on one thread each, then load.
+        let (arch, drv) = (device.arch.clone(), device.driver_version);
+        let prepared: Vec<Result<kernels::Prepared, CudaError>> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = KernelFile::BACKEND
+                .iter()
+                .map(|&file| {
+                    let extra = match (file, fused_path) {
+                        (KernelFile::ResizeNormalize, FusedPath::Staged) => {
+                            vec!["-DRN_STAGED=1".to_string()]
+                        }
+                        _ => Vec::new(),
+                    };
+                    let arch = &arch;
+                    scope.spawn(move || kernels::prepare(file, arch, drv, cache, &extra))
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| {
+                    j.join()
+                        .unwrap_or_else(|_| Err(drv_err("compiling kernels", "a thread panicked")))
+                })
+                .collect()
+        });
         let mut loads = Vec::new();
         let mut modules = Vec::new();
-        for file in KernelFile::BACKEND {
-            let extra = match (file, fused_path) {
-                (KernelFile::ResizeNormalize, FusedPath::Staged) => {
-                    vec!["-DRN_STAGED=1".to_string()]
-                }
-                _ => Vec::new(),
-            };
-            let (m, report) =
-                kernels::load(&ctx, file, &device.arch, device.driver_version, cache, &extra)?;
+        for p in prepared {
+            let (m, report) = kernels::load_prepared(&ctx, p?)?;
             loads.push(report);
             modules.push(m);
         }
