@@ -17,7 +17,8 @@
 // Launch shape
 //   block (RN_BLOCK_X, RN_BLOCK_Y) = (16, 16); each thread writes RN_PX = 4 adjacent
 //   pixels of one row (one 16-byte store per channel for NCHW float32 when W % 4 == 0),
-//   so a block covers a 64 x 16 tile; grid (ceil(W / 64), ceil(H / 16)).
+//   so a block covers a 64 x 16 tile; 1-D grid of min(tiles, resident blocks) persistent
+//   blocks, each looping over tiles t = blockIdx.x, + gridDim.x, ... (row-major).
 //   Shared memory: the tile's x table (3 * 64 int32, static) and, for the staged path,
 //   2 * RN_BLOCK_Y * row_words * 4 bytes of dynamic shared memory (0 for the direct path).
 // Reference behaviour: src/backend/cpu (the specification). Per output pixel: outside
@@ -47,9 +48,11 @@
 #define RN_THREADS (RN_BLOCK_X * RN_BLOCK_Y)
 #define RN_TILE_W (RN_BLOCK_X * RN_PX)
 #define RN_TILE_H RN_BLOCK_Y
-// Blocks per SM the register allocation must allow (__launch_bounds__).
+// Blocks per SM the register allocation must allow (__launch_bounds__): 5 keeps every
+// entry point at <= 48 registers with no spill on sm_87 and sm_90 (5 x 256 threads per
+// SM); without the cap the persistent loop took 56 on sm_90 (4 blocks per SM).
 #ifndef RN_MIN_BLOCKS
-#define RN_MIN_BLOCKS 1
+#define RN_MIN_BLOCKS 5
 #endif
 // 1: exact int -> float through the mantissa trick (u2f) instead of I2F.
 #ifndef RN_FAST_CVT
@@ -313,10 +316,11 @@ __device__ __forceinline__ float lerp_rn(float a, float b, float w) {
 template <u32 ENC, bool STAGED>
 __device__ __forceinline__ void rn_pixels(const PreprocessParams& p, const u8* __restrict__ src,
                                           const int* __restrict__ maps, void* __restrict__ dst,
-                                          u32 row_words, int ws, const int* s_xtab) {
+                                          u32 row_words, int ws, const int* s_xtab,
+                                          int tile_x0, int tile_y0) {
     extern __shared__ u32 rn_smem[];
-    const int x0 = blockIdx.x * RN_TILE_W + threadIdx.x * RN_PX;
-    const int y = blockIdx.y * RN_TILE_H + threadIdx.y;
+    const int x0 = tile_x0 + threadIdx.x * RN_PX;
+    const int y = tile_y0 + threadIdx.y;
     const int W = p.dst_width, H = p.dst_height;
     if (y >= H || x0 >= W) return;
     const int cx = p.content_x, cy = p.content_y, cw = p.content_w, chh = p.content_h;
@@ -469,61 +473,69 @@ __device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
     extern __shared__ u32 rn_smem[];
     // The tile's x table: i0 | i1 | w1 (bits), RN_TILE_W entries each, 0 outside content.
     __shared__ __align__(16) int s_xtab[3 * RN_TILE_W];
-    const int tile_x0 = blockIdx.x * RN_TILE_W, tile_y0 = blockIdx.y * RN_TILE_H;
     const int cx = p.content_x, cw = p.content_w, cy = p.content_y, chh = p.content_h;
     const int tid = threadIdx.y * RN_BLOCK_X + threadIdx.x;
-    for (int i = tid; i < RN_TILE_W; i += RN_THREADS) {
-        const int x = tile_x0 + i;
-        const bool in = x >= cx && x < cx + cw;
-        s_xtab[i] = in ? maps[x - cx] : 0;
-        s_xtab[RN_TILE_W + i] = in ? maps[cw + x - cx] : 0;
-        s_xtab[2 * RN_TILE_W + i] = in ? maps[2 * cw + x - cx] : 0;
-    }
+    // Persistent blocks: the grid holds at most as many blocks as fit on the GPU at once
+    // and each loops over tiles (row-major), so no partial last wave of blocks idles SMs.
+    const int tiles_x = (p.dst_width + RN_TILE_W - 1) / RN_TILE_W;
+    const int tiles = tiles_x * ((p.dst_height + RN_TILE_H - 1) / RN_TILE_H);
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int tile_x0 = (tile % tiles_x) * RN_TILE_W, tile_y0 = (tile / tiles_x) * RN_TILE_H;
+        for (int i = tid; i < RN_TILE_W; i += RN_THREADS) {
+            const int x = tile_x0 + i;
+            const bool in = x >= cx && x < cx + cw;
+            s_xtab[i] = in ? maps[x - cx] : 0;
+            s_xtab[RN_TILE_W + i] = in ? maps[cw + x - cx] : 0;
+            s_xtab[2 * RN_TILE_W + i] = in ? maps[2 * cw + x - cx] : 0;
+        }
 
-    // Staged path: copy the tile's source window into shared memory (whole block).
-    // Slot ty holds row y_i0[y], slot RN_TILE_H + ty row y_i1[y], for output row
-    // y = tile_y0 + ty; the host makes row_words odd, so the two half-warps of a warp
-    // (adjacent ty) read different banks.
-    int ws = 0;
-    if constexpr (RN_STAGED && enc_is_packed(ENC)) {
-        if (row_words != 0) {  // uniform over the block
-            const int lo = max(tile_x0, cx), hi = min(tile_x0 + RN_TILE_W, cx + cw) - 1;
-            if (lo <= hi) {
-                ws = maps[lo - cx];
-                int we = maps[cw + hi - cx];
-                if constexpr (enc_is_yuv422(ENC)) {
-                    ws &= ~1;
-                    we |= 1;
+        // Staged path: copy the tile's source window into shared memory (whole block).
+        // Slot ty holds row y_i0[y], slot RN_TILE_H + ty row y_i1[y], for output row
+        // y = tile_y0 + ty; the host makes row_words odd, so the two half-warps of a warp
+        // (adjacent ty) read different banks.
+        int ws = 0;
+        if constexpr (RN_STAGED && enc_is_packed(ENC)) {
+            if (row_words != 0) {  // uniform over the block
+                const int lo = max(tile_x0, cx), hi = min(tile_x0 + RN_TILE_W, cx + cw) - 1;
+                if (lo <= hi) {
+                    ws = maps[lo - cx];
+                    int we = maps[cw + hi - cx];
+                    if constexpr (enc_is_yuv422(ENC)) {
+                        ws &= ~1;
+                        we |= 1;
+                    }
+                    constexpr int bpp = enc_bpp(ENC);
+                    const int lane = tid & 31;
+                    const int* y_i0 = maps + 3 * cw;
+                    const int* y_i1 = y_i0 + chh;
+                    for (int slot = tid >> 5; slot < 2 * RN_TILE_H; slot += RN_THREADS / 32) {
+                        const int ty = slot % RN_TILE_H;
+                        const int yy = tile_y0 + ty;
+                        if (yy < cy || yy >= cy + chh) continue;
+                        const int row = slot < RN_TILE_H ? y_i0[yy - cy] : y_i1[yy - cy];
+                        const unsigned long long first =
+                            (unsigned long long)row * p.src_step + (unsigned long long)ws * bpp;
+                        const int shift = (int)(first & 3);
+                        const int nwords = min((shift + (we - ws + 1) * bpp + 3) >> 2, (int)row_words);
+                        const u32* words = (const u32*)src + (first >> 2);
+                        u32* srow = rn_smem + slot * row_words;
+                        for (int w = lane; w < nwords; w += 32) cp_async4(srow + w, words + w);
+                    }
                 }
-                constexpr int bpp = enc_bpp(ENC);
-                const int lane = tid & 31;
-                const int* y_i0 = maps + 3 * cw;
-                const int* y_i1 = y_i0 + chh;
-                for (int slot = tid >> 5; slot < 2 * RN_TILE_H; slot += RN_THREADS / 32) {
-                    const int ty = slot % RN_TILE_H;
-                    const int yy = tile_y0 + ty;
-                    if (yy < cy || yy >= cy + chh) continue;
-                    const int row = slot < RN_TILE_H ? y_i0[yy - cy] : y_i1[yy - cy];
-                    const unsigned long long first =
-                        (unsigned long long)row * p.src_step + (unsigned long long)ws * bpp;
-                    const int shift = (int)(first & 3);
-                    const int nwords = min((shift + (we - ws + 1) * bpp + 3) >> 2, (int)row_words);
-                    const u32* words = (const u32*)src + (first >> 2);
-                    u32* srow = rn_smem + slot * row_words;
-                    for (int w = lane; w < nwords; w += 32) cp_async4(srow + w, words + w);
-                }
+                cp_async_wait_all();
             }
-            cp_async_wait_all();
         }
-    }
-    __syncthreads();
-    if constexpr (RN_STAGED && enc_is_packed(ENC)) {
-        if (row_words != 0) {
-            rn_pixels<ENC, true>(p, src, maps, dst, row_words, ws, s_xtab);
-            return;
+        __syncthreads();
+        bool done = false;
+        if constexpr (RN_STAGED && enc_is_packed(ENC)) {
+            if (row_words != 0) {
+                rn_pixels<ENC, true>(p, src, maps, dst, row_words, ws, s_xtab, tile_x0, tile_y0);
+                done = true;
+            }
         }
+        if (!done) rn_pixels<ENC, false>(p, src, maps, dst, row_words, ws, s_xtab, tile_x0, tile_y0);
+        __syncthreads();  // the next tile overwrites s_xtab and the staged window
     }
-    rn_pixels<ENC, false>(p, src, maps, dst, row_words, ws, s_xtab);
 }
 
 #define RN_ENTRY(name, ENC)                                                               \

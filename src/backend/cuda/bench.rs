@@ -47,8 +47,8 @@ pub struct BenchOptions {
 /// (direct path): (label, extra NVRTC options, staged path).
 pub const FUSED_VARIANTS: [(&str, &[&str], bool); 4] = [
     ("variant staged (RN_STAGED=1)", &["-DRN_STAGED=1"], true),
-    ("variant staged, >= 6 blocks/SM", &["-DRN_STAGED=1", "-DRN_MIN_BLOCKS=6"], true),
     ("variant direct, >= 6 blocks/SM", &["-DRN_MIN_BLOCKS=6"], false),
+    ("variant direct, no register cap", &["-DRN_MIN_BLOCKS=1"], false),
     ("variant direct, fast int->float", &["-DRN_FAST_CVT=1"], false),
 ];
 
@@ -451,7 +451,11 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         // Fused.
         // The backend's default: the direct path (no shared-memory window).
         let words = 0u32;
-        let cfg = launch::resize_normalize_cfg(&p, words);
+        let cfg = launch::resize_normalize_cfg(
+            &p,
+            words,
+            super::resident_blocks(&bench.b.resize[sc.enc as usize], words, dev.multiprocessors),
+        );
         let f = bench.b.resize[sc.enc as usize].clone();
         let fname = kernels::RESIZE_NORMALIZE_ENTRIES[sc.enc as usize];
         let stream = bench.b.stream.clone();
@@ -469,6 +473,15 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
             &[info],
         );
         if opts.variants {
+            // The same kernel with one block per tile (a partial last wave) instead of
+            // resident persistent blocks.
+            let all = launch::resize_normalize_cfg(&p, words, u32::MAX);
+            let t = bench.time(iters, |i| {
+                let (s, d) = (src_p[i % sets], dst_p[i % sets]);
+                launch_kernel!(stream, &f, fname, all, &p, &s, &maps, &d, &words)
+            })?;
+            let info = kernel_info(&f, fname, &all)?;
+            bench.push(&sc.name, "variant one block per tile", "events", t, fused_ledger, &[info]);
             for (label, extra, staged) in FUSED_VARIANTS {
                 let mut o = kernels::compile_options(&dev.arch);
                 o.extend(extra.iter().map(|e| e.to_string()));
@@ -482,7 +495,11 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
                     .load_function(fname)
                     .map_err(|e| drv_err(format!("{fname} in {label}"), e))?;
                 let vw = if staged { launch::staged_row_words(&p, &op.x_map, sc.enc) } else { 0 };
-                let vcfg = launch::resize_normalize_cfg(&p, vw);
+                let vcfg = launch::resize_normalize_cfg(
+                    &p,
+                    vw,
+                    super::resident_blocks(&vf, vw, dev.multiprocessors),
+                );
                 let t = bench.time(iters, |i| {
                     let (s, d) = (src_p[i % sets], dst_p[i % sets]);
                     launch_kernel!(stream, &vf, fname, vcfg, &p, &s, &maps, &d, &vw)

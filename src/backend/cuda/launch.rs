@@ -68,11 +68,18 @@ fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32), smem: u32) -> LaunchConfig
     LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: smem }
 }
 
+/// Tiles of the fused kernel for `p`: `ceil(W / 64) * ceil(H / 16)`.
+pub fn resize_normalize_tiles(p: &PreprocessParams) -> u32 {
+    p.dst_width.div_ceil(RN_TILE_W) * p.dst_height.div_ceil(RN_TILE_H)
+}
+
 /// Launch shape of `resize_normalize_*` for `p`, with `row_words` 32-bit words per
-/// staged row (0: direct path, no shared memory).
-pub fn resize_normalize_cfg(p: &PreprocessParams, row_words: u32) -> LaunchConfig {
+/// staged row (0: direct path, no shared memory): a 1-D grid of persistent blocks, one per
+/// tile but at most `resident` (the blocks that fit on the GPU at once; each block loops
+/// over the tiles, so there is no partial last wave).
+pub fn resize_normalize_cfg(p: &PreprocessParams, row_words: u32, resident: u32) -> LaunchConfig {
     cfg(
-        (p.dst_width.div_ceil(RN_TILE_W), p.dst_height.div_ceil(RN_TILE_H), 1),
+        (resize_normalize_tiles(p).min(resident).max(1), 1, 1),
         (RN_BLOCK_X, RN_BLOCK_Y, 1),
         staged_smem_bytes(row_words),
     )
@@ -201,8 +208,14 @@ mod tests {
     #[test]
     fn launch_shapes_cover_the_image() {
         let p = params(641, 0, 641);
-        let c = resize_normalize_cfg(&p, 0);
+        // 641 x 4: 11 x 1 tiles; capped by the resident blocks
+        let c = resize_normalize_cfg(&p, 0, 1000);
         assert_eq!(c.grid_dim, (11, 1, 1));
+        assert_eq!(resize_normalize_cfg(&p, 0, 4).grid_dim, (4, 1, 1));
+        let mut big = p;
+        big.dst_height = 1080;
+        big.dst_width = 1920;
+        assert_eq!(resize_normalize_tiles(&big), 30 * 68);
         assert_eq!(c.block_dim, (16, 16, 1));
         assert_eq!(conv_tiled_cfg(1920, 1080).grid_dim, (60, 34, 1));
         assert_eq!(conv_naive_cfg(33, 9, 3).grid_dim, (2, 2, 3));

@@ -154,6 +154,8 @@ pub struct CudaBackend {
     conv_constants: Option<ConvConstants>,
     poison: bool,
     fused_path: FusedPath,
+    /// Resident blocks of the fused kernel for (encoding, row words): its grid size cap.
+    resident: Option<(Encoding, u32, u32)>,
 }
 
 impl CudaBackend {
@@ -304,6 +306,7 @@ impl CudaBackend {
             conv_constants: None,
             poison: false,
             fused_path,
+            resident: None,
         })
     }
 
@@ -556,11 +559,19 @@ impl CudaBackend {
         }
         let f = &self.resize[enc as usize];
         let name = RESIZE_NORMALIZE_ENTRIES[enc as usize];
+        let resident = match self.resident {
+            Some((e, w, n)) if e == enc && w == row_words => n,
+            _ => {
+                let n = resident_blocks(f, row_words, self.device.multiprocessors);
+                self.resident = Some((enc, row_words, n));
+                n
+            }
+        };
         launch_kernel!(
             stream,
             f,
             name,
-            launch::resize_normalize_cfg(&fp, row_words),
+            launch::resize_normalize_cfg(&fp, row_words, resident),
             &fp,
             &src,
             &maps,
@@ -643,6 +654,17 @@ impl CudaBackend {
             conv_us: conv * 1e3,
             download_us: down * 1e3 + host_out_us,
         })
+    }
+}
+
+/// Blocks of the fused kernel `f` that fit on the whole GPU at once (occupancy API x
+/// SMs); if the driver cannot say, no cap (one block per tile).
+pub(crate) fn resident_blocks(f: &CudaFunction, row_words: u32, multiprocessors: i32) -> u32 {
+    let threads = launch::RN_BLOCK_X * launch::RN_BLOCK_Y;
+    let smem = launch::staged_smem_bytes(row_words) as usize;
+    match f.occupancy_max_active_blocks_per_multiprocessor(threads, smem, None) {
+        Ok(b) if b > 0 && multiprocessors > 0 => b * multiprocessors as u32,
+        _ => u32::MAX,
     }
 }
 
