@@ -276,7 +276,10 @@ __device__ __forceinline__ void tap(const PreprocessParams& p, const u8* src, Ro
 // row (xa, and xb = xa or xa + 1, as the linear tables guarantee) from three aligned
 // 32-bit loads and two funnel shifts, instead of 6 (8) byte loads. Reads up to 11 bytes
 // past pixel xa's first byte: the frame buffers carry SRC_SLACK bytes of padding.
-__device__ constexpr bool enc_word_pairs(u32 e) { return e <= ENC_BGRA8; }
+#ifndef RN_WORD_PAIRS
+#define RN_WORD_PAIRS 1
+#endif
+__device__ constexpr bool enc_word_pairs(u32 e) { return RN_WORD_PAIRS && e <= ENC_BGRA8; }
 
 template <u32 ENC>
 __device__ __forceinline__ void decode_pair_words(const u8* row, int xa, int xb, Rgb& a, Rgb& b) {
