@@ -32,8 +32,9 @@
 //   code); then v*scale[c] + bias[c]; float16 rounds to nearest even. All arithmetic is
 //   __fmul_rn/__fadd_rn (never contracted into FMA), so each value is bit-identical to
 //   the CPU's (src/backend/cpu/reference.rs, element()).
-// Direct path (default): taps are read from global memory through L1; rgb8/bgr8/rgba8/
-//   bgra8 read both horizontal taps of a row as three aligned 32-bit words.
+// Direct path (default): taps are read from global memory through L1, byte by byte
+//   (-DRN_WORD_PAIRS=1 reads rgb8/bgr8/rgba8/bgra8 tap pairs as aligned words instead:
+//   slower on the H200).
 // Staged path (compiled with -DRN_STAGED=1; the host passes row_words > 0 for encodings
 //   whose pixel x starts at byte x*bpp of its row, when the widest tile window fits): the
 //   block copies, with cp.async 32-bit copies, the source columns its tile samples from
@@ -276,8 +277,11 @@ __device__ __forceinline__ void tap(const PreprocessParams& p, const u8* src, Ro
 // row (xa, and xb = xa or xa + 1, as the linear tables guarantee) from three aligned
 // 32-bit loads and two funnel shifts, instead of 6 (8) byte loads. Reads up to 11 bytes
 // past pixel xa's first byte: the frame buffers carry SRC_SLACK bytes of padding.
+// 1: read rgb8/bgr8/rgba8/bgra8 taps as aligned word pairs (decode_pair_words). Measured
+// 17% SLOWER than byte loads through L1 on the H200 at 4K (24.2 vs 20.7 us, two runs,
+// docs/GPU.md), so off by default; kept for the benchmark's variant.
 #ifndef RN_WORD_PAIRS
-#define RN_WORD_PAIRS 1
+#define RN_WORD_PAIRS 0
 #endif
 __device__ constexpr bool enc_word_pairs(u32 e) { return RN_WORD_PAIRS && e <= ENC_BGRA8; }
 

@@ -47,7 +47,7 @@ pub struct BenchOptions {
 /// (direct path): (label, extra NVRTC options, staged path).
 pub const FUSED_VARIANTS: [(&str, &[&str], bool); 5] = [
     ("variant staged (RN_STAGED=1)", &["-DRN_STAGED=1"], true),
-    ("variant direct, byte loads", &["-DRN_WORD_PAIRS=0"], false),
+    ("variant direct, word pairs", &["-DRN_WORD_PAIRS=1"], false),
     ("variant direct, >= 6 blocks/SM", &["-DRN_MIN_BLOCKS=6"], false),
     ("variant direct, no register cap", &["-DRN_MIN_BLOCKS=1"], false),
     ("variant direct, fast int->float", &["-DRN_FAST_CVT=1"], false),

@@ -39,8 +39,8 @@ pub const RING: usize = 2;
 /// How the fused kernel reads packed encodings (rgb8 ... bgr16, yuyv, uyvy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FusedPath {
-    /// Straight from global memory through L1, 3- and 4-byte pixels as aligned words (the
-    /// default: measured faster on the H200, docs/GPU.md).
+    /// Straight from global memory through L1 (the default: measured faster on the H200,
+    /// docs/GPU.md).
     Direct,
     /// Through a shared-memory copy of each tile's source window (cp.async), when the
     /// window fits; compiled with `-DRN_STAGED=1`.
