@@ -16,3 +16,48 @@ impl CudaBackend {
         Err(Error::CudaNotCompiled)
     }
 }
+
+/// The benchmark's interface without the `cuda` feature: `run` and `startup` fail with
+/// [`Error::CudaNotCompiled`].
+pub mod bench {
+    use crate::error::{Error, Result};
+
+    /// Benchmark settings (see the `cuda` build).
+    #[derive(Debug, Clone)]
+    pub struct BenchOptions {
+        /// CUDA device ordinal.
+        pub device_id: u32,
+        /// Timed iterations per figure.
+        pub iterations: u32,
+        /// Untimed iterations first.
+        pub warmup: u32,
+        /// Also time variants of the fused kernel.
+        pub variants: bool,
+        /// Frame size cases to run, by index; empty: all.
+        pub cases: Vec<usize>,
+        /// conv2d kernel sizes to time; empty: none.
+        pub conv_sizes: Vec<u32>,
+    }
+
+    /// Benchmark output (see the `cuda` build).
+    #[derive(Debug, Clone)]
+    pub struct BenchReport {
+        /// Machine-readable results.
+        pub json: serde_json::Value,
+        /// Human-readable table.
+        pub table: String,
+    }
+
+    /// Always [`Error::CudaNotCompiled`].
+    pub fn run(_opts: &BenchOptions) -> Result<BenchReport> {
+        Err(Error::CudaNotCompiled)
+    }
+
+    /// Always [`Error::CudaNotCompiled`].
+    pub fn startup(
+        _device_id: u32,
+        _cache_dir: Option<&std::path::Path>,
+    ) -> Result<(f64, f64, bool)> {
+        Err(Error::CudaNotCompiled)
+    }
+}

@@ -1,18 +1,752 @@
-//! The CUDA backend (work in progress: the fused kernel lands with the CUDA issue).
-//! Until then, constructing it reports the GPU as unavailable, so `backend: auto` uses
-//! the CPU and `backend: cuda` fails at start-up with a clear message.
+//! The CUDA backend: the specification's function in one fused kernel launch per frame
+//! (plus one conv2d launch when configured), on one non-blocking stream, with per-stage
+//! timing events.
+//!
+//! Frame flow (`upload` memory mode, discrete GPUs):
+//! host frame -> pinned write-combined ring slot (CPU copy) -> device buffer (async
+//! copy) -> `resize_normalize_<enc>` -> [`conv2d_*`] -> device tensor -> pinned cached
+//! ring slot (async copy) -> caller's `Vec`.
+//! `mapped` mode (Jetson: CPU and GPU share DRAM): the kernel reads the pinned,
+//! device-mapped ring slot where the CPU wrote the frame, and writes the tensor into a
+//! mapped slot the CPU reads: no copy on the GPU side at all.
+//!
+//! Everything the GPU touches stays allocated across frames and grows only when a frame
+//! needs more. Every kernel is compiled for the device's own architecture at start-up
+//! (cached on disk), so a bad kernel fails the node at boot, not on its first frame.
 
-use crate::backend::Backend;
-use crate::config::MemoryMode;
+pub mod bench;
+pub mod kernels;
+pub mod launch;
+mod memory;
+
+use crate::backend::{AxisMap, Backend, Conv2dOp, PreprocessOp, StageTimes};
+use crate::config::{DType, Layout, MemoryMode};
 use crate::error::{CudaError, Result};
+use crate::image::{Encoding, ImageView};
+use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+};
+use kernels::{KernelFile, LoadReport, CONV_SIZES, RESIZE_NORMALIZE_ENTRIES};
+use memory::{DeviceBuffer, PinnedBuffer, PinnedKind, SRC_SLACK};
+use std::sync::Arc;
+use std::time::Instant;
 
-/// The CUDA backend.
-pub enum CudaBackend {}
+/// Frames that can be in flight at once: the ring of pinned staging buffers lets the CPU
+/// stage frame N+1 while the GPU still works on frame N.
+pub const RING: usize = 2;
+
+/// How the fused kernel reads packed encodings (rgb8 ... bgr16, yuyv, uyvy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedPath {
+    /// Straight from global memory through L1 (the default: measured faster on the H200,
+    /// docs/GPU.md).
+    Direct,
+    /// Through a shared-memory copy of each tile's source window (cp.async), when the
+    /// window fits; compiled with `-DRN_STAGED=1`.
+    Staged,
+}
+
+/// What the backend knows about its GPU.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    /// Device ordinal.
+    pub ordinal: u32,
+    /// Marketing name (`NVIDIA H200`, `Orin`).
+    pub name: String,
+    /// Compute capability, read from the device.
+    pub compute_capability: (i32, i32),
+    /// NVRTC target derived from it (`sm_90`).
+    pub arch: String,
+    /// `CU_DEVICE_ATTRIBUTE_INTEGRATED`: CPU and GPU share DRAM (Jetson).
+    pub integrated: bool,
+    /// `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`.
+    pub can_map_host_memory: bool,
+    /// Streaming multiprocessors.
+    pub multiprocessors: i32,
+    /// L2 cache in bytes.
+    pub l2_bytes: i32,
+    /// Peak SM clock reported by the driver, MHz (None if the driver no longer reports it).
+    pub max_sm_clock_mhz: Option<f64>,
+    /// CUDA driver version (`12060` = 12.6).
+    pub driver_version: i32,
+    /// NVRTC version used to compile the kernels.
+    pub nvrtc_version: (i32, i32),
+}
+
+fn drv_err(call: impl Into<String>, e: impl std::fmt::Debug) -> CudaError {
+    CudaError::Driver { call: call.into(), message: format!("{e:?}") }
+}
+
+fn attr(ctx: &CudaContext, a: sys::CUdevice_attribute) -> Result<i32, CudaError> {
+    ctx.attribute(a).map_err(|e| drv_err(format!("cuDeviceGetAttribute({a:?})"), e))
+}
+
+/// Launch `f` on `stream` with the given arguments, mapping failures to
+/// [`CudaError::Launch`] with the kernel name and shape.
+macro_rules! launch_kernel {
+    ($stream:expr, $f:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+        let cfg: LaunchConfig = $cfg;
+        let mut b = $stream.launch_builder($f);
+        $( b.arg($arg); )+
+        // SAFETY (for every use of this macro): the arguments match the kernel's
+        // parameter list in its .cu file one for one (by-value structs are #[repr(C)]
+        // twins checked at compile time, device pointers are u64 addresses of buffers
+        // sized by the caller for this launch), and the launch shape is the one the
+        // kernel's header comment documents.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| CudaError::Launch {
+            kernel: $name.to_string(),
+            grid: cfg.grid_dim,
+            block: cfg.block_dim,
+            message: format!("{e:?}"),
+        })
+    }};
+}
+pub(crate) use launch_kernel;
+
+/// One ring slot: the pinned buffers and timing events of one frame in flight.
+struct Slot {
+    /// Frame bytes: write-combined (`upload`) or mapped (`mapped`).
+    input: Option<PinnedBuffer>,
+    /// Tensor bytes: cached (`upload`, filled by a copy) or mapped (`mapped`, written by
+    /// the kernel).
+    output: Option<PinnedBuffer>,
+    /// Timing events: start, after upload, after preprocess, after conv, after download.
+    events: [CudaEvent; 5],
+    in_flight: Option<InFlight>,
+}
+
+struct InFlight {
+    out_len: usize,
+    host_stage_us: f32,
+    kernel: &'static str,
+}
+
+/// The conv2d weights currently in the conv module's constant memory.
+#[derive(PartialEq)]
+struct ConvConstants {
+    weights: Vec<f32>,
+    separable: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// The CUDA backend. Construct with [`CudaBackend::open`] (as a trait object, what the
+/// pipeline uses) or [`CudaBackend::new`].
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    device: DeviceInfo,
+    mode: MemoryMode,
+    loads: Vec<LoadReport>,
+    resize: Vec<CudaFunction>,
+    conv_tiled: Vec<CudaFunction>,
+    conv_separable: Vec<CudaFunction>,
+    conv_module: Arc<CudaModule>,
+    slots: Vec<Slot>,
+    next_slot: usize,
+    src_dev: DeviceBuffer,
+    maps_dev: DeviceBuffer,
+    scratch: DeviceBuffer,
+    out_dev: DeviceBuffer,
+    /// The tables in `maps_dev`, and the source size they were checked against.
+    maps_for: Option<(AxisMap, AxisMap, u32, u32)>,
+    /// Staged-path row words for (encoding, the tables in `maps_dev`).
+    row_words: Option<(Encoding, u32)>,
+    conv_constants: Option<ConvConstants>,
+    poison: bool,
+    fused_path: FusedPath,
+    /// Resident blocks of the fused kernel for (encoding, row words): its grid size cap.
+    resident: Option<(Encoding, u32, u32)>,
+}
 
 impl CudaBackend {
-    /// Open device `device_id`.
-    pub fn open(_device_id: u32, _memory_mode: MemoryMode) -> Result<Box<dyn Backend>> {
-        Err(CudaError::Unavailable("the CUDA backend is not implemented in this build yet".into())
-            .into())
+    /// Open device `device_id` as a [`Backend`] (what `select_backend` calls).
+    pub fn open(device_id: u32, memory_mode: MemoryMode) -> Result<Box<dyn Backend>> {
+        Ok(Box::new(Self::new(device_id, memory_mode)?))
+    }
+
+    /// Open device `device_id`: create the context and stream, compile (or load from the
+    /// cache) every kernel for the device's compute capability, resolve the memory mode.
+    pub fn new(device_id: u32, memory_mode: MemoryMode) -> Result<Self> {
+        Self::new_with_cache(device_id, memory_mode, kernels::cache_dir().as_deref())
+    }
+
+    /// [`CudaBackend::new`] with an explicit kernel cache directory (`None`: compile
+    /// every time, cache nothing).
+    pub fn new_with_cache(
+        device_id: u32,
+        memory_mode: MemoryMode,
+        cache: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        Self::new_with_options(device_id, memory_mode, cache, FusedPath::Direct)
+    }
+
+    /// [`CudaBackend::new_with_cache`] choosing how the fused kernel reads packed
+    /// encodings (tests and the benchmark exercise both; the node uses the default).
+    pub fn new_with_options(
+        device_id: u32,
+        memory_mode: MemoryMode,
+        cache: Option<&std::path::Path>,
+        fused_path: FusedPath,
+    ) -> Result<Self> {
+        // SAFETY: only tries to dlopen libcuda; no symbol is called.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::Unavailable(
+                "libcuda.so could not be loaded (no NVIDIA driver on this machine)".into(),
+            )
+            .into());
+        }
+        cudarc::driver::result::init()
+            .map_err(|e| CudaError::Unavailable(format!("cuInit: {e:?}")))?;
+        let count = cudarc::driver::result::device::get_count()
+            .map_err(|e| CudaError::Unavailable(format!("cuDeviceGetCount: {e:?}")))?;
+        if device_id as i32 >= count {
+            return Err(CudaError::Unavailable(format!(
+                "device_id {device_id} does not exist: this machine has {count} CUDA device(s)"
+            ))
+            .into());
+        }
+        let ctx = CudaContext::new(device_id as usize)
+            .map_err(|e| drv_err(format!("creating the context of device {device_id}"), e))?;
+        // SAFETY: the backend uses exactly one stream and orders every access to its
+        // buffers on it, so cudarc's cross-stream event tracking is not needed; it is
+        // turned off before any allocation is made.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| drv_err("cuStreamCreate(NON_BLOCKING)", e))?;
+        let device = device_info(&ctx, device_id)?;
+        let mode = match memory_mode {
+            MemoryMode::Auto if device.integrated => MemoryMode::Mapped,
+            MemoryMode::Auto => MemoryMode::Upload,
+            m => m,
+        };
+        if mode == MemoryMode::Mapped && !device.can_map_host_memory {
+            return Err(crate::error::Error::config(
+                "memory_mode",
+                "mapped",
+                format!("{} cannot map host memory; use upload or auto", device.name),
+            ));
+        }
+        if !kernels::nvrtc_available() {
+            return Err(CudaError::Unavailable(
+                "libnvrtc.so could not be loaded: install the CUDA 12 NVRTC (JetPack, or \
+                 PyPI nvidia-cuda-nvrtc-cu12) and put its lib directory on LD_LIBRARY_PATH"
+                    .into(),
+            )
+            .into());
+        }
+        // Compile (or read from the cache) the kernel files on one thread each, then load.
+        let (arch, drv) = (device.arch.clone(), device.driver_version);
+        let prepared: Vec<Result<kernels::Prepared, CudaError>> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = KernelFile::BACKEND
+                .iter()
+                .map(|&file| {
+                    let extra = match (file, fused_path) {
+                        (KernelFile::ResizeNormalize, FusedPath::Staged) => {
+                            vec!["-DRN_STAGED=1".to_string()]
+                        }
+                        _ => Vec::new(),
+                    };
+                    let arch = &arch;
+                    scope.spawn(move || kernels::prepare(file, arch, drv, cache, &extra))
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| {
+                    j.join()
+                        .unwrap_or_else(|_| Err(drv_err("compiling kernels", "a thread panicked")))
+                })
+                .collect()
+        });
+        let mut loads = Vec::new();
+        let mut modules = Vec::new();
+        for p in prepared {
+            let (m, report) = kernels::load_prepared(&ctx, p?)?;
+            loads.push(report);
+            modules.push(m);
+        }
+        let [rn_module, conv_module] = <[Arc<CudaModule>; 2]>::try_from(modules)
+            .map_err(|_| drv_err("loading kernels", "expected two modules"))?;
+        let names: Vec<String> = RESIZE_NORMALIZE_ENTRIES.iter().map(|s| s.to_string()).collect();
+        let resize = kernels::functions(&rn_module, KernelFile::ResizeNormalize, &names)?;
+        let tiled: Vec<String> = CONV_SIZES.iter().map(|k| format!("conv2d_tiled_k{k}")).collect();
+        let sep: Vec<String> =
+            CONV_SIZES.iter().map(|k| format!("conv2d_separable_k{k}")).collect();
+        let conv_tiled = kernels::functions(&conv_module, KernelFile::Conv2dTiled, &tiled)?;
+        let conv_separable = kernels::functions(&conv_module, KernelFile::Conv2dTiled, &sep)?;
+        let mut slots = Vec::with_capacity(RING);
+        for _ in 0..RING {
+            let ev = || {
+                ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(|e| drv_err("cuEventCreate(timing)", e))
+            };
+            slots.push(Slot {
+                input: None,
+                output: None,
+                events: [ev()?, ev()?, ev()?, ev()?, ev()?],
+                in_flight: None,
+            });
+        }
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            device,
+            mode,
+            loads,
+            resize,
+            conv_tiled,
+            conv_separable,
+            conv_module,
+            slots,
+            next_slot: 0,
+            src_dev: DeviceBuffer::default(),
+            maps_dev: DeviceBuffer::default(),
+            scratch: DeviceBuffer::default(),
+            out_dev: DeviceBuffer::default(),
+            maps_for: None,
+            row_words: None,
+            conv_constants: None,
+            poison: false,
+            fused_path,
+            resident: None,
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    /// The resolved memory mode (`Upload` or `Mapped`, never `Auto`).
+    pub fn memory_mode(&self) -> MemoryMode {
+        self.mode
+    }
+
+    /// How each kernel module was obtained at start-up (cache hit, compile time, log).
+    pub fn load_reports(&self) -> &[LoadReport] {
+        &self.loads
+    }
+
+    /// Tests: fill every output and scratch buffer with NaN bytes (0xFF) before each
+    /// frame, so an element the kernels fail to write shows up as NaN.
+    pub fn set_poison_outputs(&mut self, on: bool) {
+        self.poison = on;
+    }
+
+    /// Wait for the frame in `slot`, if any, and drop its result.
+    fn retire(&mut self, slot: usize) -> Result<(), CudaError> {
+        if self.slots[slot].in_flight.take().is_some() {
+            self.slots[slot].events[4]
+                .synchronize()
+                .map_err(|e| drv_err("waiting for an abandoned frame", e))?;
+        }
+        Ok(())
+    }
+
+    /// Upload the sampling tables when they change (once per frame size), after checking
+    /// every index lies inside the source (the kernel trusts them).
+    fn ensure_maps(&mut self, op: &PreprocessOp, image: &ImageView<'_>) -> Result<CUdeviceptr> {
+        let key_ok = matches!(&self.maps_for, Some((x, y, w, h))
+            if *x == op.x_map && *y == op.y_map && *w == image.width() && *h == image.height());
+        if key_ok {
+            if let Some(p) = self.maps_dev.ptr(&self.stream) {
+                return Ok(p);
+            }
+        }
+        let p = &op.params;
+        let (xm, ym) = (&op.x_map, &op.y_map);
+        let lens_ok = [xm.i0.len(), xm.i1.len(), xm.w1.len()]
+            .iter()
+            .all(|&n| n == p.content_w as usize)
+            && [ym.i0.len(), ym.i1.len(), ym.w1.len()].iter().all(|&n| n == p.content_h as usize);
+        let in_range = |v: &[i32], n: u32| v.iter().all(|&i| i >= 0 && (i as u32) < n);
+        let inside = p.content_x.checked_add(p.content_w).is_some_and(|e| e <= p.dst_width)
+            && p.content_y.checked_add(p.content_h).is_some_and(|e| e <= p.dst_height);
+        if !lens_ok
+            || !inside
+            || !in_range(&xm.i0, image.width())
+            || !in_range(&xm.i1, image.width())
+            || !in_range(&ym.i0, image.height())
+            || !in_range(&ym.i1, image.height())
+        {
+            return Err(drv_err(
+                "checking the sampling tables",
+                "tables do not match the content rectangle or point outside the source image",
+            )
+            .into());
+        }
+        let mut words: Vec<u8> = Vec::with_capacity(12 * (xm.i0.len() + ym.i0.len()));
+        for m in [xm, ym] {
+            words.extend(m.i0.iter().flat_map(|v| v.to_le_bytes()));
+            words.extend(m.i1.iter().flat_map(|v| v.to_le_bytes()));
+            words.extend(m.w1.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        let dptr = self.maps_dev.ensure(&self.stream, words.len(), "sampling tables")?;
+        // SAFETY: dptr has at least words.len() bytes; the source is pageable, so the call
+        // returns only after the bytes have been staged and `words` may then be dropped.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dptr,
+                words.as_ptr() as *const _,
+                words.len(),
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| drv_err("uploading the sampling tables", e))?;
+        self.maps_for = Some((xm.clone(), ym.clone(), image.width(), image.height()));
+        self.row_words = None;
+        Ok(dptr)
+    }
+
+    /// Put the conv2d weights into the conv module's constant memory when they change.
+    fn ensure_conv_constants(&mut self, conv: &Conv2dOp) -> Result<()> {
+        let want =
+            ConvConstants { weights: conv.weights.clone(), separable: conv.separable.clone() };
+        if self.conv_constants.as_ref() == Some(&want) {
+            return Ok(());
+        }
+        let set = |symbol: &str, values: &[f32]| -> Result<(), CudaError> {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let mut sym = self
+                .conv_module
+                .get_global(symbol, &self.stream)
+                .map_err(|e| drv_err(format!("cuModuleGetGlobal({symbol})"), e))?;
+            if bytes.len() > sym.len() {
+                return Err(drv_err(format!("setting {symbol}"), "too many weights"));
+            }
+            let mut dst = sym.slice_mut(..bytes.len());
+            self.stream
+                .memcpy_htod(&bytes, &mut dst)
+                .map_err(|e| drv_err(format!("copying conv2d weights to {symbol}"), e))
+        };
+        set("c_conv_w", &want.weights)?;
+        if let Some((col, row)) = &want.separable {
+            set("c_conv_col", col)?;
+            set("c_conv_row", row)?;
+        }
+        self.conv_constants = Some(want);
+        Ok(())
+    }
+
+    /// Stage `image` and queue its whole frame (upload, preprocess, conv, download) on
+    /// the stream; returns the ring slot to pass to [`CudaBackend::finish`]. Blocks only
+    /// if that slot's previous frame is still running (more than [`RING`] in flight).
+    pub fn submit(
+        &mut self,
+        image: &ImageView<'_>,
+        op: &PreprocessOp,
+        conv: Option<&Conv2dOp>,
+    ) -> Result<usize> {
+        self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+        let s = self.next_slot;
+        self.next_slot = (s + 1) % RING;
+        self.retire(s)?;
+        let p = op.params;
+        if p.src_width != image.width()
+            || p.src_height != image.height()
+            || p.encoding != image.encoding() as u32
+        {
+            return Err(drv_err(
+                "checking the operation against the frame",
+                format!(
+                    "operation built for {}x{} encoding {} but the frame is {}x{} {}",
+                    p.src_width,
+                    p.src_height,
+                    p.encoding,
+                    image.width(),
+                    image.height(),
+                    image.encoding()
+                ),
+            )
+            .into());
+        }
+        let enc = image.encoding();
+        let data = image.data();
+        let desc = p.tensor_desc();
+        let out_len = desc.byte_len();
+        let mapped = self.mode == MemoryMode::Mapped;
+
+        // Host staging into this slot's pinned buffers (nothing of this slot is pending).
+        let t = Instant::now();
+        let in_kind = if mapped { PinnedKind::Mapped } else { PinnedKind::Upload };
+        let out_kind = if mapped { PinnedKind::Mapped } else { PinnedKind::Download };
+        let slot = &mut self.slots[s];
+        if !slot.input.as_ref().is_some_and(|b| b.len() >= data.len() + SRC_SLACK) {
+            slot.input = None;
+            slot.input = Some(PinnedBuffer::new(&self.ctx, data.len() + SRC_SLACK, in_kind)?);
+        }
+        if !slot.output.as_ref().is_some_and(|b| b.len() >= out_len) {
+            slot.output = None;
+            slot.output = Some(PinnedBuffer::new(&self.ctx, out_len, out_kind)?);
+        }
+        let (Some(input), Some(output)) = (slot.input.as_mut(), slot.output.as_mut()) else {
+            return Err(drv_err("staging", "ring slot buffers missing").into());
+        };
+        // SAFETY: retire(s) above waited for the last frame that used this slot, and no
+        // other frame uses its buffers: no GPU work touching them is pending.
+        unsafe { input.host_mut()[..data.len()].copy_from_slice(data) };
+        if self.poison {
+            // SAFETY: as above, nothing pending uses this slot's output buffer.
+            unsafe { output.host_mut().fill(0xFF) };
+        }
+        let host_stage_us = t.elapsed().as_secs_f32() * 1e6;
+        let input_host = input.host_ptr();
+        let input_dev = input.device_ptr();
+        let output_host = output.host_ptr();
+        let output_dev = output.device_ptr();
+
+        let maps = self.ensure_maps(op, image)?;
+        let row_words = match self.row_words {
+            Some((e, w)) if e == enc => w,
+            _ => {
+                let w = match self.fused_path {
+                    FusedPath::Staged => launch::staged_row_words(&p, &op.x_map, enc),
+                    FusedPath::Direct => 0,
+                };
+                self.row_words = Some((enc, w));
+                w
+            }
+        };
+        let stream = self.stream.clone();
+        let cu_stream = stream.cu_stream();
+        let record = |slot: &Slot, i: usize| {
+            slot.events[i].record(&stream).map_err(|e| drv_err("cuEventRecord", e))
+        };
+
+        record(&self.slots[s], 0)?;
+        let src = match input_dev {
+            Some(d) => d,
+            None => {
+                let d = self.src_dev.ensure(&stream, data.len() + SRC_SLACK, "the frame")?;
+                // SAFETY: the pinned source holds data.len() staged bytes and stays alive
+                // and untouched until this slot's last event completes; d has at least
+                // data.len() bytes.
+                unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(d, input_host as *const _, data.len(), cu_stream)
+                }
+                .result()
+                .map_err(|e| drv_err(format!("uploading {} frame bytes", data.len()), e))?;
+                d
+            }
+        };
+        record(&self.slots[s], 1)?;
+
+        // Where the fused kernel writes: the final tensor, or float32 NCHW scratch for conv.
+        let mut fp = p;
+        let tensor_dst = match output_dev {
+            Some(d) => d,
+            None => self.out_dev.ensure(&stream, out_len, "the tensor")?,
+        };
+        let fused_dst = if let Some(c) = conv {
+            fp.layout = Layout::Nchw as u32;
+            fp.dtype = DType::Float32 as u32;
+            let d = self.scratch.ensure(&stream, desc.len() * 4, "the conv2d input")?;
+            if self.poison {
+                memset(d, desc.len() * 4, cu_stream)?;
+            }
+            if !CONV_SIZES.contains(&c.size) || c.weights.len() != (c.size * c.size) as usize {
+                return Err(crate::error::Error::config(
+                    "conv.size",
+                    c.size,
+                    "use an odd size 1..=15 with size*size weights",
+                ));
+            }
+            d
+        } else {
+            tensor_dst
+        };
+        if self.poison && output_dev.is_none() {
+            memset(tensor_dst, out_len, cu_stream)?;
+        }
+        let f = &self.resize[enc as usize];
+        let name = RESIZE_NORMALIZE_ENTRIES[enc as usize];
+        let resident = match self.resident {
+            Some((e, w, n)) if e == enc && w == row_words => n,
+            _ => {
+                let n = resident_blocks(f, row_words, self.device.multiprocessors);
+                self.resident = Some((enc, row_words, n));
+                n
+            }
+        };
+        launch_kernel!(
+            stream,
+            f,
+            name,
+            launch::resize_normalize_cfg(&fp, row_words, resident),
+            &fp,
+            &src,
+            &maps,
+            &fused_dst,
+            &row_words
+        )?;
+        record(&self.slots[s], 2)?;
+
+        if let Some(c) = conv {
+            self.ensure_conv_constants(c)?;
+            let cp = launch::Conv2dParams {
+                width: p.dst_width,
+                height: p.dst_height,
+                channels: p.channels,
+                size: c.size,
+                border: c.border as u32,
+                layout: p.layout,
+                dtype: p.dtype,
+            };
+            let k = CONV_SIZES.iter().position(|&k| k == c.size).unwrap_or(0);
+            let (f, kind) = match c.separable {
+                Some(_) => (&self.conv_separable[k], "conv2d_separable_k"),
+                None => (&self.conv_tiled[k], "conv2d_tiled_k"),
+            };
+            let name = format!("{kind}{}", c.size);
+            launch_kernel!(
+                stream,
+                f,
+                name,
+                launch::conv_tiled_cfg(p.dst_width, p.dst_height),
+                &cp,
+                &fused_dst,
+                &tensor_dst
+            )?;
+        }
+        record(&self.slots[s], 3)?;
+        if output_dev.is_none() {
+            // SAFETY: the pinned output of this slot has at least out_len bytes and is not
+            // read by the CPU before this slot's last event completes (finish/retire).
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(output_host as *mut _, tensor_dst, out_len, cu_stream)
+            }
+            .result()
+            .map_err(|e| drv_err(format!("downloading {out_len} tensor bytes"), e))?;
+        }
+        record(&self.slots[s], 4)?;
+        self.slots[s].in_flight = Some(InFlight { out_len, host_stage_us, kernel: name });
+        Ok(s)
+    }
+
+    /// Wait for the frame queued in `slot` by [`CudaBackend::submit`], copy its tensor into
+    /// `out` and return its stage times (events; the upload and download times include
+    /// the CPU copies into and out of the pinned buffers).
+    pub fn finish(&mut self, slot: usize, out: &mut Vec<u8>) -> Result<StageTimes> {
+        self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+        let s = self
+            .slots
+            .get_mut(slot)
+            .ok_or_else(|| drv_err("finish", format!("no ring slot {slot}")))?;
+        let f = s
+            .in_flight
+            .take()
+            .ok_or_else(|| drv_err("finish", format!("no frame in slot {slot}")))?;
+        s.events[4].synchronize().map_err(|e| {
+            drv_err(format!("running the frame (upload, {}, conv, download)", f.kernel), e)
+        })?;
+        let ms = |a: usize, b: usize| {
+            s.events[a].elapsed_ms(&s.events[b]).map_err(|e| drv_err("cuEventElapsedTime", e))
+        };
+        let (up, pre, conv, down) = (ms(0, 1)?, ms(1, 2)?, ms(2, 3)?, ms(3, 4)?);
+        let t = Instant::now();
+        let output = s.output.as_ref().ok_or_else(|| drv_err("finish", "slot output missing"))?;
+        out.clear();
+        // SAFETY: the slot's last event has completed: nothing writes this buffer now.
+        out.extend_from_slice(unsafe { &output.host()[..f.out_len] });
+        let host_out_us = t.elapsed().as_secs_f32() * 1e6;
+        Ok(StageTimes {
+            upload_us: f.host_stage_us + up * 1e3,
+            preprocess_us: pre * 1e3,
+            conv_us: conv * 1e3,
+            download_us: down * 1e3 + host_out_us,
+        })
+    }
+}
+
+/// Blocks of the fused kernel `f` that fit on the whole GPU at once (occupancy API x
+/// SMs); if the driver cannot say, no cap (one block per tile).
+pub(crate) fn resident_blocks(f: &CudaFunction, row_words: u32, multiprocessors: i32) -> u32 {
+    let threads = launch::RN_BLOCK_X * launch::RN_BLOCK_Y;
+    let smem = launch::staged_smem_bytes(row_words) as usize;
+    match f.occupancy_max_active_blocks_per_multiprocessor(threads, smem, None) {
+        Ok(b) if b > 0 && multiprocessors > 0 => b * multiprocessors as u32,
+        _ => u32::MAX,
+    }
+}
+
+/// Fill `len` bytes at `ptr` with 0xFF (NaN as float32 and float16) on the stream.
+fn memset(ptr: CUdeviceptr, len: usize, stream: sys::CUstream) -> Result<(), CudaError> {
+    // SAFETY: callers pass a device buffer of at least `len` bytes owned by the backend.
+    unsafe { sys::cuMemsetD8Async(ptr, 0xFF, len, stream) }
+        .result()
+        .map_err(|e| drv_err("poisoning an output buffer", e))
+}
+
+fn device_info(ctx: &Arc<CudaContext>, ordinal: u32) -> Result<DeviceInfo, CudaError> {
+    use sys::CUdevice_attribute as A;
+    let name = ctx.name().map_err(|e| drv_err("cuDeviceGetName", e))?;
+    let compute_capability =
+        ctx.compute_capability().map_err(|e| drv_err("compute capability", e))?;
+    let mut driver_version = 0;
+    // SAFETY: a valid out pointer for the duration of the call.
+    unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+        .result()
+        .map_err(|e| drv_err("cuDriverGetVersion", e))?;
+    let nvrtc_version = if kernels::nvrtc_available() { kernels::nvrtc_version()? } else { (0, 0) };
+    Ok(DeviceInfo {
+        ordinal,
+        name,
+        arch: format!("sm_{}{}", compute_capability.0, compute_capability.1),
+        compute_capability,
+        integrated: attr(ctx, A::CU_DEVICE_ATTRIBUTE_INTEGRATED)? != 0,
+        can_map_host_memory: attr(ctx, A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? != 0,
+        multiprocessors: attr(ctx, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        l2_bytes: attr(ctx, A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
+        max_sm_clock_mhz: attr(ctx, A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
+            .ok()
+            .filter(|&k| k > 0)
+            .map(|k| f64::from(k) / 1e3),
+        driver_version,
+        nvrtc_version,
+    })
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device_description(&self) -> String {
+        let d = &self.device;
+        format!(
+            "{} ({}, {} SMs, {}, driver {}.{}, NVRTC {}.{}, memory_mode {})",
+            d.name,
+            d.arch,
+            d.multiprocessors,
+            if d.integrated { "integrated" } else { "discrete" },
+            d.driver_version / 1000,
+            (d.driver_version % 1000) / 10,
+            d.nvrtc_version.0,
+            d.nvrtc_version.1,
+            match self.mode {
+                MemoryMode::Mapped => "mapped",
+                _ => "upload",
+            }
+        )
+    }
+
+    fn process(
+        &mut self,
+        image: &ImageView<'_>,
+        op: &PreprocessOp,
+        conv: Option<&Conv2dOp>,
+        out: &mut Vec<u8>,
+    ) -> Result<StageTimes> {
+        let slot = self.submit(image, op, conv)?;
+        self.finish(slot, out)
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // The pinned ring may still be read or written by queued work: wait for it before
+        // the fields (and their memory) are dropped.
+        let _ = self.ctx.bind_to_thread();
+        let r = self.stream.synchronize();
+        self.ctx.record_err(r);
     }
 }

@@ -1,6 +1,7 @@
 //! `vision_preproc`: the offline command-line tool (no ROS needed).
 
 mod bench_cpu;
+mod bench_gpu;
 mod conv_file;
 mod input;
 mod play;
@@ -35,6 +36,9 @@ enum Command {
     },
     /// Say which backend `backend: auto` would pick on this machine, and why.
     Info,
+    /// Benchmark the CUDA backend (fused vs three-kernel, tiled vs naive conv2d, upload,
+    /// download, full frame); prints a table and writes results.json.
+    Bench(bench_gpu::BenchArgs),
     /// (tests) The CPU conv2d alone on a float32 (C, H, W) .npy.
     #[command(hide = true)]
     ConvFile(conv_file::ConvFileArgs),
@@ -82,6 +86,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::BenchCpu(args) => bench_cpu::run(args)?,
         Command::Replay(args) => replay::run(args)?,
         Command::Play(args) => play::run(args)?,
+        Command::Bench(args) => bench_gpu::run(&args)?,
     }
     Ok(())
 }

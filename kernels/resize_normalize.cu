@@ -1,0 +1,572 @@
+// resize_normalize.cu: the fused preprocessing, ONE launch per frame that reads the
+// source bytes once and writes the tensor once:
+//   decode (any encoding) -> ROI -> bilinear/nearest sample -> letterbox pad or crop
+//   -> normalize -> channel order -> NCHW/NHWC store in float32 or float16.
+//
+// Layouts
+//   src   the frame as received (sensor_msgs/Image data): src_height rows of src_step
+//         bytes; NV12/NV21 append src_height/2 interleaved chroma rows of src_step bytes.
+//         The buffer carries at least 16 bytes of padding after the frame (SRC_SLACK):
+//         the word loads read whole aligned 32-bit words, up to 11 bytes past the first
+//         byte of the last pixel they need.
+//   maps  the sampling tables of src/backend/ops.rs AxisMap as int32, x then y:
+//         [x_i0 | x_i1 | x_w1 (f32 bits)] (content_w each), [y_i0 | y_i1 | y_w1]
+//         (content_h each). Indices are absolute source pixels (ROI already applied).
+//   dst   (C, H, W) planar (NCHW) or (H, W, C) interleaved (NHWC), dense, float32 or
+//         float16 bits; 16-byte aligned.
+// Launch shape
+//   block (RN_BLOCK_X, RN_BLOCK_Y) = (16, 16); each thread writes RN_PX = 4 adjacent
+//   pixels of one row (one 16-byte store per channel for NCHW float32 when W % 4 == 0),
+//   so a block covers a 64 x 16 tile; 1-D grid of min(tiles, resident blocks) persistent
+//   blocks, each looping over tiles t = blockIdx.x, + gridDim.x, ... (row-major).
+//   Shared memory: the tile's x table (3 * 64 int32, static) and, for the staged path,
+//   2 * RN_BLOCK_Y * row_words * 4 bytes of dynamic shared memory (0 for the direct path).
+// Reference behaviour: src/backend/cpu (the specification). Per output pixel: outside
+//   the content rectangle -> pad[c]; else four taps (i0/i1 of each axis) decoded to RGB in
+//   8-bit units (16-bit samples / 257), bilinear in float, horizontal then vertical
+//   (top = s00*(1-wx) + s01*wx, bottom likewise, v = top*(1-wy) + bottom*wy) = the
+//   sampling of cv2.resize INTER_LINEAR / INTER_NEAREST through the same host tables;
+//   grey output from colour: OpenCV 5.0 RGB2GRAY 15-bit fixed point on each tap before
+//   interpolation; YUV: BT.601 20-bit fixed point; Bayer: OpenCV's bilinear demosaic
+//   with its border copies (all as src/backend/cpu/decode.rs, which cites the OpenCV
+//   code); then v*scale[c] + bias[c]; float16 rounds to nearest even. All arithmetic is
+//   __fmul_rn/__fadd_rn (never contracted into FMA), so each value is bit-identical to
+//   the CPU's (src/backend/cpu/reference.rs, element()).
+// Direct path (default): taps are read from global memory through L1, byte by byte
+//   (-DRN_WORD_PAIRS=1 reads rgb8/bgr8/rgba8/bgra8 tap pairs as aligned words instead:
+//   slower on the H200).
+// Staged path (compiled with -DRN_STAGED=1; the host passes row_words > 0 for encodings
+//   whose pixel x starts at byte x*bpp of its row, when the widest tile window fits): the
+//   block copies, with cp.async 32-bit copies, the source columns its tile samples from
+//   each of the two source rows of each of its 16 output rows into shared memory, then
+//   samples there. Measured slower than the direct path on the H200 (docs/GPU.md).
+#include "common.cuh"
+
+// keep in sync with src/backend/cuda/launch.rs
+#define RN_PX 4
+#define RN_BLOCK_X 16
+#define RN_BLOCK_Y 16
+#define RN_THREADS (RN_BLOCK_X * RN_BLOCK_Y)
+#define RN_TILE_W (RN_BLOCK_X * RN_PX)
+#define RN_TILE_H RN_BLOCK_Y
+// Blocks per SM the register allocation must allow (__launch_bounds__): 5 keeps every
+// entry point at <= 48 registers with no spill on sm_87 and sm_90 (5 x 256 threads per
+// SM); without the cap the persistent loop took 56 on sm_90 (4 blocks per SM).
+#ifndef RN_MIN_BLOCKS
+#define RN_MIN_BLOCKS 5
+#endif
+// 1: exact int -> float through the mantissa trick (u2f) instead of I2F.
+#ifndef RN_FAST_CVT
+#define RN_FAST_CVT 0
+#endif
+// 1: compile the staged (shared-memory window) path into the entry points; the host
+// then passes row_words > 0 where the window fits. 0 (default): direct path only, which
+// needs fewer registers (48 instead of 56 for rgb8 on sm_90: 5 blocks per SM instead of 4).
+#ifndef RN_STAGED
+#define RN_STAGED 0
+#endif
+
+// OpenCV's BT.601 YUV -> RGB fixed point (color_yuv.simd.hpp, ITUR_BT_601_*).
+#define YUV_SHIFT 20
+#define YUV_CY 1220542
+#define YUV_CUB 2116026
+#define YUV_CUG (-409993)
+#define YUV_CVG (-852492)
+#define YUV_CVR 1673527
+// OpenCV 5.0's RGB2GRAY fixed point, 15 bits, u8 and u16 alike (src/backend/cpu/decode.rs
+// GREY_WEIGHTS: 0.299, 0.587, 0.114 scaled by 2^15, summing to 2^15).
+#define GRAY_SHIFT 15
+#define GRAY_R 9798u
+#define GRAY_G 19235u
+#define GRAY_B 3735u
+
+__device__ constexpr u32 enc_bpp(u32 e) {
+    return e == ENC_RGB8 || e == ENC_BGR8     ? 3
+           : e == ENC_RGBA8 || e == ENC_BGRA8 ? 4
+           : e == ENC_MONO16                  ? 2
+           : e == ENC_RGB16 || e == ENC_BGR16 ? 6
+           : e == ENC_YUYV || e == ENC_UYVY   ? 2
+                                              : 1;
+}
+__device__ constexpr bool enc_is_16bit(u32 e) { return e == ENC_MONO16 || e == ENC_RGB16 || e == ENC_BGR16; }
+__device__ constexpr bool enc_is_mono(u32 e) { return e == ENC_MONO8 || e == ENC_MONO16; }
+__device__ constexpr bool enc_is_yuv422(u32 e) { return e == ENC_YUYV || e == ENC_UYVY; }
+// Pixel x of a row starts at byte x*bpp (4:2:2: its pair starts at (x & ~1) * 2).
+__device__ constexpr bool enc_is_packed(u32 e) { return e <= ENC_BGR16 || enc_is_yuv422(e); }
+
+__device__ __forceinline__ int clamp_u8(int v) { return v < 0 ? 0 : (v > 255 ? 255 : v); }
+
+// Copy 4 bytes global -> shared without a register round trip (sm_80+: cp.async), so a
+// thread has all its staging loads in flight at once; plain copy on older GPUs.
+__device__ __forceinline__ void cp_async4(u32* smem, const u32* gmem) {
+#if __CUDA_ARCH__ >= 800
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+    *smem = *gmem;
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// Exact int -> float for 0 <= v < 2^23 (8- and 16-bit samples): the integer in the
+// mantissa of 2^23, minus 2^23. One logic op and one full-rate add instead of a
+// quarter-rate I2F. Same value as (float)v.
+__device__ __forceinline__ float u2f(int v) {
+#if RN_FAST_CVT
+    return __fsub_rn(__int_as_float(0x4B000000 | v), 8388608.0f);
+#else
+    return (float)v;
+#endif
+}
+
+// One row of source bytes: pixel x of encoding ENC starts at base[off + x * bpp].
+struct Row {
+    const u8* base;
+    int off;
+};
+
+// A decoded tap in source integer units (8 or 16 bits): r, g, b.
+struct Rgb {
+    int r, g, b;
+};
+
+__device__ __forceinline__ int rd16(const u8* q, u32 big_endian) {
+    return big_endian ? (q[0] << 8 | q[1]) : (q[1] << 8 | q[0]);
+}
+
+__device__ __forceinline__ Rgb yuv_to_rgb(int yy, int u, int v) {
+    const int y = max(0, yy - 16) * YUV_CY;
+    const int uu = u - 128, vv = v - 128;
+    const int ruv = (1 << (YUV_SHIFT - 1)) + YUV_CVR * vv;
+    const int guv = (1 << (YUV_SHIFT - 1)) + YUV_CVG * vv + YUV_CUG * uu;
+    const int buv = (1 << (YUV_SHIFT - 1)) + YUV_CUB * uu;
+    Rgb o;
+    o.r = clamp_u8((y + ruv) >> YUV_SHIFT);
+    o.g = clamp_u8((y + guv) >> YUV_SHIFT);
+    o.b = clamp_u8((y + buv) >> YUV_SHIFT);
+    return o;
+}
+
+// Packed encodings: the tap at column x of `row`.
+template <u32 ENC>
+__device__ __forceinline__ Rgb decode_packed(Row row, int x, u32 big_endian) {
+    Rgb o;
+    if constexpr (enc_is_yuv422(ENC)) {
+        const u8* q = row.base + row.off + (x & ~1) * 2;
+        // yuyv: Y0 U Y1 V; uyvy: U Y0 V Y1
+        const int yy = ENC == ENC_YUYV ? q[(x & 1) * 2] : q[(x & 1) * 2 + 1];
+        const int u = ENC == ENC_YUYV ? q[1] : q[0];
+        const int v = ENC == ENC_YUYV ? q[3] : q[2];
+        return yuv_to_rgb(yy, u, v);
+    } else {
+        const u8* q = row.base + row.off + x * (int)enc_bpp(ENC);
+        if constexpr (ENC == ENC_RGB8 || ENC == ENC_RGBA8) {
+            o.r = q[0]; o.g = q[1]; o.b = q[2];
+        } else if constexpr (ENC == ENC_BGR8 || ENC == ENC_BGRA8) {
+            o.r = q[2]; o.g = q[1]; o.b = q[0];
+        } else if constexpr (ENC == ENC_MONO8) {
+            o.r = o.g = o.b = q[0];
+        } else if constexpr (ENC == ENC_MONO16) {
+            o.r = o.g = o.b = rd16(q, big_endian);
+        } else if constexpr (ENC == ENC_RGB16) {
+            o.r = rd16(q, big_endian); o.g = rd16(q + 2, big_endian); o.b = rd16(q + 4, big_endian);
+        } else {  // ENC_BGR16
+            o.r = rd16(q + 4, big_endian); o.g = rd16(q + 2, big_endian); o.b = rd16(q, big_endian);
+        }
+        return o;
+    }
+}
+
+// NV12/NV21: Y at (x, y), chroma pair at (x/2, y/2) of the plane after the Y rows.
+template <u32 ENC>
+__device__ __forceinline__ Rgb decode_nv(const PreprocessParams& p, const u8* src, int x, int y) {
+    const int yy = src[(unsigned long long)y * p.src_step + x];
+    const u8* c = src + (unsigned long long)(p.src_height + (y >> 1)) * p.src_step + (x & ~1);
+    const int u = ENC == ENC_NV12 ? c[0] : c[1];
+    const int v = ENC == ENC_NV12 ? c[1] : c[0];
+    return yuv_to_rgb(yy, u, v);
+}
+
+// Bayer: colour of the mosaic at (x, y): 0 = R, 1 = G, 2 = B.
+template <u32 ENC>
+__device__ __forceinline__ int bayer_colour(int x, int y) {
+    // first row / second row of the 2x2 cell, left to right
+    constexpr int c00 = ENC == ENC_BAYER_RGGB8 ? 0 : ENC == ENC_BAYER_BGGR8 ? 2 : 1;
+    constexpr int c01 = ENC == ENC_BAYER_RGGB8 ? 1 : ENC == ENC_BAYER_BGGR8 ? 1
+                      : ENC == ENC_BAYER_GBRG8 ? 2 : 0;
+    constexpr int c10 = ENC == ENC_BAYER_RGGB8 ? 1 : ENC == ENC_BAYER_BGGR8 ? 1
+                      : ENC == ENC_BAYER_GBRG8 ? 0 : 2;
+    constexpr int c11 = ENC == ENC_BAYER_RGGB8 ? 2 : ENC == ENC_BAYER_BGGR8 ? 0 : 1;
+    return (y & 1) ? ((x & 1) ? c11 : c10) : ((x & 1) ? c01 : c00);
+}
+
+// OpenCV's bilinear demosaic (demosaicing.cpp Bayer2RGB_): interior pixels from their
+// 3x3 neighbourhood; the first/last column copy their neighbour column, then the
+// first/last row copy their neighbour row; images narrower or shorter than 3 are 0.
+template <u32 ENC>
+__device__ __forceinline__ Rgb decode_bayer(const PreprocessParams& p, const u8* src, int x, int y) {
+    Rgb o;
+    const int w = p.src_width, h = p.src_height;
+    if (w < 3 || h < 3) {
+        o.r = o.g = o.b = 0;
+        return o;
+    }
+    x = min(max(x, 1), w - 2);
+    y = min(max(y, 1), h - 2);
+    const unsigned long long s = p.src_step;
+    const u8* c = src + (unsigned long long)y * s + x;
+    const int here = c[0];
+    const int n = c[-(long long)s], so = c[s], we = c[-1], ea = c[1];
+    const int col = bayer_colour<ENC>(x, y);
+    if (col == 1) {
+        const int hor = (we + ea + 1) >> 1, ver = (n + so + 1) >> 1;
+        // colour of the horizontal neighbours
+        const int hcol = bayer_colour<ENC>(x + 1, y);
+        o.g = here;
+        if (hcol == 0) { o.r = hor; o.b = ver; } else { o.b = hor; o.r = ver; }
+    } else {
+        const int cross = (n + so + we + ea + 2) >> 2;
+        const int diag = (c[-(long long)s - 1] + c[-(long long)s + 1] + c[s - 1] + c[s + 1] + 2) >> 2;
+        o.g = cross;
+        if (col == 0) { o.r = here; o.b = diag; } else { o.b = here; o.r = diag; }
+    }
+    return o;
+}
+
+// A decoded tap as floats in 8-bit units: v[0..3] = R, G, B, or v[0] = grey when `grey`.
+template <u32 ENC>
+__device__ __forceinline__ void to_float(Rgb t, bool grey, float v[3]) {
+    if (grey && !enc_is_mono(ENC)) {
+        // unsigned: 16-bit samples reach 65535 * 2^15 + 2^14 > INT_MAX... just below 2^31
+        const u32 g = ((u32)t.r * GRAY_R + (u32)t.g * GRAY_G + (u32)t.b * GRAY_B +
+                       (1u << (GRAY_SHIFT - 1))) >> GRAY_SHIFT;
+        t.r = (int)g;
+    }
+    if constexpr (enc_is_16bit(ENC)) {
+        v[0] = __fdiv_rn(u2f(t.r), 257.0f);
+        v[1] = __fdiv_rn(u2f(t.g), 257.0f);
+        v[2] = __fdiv_rn(u2f(t.b), 257.0f);
+    } else {
+        v[0] = u2f(t.r);
+        v[1] = u2f(t.g);
+        v[2] = u2f(t.b);
+    }
+}
+
+// One tap as floats (see to_float).
+template <u32 ENC>
+__device__ __forceinline__ void tap(const PreprocessParams& p, const u8* src, Row row, int x,
+                                    int y, bool grey, float v[3]) {
+    Rgb t;
+    if constexpr (enc_is_packed(ENC)) {
+        t = decode_packed<ENC>(row, x, p.big_endian);
+    } else if constexpr (ENC == ENC_NV12 || ENC == ENC_NV21) {
+        t = decode_nv<ENC>(p, src, x, y);
+    } else {
+        t = decode_bayer<ENC>(p, src, x, y);
+    }
+    to_float<ENC>(t, grey, v);
+}
+
+// 3- and 4-byte 8-bit pixels read from global memory as words: both horizontal taps of a
+// row (xa, and xb = xa or xa + 1, as the linear tables guarantee) from three aligned
+// 32-bit loads and two funnel shifts, instead of 6 (8) byte loads. Reads up to 11 bytes
+// past pixel xa's first byte: the frame buffers carry SRC_SLACK bytes of padding.
+// 1: read rgb8/bgr8/rgba8/bgra8 taps as aligned word pairs (decode_pair_words). Measured
+// 17% SLOWER than byte loads through L1 on the H200 at 4K (24.2 vs 20.7 us, two runs,
+// docs/GPU.md), so off by default; kept for the benchmark's variant.
+#ifndef RN_WORD_PAIRS
+#define RN_WORD_PAIRS 0
+#endif
+__device__ constexpr bool enc_word_pairs(u32 e) { return RN_WORD_PAIRS && e <= ENC_BGRA8; }
+
+template <u32 ENC>
+__device__ __forceinline__ void decode_pair_words(const u8* row, int xa, int xb, Rgb& a, Rgb& b) {
+    constexpr int bpp = enc_bpp(ENC);
+    const unsigned long long addr = (unsigned long long)(row + xa * bpp);
+    const u32* w = (const u32*)(addr & ~3ull);
+    const u32 sh = (u32)(addr & 3) * 8;
+    const u32 w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2);
+    const u32 lo = __funnelshift_r(w0, w1, sh);  // bytes xa*bpp .. +3
+    const u32 hi = __funnelshift_r(w1, w2, sh);  // bytes xa*bpp + 4 .. +7
+    const bool bgr = ENC == ENC_BGR8 || ENC == ENC_BGRA8;
+    const int c0 = lo & 0xff, c1 = (lo >> 8) & 0xff, c2 = (lo >> 16) & 0xff;
+    a.r = bgr ? c2 : c0;
+    a.g = c1;
+    a.b = bgr ? c0 : c2;
+    if (xb == xa) {
+        b = a;
+        return;
+    }
+    // pixel xa + 1 starts at byte bpp of `lo:hi`
+    const u32 q = bpp == 3 ? __funnelshift_r(lo, hi, 24) : hi;
+    const int d0 = q & 0xff, d1 = (q >> 8) & 0xff, d2 = (q >> 16) & 0xff;
+    b.r = bgr ? d2 : d0;
+    b.g = d1;
+    b.b = bgr ? d0 : d2;
+}
+
+__device__ __forceinline__ float lerp_rn(float a, float b, float w) {
+    // a*(1-w) + b*w, each operation rounded (= the CPU's Rust expression)
+    return __fadd_rn(__fmul_rn(a, __fsub_rn(1.0f, w)), __fmul_rn(b, w));
+}
+
+// The per-thread part: RN_PX adjacent pixels of one output row. STAGED selects where
+// packed encodings read their bytes: the shared-memory window (STAGED) or global memory
+// (direct). Separate instantiations keep every load in a known address space (LDS/LDG,
+// never generic) and every array index compile-time (no local memory).
+template <u32 ENC, bool STAGED>
+__device__ __forceinline__ void rn_pixels(const PreprocessParams& p, const u8* __restrict__ src,
+                                          const int* __restrict__ maps, void* __restrict__ dst,
+                                          u32 row_words, int ws, const int* s_xtab,
+                                          int tile_x0, int tile_y0) {
+    extern __shared__ u32 rn_smem[];
+    const int x0 = tile_x0 + threadIdx.x * RN_PX;
+    const int y = tile_y0 + threadIdx.y;
+    const int W = p.dst_width, H = p.dst_height;
+    if (y >= H || x0 >= W) return;
+    const int cx = p.content_x, cy = p.content_y, cw = p.content_w, chh = p.content_h;
+    const int* y_i0 = maps + 3 * cw;
+    const int* y_i1 = y_i0 + chh;
+    const float* y_w1 = (const float*)(y_i1 + chh);
+    constexpr int bpp = enc_bpp(ENC);
+    const bool grey = p.channels == 1;
+    const bool swap = p.swap_rb != 0;
+    const bool row_in = y >= cy && y < cy + chh;
+    const bool nearest = p.interpolation == INTERP_NEAREST;
+
+    int yr0 = 0, yr1 = 0;
+    float wy = 0.0f;
+    if (row_in) {
+        yr0 = y_i0[y - cy];
+        yr1 = y_i1[y - cy];
+        wy = y_w1[y - cy];
+    }
+    // Row bases are never a mix of shared and global pointers (that would make every load
+    // generic): shared rows in the staged instantiation, global rows in the direct one.
+    Row r0, r1;
+    if constexpr (STAGED) {
+        const int wsb = ws * bpp;
+        r0.base = (const u8*)(rn_smem + threadIdx.y * row_words);
+        r1.base = (const u8*)(rn_smem + (RN_TILE_H + threadIdx.y) * row_words);
+        r0.off = (int)(((unsigned long long)yr0 * p.src_step + wsb) & 3) - wsb;
+        r1.off = (int)(((unsigned long long)yr1 * p.src_step + wsb) & 3) - wsb;
+    } else {
+        r0.base = src + (unsigned long long)yr0 * p.src_step;
+        r1.base = src + (unsigned long long)yr1 * p.src_step;
+        r0.off = 0;
+        r1.off = 0;
+    }
+    // This thread's 4 entries of the tile's x table (staged in shared memory).
+    const int4 xi0 = *(const int4*)(s_xtab + threadIdx.x * RN_PX);
+    const int4 xi1 = *(const int4*)(s_xtab + RN_TILE_W + threadIdx.x * RN_PX);
+    const float4 xw = *(const float4*)(s_xtab + 2 * RN_TILE_W + threadIdx.x * RN_PX);
+    const int xs0s[RN_PX] = {xi0.x, xi0.y, xi0.z, xi0.w};
+    const int xs1s[RN_PX] = {xi1.x, xi1.y, xi1.z, xi1.w};
+    const float wxs[RN_PX] = {xw.x, xw.y, xw.z, xw.w};
+
+    float out[RN_PX][3];
+#pragma unroll
+    for (int k = 0; k < RN_PX; ++k) {
+        const int x = x0 + k;
+        if (!row_in || x < cx || x >= cx + cw || x >= W) {
+            out[k][0] = p.pad[0];
+            out[k][1] = p.pad[1];
+            out[k][2] = p.pad[2];
+            continue;
+        }
+        float v[3];
+        if constexpr (!STAGED && enc_word_pairs(ENC)) {
+            Rgb a0, b0;
+            decode_pair_words<ENC>(r0.base, xs0s[k], nearest ? xs0s[k] : xs1s[k], a0, b0);
+            if (nearest) {
+                to_float<ENC>(a0, grey, v);
+            } else {
+                Rgb a1, b1;
+                decode_pair_words<ENC>(r1.base, xs0s[k], xs1s[k], a1, b1);
+                float s00[3], s01[3], s10[3], s11[3];
+                to_float<ENC>(a0, grey, s00);
+                to_float<ENC>(b0, grey, s01);
+                to_float<ENC>(a1, grey, s10);
+                to_float<ENC>(b1, grey, s11);
+#pragma unroll
+                for (int c = 0; c < 3; ++c) {
+                    v[c] = lerp_rn(lerp_rn(s00[c], s01[c], wxs[k]), lerp_rn(s10[c], s11[c], wxs[k]), wy);
+                }
+            }
+        } else if (nearest) {
+            tap<ENC>(p, src, r0, xs0s[k], yr0, grey, v);
+        } else {
+            float s00[3], s01[3], s10[3], s11[3];
+            tap<ENC>(p, src, r0, xs0s[k], yr0, grey, s00);
+            tap<ENC>(p, src, r0, xs1s[k], yr0, grey, s01);
+            tap<ENC>(p, src, r1, xs0s[k], yr1, grey, s10);
+            tap<ENC>(p, src, r1, xs1s[k], yr1, grey, s11);
+#pragma unroll
+            for (int c = 0; c < 3; ++c) {
+                v[c] = lerp_rn(lerp_rn(s00[c], s01[c], wxs[k]), lerp_rn(s10[c], s11[c], wxs[k]), wy);
+            }
+        }
+        // channel order by selects (no runtime array index: that would go to local memory)
+        const float c0 = grey ? v[0] : (swap ? v[2] : v[0]);
+        const float c1 = grey ? v[0] : v[1];
+        const float c2 = grey ? v[0] : (swap ? v[0] : v[2]);
+        out[k][0] = __fadd_rn(__fmul_rn(c0, p.scale[0]), p.bias[0]);
+        out[k][1] = __fadd_rn(__fmul_rn(c1, p.scale[1]), p.bias[1]);
+        out[k][2] = __fadd_rn(__fmul_rn(c2, p.scale[2]), p.bias[2]);
+    }
+
+    // Store: vectorized when the 4 pixels are whole and rows are 16-byte multiples.
+    const int C = p.channels;
+    if ((W & 3) == 0) {  // then x0 + 3 < W and every vector below is aligned
+        if (p.layout == LAYOUT_NCHW || C == 1) {
+#pragma unroll
+            for (int c = 0; c < 3; ++c) {
+                if (c >= C) break;
+                const unsigned long long i = ((unsigned long long)c * H + y) * W + x0;
+                if (p.dtype == DTYPE_F32) {
+                    *(float4*)((float*)dst + i) = make_float4(out[0][c], out[1][c], out[2][c], out[3][c]);
+                } else {
+                    uint2 h;
+                    h.x = f32_to_f16_bits(out[0][c]) | (u32)f32_to_f16_bits(out[1][c]) << 16;
+                    h.y = f32_to_f16_bits(out[2][c]) | (u32)f32_to_f16_bits(out[3][c]) << 16;
+                    *(uint2*)((u16*)dst + i) = h;
+                }
+            }
+        } else {  // NHWC, 3 channels: 12 consecutive values
+            const unsigned long long i = ((unsigned long long)y * W + x0) * 3;
+            if (p.dtype == DTYPE_F32) {
+                float4* d = (float4*)((float*)dst + i);
+                d[0] = make_float4(out[0][0], out[0][1], out[0][2], out[1][0]);
+                d[1] = make_float4(out[1][1], out[1][2], out[2][0], out[2][1]);
+                d[2] = make_float4(out[2][2], out[3][0], out[3][1], out[3][2]);
+            } else {
+                uint2* d = (uint2*)((u16*)dst + i);
+                uint2 h;
+                h.x = f32_to_f16_bits(out[0][0]) | (u32)f32_to_f16_bits(out[0][1]) << 16;
+                h.y = f32_to_f16_bits(out[0][2]) | (u32)f32_to_f16_bits(out[1][0]) << 16;
+                d[0] = h;
+                h.x = f32_to_f16_bits(out[1][1]) | (u32)f32_to_f16_bits(out[1][2]) << 16;
+                h.y = f32_to_f16_bits(out[2][0]) | (u32)f32_to_f16_bits(out[2][1]) << 16;
+                d[1] = h;
+                h.x = f32_to_f16_bits(out[2][2]) | (u32)f32_to_f16_bits(out[3][0]) << 16;
+                h.y = f32_to_f16_bits(out[3][1]) | (u32)f32_to_f16_bits(out[3][2]) << 16;
+                d[2] = h;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < RN_PX; ++k) {
+            if (x0 + k >= W) break;
+#pragma unroll
+            for (int c = 0; c < 3; ++c) {
+                if (c >= C) break;
+                store_elem(dst, p.dtype, tensor_index(p.layout, C, H, W, c, y, x0 + k), out[k][c]);
+            }
+        }
+    }
+}
+
+template <u32 ENC>
+__device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
+                                                 const u8* __restrict__ src,
+                                                 const int* __restrict__ maps,
+                                                 void* __restrict__ dst, u32 row_words) {
+    extern __shared__ u32 rn_smem[];
+    // The tile's x table: i0 | i1 | w1 (bits), RN_TILE_W entries each, 0 outside content.
+    __shared__ __align__(16) int s_xtab[3 * RN_TILE_W];
+    const int cx = p.content_x, cw = p.content_w, cy = p.content_y, chh = p.content_h;
+    const int tid = threadIdx.y * RN_BLOCK_X + threadIdx.x;
+    // Persistent blocks: the grid holds at most as many blocks as fit on the GPU at once
+    // and each loops over tiles (row-major), so no partial last wave of blocks idles SMs.
+    const int tiles_x = (p.dst_width + RN_TILE_W - 1) / RN_TILE_W;
+    const int tiles = tiles_x * ((p.dst_height + RN_TILE_H - 1) / RN_TILE_H);
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int tile_x0 = (tile % tiles_x) * RN_TILE_W, tile_y0 = (tile / tiles_x) * RN_TILE_H;
+        for (int i = tid; i < RN_TILE_W; i += RN_THREADS) {
+            const int x = tile_x0 + i;
+            const bool in = x >= cx && x < cx + cw;
+            s_xtab[i] = in ? maps[x - cx] : 0;
+            s_xtab[RN_TILE_W + i] = in ? maps[cw + x - cx] : 0;
+            s_xtab[2 * RN_TILE_W + i] = in ? maps[2 * cw + x - cx] : 0;
+        }
+
+        // Staged path: copy the tile's source window into shared memory (whole block).
+        // Slot ty holds row y_i0[y], slot RN_TILE_H + ty row y_i1[y], for output row
+        // y = tile_y0 + ty; the host makes row_words odd, so the two half-warps of a warp
+        // (adjacent ty) read different banks.
+        int ws = 0;
+        if constexpr (RN_STAGED && enc_is_packed(ENC)) {
+            if (row_words != 0) {  // uniform over the block
+                const int lo = max(tile_x0, cx), hi = min(tile_x0 + RN_TILE_W, cx + cw) - 1;
+                if (lo <= hi) {
+                    ws = maps[lo - cx];
+                    int we = maps[cw + hi - cx];
+                    if constexpr (enc_is_yuv422(ENC)) {
+                        ws &= ~1;
+                        we |= 1;
+                    }
+                    constexpr int bpp = enc_bpp(ENC);
+                    const int lane = tid & 31;
+                    const int* y_i0 = maps + 3 * cw;
+                    const int* y_i1 = y_i0 + chh;
+                    for (int slot = tid >> 5; slot < 2 * RN_TILE_H; slot += RN_THREADS / 32) {
+                        const int ty = slot % RN_TILE_H;
+                        const int yy = tile_y0 + ty;
+                        if (yy < cy || yy >= cy + chh) continue;
+                        const int row = slot < RN_TILE_H ? y_i0[yy - cy] : y_i1[yy - cy];
+                        const unsigned long long first =
+                            (unsigned long long)row * p.src_step + (unsigned long long)ws * bpp;
+                        const int shift = (int)(first & 3);
+                        const int nwords = min((shift + (we - ws + 1) * bpp + 3) >> 2, (int)row_words);
+                        const u32* words = (const u32*)src + (first >> 2);
+                        u32* srow = rn_smem + slot * row_words;
+                        for (int w = lane; w < nwords; w += 32) cp_async4(srow + w, words + w);
+                    }
+                }
+                cp_async_wait_all();
+            }
+        }
+        __syncthreads();
+        bool done = false;
+        if constexpr (RN_STAGED && enc_is_packed(ENC)) {
+            if (row_words != 0) {
+                rn_pixels<ENC, true>(p, src, maps, dst, row_words, ws, s_xtab, tile_x0, tile_y0);
+                done = true;
+            }
+        }
+        if (!done) rn_pixels<ENC, false>(p, src, maps, dst, row_words, ws, s_xtab, tile_x0, tile_y0);
+        __syncthreads();  // the next tile overwrites s_xtab and the staged window
+    }
+}
+
+#define RN_ENTRY(name, ENC)                                                               \
+    extern "C" __global__ void __launch_bounds__(RN_THREADS, RN_MIN_BLOCKS)               \
+        resize_normalize_##name(const PreprocessParams p, const u8* __restrict__ src,     \
+                                const int* __restrict__ maps, void* __restrict__ dst,     \
+                                u32 row_words) {                                          \
+        resize_normalize<ENC>(p, src, maps, dst, row_words);                              \
+    }
+
+// keep in sync with src/backend/cuda/kernels.rs (RESIZE_NORMALIZE_ENTRIES)
+RN_ENTRY(rgb8, ENC_RGB8)
+RN_ENTRY(bgr8, ENC_BGR8)
+RN_ENTRY(rgba8, ENC_RGBA8)
+RN_ENTRY(bgra8, ENC_BGRA8)
+RN_ENTRY(mono8, ENC_MONO8)
+RN_ENTRY(mono16, ENC_MONO16)
+RN_ENTRY(rgb16, ENC_RGB16)
+RN_ENTRY(bgr16, ENC_BGR16)
+RN_ENTRY(yuyv, ENC_YUYV)
+RN_ENTRY(uyvy, ENC_UYVY)
+RN_ENTRY(nv12, ENC_NV12)
+RN_ENTRY(nv21, ENC_NV21)
+RN_ENTRY(bayer_rggb8, ENC_BAYER_RGGB8)
+RN_ENTRY(bayer_bggr8, ENC_BAYER_BGGR8)
+RN_ENTRY(bayer_gbrg8, ENC_BAYER_GBRG8)
+RN_ENTRY(bayer_grbg8, ENC_BAYER_GRBG8)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU check, part 1 (here, on the build machine): build the CLI and the GPU test binary
+# without ROS, run the NVRTC compile test (no GPU needed), and stage what the GPU
+# machine needs into a carry folder. Part 2 is scripts/gpu_remote.sh, run THERE:
+#
+#   scripts/gpu_check.sh [STAGE_DIR]          # default: <repo>/.device
+#   # then on the GPU machine, from the repository root:
+#   bash .device/gpu_remote.sh smoke|full     # prints everything; results under $OUT
+#
+# The GPU machine needs no Rust and no ROS: the binaries embed the kernels (include_str!)
+# and the test photographs, and load libcuda/libnvrtc at run time.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+STAGE="${1:-$ROOT/.device}"
+if [[ -f .ros/env.sh ]]; then
+    # shellcheck disable=SC1091
+    source .ros/env.sh
+fi
+FEATURES=(--release --no-default-features --features cuda)
+cargo build "${FEATURES[@]}" --bin vision_preproc
+cargo test "${FEATURES[@]}" --test nvrtc_compile
+# The GPU parity test binary (harness = false) without running it.
+PARITY="$(cargo test "${FEATURES[@]}" --test gpu_parity --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu_parity" and m.get("executable"):
+        print(m["executable"])')"
+mkdir -p "$STAGE"
+cp target/release/vision_preproc "$STAGE/vision_preproc"
+cp "$PARITY" "$STAGE/gpu_parity"
+cp scripts/gpu_remote.sh "$STAGE/gpu_remote.sh"
+strip --strip-debug "$STAGE/vision_preproc" "$STAGE/gpu_parity" 2>/dev/null || true
+git rev-parse HEAD >"$STAGE/COMMIT"
+ls -la "$STAGE"
+du -sh "$STAGE"

@@ -1,0 +1,509 @@
+//! The kernel sources (embedded), their NVRTC compilation for the device's own
+//! architecture, the on-disk cache of compiled modules, and loading. One module owns
+//! this: [`KernelFile::ALL`] lists every file, and the entry-point tables below list
+//! every function the host launches.
+
+use crate::backend::cuda::launch::Conv2dParams;
+use crate::backend::ops::PreprocessParams;
+use crate::error::CudaError;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::sys as nvrtc;
+use std::ffi::{c_char, CString};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// `kernels/common.cuh`, included by every kernel file.
+pub const COMMON_CUH: &str = include_str!("../../../kernels/common.cuh");
+
+/// A kernel source file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelFile {
+    /// `kernels/resize_normalize.cu`: the fused preprocessing.
+    ResizeNormalize,
+    /// `kernels/conv2d_tiled.cu`: tiled and separable conv2d.
+    Conv2dTiled,
+    /// `kernels/baselines.cu`: three-kernel path, naive conv2d, clock probe (benchmark only).
+    Baselines,
+}
+
+impl KernelFile {
+    /// Every kernel file.
+    pub const ALL: [KernelFile; 3] =
+        [KernelFile::ResizeNormalize, KernelFile::Conv2dTiled, KernelFile::Baselines];
+    /// The files the backend loads at start-up (the baselines are for `bench` only).
+    pub const BACKEND: [KernelFile; 2] = [KernelFile::ResizeNormalize, KernelFile::Conv2dTiled];
+
+    /// File name under `kernels/`.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            KernelFile::ResizeNormalize => "resize_normalize.cu",
+            KernelFile::Conv2dTiled => "conv2d_tiled.cu",
+            KernelFile::Baselines => "baselines.cu",
+        }
+    }
+
+    /// The source text, embedded at build time.
+    pub fn source(self) -> &'static str {
+        match self {
+            KernelFile::ResizeNormalize => include_str!("../../../kernels/resize_normalize.cu"),
+            KernelFile::Conv2dTiled => include_str!("../../../kernels/conv2d_tiled.cu"),
+            KernelFile::Baselines => include_str!("../../../kernels/baselines.cu"),
+        }
+    }
+
+    /// Every `extern "C"` entry point of the file.
+    pub fn entry_points(self) -> Vec<String> {
+        match self {
+            KernelFile::ResizeNormalize => {
+                RESIZE_NORMALIZE_ENTRIES.iter().map(|s| s.to_string()).collect()
+            }
+            KernelFile::Conv2dTiled => CONV_SIZES
+                .iter()
+                .flat_map(|k| [format!("conv2d_tiled_k{k}"), format!("conv2d_separable_k{k}")])
+                .collect(),
+            KernelFile::Baselines => BASELINE_ENTRIES.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+/// Fused kernel entry points, indexed by the `Encoding` discriminant.
+/// Keep in sync with the `RN_ENTRY` lines of `kernels/resize_normalize.cu`.
+pub const RESIZE_NORMALIZE_ENTRIES: [&str; 16] = [
+    "resize_normalize_rgb8",
+    "resize_normalize_bgr8",
+    "resize_normalize_rgba8",
+    "resize_normalize_bgra8",
+    "resize_normalize_mono8",
+    "resize_normalize_mono16",
+    "resize_normalize_rgb16",
+    "resize_normalize_bgr16",
+    "resize_normalize_yuyv",
+    "resize_normalize_uyvy",
+    "resize_normalize_nv12",
+    "resize_normalize_nv21",
+    "resize_normalize_bayer_rggb8",
+    "resize_normalize_bayer_bggr8",
+    "resize_normalize_bayer_gbrg8",
+    "resize_normalize_bayer_grbg8",
+];
+
+/// conv2d kernel sizes with an entry point (`conv2d_tiled_k<K>`, `conv2d_separable_k<K>`).
+/// Keep in sync with the `CV_ENTRY` lines of `kernels/conv2d_tiled.cu`.
+pub const CONV_SIZES: [u32; 8] = [1, 3, 5, 7, 9, 11, 13, 15];
+
+/// Entry points of `kernels/baselines.cu`.
+pub const BASELINE_ENTRIES: [&str; 5] = [
+    "baseline_resize_rgb8",
+    "baseline_normalize_hwc",
+    "baseline_hwc_to_chw",
+    "conv2d_naive",
+    "measure_clock",
+];
+
+/// `-D` defines carrying the size and every field offset of the `#[repr(C)]` structs
+/// passed by value, checked by `static_assert`s in `kernels/common.cuh`.
+pub fn layout_defines() -> Vec<String> {
+    macro_rules! fields {
+        ($out:ident, $s:ident: $($f:ident),*) => {
+            $out.push(format!("-DVP_SIZE_{}={}", stringify!($s), std::mem::size_of::<$s>()));
+            $( $out.push(format!(
+                "-DVP_OFF_{}_{}={}",
+                stringify!($s),
+                stringify!($f),
+                std::mem::offset_of!($s, $f)
+            )); )*
+        };
+    }
+    let mut d = vec!["-DVP_LAYOUT_CHECK".to_string()];
+    fields!(d, PreprocessParams: src_width, src_height, src_step, encoding, big_endian,
+        dst_width, dst_height, content_x, content_y, content_w, content_h, channels, swap_rb,
+        layout, dtype, interpolation, scale, bias, pad);
+    fields!(d, Conv2dParams: width, height, channels, size, border, layout, dtype);
+    d
+}
+
+/// The NVRTC options for `arch` (e.g. `sm_87`).
+pub fn compile_options(arch: &str) -> Vec<String> {
+    let mut o = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "--generate-line-info".to_string(),
+    ];
+    o.extend(layout_defines());
+    o
+}
+
+/// True when libnvrtc can be loaded (it is found through `LD_LIBRARY_PATH`).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen the candidate names; no symbol is called.
+    unsafe { nvrtc::is_culib_present() }
+}
+
+/// The NVRTC version, `(major, minor)`. Call only when [`nvrtc_available`].
+pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: both pointers are valid for writes for the duration of the call.
+    unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) }.result().map_err(|e| {
+        CudaError::Driver { call: "nvrtcVersion".into(), message: format!("{e:?}") }
+    })?;
+    Ok((major, minor))
+}
+
+/// A compiled kernel file.
+#[derive(Clone)]
+pub struct Compiled {
+    /// The CUBIN (machine code for exactly the requested architecture).
+    pub cubin: Vec<u8>,
+    /// NVRTC's log (empty when there was nothing to say: no warning, no error).
+    pub log: String,
+}
+
+impl std::fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Compiled {{ cubin: {} bytes, log: {:?} }}", self.cubin.len(), self.log)
+    }
+}
+
+/// An NVRTC program, destroyed on drop.
+struct Program(nvrtc::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: self.0 was created by nvrtcCreateProgram and is destroyed only here.
+        let _ = unsafe { nvrtc::nvrtcDestroyProgram(&mut self.0) };
+    }
+}
+
+fn nvrtc_err(file: &str, arch: &str, what: &str, e: impl std::fmt::Debug) -> CudaError {
+    CudaError::Compile { file: file.into(), arch: arch.into(), log: format!("{what}: {e:?}") }
+}
+
+/// Compile `file` for `arch` (`sm_87`, `sm_90`, ...) into a CUBIN with NVRTC. Needs
+/// libnvrtc only, no GPU. Fails with the compiler log on any error.
+pub fn compile(file: KernelFile, arch: &str) -> Result<Compiled, CudaError> {
+    compile_with_options(file, arch, &compile_options(arch))
+}
+
+/// [`compile`] with explicit NVRTC options (tests use it to check that a wrong struct
+/// layout define fails the build).
+pub fn compile_with_options(
+    file: KernelFile,
+    arch: &str,
+    options: &[String],
+) -> Result<Compiled, CudaError> {
+    let name = file.file_name();
+    if !nvrtc_available() {
+        return Err(CudaError::Unavailable(
+            "libnvrtc.so could not be loaded: install the CUDA 12 NVRTC (PyPI \
+             nvidia-cuda-nvrtc-cu12, or the JetPack CUDA toolkit) and add its lib directory \
+             to LD_LIBRARY_PATH"
+                .into(),
+        ));
+    }
+    let cstr = |s: &str| CString::new(s).map_err(|e| nvrtc_err(name, arch, "NUL in text", e));
+    let src = cstr(file.source())?;
+    let cname = cstr(name)?;
+    let hdr = cstr(COMMON_CUH)?;
+    let hdr_name = cstr("common.cuh")?;
+    let headers: [*const c_char; 1] = [hdr.as_ptr()];
+    let include_names: [*const c_char; 1] = [hdr_name.as_ptr()];
+    let mut raw: nvrtc::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: every pointer refers to a NUL-terminated CString that outlives the program
+    // (they are dropped at the end of this function, after `prog`), and the two header
+    // arrays both have 1 element as announced.
+    unsafe {
+        nvrtc::nvrtcCreateProgram(
+            &mut raw,
+            src.as_ptr(),
+            cname.as_ptr(),
+            1,
+            headers.as_ptr(),
+            include_names.as_ptr(),
+        )
+    }
+    .result()
+    .map_err(|e| nvrtc_err(name, arch, "nvrtcCreateProgram", e))?;
+    let prog = Program(raw);
+    let opts: Vec<CString> = options.iter().map(|o| cstr(o)).collect::<Result<_, _>>()?;
+    let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    // SAFETY: prog.0 is a live program; opt_ptrs holds opts.len() valid C strings.
+    let status =
+        unsafe { nvrtc::nvrtcCompileProgram(prog.0, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
+    let log = program_log(&prog).unwrap_or_else(|e| format!("(no log: {e:?})"));
+    if status != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CudaError::Compile {
+            file: name.into(),
+            arch: arch.into(),
+            log: format!("{status:?}\n{log}"),
+        });
+    }
+    let mut size = 0usize;
+    // SAFETY: prog.0 compiled successfully; size is a valid out pointer.
+    unsafe { nvrtc::nvrtcGetCUBINSize(prog.0, &mut size) }
+        .result()
+        .map_err(|e| nvrtc_err(name, arch, "nvrtcGetCUBINSize", e))?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: cubin has exactly the `size` bytes NVRTC asked for.
+    unsafe { nvrtc::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr() as *mut c_char) }
+        .result()
+        .map_err(|e| nvrtc_err(name, arch, "nvrtcGetCUBIN", e))?;
+    Ok(Compiled { cubin, log })
+}
+
+fn program_log(prog: &Program) -> Result<String, nvrtc::nvrtcResult> {
+    let mut size = 0usize;
+    // SAFETY: prog.0 is a live program; size is a valid out pointer.
+    let r = unsafe { nvrtc::nvrtcGetProgramLogSize(prog.0, &mut size) };
+    if r != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return Err(r);
+    }
+    let mut buf = vec![0u8; size.max(1)];
+    // SAFETY: buf holds at least the `size` bytes (NUL included) NVRTC reported.
+    let r = unsafe { nvrtc::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr() as *mut c_char) };
+    if r != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return Err(r);
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..end]).trim().to_string())
+}
+
+/// 64-bit FNV-1a: the cache key and the cache files' checksum (not a security hash:
+/// the cache lives in the user's own directory).
+pub fn fnv1a64(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in *part {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        // separator, so ("ab", "c") and ("a", "bc") differ
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Where compiled modules are cached: `$VISION_PREPROC_KERNEL_CACHE` (empty disables the
+/// cache), else `$XDG_CACHE_HOME/vision_preproc/kernels`, else
+/// `$HOME/.cache/vision_preproc/kernels`.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("VISION_PREPROC_KERNEL_CACHE") {
+        return if dir.is_empty() { None } else { Some(PathBuf::from(dir)) };
+    }
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(x).join("vision_preproc/kernels"));
+    }
+    std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .map(|h| PathBuf::from(h).join(".cache/vision_preproc/kernels"))
+}
+
+/// How one module was obtained, for the start-up log and the benchmark.
+#[derive(Debug, Clone)]
+pub struct LoadReport {
+    /// The kernel file.
+    pub file: &'static str,
+    /// True when the CUBIN came from the disk cache.
+    pub cached: bool,
+    /// Milliseconds spent compiling (0 when cached).
+    pub compile_ms: f64,
+    /// NVRTC's log (warnings), empty when cached or silent.
+    pub log: String,
+}
+
+/// A kernel file's CUBIN, from the disk cache or freshly compiled (no GPU involved: this
+/// step can run on several threads at once, one file each).
+pub struct Prepared {
+    file: KernelFile,
+    arch: String,
+    options: Vec<String>,
+    path: Option<std::path::PathBuf>,
+    cubin: Vec<u8>,
+    report: LoadReport,
+}
+
+/// Get the CUBIN of `file` for `arch` (with `extra_options` after the standard ones): from
+/// the disk cache directory `cache` when a CUBIN for this exact source, options,
+/// architecture, NVRTC and driver is there, else compile it (failing with the compiler
+/// log) and store it there.
+pub fn prepare(
+    file: KernelFile,
+    arch: &str,
+    driver_version: i32,
+    cache: Option<&std::path::Path>,
+    extra_options: &[String],
+) -> Result<Prepared, CudaError> {
+    let (nv_major, nv_minor) = nvrtc_version()?;
+    let mut options = compile_options(arch);
+    options.extend(extra_options.iter().cloned());
+    let versions = format!("nvrtc {nv_major}.{nv_minor} driver {driver_version}");
+    let key = fnv1a64(&[
+        COMMON_CUH.as_bytes(),
+        file.source().as_bytes(),
+        options.join(" ").as_bytes(),
+        versions.as_bytes(),
+    ]);
+    let stem = file.file_name().trim_end_matches(".cu");
+    let path = cache.map(|d| d.join(format!("{stem}-{arch}-{key:016x}.cubin")));
+    if let Some(cubin) = path.as_ref().and_then(|p| read_cached(p)) {
+        let report = LoadReport {
+            file: file.file_name(),
+            cached: true,
+            compile_ms: 0.0,
+            log: String::new(),
+        };
+        return Ok(Prepared { file, arch: arch.into(), options, path, cubin, report });
+    }
+    compile_prepared(file, arch, options, path)
+}
+
+fn compile_prepared(
+    file: KernelFile,
+    arch: &str,
+    options: Vec<String>,
+    path: Option<std::path::PathBuf>,
+) -> Result<Prepared, CudaError> {
+    let t = Instant::now();
+    let compiled = compile_with_options(file, arch, &options)?;
+    let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+    if let Some(p) = &path {
+        // A cache that cannot be written only costs the next start its compile time.
+        let _ = write_cached(p, &compiled.cubin);
+    }
+    let report =
+        LoadReport { file: file.file_name(), cached: false, compile_ms, log: compiled.log };
+    Ok(Prepared { file, arch: arch.into(), options, path, cubin: compiled.cubin, report })
+}
+
+/// Load a prepared CUBIN into `ctx`. A cached CUBIN the driver refuses is compiled again
+/// (and the cache entry replaced).
+pub fn load_prepared(
+    ctx: &Arc<CudaContext>,
+    p: Prepared,
+) -> Result<(Arc<CudaModule>, LoadReport), CudaError> {
+    let load = |cubin: Vec<u8>| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin));
+    let p = match load(p.cubin.clone()) {
+        Ok(module) => return Ok((module, p.report)),
+        Err(_) if p.report.cached => compile_prepared(p.file, &p.arch, p.options, p.path)?,
+        Err(e) => {
+            return Err(CudaError::Driver {
+                call: format!("cuModuleLoadData({} for {})", p.file.file_name(), p.arch),
+                message: format!("{e:?}"),
+            })
+        }
+    };
+    let module = load(p.cubin).map_err(|e| CudaError::Driver {
+        call: format!("cuModuleLoadData({} for {})", p.file.file_name(), p.arch),
+        message: format!("{e:?}"),
+    })?;
+    Ok((module, p.report))
+}
+
+/// [`prepare`] then [`load_prepared`].
+pub fn load(
+    ctx: &Arc<CudaContext>,
+    file: KernelFile,
+    arch: &str,
+    driver_version: i32,
+    cache: Option<&std::path::Path>,
+    extra_options: &[String],
+) -> Result<(Arc<CudaModule>, LoadReport), CudaError> {
+    load_prepared(ctx, prepare(file, arch, driver_version, cache, extra_options)?)
+}
+
+/// The cached CUBIN at `path` if it exists and its trailing checksum matches.
+fn read_cached(path: &std::path::Path) -> Option<Vec<u8>> {
+    let mut bytes = std::fs::read(path).ok()?;
+    if bytes.len() < 8 {
+        return None;
+    }
+    let body_len = bytes.len() - 8;
+    let mut sum = [0u8; 8];
+    sum.copy_from_slice(&bytes[body_len..]);
+    if u64::from_le_bytes(sum) != fnv1a64(&[&bytes[..body_len]]) {
+        return None;
+    }
+    bytes.truncate(body_len);
+    Some(bytes)
+}
+
+/// Write `cubin` + checksum to `path` atomically (temporary file, then rename).
+fn write_cached(path: &std::path::Path, cubin: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut data = cubin.to_vec();
+    data.extend_from_slice(&fnv1a64(&[cubin]).to_le_bytes());
+    std::fs::write(&tmp, &data)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Look up every entry point of `names` in `module`.
+pub fn functions(
+    module: &Arc<CudaModule>,
+    file: KernelFile,
+    names: &[String],
+) -> Result<Vec<CudaFunction>, CudaError> {
+    names
+        .iter()
+        .map(|n| {
+            module.load_function(n).map_err(|e| CudaError::Driver {
+                call: format!("cuModuleGetFunction({n} in {})", file.file_name()),
+                message: format!("{e:?}"),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_separates_parts_and_detects_changes() {
+        assert_ne!(fnv1a64(&[b"ab", b"c"]), fnv1a64(&[b"a", b"bc"]));
+        assert_ne!(fnv1a64(&[b"abc"]), fnv1a64(&[b"abd"]));
+        assert_eq!(fnv1a64(&[b"abc"]), fnv1a64(&[b"abc"]));
+    }
+
+    #[test]
+    fn cache_files_round_trip_and_reject_corruption() {
+        let dir = std::env::temp_dir().join(format!("vp_cache_test_{}", std::process::id()));
+        let p = dir.join("x.cubin");
+        write_cached(&p, b"\x7fELF fake cubin").unwrap();
+        assert_eq!(read_cached(&p).as_deref(), Some(&b"\x7fELF fake cubin"[..]));
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes[2] ^= 1;
+        std::fs::write(&p, &bytes).unwrap();
+        assert_eq!(read_cached(&p), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn entry_tables_match_the_sources() {
+        for file in KernelFile::ALL {
+            for name in file.entry_points() {
+                let needle = name
+                    .strip_prefix("resize_normalize_")
+                    .map(|enc| format!("RN_ENTRY({enc},"))
+                    .or_else(|| {
+                        name.strip_prefix("conv2d_tiled_k").map(|k| format!("CV_ENTRY({k})"))
+                    })
+                    .or_else(|| {
+                        name.strip_prefix("conv2d_separable_k").map(|k| format!("CV_ENTRY({k})"))
+                    })
+                    .unwrap_or_else(|| format!("void {name}("));
+                assert!(
+                    file.source().contains(&needle),
+                    "{name}: `{needle}` not in {}",
+                    file.file_name()
+                );
+            }
+        }
+        for (i, e) in crate::image::Encoding::ALL.iter().enumerate() {
+            assert_eq!(RESIZE_NORMALIZE_ENTRIES[i], format!("resize_normalize_{}", e.name()));
+        }
+    }
+}

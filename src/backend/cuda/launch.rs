@@ -1,0 +1,224 @@
+//! Launch shapes of every kernel, as named constants and one helper per kernel, and
+//! the by-value parameter structs that are not operation structs. The constants mirror
+//! the `#define`s at the top of each `.cu` file (keep in sync).
+
+use crate::backend::ops::{AxisMap, PreprocessParams};
+use crate::image::Encoding;
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+
+/// Output pixels per thread of the fused kernel (adjacent in a row; one 16-byte store
+/// per channel for float32 NCHW). `RN_PX` in `resize_normalize.cu`.
+pub const RN_PX: u32 = 4;
+/// Fused kernel block width in threads (`RN_BLOCK_X`).
+pub const RN_BLOCK_X: u32 = 16;
+/// Fused kernel block height in threads (`RN_BLOCK_Y`): one output row per thread row.
+pub const RN_BLOCK_Y: u32 = 16;
+/// Output columns covered by one fused-kernel block.
+pub const RN_TILE_W: u32 = RN_BLOCK_X * RN_PX;
+/// Output rows covered by one fused-kernel block.
+pub const RN_TILE_H: u32 = RN_BLOCK_Y;
+/// Largest shared-memory window of the staged path; wider windows (downscales beyond
+/// about 5x for rgb8) use the direct path. Below the 48 KiB that needs no opt-in, and
+/// small enough for 6 blocks (1536 threads) per SM on the Orin's 164 KiB.
+pub const STAGED_SMEM_MAX_BYTES: u32 = 24 * 1024;
+
+/// conv2d tiled block width (`CV_BLOCK_X`): one output column per thread.
+pub const CV_BLOCK_X: u32 = 32;
+/// conv2d tiled block height (`CV_BLOCK_Y`).
+pub const CV_BLOCK_Y: u32 = 8;
+/// Output rows per thread of the tiled conv2d (`CV_ROWS`).
+pub const CV_ROWS: u32 = 4;
+/// Output tile of one tiled conv2d block: `CV_BLOCK_X` x `CV_BLOCK_Y * CV_ROWS`.
+pub const CV_TILE: (u32, u32) = (CV_BLOCK_X, CV_BLOCK_Y * CV_ROWS);
+
+/// Threads per block of the one-element-per-thread baselines.
+pub const BASELINE_BLOCK: u32 = 256;
+/// Block of the naive conv2d baseline.
+pub const NAIVE_CONV_BLOCK: (u32, u32) = (32, 8);
+
+/// conv2d settings passed by value. Keep in sync with `struct Conv2dParams` in
+/// `kernels/common.cuh` (checked at every compilation).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dParams {
+    /// Network image width.
+    pub width: u32,
+    /// Network image height.
+    pub height: u32,
+    /// Planes in the input (= output channels).
+    pub channels: u32,
+    /// Odd kernel side, 1..=15.
+    pub size: u32,
+    /// `Border` discriminant.
+    pub border: u32,
+    /// `Layout` discriminant of the output.
+    pub layout: u32,
+    /// `DType` discriminant of the output.
+    pub dtype: u32,
+}
+
+// SAFETY: #[repr(C)], only u32/f32 fields (no padding, no pointers), and the C twin's
+// size and offsets are checked by static_assert at every compilation
+// (kernels.rs layout_defines), so the bytes mean the same on both sides.
+unsafe impl DeviceRepr for PreprocessParams {}
+// SAFETY: as above: #[repr(C)], seven u32 fields, layout checked against the C twin.
+unsafe impl DeviceRepr for Conv2dParams {}
+
+fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32), smem: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: smem }
+}
+
+/// Tiles of the fused kernel for `p`: `ceil(W / 64) * ceil(H / 16)`.
+pub fn resize_normalize_tiles(p: &PreprocessParams) -> u32 {
+    p.dst_width.div_ceil(RN_TILE_W) * p.dst_height.div_ceil(RN_TILE_H)
+}
+
+/// Launch shape of `resize_normalize_*` for `p`, with `row_words` 32-bit words per
+/// staged row (0: direct path, no shared memory): a 1-D grid of persistent blocks, one per
+/// tile but at most `resident` (the blocks that fit on the GPU at once; each block loops
+/// over the tiles, so there is no partial last wave).
+pub fn resize_normalize_cfg(p: &PreprocessParams, row_words: u32, resident: u32) -> LaunchConfig {
+    cfg(
+        (resize_normalize_tiles(p).min(resident).max(1), 1, 1),
+        (RN_BLOCK_X, RN_BLOCK_Y, 1),
+        staged_smem_bytes(row_words),
+    )
+}
+
+/// Shared memory of the staged path: two source rows per output row of the tile.
+pub fn staged_smem_bytes(row_words: u32) -> u32 {
+    2 * RN_TILE_H * row_words * 4
+}
+
+/// True for encodings whose pixel `x` starts at byte `x * bpp` of its row (4:2:2: its
+/// pair at `(x & !1) * 2`): the ones the staged path handles.
+pub fn is_packed(enc: Encoding) -> bool {
+    (enc as u32) <= (Encoding::Bgr16 as u32) || matches!(enc, Encoding::Yuyv | Encoding::Uyvy)
+}
+
+/// Words per staged row for this operation (the widest source window of any tile, with
+/// room for a 3-byte misalignment), or 0 when the direct path must be used (encoding
+/// not packed, or the window does not fit in [`STAGED_SMEM_MAX_BYTES`]).
+/// Mirrors the window computation at the top of `resize_normalize` in the kernel.
+pub fn staged_row_words(p: &PreprocessParams, x_map: &AxisMap, enc: Encoding) -> u32 {
+    if !is_packed(enc) || x_map.i0.is_empty() {
+        return 0;
+    }
+    let yuv = matches!(enc, Encoding::Yuyv | Encoding::Uyvy);
+    let bpp = enc.bytes_per_pixel();
+    let (cx, cw) = (p.content_x, p.content_w);
+    let mut max_span = 0u32;
+    let mut tile_x0 = 0u32;
+    while tile_x0 < p.dst_width {
+        let lo = tile_x0.max(cx);
+        let hi = (tile_x0 + RN_TILE_W).min(cx + cw);
+        if lo < hi {
+            let mut ws = x_map.i0[(lo - cx) as usize];
+            let mut we = x_map.i1[(hi - 1 - cx) as usize];
+            if yuv {
+                ws &= !1;
+                we |= 1;
+            }
+            max_span = max_span.max((we - ws + 1).max(0) as u32);
+        }
+        tile_x0 += RN_TILE_W;
+    }
+    // Odd, so the rows of adjacent output rows (adjacent slots) start in different banks.
+    let words = (3 + max_span * bpp).div_ceil(4) | 1;
+    if staged_smem_bytes(words) > STAGED_SMEM_MAX_BYTES {
+        0
+    } else {
+        words
+    }
+}
+
+/// Launch shape of `conv2d_tiled_k*` / `conv2d_separable_k*` on a `w` x `h` image.
+pub fn conv_tiled_cfg(w: u32, h: u32) -> LaunchConfig {
+    cfg((w.div_ceil(CV_TILE.0), h.div_ceil(CV_TILE.1), 1), (CV_BLOCK_X, CV_BLOCK_Y, 1), 0)
+}
+
+/// Launch shape of `conv2d_naive` on a `w` x `h` x `c` image.
+pub fn conv_naive_cfg(w: u32, h: u32, c: u32) -> LaunchConfig {
+    let (bx, by) = NAIVE_CONV_BLOCK;
+    cfg((w.div_ceil(bx), h.div_ceil(by), c), (bx, by, 1), 0)
+}
+
+/// Launch shape of a one-thread-per-element baseline over `n` elements.
+pub fn linear_cfg(n: u32) -> LaunchConfig {
+    cfg((n.div_ceil(BASELINE_BLOCK), 1, 1), (BASELINE_BLOCK, 1, 1), 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Interpolation;
+
+    fn params(dst_w: u32, cx: u32, cw: u32) -> PreprocessParams {
+        PreprocessParams {
+            src_width: 0,
+            src_height: 0,
+            src_step: 0,
+            encoding: 0,
+            big_endian: 0,
+            dst_width: dst_w,
+            dst_height: 4,
+            content_x: cx,
+            content_y: 0,
+            content_w: cw,
+            content_h: 4,
+            channels: 3,
+            swap_rb: 0,
+            layout: 0,
+            dtype: 0,
+            interpolation: 1,
+            scale: [1.0; 3],
+            bias: [0.0; 3],
+            pad: [0.0; 3],
+        }
+    }
+
+    #[test]
+    fn staged_window_of_a_2x_downscale() {
+        // 3840 -> 1920 linear: f = (d + 0.5) * 2 - 0.5 = 2d + 0.5, so i0 = 2d, i1 = 2d + 1;
+        // the tile d = 64t..64t+63 samples columns 128t..128t+127: 128 px = 384 B, plus 3
+        // bytes of misalignment -> 97 words.
+        let m = AxisMap::new(0, 3840, 1920, Interpolation::Linear);
+        let p = params(1920, 0, 1920);
+        let words = staged_row_words(&p, &m, Encoding::Rgb8);
+        assert_eq!(words, 97, "ceil((3 + 384) / 4) = 97, already odd");
+        assert_eq!(staged_smem_bytes(words), 2 * 16 * 97 * 4);
+        // 3x: f = 3d + 1, so a tile samples 3*64t+1 ..= 3*64t+191: 191 px = 573 B + 3 =
+        // 576 B = 144 words, bumped to 145 (odd: adjacent slots start in other banks).
+        let m3 = AxisMap::new(0, 1536, 512, Interpolation::Linear);
+        assert_eq!(staged_row_words(&params(512, 0, 512), &m3, Encoding::Rgb8), 145);
+        // 4x: 255 px = 765 B + 3 -> 192 | 1 = 193 words = 24.7 KiB > 24 KiB: direct path.
+        let m4 = AxisMap::new(0, 2048, 512, Interpolation::Linear);
+        assert_eq!(staged_row_words(&params(512, 0, 512), &m4, Encoding::Rgb8), 0);
+        assert_eq!(staged_row_words(&p, &m, Encoding::Nv12), 0, "nv12 is not packed");
+    }
+
+    #[test]
+    fn staged_window_falls_back_when_too_wide() {
+        // 8x downscale of rgb16: 512 px * 6 B per tile row = 3 KiB a row, 32 rows > 24 KiB
+        let m = AxisMap::new(0, 4096, 512, Interpolation::Linear);
+        let p = params(512, 0, 512);
+        assert_eq!(staged_row_words(&p, &m, Encoding::Rgb16), 0);
+    }
+
+    #[test]
+    fn launch_shapes_cover_the_image() {
+        let p = params(641, 0, 641);
+        // 641 x 4: 11 x 1 tiles; capped by the resident blocks
+        let c = resize_normalize_cfg(&p, 0, 1000);
+        assert_eq!(c.grid_dim, (11, 1, 1));
+        assert_eq!(resize_normalize_cfg(&p, 0, 4).grid_dim, (4, 1, 1));
+        let mut big = p;
+        big.dst_height = 1080;
+        big.dst_width = 1920;
+        assert_eq!(resize_normalize_tiles(&big), 30 * 68);
+        assert_eq!(c.block_dim, (16, 16, 1));
+        assert_eq!(conv_tiled_cfg(1920, 1080).grid_dim, (60, 34, 1));
+        assert_eq!(conv_naive_cfg(33, 9, 3).grid_dim, (2, 2, 3));
+        assert_eq!(linear_cfg(257).grid_dim, (2, 1, 1));
+    }
+}

@@ -1,0 +1,698 @@
+//! GPU parity: the CUDA backend against the CPU backend (the specification) over the
+//! whole matrix: every encoding, resize mode, interpolation, layout, dtype, channel
+//! count and order, ROI, awkward and padded sizes, conv2d sizes and borders, both memory
+//! modes; on fresh random inputs (new seed each run, printed) AND the photographs in
+//! test/data/, through three CUDA backends: upload + direct fused path, mapped + direct,
+//! upload + staged (shared-memory window) path. Every output buffer of the CUDA backend is
+//! poisoned with NaN before each frame, so an element the kernels do not write fails.
+//! Tolerances come from test/tolerances.json (conv2d: conv_float32_abs_per_l1 scaled by
+//! the kernel's sum|w|, docs/SPEC_conv2d.md).
+//!
+//! A `harness = false` target: on a machine without a GPU it prints
+//! "no GPU: GPU tests NOT run (not counted as passed)" and exits 0. On a GPU it exits 1 if
+//! any case differs OR could not be compared. Run under compute-sanitizer by
+//! scripts/gpu_check.sh. Options: `--stride N` runs every Nth case (for the slow
+//! racecheck run), `--filter TEXT` only cases whose name contains TEXT.
+
+use std::process::ExitCode;
+use std::time::Instant;
+use vision_preproc::backend::cpu::CpuBackend;
+use vision_preproc::backend::cuda::{CudaBackend, FusedPath};
+use vision_preproc::backend::{Backend, Conv2dOp, PreprocessOp};
+use vision_preproc::config::{
+    Border, ChannelOrder, ConvConfig, ConvKernel, DType, Interpolation, Layout, LetterboxAnchor,
+    MemoryMode, ResizeMode,
+};
+use vision_preproc::pipeline::{conv_op, preprocess_op, Geometry};
+use vision_preproc::{Config, Encoding, ImageView};
+
+const TOLERANCES: &str = include_str!("tolerances.json");
+const PHOTOS: [(&str, &[u8]); 5] = [
+    ("astronaut", include_bytes!("data/astronaut.png")),
+    ("chelsea", include_bytes!("data/chelsea.png")),
+    ("coffee", include_bytes!("data/coffee.png")),
+    ("rocket", include_bytes!("data/rocket.jpg")),
+    ("camera", include_bytes!("data/camera.png")),
+];
+
+struct Tol {
+    f32_abs: f64,
+    f16_rel: f64,
+    f16_abs: f64,
+    /// conv2d outputs: `conv_per_l1 * max(1, sum|w|)` absolute (docs/SPEC_conv2d.md).
+    conv_per_l1: f64,
+}
+
+fn tolerances() -> Tol {
+    let v: serde_json::Value = serde_json::from_str(TOLERANCES).expect("test/tolerances.json");
+    let g = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("tolerances.json: {k} missing"));
+    Tol {
+        f32_abs: g("float32_abs"),
+        f16_rel: g("float16_rel"),
+        f16_abs: g("float16_abs"),
+        conv_per_l1: g("conv_float32_abs_per_l1"),
+    }
+}
+
+/// splitmix64: a small, seedable generator for the random frames.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 56) as u8
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// An owned frame.
+struct Frame {
+    w: u32,
+    h: u32,
+    step: u32,
+    enc: Encoding,
+    big_endian: bool,
+    data: Vec<u8>,
+}
+
+impl Frame {
+    fn view(&self) -> ImageView<'_> {
+        ImageView::with_encoding(self.w, self.h, self.step, self.enc, self.big_endian, &self.data)
+            .expect("test frame must be valid")
+    }
+}
+
+fn rows_of(enc: Encoding, h: u32) -> u32 {
+    if matches!(enc, Encoding::Nv12 | Encoding::Nv21) {
+        h * 3 / 2
+    } else {
+        h
+    }
+}
+
+/// Sizes the encoding accepts (4:2:2 even width, 4:2:0 even both).
+fn legal_size(enc: Encoding, w: u32, h: u32) -> (u32, u32) {
+    match enc {
+        Encoding::Yuyv | Encoding::Uyvy => (w.next_multiple_of(2), h),
+        Encoding::Nv12 | Encoding::Nv21 => (w.next_multiple_of(2), h.next_multiple_of(2)),
+        _ => (w, h),
+    }
+}
+
+fn random_frame(rng: &mut Rng, enc: Encoding, w: u32, h: u32, pad: u32, big_endian: bool) -> Frame {
+    let (w, h) = legal_size(enc, w, h);
+    let step = w * enc.bytes_per_pixel() + pad;
+    let n = (step * rows_of(enc, h)) as usize;
+    let data = (0..n).map(|_| rng.byte()).collect();
+    Frame { w, h, step, enc, big_endian, data }
+}
+
+/// Encode an RGB8 photograph (w x h, dense) into `enc` (any reasonable encoder: the test
+/// compares two decoders of the same bytes).
+fn photo_frame(rgb: &[u8], pw: u32, ph: u32, enc: Encoding, rng: &mut Rng) -> Frame {
+    let (w, h) = (pw & !1, ph & !1); // every encoding accepts even sizes
+    let px = |x: u32, y: u32| {
+        let i = ((y * pw + x) * 3) as usize;
+        [rgb[i], rgb[i + 1], rgb[i + 2]]
+    };
+    let luma = |p: [u8; 3]| {
+        ((299 * u32::from(p[0]) + 587 * u32::from(p[1]) + 114 * u32::from(p[2])) / 1000) as u8
+    };
+    let bpp = enc.bytes_per_pixel();
+    let step = w * bpp;
+    let mut data = vec![0u8; (step * rows_of(enc, h)) as usize];
+    let yuv = |p: [u8; 3]| {
+        let (r, g, b) = (f64::from(p[0]), f64::from(p[1]), f64::from(p[2]));
+        let y = 16.0 + 0.257 * r + 0.504 * g + 0.098 * b;
+        let u = 128.0 - 0.148 * r - 0.291 * g + 0.439 * b;
+        let v = 128.0 + 0.439 * r - 0.368 * g - 0.071 * b;
+        [y.round() as u8, u.round() as u8, v.round() as u8]
+    };
+    for y in 0..h {
+        for x in 0..w {
+            let p = px(x, y);
+            let o = (y * step + x * bpp) as usize;
+            match enc {
+                Encoding::Rgb8 => data[o..o + 3].copy_from_slice(&p),
+                Encoding::Bgr8 => data[o..o + 3].copy_from_slice(&[p[2], p[1], p[0]]),
+                Encoding::Rgba8 => data[o..o + 4].copy_from_slice(&[p[0], p[1], p[2], rng.byte()]),
+                Encoding::Bgra8 => data[o..o + 4].copy_from_slice(&[p[2], p[1], p[0], rng.byte()]),
+                Encoding::Mono8 => data[o] = luma(p),
+                Encoding::Mono16 => {
+                    let v = u16::from(luma(p)) * 257 + rng.below(257) as u16;
+                    data[o..o + 2].copy_from_slice(&v.to_le_bytes());
+                }
+                Encoding::Rgb16 | Encoding::Bgr16 => {
+                    let c = if enc == Encoding::Rgb16 { p } else { [p[2], p[1], p[0]] };
+                    for k in 0..3 {
+                        let v = u16::from(c[k]) * 257 + rng.below(257) as u16;
+                        data[o + 2 * k..o + 2 * k + 2].copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                Encoding::Yuyv | Encoding::Uyvy => {
+                    let q = yuv(p);
+                    let pair = (y * step + (x & !1) * 2) as usize;
+                    let (yi, ui, vi) = if enc == Encoding::Yuyv {
+                        ((x & 1) as usize * 2, 1, 3)
+                    } else {
+                        ((x & 1) as usize * 2 + 1, 0, 2)
+                    };
+                    data[pair + yi] = q[0];
+                    if x & 1 == 0 {
+                        data[pair + ui] = q[1];
+                        data[pair + vi] = q[2];
+                    }
+                }
+                Encoding::Nv12 | Encoding::Nv21 => {
+                    let q = yuv(p);
+                    data[o] = q[0];
+                    if x & 1 == 0 && y & 1 == 0 {
+                        let c = ((h + y / 2) * step + x) as usize;
+                        let (u, v) =
+                            if enc == Encoding::Nv12 { (q[1], q[2]) } else { (q[2], q[1]) };
+                        data[c] = u;
+                        data[c + 1] = v;
+                    }
+                }
+                Encoding::BayerRggb8
+                | Encoding::BayerBggr8
+                | Encoding::BayerGbrg8
+                | Encoding::BayerGrbg8 => {
+                    let pattern: [usize; 4] = match enc {
+                        Encoding::BayerRggb8 => [0, 1, 1, 2],
+                        Encoding::BayerBggr8 => [2, 1, 1, 0],
+                        Encoding::BayerGbrg8 => [1, 2, 0, 1],
+                        _ => [1, 0, 2, 1],
+                    };
+                    data[o] = p[pattern[((y & 1) * 2 + (x & 1)) as usize]];
+                }
+            }
+        }
+    }
+    Frame { w, h, step, enc, big_endian: false, data }
+}
+
+#[derive(Default)]
+struct Stats {
+    case_no: usize,
+    passed: usize,
+    failed: usize,
+    not_compared: usize,
+    staged: usize,
+    max_f32: f64,
+    max_f16: f64,
+    not_compared_kinds: std::collections::BTreeMap<String, usize>,
+}
+
+/// A passed case.
+struct Outcome {
+    max_diff: f64,
+    staged: bool,
+}
+
+fn f16_to_f64(b: [u8; 2]) -> f64 {
+    f64::from(half::f16::from_le_bytes(b).to_f32())
+}
+
+fn values(bytes: &[u8], dtype: DType) -> Vec<f64> {
+    match dtype {
+        DType::Float32 => bytes
+            .chunks_exact(4)
+            .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
+        DType::Float16 => bytes.chunks_exact(2).map(|c| f16_to_f64([c[0], c[1]])).collect(),
+    }
+}
+
+fn build_op(cfg: &Config, frame: &Frame) -> Result<PreprocessOp, String> {
+    let g = Geometry::resolve(cfg, frame.w, frame.h).map_err(|e| e.to_string())?;
+    let mut op = preprocess_op(cfg, &g);
+    op.params.src_step = frame.step;
+    op.params.encoding = frame.enc as u32;
+    op.params.big_endian = u32::from(frame.big_endian);
+    Ok(op)
+}
+
+/// The expected tensor (f64 values in the output layout): the CPU backend's.
+fn expected(
+    cpu: &mut CpuBackend,
+    frame: &Frame,
+    cfg: &Config,
+    conv: Option<&Conv2dOp>,
+) -> Result<Vec<f64>, String> {
+    let op = build_op(cfg, frame)?;
+    let mut out = Vec::new();
+    cpu.process(&frame.view(), &op, conv, &mut out).map_err(|e| format!("CPU backend: {e}"))?;
+    Ok(values(&out, cfg.output_dtype))
+}
+
+/// Compare within the named tolerances; `conv_l1` is `sum|w|` of the conv2d applied, if any.
+fn compare(
+    actual: &[u8],
+    expect: &[f64],
+    dtype: DType,
+    tol: &Tol,
+    conv_l1: Option<f64>,
+) -> Result<f64, String> {
+    let a = values(actual, dtype);
+    if a.len() != expect.len() {
+        return Err(format!("tensor has {} elements, expected {}", a.len(), expect.len()));
+    }
+    let mut max = 0.0f64;
+    let mut bad = 0usize;
+    let mut first = None;
+    for (i, (&x, &e)) in a.iter().zip(expect).enumerate() {
+        let abs = match conv_l1 {
+            Some(l1) => tol.conv_per_l1 * l1.max(1.0),
+            None if dtype == DType::Float32 => tol.f32_abs,
+            None => tol.f16_abs,
+        };
+        let t = match dtype {
+            DType::Float32 => abs,
+            DType::Float16 => tol.f16_rel * e.abs() + abs,
+        };
+        // float16 overflow: both backends round the same huge value to the same infinity.
+        let d = if x == e { 0.0 } else { (x - e).abs() };
+        if x.is_nan() || d.is_nan() || d > t {
+            bad += 1;
+            if first.is_none() {
+                first = Some((i, x, e, t));
+            }
+        }
+        if d.is_finite() {
+            max = max.max(d);
+        }
+    }
+    match first {
+        None => Ok(max),
+        Some((i, x, e, t)) => Err(format!(
+            "{bad} of {} elements out of tolerance; first at index {i}: cuda {x} cpu {e} (tol {t:.3e}); max |diff| {max:.3e}",
+            a.len()
+        )),
+    }
+}
+
+fn base_cfg(w: u32, h: u32) -> Config {
+    Config {
+        network_image_width: w,
+        network_image_height: h,
+        image_mean: vec![0.485, 0.456, 0.406],
+        image_stddev: vec![0.229, 0.224, 0.225],
+        ..Config::default()
+    }
+}
+
+/// Scenarios run on random frames of every encoding: (name, source w, h, row padding,
+/// big-endian, config).
+fn scenarios() -> Vec<(&'static str, u32, u32, u32, bool, Config)> {
+    let mut v = Vec::new();
+    let mut c = base_cfg(64, 48);
+    c.resize_mode = ResizeMode::Stretch;
+    v.push(("stretch-linear-nchw-f32", 97, 61, 0, false, c));
+    let mut c = base_cfg(64, 64);
+    c.output_layout = Layout::Nhwc;
+    c.output_dtype = DType::Float16;
+    c.channel_order = ChannelOrder::Bgr;
+    c.pad_value = vec![10.0, 20.0, 30.0];
+    v.push(("letterbox-nhwc-f16-bgr-pad", 150, 90, 13, false, c));
+    let mut c = base_cfg(40, 40);
+    c.resize_mode = ResizeMode::CenterCrop;
+    c.interpolation = Interpolation::Nearest;
+    c.output_dtype = DType::Float16;
+    v.push(("centercrop-nearest-nchw-f16", 120, 200, 0, true, c));
+    let mut c = base_cfg(36, 20);
+    c.output_channels = 1;
+    c.image_mean = vec![0.5];
+    c.image_stddev = vec![0.25];
+    c.output_layout = Layout::Nhwc;
+    v.push(("grey-letterbox-nhwc-f32", 90, 77, 5, false, c));
+    let mut c = base_cfg(48, 36);
+    c.roi = vec![13, 7, 101, 77];
+    c.letterbox_anchor = LetterboxAnchor::TopLeft;
+    v.push(("roi-letterbox-topleft", 200, 150, 3, false, c));
+    let mut c = base_cfg(67, 45);
+    c.resize_mode = ResizeMode::Stretch;
+    v.push(("upscale-odd-width", 17, 11, 1, false, c));
+    let mut c = base_cfg(5, 3);
+    c.resize_mode = ResizeMode::Stretch;
+    c.output_layout = Layout::Nhwc;
+    v.push(("tiny-1xN", 2, 37, 0, false, c));
+    let mut c = base_cfg(32, 24);
+    c.resize_mode = ResizeMode::Stretch;
+    v.push(("downscale-22x-direct-path", 700, 500, 7, false, c));
+    let mut c = base_cfg(128, 64);
+    c.resize_mode = ResizeMode::Stretch;
+    v.push(("downscale-2x-staged-nchw-f32", 256, 128, 0, false, c));
+    let mut c = base_cfg(128, 64);
+    c.resize_mode = ResizeMode::Stretch;
+    c.output_layout = Layout::Nhwc;
+    c.output_dtype = DType::Float16;
+    v.push(("downscale-3x-nhwc-f16-padded", 384, 192, 29, true, c));
+    let mut c = base_cfg(96, 64);
+    c.resize_mode = ResizeMode::Stretch;
+    c.output_layout = Layout::Nhwc;
+    v.push(("nhwc-f32-vector-store", 250, 170, 2, false, c));
+    let mut c = base_cfg(72, 30);
+    c.output_channels = 1;
+    c.image_mean = vec![0.0];
+    c.image_stddev = vec![1.0];
+    c.output_dtype = DType::Float16;
+    c.interpolation = Interpolation::Nearest;
+    v.push(("grey-nearest-f16", 333, 101, 0, false, c));
+    v
+}
+
+/// conv2d cases: every kernel the configuration offers, built by the pipeline as the node
+/// builds it, at several sizes and every border; plus random dense and random separable
+/// weights (any values, not only the named kernels').
+fn conv_cases(rng: &mut Rng) -> Vec<(String, Conv2dOp)> {
+    let mut v = Vec::new();
+    let kernels = [
+        ConvKernel::Box,
+        ConvKernel::Gaussian,
+        ConvKernel::Sharpen,
+        ConvKernel::SobelX,
+        ConvKernel::SobelY,
+        ConvKernel::Laplacian,
+    ];
+    for kernel in kernels {
+        for size in [1u32, 3, 5, 7, 9, 15] {
+            for border in [Border::Replicate, Border::Constant, Border::Reflect101] {
+                let cfg = Config {
+                    conv: ConvConfig { kernel, size, border, ..ConvConfig::default() },
+                    ..Config::default()
+                };
+                match conv_op(&cfg) {
+                    Ok(Some(op)) => v.push((format!("conv-{kernel:?}-k{size}-{border:?}"), op)),
+                    Ok(None) => {}
+                    Err(e) => println!("skipped conv {kernel:?} size {size}: {e}"),
+                }
+            }
+        }
+    }
+    for &size in &[1u32, 3, 5, 7, 15] {
+        for border in [Border::Replicate, Border::Constant, Border::Reflect101] {
+            let n = (size * size) as usize;
+            let weights: Vec<f32> =
+                (0..n).map(|_| (rng.below(2001) as f32 - 1000.0) / 1000.0 / size as f32).collect();
+            v.push((
+                format!("conv-k{size}-{border:?}-2d"),
+                Conv2dOp { size, weights, separable: None, border },
+            ));
+            let col: Vec<f32> =
+                (0..size).map(|_| (rng.below(1001) as f32) / 1000.0 / size as f32).collect();
+            let row: Vec<f32> = (0..size)
+                .map(|_| (rng.below(1001) as f32 - 300.0) / 1000.0 / size as f32)
+                .collect();
+            let mut weights = vec![0.0f32; n];
+            for r in 0..size as usize {
+                for c in 0..size as usize {
+                    weights[r * size as usize + c] = row[r] * col[c];
+                }
+            }
+            v.push((
+                format!("conv-k{size}-{border:?}-separable"),
+                Conv2dOp { size, weights, separable: Some((col, row)), border },
+            ));
+        }
+    }
+    v
+}
+
+fn gpu_present() -> Result<bool, String> {
+    // SAFETY: only tries to dlopen libcuda.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Ok(false);
+    }
+    if cudarc::driver::result::init().is_err() {
+        return Ok(false);
+    }
+    Ok(cudarc::driver::result::device::get_count().map_err(|e| format!("{e:?}"))? > 0)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let arg =
+        |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let stride: usize = arg("--stride").and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
+    let filter = arg("--filter").unwrap_or_default();
+    match gpu_present() {
+        Ok(true) => {}
+        Ok(false) => {
+            println!("no GPU: GPU tests NOT run (not counted as passed)");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            println!("GPU detection failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let tol = tolerances();
+    let seed =
+        std::env::var("VP_PARITY_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    println!("gpu_parity: seed {seed} (VP_PARITY_SEED={seed} reproduces), stride {stride}, filter {filter:?}");
+    let mut rng = Rng(seed);
+    let mut cpu = CpuBackend::new();
+    let mut st = Stats::default();
+    let t0 = Instant::now();
+
+    let runs = [
+        (MemoryMode::Upload, FusedPath::Direct),
+        (MemoryMode::Mapped, FusedPath::Direct),
+        (MemoryMode::Upload, FusedPath::Staged),
+    ];
+    for (mode, path) in runs {
+        let cache = vision_preproc::backend::cuda::kernels::cache_dir();
+        let mut gpu = match CudaBackend::new_with_options(0, mode, cache.as_deref(), path) {
+            Ok(b) => b,
+            Err(e) => {
+                println!("FAIL: opening the CUDA backend ({mode:?}, {path:?}): {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        gpu.set_poison_outputs(true);
+        println!("[{mode:?} {path:?}] {}", gpu.device_description());
+        let run = |name: String,
+                   frame: &Frame,
+                   cfg: &Config,
+                   conv: Option<&Conv2dOp>,
+                   gpu: &mut CudaBackend,
+                   cpu: &mut CpuBackend,
+                   st: &mut Stats| {
+            st.case_no += 1;
+            if (st.case_no - 1) % stride != 0 || !name.contains(filter.as_str()) {
+                return;
+            }
+            let name = format!("[{mode:?} {path:?}] {name}");
+            let op = match build_op(cfg, frame) {
+                Ok(op) => op,
+                Err(e) => {
+                    println!("FAIL {name}: building the operation: {e}");
+                    st.failed += 1;
+                    return;
+                }
+            };
+            let exp = match expected(cpu, frame, cfg, conv) {
+                Ok(x) => x,
+                Err(e) => {
+                    st.not_compared += 1;
+                    *st.not_compared_kinds.entry(e.clone()).or_default() += 1;
+                    return;
+                }
+            };
+            let mut out = vec![0xA5u8; 7];
+            let result = gpu
+                .process(&frame.view(), &op, conv, &mut out)
+                .map_err(|e| format!("CUDA backend: {e}"));
+            let outcome = result
+                .and_then(|_| {
+                    compare(&out, &exp, cfg.output_dtype, &tol, conv.map(|c| c.l1_norm()))
+                })
+                .map(|d| Outcome {
+                    max_diff: d,
+                    staged: path == FusedPath::Staged
+                        && vision_preproc::backend::cuda::launch::staged_row_words(
+                            &op.params, &op.x_map, frame.enc,
+                        ) > 0,
+                });
+            match outcome {
+                Ok(o) => {
+                    println!(
+                        "ok   {name} ({}x{} step {}): max |diff| {:.3e}{}",
+                        frame.w,
+                        frame.h,
+                        frame.step,
+                        o.max_diff,
+                        if o.staged { ", staged" } else { "" }
+                    );
+                    st.passed += 1;
+                    st.staged += usize::from(o.staged);
+                    match cfg.output_dtype {
+                        DType::Float32 => st.max_f32 = st.max_f32.max(o.max_diff),
+                        DType::Float16 => st.max_f16 = st.max_f16.max(o.max_diff),
+                    }
+                }
+                Err(e) => {
+                    st.failed += 1;
+                    println!(
+                        "FAIL {name} ({}x{} step {} {}): {e}",
+                        frame.w, frame.h, frame.step, frame.enc
+                    );
+                }
+            }
+        };
+
+        // 1. Every scenario on fresh random frames of every encoding.
+        for (sname, w, h, pad, be, cfg) in scenarios() {
+            for enc in Encoding::ALL {
+                let frame = random_frame(&mut rng, enc, w, h, pad, be && enc.is_16bit());
+                run(
+                    format!("random {sname} {enc}"),
+                    &frame,
+                    &cfg,
+                    None,
+                    &mut gpu,
+                    &mut cpu,
+                    &mut st,
+                );
+            }
+        }
+        // 2. The photographs, every encoding, two configurations.
+        for (pname, bytes) in PHOTOS {
+            let img = match image::load_from_memory(bytes) {
+                Ok(i) => i.to_rgb8(),
+                Err(e) => {
+                    println!("FAIL decoding test/data/{pname}: {e}");
+                    st.failed += 1;
+                    continue;
+                }
+            };
+            let (pw, ph) = img.dimensions();
+            let rgb = img.into_raw();
+            let mut a = base_cfg(640, 480);
+            a.pad_value = vec![114.0];
+            let mut b = base_cfg(224, 224);
+            b.resize_mode = ResizeMode::CenterCrop;
+            b.output_layout = Layout::Nhwc;
+            b.output_dtype = DType::Float16;
+            b.channel_order = ChannelOrder::Bgr;
+            for enc in Encoding::ALL {
+                let frame = photo_frame(&rgb, pw, ph, enc, &mut rng);
+                run(
+                    format!("photo {pname} letterbox-640x480 {enc}"),
+                    &frame,
+                    &a,
+                    None,
+                    &mut gpu,
+                    &mut cpu,
+                    &mut st,
+                );
+                run(
+                    format!("photo {pname} centercrop-224-nhwc-f16-bgr {enc}"),
+                    &frame,
+                    &b,
+                    None,
+                    &mut gpu,
+                    &mut cpu,
+                    &mut st,
+                );
+            }
+        }
+        // 3. conv2d: every size class, border, 2-D and separable path, on random rgb8 and
+        // grey frames, NCHW f32 / NHWC f16 / non-multiple-of-tile sizes.
+        let convs = conv_cases(&mut rng);
+        for (cname, conv) in &convs {
+            let mut c = base_cfg(67, 35);
+            c.resize_mode = ResizeMode::Stretch;
+            let frame = random_frame(&mut rng, Encoding::Rgb8, 101, 57, 3, false);
+            run(
+                format!("random {cname} rgb8 nchw-f32 67x35"),
+                &frame,
+                &c,
+                Some(conv),
+                &mut gpu,
+                &mut cpu,
+                &mut st,
+            );
+            let mut c = base_cfg(40, 33);
+            c.output_layout = Layout::Nhwc;
+            c.output_dtype = DType::Float16;
+            c.output_channels = 1;
+            c.image_mean = vec![0.5];
+            c.image_stddev = vec![0.5];
+            let frame = random_frame(&mut rng, Encoding::BayerGrbg8, 80, 66, 0, false);
+            run(
+                format!("random {cname} bayer grey nhwc-f16 40x33"),
+                &frame,
+                &c,
+                Some(conv),
+                &mut gpu,
+                &mut cpu,
+                &mut st,
+            );
+        }
+        // 4. Two frames in flight through the ring (submit, submit, finish, finish).
+        if stride == 1 && filter.is_empty() {
+            let cfg = base_cfg(96, 72);
+            let fa = random_frame(&mut rng, Encoding::Bgr8, 160, 120, 0, false);
+            let fb = random_frame(&mut rng, Encoding::Bgr8, 160, 120, 0, false);
+            let res = (|| -> Result<(), String> {
+                let oa = build_op(&cfg, &fa)?;
+                let ob = build_op(&cfg, &fb)?;
+                let sa = gpu.submit(&fa.view(), &oa, None).map_err(|e| e.to_string())?;
+                let sb = gpu.submit(&fb.view(), &ob, None).map_err(|e| e.to_string())?;
+                let (mut outa, mut outb) = (Vec::new(), Vec::new());
+                gpu.finish(sa, &mut outa).map_err(|e| e.to_string())?;
+                gpu.finish(sb, &mut outb).map_err(|e| e.to_string())?;
+                let ea = expected(&mut cpu, &fa, &cfg, None)?;
+                let eb = expected(&mut cpu, &fb, &cfg, None)?;
+                compare(&outa, &ea, DType::Float32, &tol, None)
+                    .map_err(|e| format!("frame A: {e}"))?;
+                compare(&outb, &eb, DType::Float32, &tol, None)
+                    .map_err(|e| format!("frame B: {e}"))?;
+                Ok(())
+            })();
+            match res {
+                Ok(()) => st.passed += 1,
+                Err(e) => {
+                    st.failed += 1;
+                    println!("FAIL [{mode:?} {path:?}] two frames in flight: {e}");
+                }
+            }
+        }
+    }
+    println!("---- not compared (the CPU backend rejected them) ----");
+    for (why, n) in &st.not_compared_kinds {
+        println!("{n:5} x {why}");
+    }
+    println!(
+        "gpu_parity summary: {} passed, {} FAILED, {} NOT COMPARED ({} used the staged \
+         shared-memory path); max |cuda - cpu| float32 {:.3e} (tol {:.1e}), float16 {:.3e}; \
+         {:.1} s",
+        st.passed,
+        st.failed,
+        st.not_compared,
+        st.staged,
+        st.max_f32,
+        tol.f32_abs,
+        st.max_f16,
+        t0.elapsed().as_secs_f64()
+    );
+    if st.failed > 0 || st.not_compared > 0 || st.passed == 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
