@@ -131,6 +131,7 @@ struct Outputs {
     tensor: r2r::Publisher<Tensor>,
     timing: r2r::Publisher<FrameTiming>,
     camera_info: r2r::Publisher<CameraInfo>,
+    debug_image: r2r::Publisher<Image>,
 }
 
 /// State shared between the tasks and the processing thread.
@@ -192,7 +193,8 @@ fn run() -> anyhow::Result<()> {
     let outputs = Outputs {
         tensor: node.create_publisher::<Tensor>("tensor", out_qos.clone())?,
         timing: node.create_publisher::<FrameTiming>("timing", out_qos.clone())?,
-        camera_info: node.create_publisher::<CameraInfo>("tensor/camera_info", out_qos)?,
+        camera_info: node.create_publisher::<CameraInfo>("tensor/camera_info", out_qos.clone())?,
+        debug_image: node.create_publisher::<Image>("debug_image", out_qos)?,
     };
     let diagnostics =
         node.create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())?;
@@ -348,6 +350,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
     let mut dropped_reported = 0u64;
     let mut generation = 0u64;
     let mut reject_log = RateLimitedLog { last: None, suppressed: 0 };
+    let mut last_debug: Option<Instant> = None;
     while let Some(frame) = shared.latest.take() {
         // Parameters set at run time apply from this frame (validated when set).
         {
@@ -401,6 +404,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
         }
         let total_us = frame.at.elapsed().as_secs_f32() * 1e6;
         shared.stats.published(total_us / 1000.0);
+        publish_debug_image(&pipeline, msg, &out.debug_image, &mut last_debug, logger);
         let dropped = shared.stats.dropped.load(Ordering::Relaxed);
         let timing = FrameTiming {
             header: msg.header.clone(),
@@ -419,6 +423,44 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
             r2r::log_warn!(logger, "publishing timing: {e}");
         }
         sequence += 1;
+    }
+}
+
+/// `debug_image`: what the network sees, de-normalized to rgb8 (grey tensors as mono8),
+/// computed only while someone subscribes and at most `debug_image_rate` times a second.
+fn publish_debug_image(
+    pipeline: &Pipeline,
+    src: &Image,
+    publisher: &r2r::Publisher<Image>,
+    last: &mut Option<Instant>,
+    logger: &str,
+) {
+    let rate = pipeline.config().debug_image_rate;
+    if rate <= 0.0 || last.is_some_and(|t| t.elapsed().as_secs_f64() < 1.0 / rate) {
+        return;
+    }
+    if publisher.get_inter_process_subscription_count().unwrap_or(0) == 0 {
+        return;
+    }
+    let preview = match pipeline.preview_image() {
+        Ok(p) => p,
+        Err(e) => {
+            r2r::log_warn!(logger, "debug_image: {e}");
+            return;
+        }
+    };
+    let msg = Image {
+        header: src.header.clone(),
+        height: preview.height,
+        width: preview.width,
+        encoding: if preview.channels == 3 { "rgb8" } else { "mono8" }.to_string(),
+        is_bigendian: 0,
+        step: preview.width * preview.channels,
+        data: preview.data,
+    };
+    *last = Some(Instant::now());
+    if let Err(e) = publisher.publish(&msg) {
+        r2r::log_warn!(logger, "publishing debug_image: {e}");
     }
 }
 

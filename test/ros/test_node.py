@@ -233,3 +233,50 @@ def test_signals_stop_the_node_cleanly_under_load(tmp_path: Path, sig: int) -> N
             peer.close()
     out = node.output()
     assert "stopped:" in out, out
+
+
+def test_debug_image_only_while_subscribed_and_rate_limited(tmp_path: Path) -> None:
+    ns = "/dbg"
+    args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "network_image_width:=80", "-p",
+            "network_image_height:=60", "-p", "resize_mode:=stretch", "-p", "debug_image_rate:=2.0",
+            "-p", "channel_order:=bgr"]
+    with NodeProcess(args, log=tmp_path / "node.log") as node:
+        peer = Peer(ns)
+        try:
+            peer.wait_connected()
+            peer.send_until_received(image_msg(CHELSEA, "bgr8", 6_000_000_001, "cam"))
+            from sensor_msgs.msg import Image as RosImage
+            debug: list = []
+            sub = peer.node.create_subscription(RosImage, "debug_image", debug.append, RELIABLE)
+            peer.spin_until(lambda: peer.node.count_publishers(f"{ns}/debug_image") >= 1, 10, "debug_image publisher")
+            time.sleep(0.5)
+            # 3 s of frames at ~20 Hz: at most 2 Hz of debug images (+1 for the window edge).
+            t_end = time.monotonic() + 3.0
+            k = 0
+            while time.monotonic() < t_end:
+                peer.pub.publish(image_msg(CHELSEA, "bgr8", 6_000_000_100 + k, "cam"))
+                k += 1
+                for _ in range(5):
+                    peer.executor.spin_once(timeout_sec=0.01)
+            peer.spin_until(lambda: len(debug) >= 1, 5, "a debug_image")
+            assert 1 <= len(debug) <= 7, len(debug)
+            d = debug[-1]
+            assert (d.encoding, d.width, d.height, d.step) == ("rgb8", 80, 60, 240)
+            # What the network sees, de-normalized: the stretched photo in RGB order
+            # (channel_order bgr is undone), within one 8-bit level of OpenCV's resize.
+            got = np.frombuffer(bytes(d.data), np.uint8).reshape(60, 80, 3).astype(int)
+            want = cv2.resize(cv2.cvtColor(CHELSEA, cv2.COLOR_BGR2RGB).astype(np.float32), (80, 60),
+                              interpolation=cv2.INTER_LINEAR)
+            assert np.abs(got - want).max() <= 1, np.abs(got - want).max()
+            # Nobody subscribed: no debug images are made.
+            peer.node.destroy_subscription(sub)
+            time.sleep(1.0)
+            n = len(debug)
+            for k in range(10):
+                peer.pub.publish(image_msg(CHELSEA, "bgr8", 6_000_001_000 + k, "cam"))
+                for _ in range(10):
+                    peer.executor.spin_once(timeout_sec=0.02)
+            assert len(debug) == n
+        finally:
+            peer.close()
+        assert node.stop() == 0
