@@ -211,3 +211,40 @@ pub struct Conv2dOp {
     /// Border handling.
     pub border: Border,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_weights_are_the_double_fraction_rounded_once() {
+        // 600 -> 29, d = 1: (1 + 0.5) * 600/29 - 0.5 = 30.53448275862069 in double; the
+        // fraction 0.53448275862069 as f32 is 0.5344828, the weight cv2.resize 5.0 uses
+        // (read off an impulse image: np.zeros((2, 600), np.float32) with column 31 = 1,
+        // cv2.resize(.., (29, 2))[0, 1] -> 0.5344828). Rounding the coordinate to float
+        // first would give 30.534483 -> 0.53448296.
+        let m = AxisMap::new(0, 600, 29, Interpolation::Linear);
+        assert_eq!((m.i0[1], m.i1[1]), (30, 31));
+        assert_eq!(m.w1[1], 0.534_482_8_f32);
+        assert_ne!(m.w1[1], 0.534_482_96_f32);
+    }
+
+    #[test]
+    fn tensor_index_and_shape_follow_the_layout() {
+        let mut d = TensorDesc {
+            channels: 3,
+            height: 2,
+            width: 4,
+            layout: Layout::Nchw,
+            dtype: DType::Float16,
+        };
+        // NCHW: (c * H + y) * W + x = (2 * 2 + 1) * 4 + 3 = 23.
+        assert_eq!(d.index(2, 1, 3), 23);
+        assert_eq!(d.shape(), [1, 3, 2, 4]);
+        assert_eq!(d.byte_len(), 48);
+        d.layout = Layout::Nhwc;
+        // NHWC: (y * W + x) * C + c = (1 * 4 + 3) * 3 + 2 = 23 too; (0, 1, 0) differs: 12 vs 4.
+        assert_eq!(d.index(2, 1, 3), 23);
+        assert_eq!((d.index(0, 1, 0), d.shape()), (12, [1, 2, 4, 3]));
+    }
+}
