@@ -78,6 +78,11 @@ pub fn run(args: BenchCpuArgs) -> Result<()> {
     for sc in scenarios {
         let mut cfg_args = args.config.clone();
         let mut sets = sc.overrides.clone();
+        let name = if cfg_args.set.is_empty() {
+            sc.name.clone()
+        } else {
+            format!("{} [{}]", sc.name, cfg_args.set.join(", "))
+        };
         sets.append(&mut cfg_args.set);
         cfg_args.set = sets;
         let cfg = cfg_args.load()?;
@@ -102,7 +107,7 @@ pub fn run(args: BenchCpuArgs) -> Result<()> {
             let samples: Vec<String> = ms.iter().map(|v| format!("{v:.4}")).collect();
             println!(
                 "{{\"scenario\": {:?}, \"simd\": \"{:?}\", \"threads\": {}, \"frames\": {}, \"p50_ms\": {:.4}, \"p99_ms\": {:.4}, \"mean_ms\": {:.4}, \"min_ms\": {:.4}, \"samples_ms\": [{}]}}",
-                sc.name,
+                name,
                 simd,
                 rayon::current_num_threads(),
                 ms.len(),
@@ -115,7 +120,7 @@ pub fn run(args: BenchCpuArgs) -> Result<()> {
         } else {
             println!(
                 "{:<58} {:>8.3} {:>8.3} {:>8.3} {:>8.3}  {simd:?}",
-                sc.name, s.p50, s.p99, s.mean, s.min
+                name, s.p50, s.p99, s.mean, s.min
             );
         }
     }
