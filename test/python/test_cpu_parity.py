@@ -182,7 +182,7 @@ def tmp() -> Path:
 
 def _config_file(tmp: Path, cfg: dict) -> Path:
     path = tmp / "cfg.yaml"
-    path.write_text(json.dumps(cfg))
+    path.write_text(json.dumps({"backend": "cpu", **cfg}))
     return path
 
 
