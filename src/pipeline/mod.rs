@@ -66,13 +66,15 @@ impl Pipeline {
     /// next call.
     pub fn process(&mut self, image: &ImageView<'_>) -> Result<FrameInfo> {
         let key = (image.width(), image.height());
-        let stale = !matches!(&self.cached, Some((k, _, _)) if *k == key);
-        if stale {
-            let geometry = Geometry::resolve(&self.config, key.0, key.1)?;
-            let op = preprocess_op(&self.config, &geometry);
-            self.cached = Some((key, geometry, op));
-        }
-        let Some((_, geometry, op)) = &mut self.cached else { unreachable!("cache filled above") };
+        let entry = match self.cached.take() {
+            Some(cached) if cached.0 == key => cached,
+            _ => {
+                let geometry = Geometry::resolve(&self.config, key.0, key.1)?;
+                let op = preprocess_op(&self.config, &geometry);
+                (key, geometry, op)
+            }
+        };
+        let (_, geometry, op) = self.cached.insert(entry);
         // Per-frame fields of the source (same size, maybe another encoding or step).
         op.params.src_step = image.step();
         op.params.encoding = image.encoding() as u32;

@@ -32,7 +32,8 @@ def run_frame(frame: Frame, config: dict, preview: bool = False) -> tuple[np.nda
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         (d / "frame.raw").write_bytes(frame.data)
-        (d / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+        # The CPU backend explicitly (`auto` would take a GPU where there is one).
+        (d / "config.yaml").write_text(json.dumps({"backend": "cpu", **config}))  # JSON is YAML
         extra = ["--preview", d / "preview.png"] if preview else []
         cli("run-file", "--config", d / "config.yaml", *frame.cli_args(), d / "frame.raw",
             "-o", d / "out.npy", *extra)

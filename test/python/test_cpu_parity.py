@@ -182,7 +182,7 @@ def tmp() -> Path:
 
 def _config_file(tmp: Path, cfg: dict) -> Path:
     path = tmp / "cfg.yaml"
-    path.write_text(json.dumps(cfg))
+    path.write_text(json.dumps({"backend": "cpu", **cfg}))
     return path
 
 
@@ -322,3 +322,17 @@ def test_cli_errors_are_clear_and_never_panics(tmp: Path, args: list, message: s
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, p.stderr
     assert last.count(message) == 1, f"message repeated: {last}"
+
+
+def test_bench_cpu_reports_percentiles(tmp: Path) -> None:
+    # The benchmark command itself (docs/BENCHMARKS.md): a few frames, JSON out.
+    frame = photo_frame("yuyv", "chelsea.png")
+    raw = tmp / "bench.raw"
+    raw.write_bytes(frame.data)
+    p = runner.cli("bench-cpu", *frame.cli_args(), raw, "--frames", "5", "--warmup", "1",
+                   "--json", "--set", "network_image_width=64", "--no-avx2")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["frames"] == 5 and len(r["samples_ms"]) == 5 and r["simd"] == "Baseline"
+    s = sorted(r["samples_ms"])
+    assert r["p50_ms"] == pytest.approx(s[2], abs=1e-3) and r["p99_ms"] == pytest.approx(s[4], abs=1e-3)
+    assert 0 < r["min_ms"] <= r["p50_ms"] <= r["p99_ms"]

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
-use vision_preproc::backend::cpu::CpuBackend;
+use vision_preproc::backend::cpu::{CpuBackend, Simd};
 use vision_preproc::Pipeline;
 
 /// Arguments of `bench-cpu`.
@@ -36,6 +36,9 @@ pub struct BenchCpuArgs {
     /// One JSON object per scenario (with every sample) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Run the baseline build of the inner loops even where the CPU has AVX2.
+    #[arg(long)]
+    pub no_avx2: bool,
 }
 
 struct Scenario {
@@ -75,11 +78,21 @@ pub fn run(args: BenchCpuArgs) -> Result<()> {
     for sc in scenarios {
         let mut cfg_args = args.config.clone();
         let mut sets = sc.overrides.clone();
+        let name = if cfg_args.set.is_empty() {
+            sc.name.clone()
+        } else {
+            format!("{} [{}]", sc.name, cfg_args.set.join(", "))
+        };
         sets.append(&mut cfg_args.set);
         cfg_args.set = sets;
         let cfg = cfg_args.load()?;
         let view = sc.image.view()?;
-        let mut pipeline = Pipeline::new(cfg, Box::new(CpuBackend::new()))?;
+        let mut cpu = CpuBackend::new();
+        if args.no_avx2 {
+            cpu.set_simd(Simd::Baseline);
+        }
+        let simd = cpu.simd();
+        let mut pipeline = Pipeline::new(cfg, Box::new(cpu))?;
         for _ in 0..args.warmup {
             pipeline.process(&view)?;
         }
@@ -93,8 +106,9 @@ pub fn run(args: BenchCpuArgs) -> Result<()> {
         if args.json {
             let samples: Vec<String> = ms.iter().map(|v| format!("{v:.4}")).collect();
             println!(
-                "{{\"scenario\": {:?}, \"threads\": {}, \"frames\": {}, \"p50_ms\": {:.4}, \"p99_ms\": {:.4}, \"mean_ms\": {:.4}, \"min_ms\": {:.4}, \"samples_ms\": [{}]}}",
-                sc.name,
+                "{{\"scenario\": {:?}, \"simd\": \"{:?}\", \"threads\": {}, \"frames\": {}, \"p50_ms\": {:.4}, \"p99_ms\": {:.4}, \"mean_ms\": {:.4}, \"min_ms\": {:.4}, \"samples_ms\": [{}]}}",
+                name,
+                simd,
                 rayon::current_num_threads(),
                 ms.len(),
                 s.p50,
@@ -105,8 +119,8 @@ pub fn run(args: BenchCpuArgs) -> Result<()> {
             );
         } else {
             println!(
-                "{:<58} {:>8.3} {:>8.3} {:>8.3} {:>8.3}",
-                sc.name, s.p50, s.p99, s.mean, s.min
+                "{:<58} {:>8.3} {:>8.3} {:>8.3} {:>8.3}  {simd:?}",
+                name, s.p50, s.p99, s.mean, s.min
             );
         }
     }
