@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""`make demo`: the node against a built-in frame source, no camera needed.
+"""`make demo`: the node fed by a recorded camera, no camera needed.
 
-Starts vision_preproc_node (backend auto: the GPU when one is usable, else the CPU),
-publishes the repository's test photographs (test/data/, real photos) as bgr8
-sensor_msgs/Image at camera rate, and prints a live per-second summary of what comes
-back on `timing`. Stops by itself after --seconds, or on Ctrl-C.
+Plays the sample bag (.ros/sample_bag: real photographs from test/data as a camera
+sends them, in bgr8, yuyv, nv12, bayer_rggb8 and mono8, with camera_info; written by
+scripts/setup.sh) into vision_preproc_node in a loop at camera rate with `vision_preproc
+play`, and prints a live per-second summary of what comes back: fps, p50/p99 of each
+stage, the backend (the GPU when one is usable, else the CPU), and drops. Previews of what
+the network sees (the node's debug_image, one per source encoding) are written to
+out/demo/. Stops by itself after --seconds, or on Ctrl-C.
 
 Runs on its own ROS_DOMAIN_ID, on loopback only.
 """
@@ -23,26 +26,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.randint(101, 199)))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-# The built-in camera publishes large best-effort frames: the same Fast DDS profile the
-# README asks camera drivers to use.
-os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(ROOT / "config" / "fastdds_large_frames.xml"))
 
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 import rclpy  # noqa: E402
-from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data  # noqa: E402
+from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
 
-
-def load_frames() -> list[np.ndarray]:
-    frames = []
-    for name in ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg"]:
-        img = cv2.imread(str(ROOT / "test" / "data" / name), cv2.IMREAD_COLOR)
-        if img is None:
-            sys.exit(f"demo: cannot read test/data/{name}")
-        frames.append(img)
-    return frames
+STAGES = ("upload_us", "preprocess_us", "conv_us", "download_us", "total_us")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -52,26 +44,46 @@ def pct(values: list[float], q: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=8.0, help="run time (default 8)")
-    ap.add_argument("--rate", type=float, default=30.0, help="camera rate in Hz (default 30)")
+    ap.add_argument("--rate", type=float, default=1.0, help="playback speed factor (default 1: 30 Hz)")
+    ap.add_argument("--bag", default=str(ROOT / ".ros" / "sample_bag"))
     ap.add_argument("--params-file", default=str(ROOT / "config" / "default.yaml"))
+    ap.add_argument("--out", default=str(ROOT / "out" / "demo"))
     args = ap.parse_args()
 
-    node_bin = ROOT / "target" / "release" / "vision_preproc_node"
-    print(f"demo: starting {node_bin.name} (ROS_DOMAIN_ID={os.environ['ROS_DOMAIN_ID']}, "
-          f"params {Path(args.params_file).name})", flush=True)
-    node = subprocess.Popen([str(node_bin), "--ros-args", "--params-file", args.params_file, "-r", "__ns:=/demo"])
+    bin_dir = ROOT / "target" / "release"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"demo: ROS_DOMAIN_ID={os.environ['ROS_DOMAIN_ID']}, parameters {Path(args.params_file).name}, "
+          f"bag {args.bag}", flush=True)
+    node = subprocess.Popen([str(bin_dir / "vision_preproc_node"), "--ros-args", "--params-file", args.params_file,
+                             "-p", "debug_image_rate:=30.0", "-r", "__ns:=/demo"])
 
     rclpy.init()
-    peer = rclpy.create_node("demo_camera", namespace="/demo")
-    pub = peer.create_publisher(Image, "image", qos_profile_sensor_data)
-    window: list[FrameTiming] = []
-    shapes: list[str] = []
+    peer = rclpy.create_node("demo_monitor", namespace="/demo")
     reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-    peer.create_subscription(FrameTiming, "timing", window.append, reliable)
-    peer.create_subscription(
-        Tensor, "tensor", lambda t: shapes.append(f"{t.name} {list(t.shape)} {t.layout} {t.dtype}"), reliable
-    )
+    window: list[FrameTiming] = []
+    encodings: dict[int, str] = {}
+    last_tensor: list[str] = []
+    saved: dict[str, Path] = {}
 
+    def on_tensor(t: Tensor) -> None:
+        encodings[t.header.stamp.sec * 10**9 + t.header.stamp.nanosec] = t.source_encoding
+        last_tensor[:] = [f"{t.name} {list(t.shape)} {t.layout} {t.dtype}"]
+
+    def on_debug(img: Image) -> None:
+        enc = encodings.get(img.header.stamp.sec * 10**9 + img.header.stamp.nanosec, "unknown")
+        px = np.frombuffer(bytes(img.data), np.uint8).reshape(img.height, img.width, -1)
+        path = out / f"network_view_{enc}.png"
+        cv2.imwrite(str(path), cv2.cvtColor(px, cv2.COLOR_RGB2BGR) if px.shape[2] == 3 else px)
+        saved[enc] = path
+
+    peer.create_subscription(FrameTiming, "timing", window.append, reliable)
+    peer.create_subscription(Tensor, "tensor", on_tensor, reliable)
+    peer.create_subscription(Image, "debug_image", on_debug, reliable)
+
+    player = subprocess.Popen([str(bin_dir / "vision_preproc"), "play", args.bag, "--loop", "--rate", str(args.rate),
+                               "--image-topic", "/demo/image", "--camera-info-topic", "/demo/camera_info",
+                               "--wait-subscribers", "1"], stdout=subprocess.DEVNULL)
     stop = False
 
     def on_signal(*_):
@@ -79,55 +91,39 @@ def main() -> int:
         stop = True
 
     signal.signal(signal.SIGINT, on_signal)
-    frames = load_frames()
-    period = 1.0 / args.rate
     start = time.monotonic()
-    deadline = start + args.seconds
-    next_frame = start
     next_report = start + 1.0
-    sent = received = 0
-    i = 0
-    print(f"demo: publishing {len(frames)} real photographs as bgr8 at {args.rate:g} Hz on /demo/image "
-          f"for {args.seconds:g} s (Ctrl-C stops)", flush=True)
-    while not stop and time.monotonic() < deadline and node.poll() is None:
+    received = 0
+    print(f"demo: playing the sample bag in a loop at camera rate into /demo/image for {args.seconds:g} s "
+          "(Ctrl-C stops)", flush=True)
+    print("        fps  backend  " + "  ".join(f"{s[:-3]:>10s} p50/p99 ms" for s in STAGES) + "  dropped", flush=True)
+    while not stop and time.monotonic() < start + args.seconds and node.poll() is None:
+        rclpy.spin_once(peer, timeout_sec=0.05)
         now = time.monotonic()
-        if now >= next_frame:
-            img = frames[i % len(frames)]
-            msg = Image()
-            t = time.time_ns()
-            msg.header.stamp.sec, msg.header.stamp.nanosec = t // 10**9, t % 10**9
-            msg.header.frame_id = "demo_camera"
-            msg.height, msg.width = img.shape[:2]
-            msg.encoding, msg.step = "bgr8", img.shape[1] * 3
-            msg.data = img.tobytes()
-            pub.publish(msg)
-            sent += 1
-            i += 1
-            next_frame += period
         if now >= next_report:
             w, window[:] = list(window), []
             received += len(w)
             if w:
-                pre = [t.preprocess_us / 1000 for t in w]
-                tot = [t.total_us / 1000 for t in w]
-                dropped = sum(t.dropped_since_last for t in w)
-                print(f"[{now - start:4.1f}s] {len(w):3d} fps  backend {w[-1].backend:4s}  "
-                      f"preprocess p50 {pct(pre, 50):6.2f} ms p99 {pct(pre, 99):6.2f} ms  "
-                      f"receive->publish p50 {pct(tot, 50):6.2f} ms p99 {pct(tot, 99):6.2f} ms  "
-                      f"dropped {dropped}", flush=True)
+                cols = "  ".join(f"{pct([getattr(t, s) for t in w], 50) / 1000:7.2f}/{pct([getattr(t, s) for t in w], 99) / 1000:<7.2f}"
+                                 .rjust(21) for s in STAGES)
+                print(f"[{now - start:4.1f}s] {len(w):4d}  {w[-1].backend:7s}  {cols}  {sum(t.dropped_since_last for t in w):7d}",
+                      flush=True)
             else:
-                print(f"[{now - start:4.1f}s] waiting for the node ...", flush=True)
+                print(f"[{now - start:4.1f}s] waiting for frames ...", flush=True)
             next_report += 1.0
-        rclpy.spin_once(peer, timeout_sec=max(0.0, min(next_frame, next_report) - time.monotonic()))
     received += len(window)
-    if node.poll() is None:
-        node.send_signal(signal.SIGINT)
+    for p in (player, node):
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    player.wait(timeout=10)
     rc = node.wait(timeout=10)
     peer.destroy_node()
     rclpy.shutdown()
-    if shapes:
-        print(f"demo: last tensor: {shapes[-1]}")
-    print(f"demo: sent {sent} frames, received {received} timings; node exited with {rc}")
+    if last_tensor:
+        print(f"demo: last tensor: {last_tensor[0]}")
+    for enc, path in sorted(saved.items()):
+        print(f"demo: preview of what the network sees ({enc}): {path}")
+    print(f"demo: {received} tensors received; node exited with {rc}")
     return 0 if rc == 0 and received > 0 else 1
 
 

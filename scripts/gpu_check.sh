@@ -17,7 +17,8 @@ if [[ -f .ros/env.sh ]]; then
     # shellcheck disable=SC1091
     source .ros/env.sh
 fi
-FEATURES=(--release --no-default-features --features cuda)
+# Own target dir: a no-ROS build must not overwrite the ROS build in target/release.
+FEATURES=(--release --no-default-features --features cuda --target-dir target/gpu)
 cargo build "${FEATURES[@]}" --bin vision_preproc
 cargo test "${FEATURES[@]}" --test nvrtc_compile
 # The GPU parity test binary (harness = false) without running it.
@@ -28,7 +29,7 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu_parity" and m.get("executable"):
         print(m["executable"])')"
 mkdir -p "$STAGE"
-cp target/release/vision_preproc "$STAGE/vision_preproc"
+cp target/gpu/release/vision_preproc "$STAGE/vision_preproc"
 cp "$PARITY" "$STAGE/gpu_parity"
 cp scripts/gpu_remote.sh "$STAGE/gpu_remote.sh"
 strip --strip-debug "$STAGE/vision_preproc" "$STAGE/gpu_parity" 2>/dev/null || true

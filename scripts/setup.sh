@@ -2,7 +2,8 @@
 # Installs everything vision_preproc needs on a fresh Debian 12 / Ubuntu x86-64 machine
 # with no ROS packages: apt packages, a Python 3.11 venv in .ros/venv holding ROS 2
 # Kilted from PyPI wheels, colcon, the test tools and NVRTC, the three wheel fix-ups,
-# the interface package vision_preproc_msgs built into .ros/install, and .ros/env.sh.
+# the interface package vision_preproc_msgs built into .ros/install, .ros/env.sh, and the
+# demo's sample bag .ros/sample_bag.
 #
 # Idempotent: each step is skipped when its inputs have not changed (stamp files in
 # .ros/), so a second run finishes in about a second.
@@ -75,6 +76,15 @@ else
             --cmake-args -DBUILD_TESTING=OFF -DPython3_EXECUTABLE="$VENV/bin/python"
     )
     stamp_set msgs "$msgs_hash"
+fi
+
+# 6. The demo's sample bag (real photographs, written with rosbags).
+bag_hash="$(hash_of "$ROOT/scripts/make_sample_bag.py" "$ROOT/test/python/bags.py" "$ROOT/test/python/sources.py" "$ROOT"/test/data/*.png "$ROOT"/test/data/*.jpg "$ROS_DIR/venv.stamp")"
+if stamp_ok sample_bag "$bag_hash" && [ -f "$ROS_DIR/sample_bag/metadata.yaml" ]; then
+    log "sample bag: up to date ($ROS_DIR/sample_bag)"
+else
+    (source "$ROS_DIR/env.sh" && python3 "$ROOT/scripts/make_sample_bag.py" "$ROS_DIR/sample_bag")
+    stamp_set sample_bag "$bag_hash"
 fi
 
 log "done. Use it with: source $ROS_DIR/env.sh"
