@@ -19,6 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from rosharness import NODE_BIN, ROOT, NodeProcess, Peer, image_msg, stamp_ns, tensor_array  # noqa: E402
+
 from tolerances import assert_close  # noqa: E402
 
 DATA = ROOT / "test" / "data"
@@ -114,3 +115,91 @@ def test_round_trip_colcon_install(tmp_path: Path, colcon_install: Path) -> None
     for f in ["launch", "config/default.yaml", "package.xml"]:
         assert (share / f).exists(), f"colcon did not install share/vision_preproc/{f}"
     run_round_trip(binary, "/rt_colcon", tmp_path)
+
+
+def test_encodings_and_sizes_through_the_node_match_the_oracle(tmp_path: Path) -> None:
+    """Real photographs in several encodings and sizes (frame size and encoding changing
+    from frame to frame) -> node -> tensors equal to the OpenCV oracle; header, shape,
+    geometry and source fields correct; one FrameTiming per tensor whose stages add up."""
+    import oracle
+    from sources import photo_frame
+
+    from rosharness import Image
+
+    config = {"network_image_width": 128, "network_image_height": 96, "resize_mode": "center_crop",
+              "output_dtype": "float16", "output_layout": "NHWC", "channel_order": "bgr",
+              "image_mean": [0.4, 0.45, 0.5], "image_stddev": [0.25, 0.25, 0.25]}
+    frames = [
+        photo_frame("yuyv", "coffee.png", pad=6),
+        photo_frame("nv21", "astronaut.png", size=(300, 200)),
+        photo_frame("bayer_bggr8", "rocket.jpg"),
+        photo_frame("mono16", "camera.png", big_endian=True, size=(257, 131)),
+        photo_frame("bgra8", "chelsea.png", pad=4),
+        photo_frame("rgb16", "coffee.png", size=(99, 77)),
+    ]
+    ns = "/enc"
+    args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu"] + [
+        a for k, v in config.items() for a in ("-p", f"{k}:={v}")]
+    with NodeProcess(args, log=tmp_path / "node.log") as node:
+        peer = Peer(ns)
+        try:
+            peer.wait_connected()
+            for i, f in enumerate(frames):
+                msg = Image()
+                stamp = 1_700_000_100_000_000_000 + i
+                msg.header.stamp.sec, msg.header.stamp.nanosec = stamp // 10**9, stamp % 10**9
+                msg.header.frame_id = "cam"
+                msg.height, msg.width, msg.step = f.height, f.width, f.step
+                msg.encoding, msg.is_bigendian, msg.data = f.encoding, int(f.big_endian), f.data
+                t = peer.send_until_received(msg)
+                want = oracle.preprocess(f.data, f.encoding, f.width, f.height, f.step, f.big_endian, config)
+                assert (t.layout, t.dtype, list(t.shape)) == ("NHWC", "float16", [1, 96, 128, 3])
+                assert (t.source_width, t.source_height, t.source_encoding) == (f.width, f.height, f.encoding)
+                (rx, ry, rw, rh), _ = oracle.geometry(f.width, f.height, {**oracle.DEFAULTS, **config})
+                assert t.scale_x == pytest.approx(128 / rw) and t.offset_x == pytest.approx(-rx * 128 / rw, abs=1e-4)
+                assert t.scale_y == pytest.approx(96 / rh) and t.offset_y == pytest.approx(-ry * 96 / rh, abs=1e-4)
+                assert_close(tensor_array(t), want, "float16", f"node {f.encoding} {f.width}x{f.height}")
+                tm = peer.timing_for(stamp)
+                stages = tm.upload_us + tm.preprocess_us + tm.conv_us + tm.download_us
+                assert stages <= tm.total_us <= tm.age_us, tm
+            assert len(peer.timings) == len(peer.tensors)
+        finally:
+            peer.close()
+        assert node.stop() == 0
+
+
+def test_backend_auto_falls_back_and_cuda_refuses_without_a_gpu(tmp_path: Path) -> None:
+    """On a machine without a GPU: backend auto runs on the CPU and says so (log and
+    diagnostics WARN); backend cuda refuses to start with the reason."""
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+
+    from rosharness import RELIABLE
+
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has an NVIDIA GPU")
+    with NodeProcess(["-p", "backend:=cuda"], log=tmp_path / "cuda.log") as node:
+        rc = node.proc.wait(timeout=20)
+    assert rc == 1 and "no usable GPU" in node.output(), node.output()
+
+    ns = "/auto"
+    with NodeProcess(["-r", f"__ns:={ns}", "-p", "backend:=auto"], log=tmp_path / "auto.log") as node:
+        peer = Peer(ns)
+        statuses: list = []
+        peer.node.create_subscription(DiagnosticArray, "/diagnostics",
+                                      lambda m: statuses.extend(s for s in m.status if s.name == "auto/vision_preproc"),
+                                      RELIABLE)
+        try:
+            peer.wait_connected()
+            bgr = cv2.imread(str(DATA / "chelsea.png"))
+            t = peer.send_until_received(image_msg(bgr, "bgr8", 7_000_000_001, "cam"))
+            assert peer.timing_for(7_000_000_001).backend == "cpu"
+            peer.spin_until(lambda: len(statuses) >= 1, 5, "diagnostics")
+            s = statuses[-1]
+            kv = {v.key: v.value for v in s.values}
+            assert s.level == DiagnosticStatus.WARN and "running on the CPU" in s.message, s
+            assert kv["Backend"] == "cpu" and "libcuda" in kv["Backend fallback reason"], kv
+            assert list(t.shape) == [1, 3, 480, 640]
+        finally:
+            peer.close()
+        assert node.stop() == 0
+    assert "using the CPU backend" in node.output()
