@@ -526,10 +526,20 @@ fn check_per_channel(param: &str, values: &[f64], channels: usize) -> Result<()>
 /// nested groups as needed. Whether the key exists is checked when the mapping is
 /// deserialized (unknown keys are rejected there, by name).
 pub fn set_param(params: &mut serde_yaml::Value, key: &str, value: &str) -> Result<()> {
-    use serde_yaml::Value;
-    let parsed: Value = serde_yaml::from_str(value).map_err(|e| {
+    let parsed: serde_yaml::Value = serde_yaml::from_str(value).map_err(|e| {
         Error::config(key, format!("{value:?}"), format!("give a YAML value ({e})"))
     })?;
+    set_value(params, key, parsed)
+}
+
+/// Set the dotted parameter `key` of a parameter mapping to an already typed `value`
+/// (see [`set_param`]).
+pub fn set_value(
+    params: &mut serde_yaml::Value,
+    key: &str,
+    parsed: serde_yaml::Value,
+) -> Result<()> {
+    use serde_yaml::Value;
     let parts: Vec<&str> = key.split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
         return Err(Error::config(

@@ -5,11 +5,11 @@
 //! value at start-up stops the node with an error naming the parameter; a bad value set
 //! at run time is refused (`ros2 param set` prints the reason) and the old one stays.
 
-use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::config::{set_value, Config};
+use crate::error::Result;
 use indexmap::IndexMap;
 use r2r::{Parameter, ParameterValue, RosParams};
-use serde_yaml::{Mapping, Value};
+use serde_yaml::Value;
 
 /// The ROS type of a parameter (arrays keep their type when empty).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +135,7 @@ pub fn config_from_params<'a>(
     let mut doc = config_doc(&Config::default());
     for (name, value) in params {
         if !is_foreign(name) {
-            insert_dotted(&mut doc, name, yaml_of(value))?;
+            set_value(&mut doc, name, yaml_of(value))?;
         }
     }
     Config::from_yaml_value(doc, "ROS parameters")
@@ -191,24 +191,6 @@ fn value_of(cfg: &Config, name: &str, kind: Kind) -> ParameterValue {
     }
 }
 
-fn insert_dotted(doc: &mut Value, name: &str, v: Value) -> Result<()> {
-    let mut node = doc;
-    let mut parts = name.split('.').peekable();
-    while let Some(part) = parts.next() {
-        let map: &mut Mapping = node.as_mapping_mut().ok_or_else(|| {
-            Error::config(name, "(nested)", "this parameter has no sub-parameters")
-        })?;
-        if parts.peek().is_none() {
-            map.insert(Value::String(part.to_string()), v);
-            return Ok(());
-        }
-        node = map
-            .entry(Value::String(part.to_string()))
-            .or_insert_with(|| Value::Mapping(Mapping::new()));
-    }
-    Ok(())
-}
-
 /// The node's live configuration, served to `ros2 param` by r2r's parameter handler.
 /// `generation` counts accepted changes so the processing thread can pick them up.
 #[derive(Debug, Clone)]
@@ -252,7 +234,7 @@ impl NodeParams {
             return Err(format!("`{name}` must be of type {kind:?}, got {}", value.type_name()));
         }
         let mut doc = config_doc(&self.config);
-        insert_dotted(&mut doc, name, yaml_of(value)).map_err(|e| e.to_string())?;
+        set_value(&mut doc, name, yaml_of(value)).map_err(|e| e.to_string())?;
         Config::from_yaml_value(doc, "parameter").map_err(|e| e.to_string())
     }
 }

@@ -5,7 +5,6 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use npyz::WriterBuilder;
-use serde_yaml::{Mapping, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use vision_preproc::backend::cpu::{conv2d, ConvScratch};
@@ -87,22 +86,7 @@ fn config_with_overrides(sets: &[String]) -> Result<Config> {
     for set in sets {
         let (key, text) =
             set.split_once('=').with_context(|| format!("--set {set}: use KEY=VALUE"))?;
-        let value: Value =
-            serde_yaml::from_str(text).with_context(|| format!("--set {set}: bad YAML value"))?;
-        let mut node = &mut doc;
-        let mut parts = key.split('.').peekable();
-        while let Some(part) = parts.next() {
-            let map: &mut Mapping = node
-                .as_mapping_mut()
-                .with_context(|| format!("--set {key}: `{part}` has no sub-parameters"))?;
-            if parts.peek().is_none() {
-                map.insert(Value::String(part.to_string()), value.clone());
-                break;
-            }
-            node = map
-                .entry(Value::String(part.to_string()))
-                .or_insert_with(|| Value::Mapping(Mapping::new()));
-        }
+        vision_preproc::config::set_param(&mut doc, key, text)?;
     }
     Ok(Config::from_yaml_value(doc, "--set")?)
 }
