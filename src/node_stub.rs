@@ -14,39 +14,7 @@ pub fn main() -> ExitCode {
     ExitCode::from(2)
 }
 
-/// `play` options (see the `ros` build); accepted so the CLI builds without ROS.
-#[derive(Debug, Clone)]
-pub struct PlayOptions {
-    /// The bag.
-    pub input: std::path::PathBuf,
-    /// Image topic of the bag.
-    pub topic: Option<String>,
-    /// Playback speed factor.
-    pub rate: f64,
-    /// As fast as possible.
-    pub max: bool,
-    /// Start again at the end.
-    pub repeat: bool,
-    /// Output image topic.
-    pub image_topic: String,
-    /// Output camera_info topic.
-    pub camera_info_topic: String,
-    /// Subscribers to wait for.
-    pub wait_subscribers: usize,
-}
-
-/// What was played.
-#[derive(Debug, Clone, Default)]
-pub struct PlayStats {
-    /// Images published.
-    pub images: u64,
-    /// Camera infos published.
-    pub camera_infos: u64,
-    /// Messages skipped, with reasons.
-    pub skipped: Vec<String>,
-    /// Damage found in the bag.
-    pub damage: Vec<String>,
-}
+pub use crate::bag::{PlayOptions, PlayStats};
 
 /// Always an error: publishing needs ROS.
 pub fn play(_opts: &PlayOptions) -> crate::Result<PlayStats> {

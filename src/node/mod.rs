@@ -24,8 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub use crate::bag::{PlayOptions, PlayStats};
 pub use params::{config_from_params, NodeParams, PARAMETERS};
-pub use play::{play, PlayOptions, PlayStats};
+pub use play::play;
 pub use stats::{BackendInfo, Counts, Stats};
 
 /// The node's name (`ros2 node list` shows `/vision_preproc` unless remapped).

@@ -5,45 +5,10 @@
 //! reason instead of being sent.
 
 use crate::bag::msgs::{CameraInfo as BagCameraInfo, Image as BagImage};
-use crate::bag::{Bag, CAMERA_INFO_TYPE, IMAGE_TYPE};
+use crate::bag::{Bag, PlayOptions, PlayStats, CAMERA_INFO_TYPE, IMAGE_TYPE};
 use crate::error::{Error, Result};
 use r2r::QosProfile;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-/// What to play and how.
-#[derive(Debug, Clone)]
-pub struct PlayOptions {
-    /// The bag (folder, .mcap or .db3).
-    pub input: PathBuf,
-    /// Image topic of the bag to play (default: the only image topic).
-    pub topic: Option<String>,
-    /// Playback speed factor (1 = recorded timing).
-    pub rate: f64,
-    /// Publish as fast as possible, ignoring the recorded timing.
-    pub max: bool,
-    /// Start again at the end, until interrupted.
-    pub repeat: bool,
-    /// Topic the images are published on (relative names follow the namespace).
-    pub image_topic: String,
-    /// Topic the camera infos are published on.
-    pub camera_info_topic: String,
-    /// Wait (up to 20 s) for this many subscribers on the image topic before starting.
-    pub wait_subscribers: usize,
-}
-
-/// What was played.
-#[derive(Debug, Clone, Default)]
-pub struct PlayStats {
-    /// Images published.
-    pub images: u64,
-    /// Camera infos published.
-    pub camera_infos: u64,
-    /// Messages skipped, with reasons.
-    pub skipped: Vec<String>,
-    /// Damage found in the bag.
-    pub damage: Vec<String>,
-}
 
 fn ros_err(what: &str, e: r2r::Error) -> Error {
     Error::Bag { path: what.to_string(), message: e.to_string() }

@@ -37,22 +37,28 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, dtype: str, what: str
     """Assert `actual` (the tensor under test) equals `expected` (float64 or float32
     reference, before any float16 rounding) within the named tolerance for `dtype`.
     The failure message gives the max difference, its index and both values."""
-    actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    assert np.isfinite(actual).all(), f"{what}: non-finite values at {np.argwhere(~np.isfinite(actual))[:5].tolist()}"
     if dtype == "float32":
         tol = np.full(expected.shape, FLOAT32_ABS)
     elif dtype == "float16":
         tol = FLOAT16_REL * np.abs(expected) + FLOAT16_ABS
     else:
         raise ValueError(dtype)
+    _check(actual, expected, tol, what, dtype)
+
+
+def _check(actual, expected: np.ndarray, tol: np.ndarray, what: str, label: str) -> None:
+    """Fail with the count, the worst element, its index and both values when any
+    |actual - expected| exceeds `tol` (elementwise), or on non-finite values."""
+    actual = np.asarray(actual, dtype=np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert np.isfinite(actual).all(), f"{what}: non-finite values at {np.argwhere(~np.isfinite(actual))[:5].tolist()}"
     diff = np.abs(actual - expected)
     bad = diff > tol
     if bad.any():
         i = np.unravel_index(np.argmax(diff - tol), diff.shape)
         raise AssertionError(
-            f"{what}: {int(bad.sum())} of {diff.size} elements out of tolerance ({dtype}); "
+            f"{what}: {int(bad.sum())} of {diff.size} elements out of tolerance ({label}); "
             f"max diff {diff.max():.3g} at {tuple(int(v) for v in i)}: "
             f"actual {actual[i]!r} expected {expected[i]!r} tol {tol[i]:.3g}"
         )
@@ -75,21 +81,10 @@ def assert_close_conv(
 ) -> None:
     """`assert_close` for tensors after conv2d: the absolute part of the tolerance is
     `conv_abs_tolerance(kernel_l1)` (float16 adds FLOAT16_REL * |expected| on top)."""
-    actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    assert np.isfinite(actual).all(), f"{what}: non-finite values at {np.argwhere(~np.isfinite(actual))[:5].tolist()}"
     tol = np.full(expected.shape, conv_abs_tolerance(kernel_l1))
     if dtype == "float16":
         tol += FLOAT16_REL * np.abs(expected)
     elif dtype != "float32":
         raise ValueError(dtype)
-    diff = np.abs(actual - expected)
-    bad = diff > tol
-    if bad.any():
-        i = np.unravel_index(np.argmax(diff - tol), diff.shape)
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {diff.size} elements out of tolerance ({dtype}, conv "
-            f"sum|w| {kernel_l1:.6g}); max diff {diff.max():.3g} at {tuple(int(v) for v in i)}: "
-            f"actual {actual[i]!r} expected {expected[i]!r} tol {tol[i]:.3g}"
-        )
+    _check(actual, expected, tol, what, f"{dtype}, conv sum|w| {kernel_l1:.6g}")
