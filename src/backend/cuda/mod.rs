@@ -729,6 +729,25 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn diagnostics(&self) -> Vec<(String, String)> {
+        let d = &self.device;
+        let mode = match self.mode {
+            MemoryMode::Mapped => "mapped",
+            _ => "upload",
+        };
+        vec![
+            ("GPU".to_string(), d.name.clone()),
+            ("GPU compute capability".to_string(), d.arch.clone()),
+            // The driver API reports the peak clock; the current (DVFS) clock needs NVML,
+            // which the node does not load.
+            (
+                "GPU max SM clock (MHz)".to_string(),
+                d.max_sm_clock_mhz.map_or_else(|| "unknown".to_string(), |c| format!("{c:.0}")),
+            ),
+            ("GPU memory mode".to_string(), mode.to_string()),
+        ]
+    }
+
     fn process(
         &mut self,
         image: &ImageView<'_>,
