@@ -100,8 +100,13 @@ def test_node_started_as_the_launch_files_start_it(tmp_path: Path, colcon_instal
         peer.pub = peer.node.create_publisher(Image, "/lf_cam/image_raw", peer.image_qos)
         try:
             peer.wait_connected()
-            subs = dict(peer.node.get_subscriber_names_and_types_by_node("vision_preproc", "/lf"))
-            assert "/lf_cam/image_raw" in subs and "/lf_cam/camera_info" in subs, subs
+            # The graph learns the node's name a little after its endpoints match.
+            peer.spin_until(lambda: ("vision_preproc", "/lf") in peer.node.get_node_names_and_namespaces(),
+                            10, "the node's name in the ROS graph")
+            subs: dict = {}
+            peer.spin_until(lambda: subs.update(peer.node.get_subscriber_names_and_types_by_node(
+                "vision_preproc", "/lf")) or {"/lf_cam/image_raw", "/lf_cam/camera_info"} <= set(subs),
+                10, "the node's remapped subscriptions")
             t = peer.send_until_received(image_msg(cv2.imread(str(ROOT / "test/data/chelsea.png")), "bgr8", 5_000_000_001, "cam"))
             assert list(t.shape) == [1, 3, 640, 640] and t.name == "images"
         finally:

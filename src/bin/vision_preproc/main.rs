@@ -77,6 +77,9 @@ fn run(cli: Cli) -> Result<()> {
             let (backend, fallback) = select_backend(&cfg)?;
             println!("vision_preproc {}", env!("CARGO_PKG_VERSION"));
             println!("backend (auto): {} — {}", backend.name(), backend.device_description());
+            for (key, value) in backend.diagnostics() {
+                println!("  {key}: {value}");
+            }
             if let Some(reason) = fallback {
                 println!("no GPU backend: {reason}");
             }
