@@ -414,6 +414,10 @@ fn band_dispatch<S: Source, const C: usize>(
     band::<S, C>(src, f, rows, outs, sc);
 }
 
+/// [`band`] compiled with AVX2 enabled.
+///
+/// # Safety
+/// The CPU must support AVX2 (callers check `Simd::detect`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn band_avx2<S: Source, const C: usize>(

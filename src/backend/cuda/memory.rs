@@ -99,6 +99,9 @@ impl PinnedBuffer {
     /// # Safety
     /// No GPU work that reads or writes this buffer may be pending.
     pub unsafe fn host_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live cuMemHostAlloc allocation of `len` bytes owned by self
+        // (type invariant), borrowed mutably through `&mut self`; the caller guarantees
+        // no GPU access is pending.
         std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len)
     }
 
@@ -107,6 +110,8 @@ impl PinnedBuffer {
     /// # Safety
     /// No GPU work that writes this buffer may be pending.
     pub unsafe fn host(&self) -> &[u8] {
+        // SAFETY: as in `host_mut`, for a shared borrow; the caller guarantees no GPU
+        // write is pending.
         std::slice::from_raw_parts(self.ptr.as_ptr(), self.len)
     }
 }
