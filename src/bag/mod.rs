@@ -34,6 +34,9 @@ pub struct PlayOptions {
     pub camera_info_topic: String,
     /// Wait (up to 20 s) for this many subscribers on the image topic before starting.
     pub wait_subscribers: usize,
+    /// Replace each message's header stamp with the wall-clock time of publishing (to
+    /// measure end-to-end latency); otherwise the recorded stamps are sent.
+    pub restamp: bool,
 }
 
 /// What was played.
@@ -47,4 +50,51 @@ pub struct PlayStats {
     pub skipped: Vec<String>,
     /// Damage found in the bag.
     pub damage: Vec<String>,
+}
+
+/// Overwrite the `header.stamp` of a CDR message whose first field is a
+/// `std_msgs/Header` (Image, CameraInfo) with `ns` since the epoch. Returns false (and
+/// changes nothing) when the message is too short or not CDR.
+pub fn restamp(cdr: &mut [u8], ns: u64) -> bool {
+    if cdr.len() < 12 || cdr[0] != 0 || cdr[1] > 1 {
+        return false;
+    }
+    let sec = i32::try_from(ns / 1_000_000_000).unwrap_or(i32::MAX);
+    let nanosec = (ns % 1_000_000_000) as u32;
+    let (s, n) = if cdr[1] == 1 {
+        (sec.to_le_bytes(), nanosec.to_le_bytes())
+    } else {
+        (sec.to_be_bytes(), nanosec.to_be_bytes())
+    };
+    cdr[4..8].copy_from_slice(&s);
+    cdr[8..12].copy_from_slice(&n);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::msgs::{Header, Image};
+
+    #[test]
+    fn restamp_rewrites_only_the_stamp() {
+        let data = [7u8; 6];
+        let img = Image {
+            header: Header { sec: 1, nanosec: 2, frame_id: "cam".into() },
+            height: 1,
+            width: 2,
+            encoding: "rgb8".into(),
+            is_bigendian: 0,
+            step: 6,
+            data: &data,
+        };
+        let mut cdr = img.encode();
+        assert!(super::restamp(&mut cdr, 1_700_000_000_123_456_789));
+        let back = Image::decode(&cdr).unwrap();
+        assert_eq!((back.header.sec, back.header.nanosec), (1_700_000_000, 123_456_789));
+        assert_eq!(
+            Image { header: Header { sec: 1, nanosec: 2, ..back.header.clone() }, ..back },
+            img
+        );
+        assert!(!super::restamp(&mut [0u8, 1, 0], 5));
+    }
 }

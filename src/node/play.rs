@@ -95,7 +95,14 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
             } else {
                 (&info_pub, &mut stats.camera_infos)
             };
-            publisher.publish_raw(&m.data).map_err(|e| ros_err("publishing", e))?;
+            let mut data = m.data;
+            if opts.restamp {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                crate::bag::restamp(&mut data, u64::try_from(now.as_nanos()).unwrap_or(u64::MAX));
+            }
+            publisher.publish_raw(&data).map_err(|e| ros_err("publishing", e))?;
             *count += 1;
             Ok(())
         })?;

@@ -32,6 +32,10 @@ pub struct PlayArgs {
     /// Wait (up to 20 s) for this many subscribers on the image topic before starting.
     #[arg(long, default_value_t = 0)]
     pub wait_subscribers: usize,
+    /// Stamp each message with the time it is published instead of the recorded stamp
+    /// (for end-to-end latency measurements).
+    #[arg(long)]
+    pub restamp: bool,
 }
 
 pub fn run(a: PlayArgs) -> Result<()> {
@@ -47,6 +51,7 @@ pub fn run(a: PlayArgs) -> Result<()> {
         image_topic: a.image_topic,
         camera_info_topic: a.camera_info_topic,
         wait_subscribers: a.wait_subscribers,
+        restamp: a.restamp,
     })?;
     println!(
         "play: {} images, {} camera infos published, {} skipped",
