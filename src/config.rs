@@ -167,6 +167,22 @@ pub enum MemoryMode {
     Mapped,
 }
 
+/// What the node does when the CUDA backend fails while running (a CUDA error from a
+/// frame: a kernel fault, a lost device, an allocation failure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuFailurePolicy {
+    /// Switch to the CPU backend for good; the failed frame is run again on the CPU.
+    Fallback,
+    /// Rebuild the CUDA backend (new context, kernels from the disk cache) and run the
+    /// failed frame again; after `pipeline::GPU_RETRY_ATTEMPTS` failed rebuilds, fall back
+    /// to the CPU.
+    Retry,
+    /// Stop the node with a non-zero exit code and the reason (for a supervisor that
+    /// restarts it).
+    Exit,
+}
+
 /// A QoS profile, by the names Isaac ROS uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -257,6 +273,8 @@ pub struct Config {
     pub device_id: u32,
     /// How frames reach the GPU: auto | upload | mapped.
     pub memory_mode: MemoryMode,
+    /// When the CUDA backend fails while running: fallback | retry | exit.
+    pub gpu_failure_policy: GpuFailurePolicy,
     /// QoS of the `image` and `camera_info` subscriptions: sensor_data | default |
     /// system_default.
     pub input_qos: QosProfile,
@@ -292,6 +310,7 @@ impl Default for Config {
             backend: BackendChoice::Auto,
             device_id: 0,
             memory_mode: MemoryMode::Auto,
+            gpu_failure_policy: GpuFailurePolicy::Retry,
             input_qos: QosProfile::SensorData,
             input_qos_depth: 1,
             output_qos: QosProfile::Default,

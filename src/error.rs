@@ -27,6 +27,13 @@ pub enum Error {
     /// A CUDA failure, with context.
     #[error("CUDA: {0}")]
     Cuda(CudaError),
+    /// The CUDA backend failed while running and `gpu_failure_policy` is `exit` (the node
+    /// exits with code 1 and this message).
+    #[error("GPU failure, gpu_failure_policy exit: {reason}")]
+    GpuFailure {
+        /// The backend's error.
+        reason: String,
+    },
     /// The CUDA backend was asked for but this binary was built without it.
     #[error("backend `cuda`: this binary was built without the `cuda` feature; rebuild with `--features cuda` or set `backend: cpu`")]
     CudaNotCompiled,

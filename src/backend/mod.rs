@@ -10,7 +10,7 @@ pub mod cuda;
 pub mod cuda;
 pub mod ops;
 
-use crate::error::Result;
+use crate::error::{CudaError, Error, Result};
 use crate::image::ImageView;
 pub use ops::{AxisMap, Conv2dOp, PreprocessOp, PreprocessParams, TensorDesc};
 
@@ -52,4 +52,16 @@ pub trait Backend: Send {
         conv: Option<&Conv2dOp>,
         out: &mut Vec<u8>,
     ) -> Result<StageTimes>;
+
+    /// TESTS ONLY (`VISION_PREPROC_INJECT_CUDA_FAULT`, see `pipeline::FaultPlan`): make
+    /// the device fail the way a real fault does and return the error the failed frame
+    /// gets. The CUDA backend causes a real, sticky fault (an illegal memory access in a
+    /// kernel: the context is unusable afterwards); a backend without a device returns a
+    /// simulated CUDA error, so the failure policy can be exercised without a GPU.
+    fn inject_fault(&mut self) -> Error {
+        Error::Cuda(CudaError::Driver {
+            call: "injected fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only)".into(),
+            message: format!("simulated on the {} backend, which has no device", self.name()),
+        })
+    }
 }

@@ -14,7 +14,7 @@ mod stats;
 use crate::pipeline::{select_backend, FrameInfo, Geometry, Pipeline};
 use crate::ImageView;
 use futures::StreamExt;
-use r2r::diagnostic_msgs::msg::DiagnosticArray;
+use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus};
 use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
 use r2r::vision_preproc_msgs::msg::{FrameTiming, Tensor};
 use r2r::QosProfile;
@@ -142,6 +142,12 @@ struct Shared {
     params: Arc<Mutex<NodeParams>>,
     camera_info: Mutex<Option<CameraInfo>>,
     logger: String,
+    /// What diagnostics say about the backend (changes when `gpu_failure_policy` acts).
+    backend: Mutex<BackendInfo>,
+    /// Set by the processing thread when the node must exit with an error
+    /// (`gpu_failure_policy: exit`), with `fatal_signal` notified.
+    fatal: Mutex<Option<String>>,
+    fatal_signal: tokio::sync::Notify,
 }
 
 fn run() -> anyhow::Result<()> {
@@ -175,6 +181,7 @@ fn run() -> anyhow::Result<()> {
         device: backend.device_description(),
         details: backend.diagnostics(),
         fallback,
+        gpu_failure: None,
     };
     r2r::log_info!(
         &logger,
@@ -207,6 +214,9 @@ fn run() -> anyhow::Result<()> {
         params,
         camera_info: Mutex::new(None),
         logger: logger.clone(),
+        backend: Mutex::new(backend_info),
+        fatal: Mutex::new(None),
+        fatal_signal: tokio::sync::Notify::new(),
     });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
 
@@ -231,13 +241,15 @@ fn run() -> anyhow::Result<()> {
             tokio::spawn(param_handler),
             tokio::spawn(log_param_changes(param_events, logger.clone())),
             tokio::spawn(publish_diagnostics(
-                diagnostics,
+                diagnostics.clone(),
                 shared.clone(),
-                status_name,
-                backend_info,
+                status_name.clone(),
             )),
         ];
-        shutdown_signal().await;
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            _ = shared.fatal_signal.notified() => {}
+        }
         r2r::log_info!(&logger, "shutting down");
         shared.latest.stop(&shared.stats);
         for t in tasks {
@@ -256,6 +268,21 @@ fn run() -> anyhow::Result<()> {
         c.rejected,
         c.failed
     );
+    if let Some(reason) = lock(&shared.fatal).take() {
+        // A last /diagnostics status saying why, before the node goes away.
+        let backend = lock(&shared.backend).clone();
+        let (mut status, _) = shared.stats.status(&status_name, c, 1.0, &backend);
+        status.level = DiagnosticStatus::ERROR as u8;
+        status.message = format!("exiting: {reason}");
+        let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
+        msg.header.stamp = now_stamp();
+        if let Err(e) = diagnostics.publish(&msg) {
+            r2r::log_warn!(&logger, "publishing /diagnostics: {e}");
+        }
+        // Give the reliable /diagnostics subscribers a moment to take it.
+        std::thread::sleep(Duration::from_millis(300));
+        anyhow::bail!("{reason}");
+    }
     Ok(())
 }
 
@@ -288,7 +315,6 @@ async fn publish_diagnostics(
     publisher: r2r::Publisher<DiagnosticArray>,
     shared: Arc<Shared>,
     name: String,
-    backend: BackendInfo,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -299,6 +325,7 @@ async fn publish_diagnostics(
         tick.tick().await;
         let seconds = last.elapsed().as_secs_f64();
         last = Instant::now();
+        let backend = lock(&shared.backend).clone();
         let (status, now) = shared.stats.status(&name, previous, seconds, &backend);
         previous = now;
         let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
@@ -380,12 +407,33 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
                 shared.stats.rejected(reason);
                 continue;
             }
+            Err(e @ crate::Error::GpuFailure { .. }) => {
+                // gpu_failure_policy exit: count the frame, stop the node with the reason.
+                let reason = e.to_string();
+                r2r::log_fatal!(logger, "{reason}; the node exits");
+                shared.stats.failed(reason.clone());
+                *lock(&shared.fatal) = Some(reason);
+                shared.latest.stop(&shared.stats);
+                shared.fatal_signal.notify_one();
+                break;
+            }
             Err(e) => {
                 reject_log.error(logger, &format!("frame failed: {e}"));
                 shared.stats.failed(e.to_string());
                 continue;
             }
         };
+        if let Some(failure) = &info.gpu_failure {
+            r2r::log_error!(logger, "GPU failure: {}", failure.reason);
+            r2r::log_warn!(logger, "{failure}");
+            shared.stats.gpu_failures.fetch_add(1, Ordering::Relaxed);
+            let backend = pipeline.backend();
+            let mut b = lock(&shared.backend);
+            b.name = backend.name().to_string();
+            b.device = backend.device_description();
+            b.details = backend.diagnostics();
+            b.gpu_failure = Some((failure.reason.clone(), failure.to_string()));
+        }
         let tensor = tensor_message(
             msg,
             &info,

@@ -97,6 +97,12 @@ pub const PARAMETERS: &[(&str, Kind, bool, &str)] = &[
     ("backend", Kind::Str, false, "auto | cuda | cpu (start-up only)"),
     ("device_id", Kind::Integer, false, "CUDA device ordinal (start-up only)"),
     ("memory_mode", Kind::Str, false, "auto | upload | mapped (start-up only)"),
+    (
+        "gpu_failure_policy",
+        Kind::Str,
+        false,
+        "On a CUDA failure: fallback (CPU) | retry (rebuild, then CPU) | exit (start-up only)",
+    ),
     ("input_qos", Kind::Str, false, "sensor_data | default | system_default (start-up only)"),
     (
         "input_qos_depth",

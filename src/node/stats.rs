@@ -22,6 +22,9 @@ pub struct Stats {
     pub rejected: AtomicU64,
     /// Frames lost to a backend or publish error.
     pub failed: AtomicU64,
+    /// Backend failures `gpu_failure_policy` recovered from (not frames: the frame that
+    /// failed was run again and is counted where it ended).
+    pub gpu_failures: AtomicU64,
     /// Window since the last diagnostics report.
     window: Mutex<Window>,
 }
@@ -47,6 +50,8 @@ pub struct Counts {
     pub rejected: u64,
     /// See [`Stats::failed`].
     pub failed: u64,
+    /// See [`Stats::gpu_failures`].
+    pub gpu_failures: u64,
 }
 
 /// What the diagnostics status says about the backend.
@@ -60,6 +65,8 @@ pub struct BackendInfo {
     pub details: Vec<(String, String)>,
     /// Why `backend: auto` fell back to the CPU, if it did.
     pub fallback: Option<String>,
+    /// The last backend failure while running (the error, what `gpu_failure_policy` did).
+    pub gpu_failure: Option<(String, String)>,
 }
 
 impl Stats {
@@ -71,6 +78,7 @@ impl Stats {
             dropped: self.dropped.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
+            gpu_failures: self.gpu_failures.load(Ordering::Relaxed),
         }
     }
 
@@ -110,12 +118,14 @@ impl Stats {
         let mut lat = std::mem::take(&mut window.latencies_ms);
         lat.sort_by(f32::total_cmp);
         let d = |a: u64, b: u64| a.saturating_sub(b);
-        let (published, dropped, rejected, failed) = (
+        let (published, dropped, rejected, failed, gpu_failures) = (
             d(now.published, previous.published),
             d(now.dropped, previous.dropped),
             d(now.rejected, previous.rejected),
             d(now.failed, previous.failed),
+            d(now.gpu_failures, previous.gpu_failures),
         );
+        let warn = DiagnosticStatus::WARN as u8;
         let (level, message) = if rejected > 0 {
             (
                 DiagnosticStatus::ERROR as u8,
@@ -126,13 +136,17 @@ impl Stats {
                 DiagnosticStatus::ERROR as u8,
                 format!("frames failed ({failed} in the last {seconds:.0} s)"),
             )
+        } else if let (true, Some((_, action))) = (gpu_failures > 0, &backend.gpu_failure) {
+            (warn, format!("GPU failure ({gpu_failures} in the last {seconds:.0} s): {action}"))
         } else if dropped > 0 {
             (
-                DiagnosticStatus::WARN as u8,
+                warn,
                 format!(
                     "dropping frames: {dropped} replaced by newer ones in the last {seconds:.0} s"
                 ),
             )
+        } else if let (Some((_, action)), "cpu") = (&backend.gpu_failure, backend.name.as_str()) {
+            (warn, format!("running on the CPU after a GPU failure: {action}"))
         } else if backend.fallback.is_some() {
             (DiagnosticStatus::WARN as u8, "no usable GPU: running on the CPU backend".to_string())
         } else if now.received == 0 {
@@ -156,6 +170,11 @@ impl Stats {
         values.extend(backend.details.iter().map(|(k, v)| kv(k, v.clone())));
         if let Some(reason) = &backend.fallback {
             values.push(kv("Backend fallback reason", reason.clone()));
+        }
+        if let Some((reason, action)) = &backend.gpu_failure {
+            values.push(kv("GPU failures", now.gpu_failures.to_string()));
+            values.push(kv("Last GPU failure", reason.clone()));
+            values.push(kv("GPU failure action", action.clone()));
         }
         if let Some(f) = &window.last_failure {
             values.push(kv("Last failure", f.clone()));
@@ -229,9 +248,47 @@ mod tests {
         let (s, _) = stats.status("vp", prev, 1.0, &info);
         assert_eq!(s.level, DiagnosticStatus::OK as u8);
         assert_eq!(value(&s, "Frames rejected (invalid)"), "1");
-        let fallback = BackendInfo { fallback: Some("no GPU".into()), ..info };
+        let fallback = BackendInfo { fallback: Some("no GPU".into()), ..info.clone() };
         let (s, _) = stats.status("vp", stats.counts(), 1.0, &fallback);
         assert_eq!(s.level, DiagnosticStatus::WARN as u8);
         assert_eq!(value(&s, "Backend fallback reason"), "no GPU");
+    }
+
+    #[test]
+    fn gpu_failures_warn_with_the_reason() {
+        let stats = Stats::default();
+        let failure = Some((
+            "CUDA: launching `x`: CUDA_ERROR_ILLEGAL_ADDRESS".to_string(),
+            "gpu_failure_policy retry: rebuilt the cuda backend (attempt 1 of 3)".to_string(),
+        ));
+        let cuda = BackendInfo {
+            name: "cuda".into(),
+            device: "H200".into(),
+            gpu_failure: failure.clone(),
+            ..Default::default()
+        };
+        stats.received.fetch_add(1, Ordering::Relaxed);
+        stats.published(1.0);
+        stats.gpu_failures.fetch_add(1, Ordering::Relaxed);
+        let (s, prev) = stats.status("vp", Counts::default(), 1.0, &cuda);
+        assert_eq!(s.level, DiagnosticStatus::WARN as u8);
+        assert_eq!(
+            s.message,
+            "GPU failure (1 in the last 1 s): gpu_failure_policy retry: rebuilt the cuda \
+             backend (attempt 1 of 3)"
+        );
+        assert_eq!(
+            value(&s, "Last GPU failure"),
+            "CUDA: launching `x`: CUDA_ERROR_ILLEGAL_ADDRESS"
+        );
+        assert_eq!(value(&s, "GPU failures"), "1");
+        // Rebuilt on the GPU: the next quiet window is OK again, the keys stay.
+        let (s, prev) = stats.status("vp", prev, 1.0, &cuda);
+        assert_eq!((s.level, value(&s, "GPU failures")), (DiagnosticStatus::OK as u8, "1"));
+        // On the CPU after a failure: WARN for as long as it lasts.
+        let cpu = BackendInfo { name: "cpu".into(), gpu_failure: failure, ..cuda };
+        let (s, _) = stats.status("vp", prev, 1.0, &cpu);
+        assert_eq!(s.level, DiagnosticStatus::WARN as u8);
+        assert!(s.message.starts_with("running on the CPU after a GPU failure"), "{}", s.message);
     }
 }

@@ -3,6 +3,7 @@
 //! the tensor with its geometry and stage timing.
 
 pub mod conv;
+pub mod failure;
 pub mod geometry;
 
 use crate::backend::{
@@ -11,6 +12,11 @@ use crate::backend::{
 use crate::config::{BackendChoice, ChannelOrder, Config};
 use crate::error::{Error, Result};
 use crate::image::ImageView;
+use failure::Recovery;
+pub use failure::{
+    BackendOpener, FailureAction, FaultPlan, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_BACKOFF,
+    GPU_RETRY_RESET_FRAMES, INJECT_FAULT_ENV,
+};
 pub use geometry::{Geometry, Rect};
 
 /// One processed frame: the tensor bytes live in the [`Pipeline`]'s output buffer.
@@ -22,6 +28,9 @@ pub struct FrameInfo {
     pub geometry: Geometry,
     /// Stage timing reported by the backend.
     pub times: StageTimes,
+    /// The backend failed on this frame and `gpu_failure_policy` recovered: what was
+    /// done (the tensor is the new backend's).
+    pub gpu_failure: Option<GpuFailure>,
 }
 
 /// Builds the operations for each frame size and runs them on a backend.
@@ -32,14 +41,31 @@ pub struct Pipeline {
     cached: Option<((u32, u32), Geometry, PreprocessOp)>,
     conv: Option<Conv2dOp>,
     output: Vec<u8>,
+    recovery: Recovery,
 }
 
 impl Pipeline {
-    /// A pipeline for a validated `config` on `backend`.
+    /// A pipeline for a validated `config` on `backend`. Reads the test-only
+    /// [`INJECT_FAULT_ENV`] (an invalid value is an error naming it).
     pub fn new(config: Config, backend: Box<dyn Backend>) -> Result<Self> {
         config.validate()?;
         let conv = conv_op(&config)?;
-        Ok(Pipeline { config, backend, cached: None, conv, output: Vec::new() })
+        let recovery = Recovery::new(&config, FaultPlan::from_env()?);
+        Ok(Pipeline { config, backend, cached: None, conv, output: Vec::new(), recovery })
+    }
+
+    /// TESTS ONLY: make the backend fail as `plan` says (what [`INJECT_FAULT_ENV`] does),
+    /// counting frames from the next one as frame 1.
+    pub fn inject_fault(&mut self, plan: FaultPlan) {
+        self.recovery.fault = Some(plan);
+        self.recovery.fired = false;
+        self.recovery.frame = 0;
+    }
+
+    /// Replace how `retry` opens a new backend (default: the kind `backend` asks for,
+    /// with `device_id` and `memory_mode`). For tests and harnesses.
+    pub fn set_backend_opener(&mut self, opener: BackendOpener) {
+        self.recovery.opener = opener;
     }
 
     /// The configuration in use.
@@ -79,8 +105,84 @@ impl Pipeline {
         op.params.src_step = image.step();
         op.params.encoding = image.encoding() as u32;
         op.params.big_endian = u32::from(image.big_endian());
-        let times = self.backend.process(image, op, self.conv.as_ref(), &mut self.output)?;
-        Ok(FrameInfo { desc: op.params.tensor_desc(), geometry: geometry.clone(), times })
+        let (desc, geometry) = (op.params.tensor_desc(), geometry.clone());
+        self.recovery.frame += 1;
+        let (times, gpu_failure) = match self.run_backend(image) {
+            Ok(times) => {
+                self.recovery.good_frame();
+                (times, None)
+            }
+            Err(e @ Error::Cuda(_)) if !self.recovery.fell_back => {
+                let (times, failure) = self.recover(image, e.to_string())?;
+                (times, Some(failure))
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(FrameInfo { desc, geometry, times, gpu_failure })
+    }
+
+    /// Run the cached operation on the current backend (or fail as injected).
+    fn run_backend(&mut self, image: &ImageView<'_>) -> Result<StageTimes> {
+        if self.recovery.fault_due() {
+            return Err(self.backend.inject_fault());
+        }
+        let Some((_, _, op)) = &self.cached else {
+            return Err(Error::Operation("no operation for this frame size".into()));
+        };
+        self.backend.process(image, op, self.conv.as_ref(), &mut self.output)
+    }
+
+    /// `gpu_failure_policy` after the backend failed on `image` with `reason`: rebuild
+    /// or replace the backend and run the frame again, or give up (`exit`).
+    fn recover(
+        &mut self,
+        image: &ImageView<'_>,
+        reason: String,
+    ) -> Result<(StageTimes, GpuFailure)> {
+        use crate::config::GpuFailurePolicy as P;
+        self.recovery.good_frames = 0;
+        let action = match self.recovery.policy {
+            P::Exit => return Err(Error::GpuFailure { reason }),
+            P::Fallback => FailureAction::FellBack,
+            P::Retry => {
+                let mut attempts = 0;
+                let mut last_error = String::new();
+                while self.recovery.attempts_used < GPU_RETRY_ATTEMPTS {
+                    let backoff = GPU_RETRY_BACKOFF[self.recovery.attempts_used as usize];
+                    self.recovery.attempts_used += 1;
+                    attempts += 1;
+                    std::thread::sleep(backoff);
+                    // Drop the failed backend first: its context must be released before
+                    // a new one can be made (a faulted CUDA context is reset when its last
+                    // reference goes).
+                    self.backend = Box::new(backend::cpu::CpuBackend::new());
+                    match (self.recovery.opener)(&self.config) {
+                        Ok(b) => self.backend = b,
+                        Err(e) => {
+                            last_error = format!("opening a new backend: {e}");
+                            continue;
+                        }
+                    }
+                    match self.run_backend(image) {
+                        Ok(times) => {
+                            let failure = GpuFailure {
+                                reason,
+                                action: FailureAction::Rebuilt { attempt: attempts },
+                                backend: self.backend.name(),
+                            };
+                            return Ok((times, failure));
+                        }
+                        Err(e @ Error::Cuda(_)) => last_error = format!("the frame again: {e}"),
+                        Err(e) => return Err(e),
+                    }
+                }
+                FailureAction::RetriesExhausted { attempts, last_error }
+            }
+        };
+        self.backend = Box::new(backend::cpu::CpuBackend::new());
+        self.recovery.fell_back = true;
+        let times = self.run_backend(image)?;
+        Ok((times, GpuFailure { reason, action, backend: self.backend.name() }))
     }
 
     /// The bytes of the last tensor (little-endian, dense in its layout).

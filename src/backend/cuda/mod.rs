@@ -758,6 +758,46 @@ impl Backend for CudaBackend {
         let slot = self.submit(image, op, conv)?;
         self.finish(slot, out)
     }
+
+    /// TESTS ONLY: a real device fault. `conv2d_tiled_k3` is launched on a null source
+    /// and destination, so the kernel's first load traps with an illegal address: a
+    /// sticky error after which every call on this context fails, as after a real
+    /// kernel fault. Only a new context (dropping this backend) recovers.
+    fn inject_fault(&mut self) -> crate::Error {
+        let call = "injected fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only): \
+                    conv2d_tiled_k3 on a null pointer";
+        let fault = || -> Result<(), CudaError> {
+            self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+            let k = CONV_SIZES.iter().position(|&k| k == 3).unwrap_or(0);
+            let f = &self.conv_tiled[k];
+            let cp = launch::Conv2dParams {
+                width: 64,
+                height: 64,
+                channels: 1,
+                size: 3,
+                border: 0,
+                layout: Layout::Nchw as u32,
+                dtype: DType::Float32 as u32,
+            };
+            let null: CUdeviceptr = 0;
+            // (The macro's SAFETY note covers the argument list; the null pointers are the
+            // point: the device traps the access, no host memory is involved.)
+            launch_kernel!(
+                self.stream,
+                f,
+                "conv2d_tiled_k3",
+                launch::conv_tiled_cfg(64, 64),
+                &cp,
+                &null,
+                &null
+            )?;
+            self.stream.synchronize().map_err(|e| drv_err(call, e))
+        };
+        match fault() {
+            Err(e) => e.into(),
+            Ok(()) => drv_err(call, "the kernel did not fault (no error reported)").into(),
+        }
+    }
 }
 
 impl Drop for CudaBackend {

@@ -1,0 +1,280 @@
+//! `gpu_failure_policy` without a GPU: the pipeline's recovery code driven through a fake
+//! "cuda" backend behind the `Backend` trait. The fake computes with the CPU backend (so
+//! every tensor must equal the CPU reference bit for bit) and fails the way a faulted
+//! CUDA context does: once it has failed, every later call on that instance fails too
+//! (a sticky error), so only a new instance from the opener recovers. The same policy
+//! code runs on the H200 with the real CUDA backend in `test/gpu_fault.rs`.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use vision_preproc::backend::cpu::CpuBackend;
+use vision_preproc::backend::{Backend, Conv2dOp, PreprocessOp, StageTimes};
+use vision_preproc::config::{GpuFailurePolicy, ResizeMode};
+use vision_preproc::error::CudaError;
+use vision_preproc::pipeline::{
+    FailureAction, FaultPlan, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_RESET_FRAMES,
+};
+use vision_preproc::{Config, Error, ImageView, Pipeline};
+
+/// A "GPU" that works like the CPU backend until it fails, then stays broken.
+struct FakeGpu {
+    cpu: CpuBackend,
+    /// Fail on this call of `process` (1-based), if any.
+    fail_on_call: Option<u32>,
+    calls: u32,
+    broken: bool,
+}
+
+impl FakeGpu {
+    fn new(fail_on_call: Option<u32>) -> Self {
+        FakeGpu { cpu: CpuBackend::new(), fail_on_call, calls: 0, broken: false }
+    }
+    fn error(&self, what: &str) -> Error {
+        Error::Cuda(CudaError::Driver {
+            call: what.to_string(),
+            message: "CUDA_ERROR_ILLEGAL_ADDRESS (fake)".into(),
+        })
+    }
+}
+
+impl Backend for FakeGpu {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+    fn device_description(&self) -> String {
+        "fake GPU (CPU backend inside)".into()
+    }
+    fn process(
+        &mut self,
+        image: &ImageView<'_>,
+        op: &PreprocessOp,
+        conv: Option<&Conv2dOp>,
+        out: &mut Vec<u8>,
+    ) -> vision_preproc::Result<StageTimes> {
+        self.calls += 1;
+        if self.fail_on_call == Some(self.calls) {
+            self.broken = true;
+        }
+        if self.broken {
+            return Err(self.error("fake kernel"));
+        }
+        self.cpu.process(image, op, conv, out)
+    }
+    fn inject_fault(&mut self) -> Error {
+        self.broken = true;
+        self.error("fake injected fault")
+    }
+}
+
+fn config(policy: GpuFailurePolicy) -> Config {
+    Config {
+        network_image_width: 24,
+        network_image_height: 16,
+        resize_mode: ResizeMode::Stretch,
+        gpu_failure_policy: policy,
+        ..Config::default()
+    }
+}
+
+/// A different little bgr8 frame for each index.
+fn frame(i: u64) -> (u32, u32, Vec<u8>) {
+    let (w, h) = (37, 21);
+    let data = (0..w * h * 3).map(|k| ((k as u64 * 31 + i * 17) % 251) as u8).collect();
+    (w, h, data)
+}
+
+/// The CPU backend's tensor for frame `i` (the specification).
+fn reference(cfg: &Config, i: u64) -> Vec<u8> {
+    let mut p = Pipeline::new(cfg.clone(), Box::new(CpuBackend::new())).unwrap();
+    let (w, h, data) = frame(i);
+    p.process(&ImageView::new(w, h, w * 3, "bgr8", false, &data).unwrap()).unwrap();
+    p.tensor_bytes().to_vec()
+}
+
+/// Process frames `1..=n`; each tensor must equal the CPU's. Returns the failures seen
+/// (frame number, what happened) and the backend that ran each frame.
+fn run(p: &mut Pipeline, cfg: &Config, n: u64) -> (Vec<(u64, GpuFailure)>, Vec<&'static str>) {
+    let mut failures = Vec::new();
+    let mut backends = Vec::new();
+    for i in 1..=n {
+        let (w, h, data) = frame(i);
+        let view = ImageView::new(w, h, w * 3, "bgr8", false, &data).unwrap();
+        let info = p.process(&view).unwrap_or_else(|e| panic!("frame {i}: {e}"));
+        assert_eq!(p.tensor_bytes(), reference(cfg, i).as_slice(), "frame {i}: tensor differs");
+        if let Some(f) = info.gpu_failure {
+            failures.push((i, f));
+        }
+        backends.push(p.backend().name());
+    }
+    (failures, backends)
+}
+
+/// A pipeline on a fake GPU; `opened` counts the opener's calls, and the opener makes
+/// fake GPUs that fail on call `fail_on_call` (or refuses `refuse` times first).
+fn pipeline(
+    cfg: &Config,
+    first: FakeGpu,
+    fail_on_call: Option<u32>,
+    refuse: u32,
+) -> (Pipeline, Arc<AtomicU32>) {
+    let mut p = Pipeline::new(cfg.clone(), Box::new(first)).unwrap();
+    let opened = Arc::new(AtomicU32::new(0));
+    let counter = opened.clone();
+    p.set_backend_opener(Box::new(move |_cfg: &Config| {
+        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+        if n <= refuse {
+            return Err(Error::Cuda(CudaError::Unavailable(format!("fake: no device ({n})"))));
+        }
+        Ok(Box::new(FakeGpu::new(fail_on_call)) as Box<dyn Backend>)
+    }));
+    (p, opened)
+}
+
+#[test]
+fn fallback_switches_to_the_cpu_and_reruns_the_failed_frame() {
+    let cfg = config(GpuFailurePolicy::Fallback);
+    let (mut p, opened) = pipeline(&cfg, FakeGpu::new(None), None, 0);
+    p.inject_fault(FaultPlan::Once(3));
+    let (failures, backends) = run(&mut p, &cfg, 8);
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    let (at, f) = &failures[0];
+    assert_eq!((*at, &f.action, f.backend), (3, &FailureAction::FellBack, "cpu"));
+    assert!(f.reason.contains("fake injected fault"), "{}", f.reason);
+    assert_eq!(f.to_string(), "gpu_failure_policy fallback: switched to the cpu backend");
+    assert_eq!(backends, ["cuda", "cuda", "cpu", "cpu", "cpu", "cpu", "cpu", "cpu"]);
+    assert_eq!(opened.load(Ordering::SeqCst), 0, "fallback must not rebuild");
+}
+
+#[test]
+fn retry_rebuilds_the_backend_after_a_sticky_fault() {
+    let cfg = config(GpuFailurePolicy::Retry);
+    // The first fake fails on its 4th frame and stays broken (sticky).
+    let (mut p, opened) = pipeline(&cfg, FakeGpu::new(Some(4)), None, 0);
+    let (failures, backends) = run(&mut p, &cfg, 10);
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    let (at, f) = &failures[0];
+    assert_eq!((*at, &f.action, f.backend), (4, &FailureAction::Rebuilt { attempt: 1 }, "cuda"));
+    assert!(f.reason.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{}", f.reason);
+    assert_eq!(
+        f.to_string(),
+        "gpu_failure_policy retry: rebuilt the cuda backend (attempt 1 of 3)"
+    );
+    assert!(backends.iter().all(|b| *b == "cuda"), "{backends:?}");
+    assert_eq!(opened.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn retry_keeps_trying_when_opening_fails_then_succeeds() {
+    let cfg = config(GpuFailurePolicy::Retry);
+    let (mut p, opened) = pipeline(&cfg, FakeGpu::new(None), None, 2);
+    p.inject_fault(FaultPlan::Once(2));
+    let t = Instant::now();
+    let (failures, backends) = run(&mut p, &cfg, 5);
+    // Backoff before attempts 2 and 3: 200 ms + 1000 ms.
+    assert!(t.elapsed().as_millis() >= 1200, "{:?}", t.elapsed());
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].1.action, FailureAction::Rebuilt { attempt: 3 });
+    assert_eq!(backends, ["cuda"; 5]);
+    assert_eq!(opened.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn retry_falls_back_after_the_attempts_when_the_gpu_stays_broken() {
+    let cfg = config(GpuFailurePolicy::Retry);
+    let (mut p, opened) = pipeline(&cfg, FakeGpu::new(None), None, 0);
+    // Every attempt from frame 3 on fails, the re-runs on rebuilt backends too.
+    p.inject_fault(FaultPlan::From(3));
+    let (failures, backends) = run(&mut p, &cfg, 6);
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    let (at, f) = &failures[0];
+    assert_eq!((*at, f.backend), (3, "cpu"));
+    match &f.action {
+        FailureAction::RetriesExhausted { attempts, last_error } => {
+            assert_eq!(*attempts, GPU_RETRY_ATTEMPTS);
+            assert!(last_error.contains("the frame again"), "{last_error}");
+        }
+        a => panic!("expected RetriesExhausted, got {a:?}"),
+    }
+    assert!(f.to_string().contains("3 rebuild attempt(s) failed"), "{f}");
+    assert_eq!(backends, ["cuda", "cuda", "cpu", "cpu", "cpu", "cpu"]);
+    assert_eq!(opened.load(Ordering::SeqCst), GPU_RETRY_ATTEMPTS);
+}
+
+#[test]
+fn retry_attempts_are_bounded_across_failures_and_restored_after_good_frames() {
+    let cfg = config(GpuFailurePolicy::Retry);
+    // Every fake GPU fails on its 3rd call: frames 3, 5, 7 fail (each rebuilt backend
+    // runs the failed frame, then one good frame); the 4th failure finds no attempts.
+    let (mut p, opened) = pipeline(&cfg, FakeGpu::new(Some(3)), Some(3), 0);
+    let (failures, backends) = run(&mut p, &cfg, 12);
+    let summary: Vec<(u64, FailureAction)> =
+        failures.iter().map(|(i, f)| (*i, f.action.clone())).collect();
+    assert_eq!(
+        summary,
+        vec![
+            (3, FailureAction::Rebuilt { attempt: 1 }),
+            (5, FailureAction::Rebuilt { attempt: 1 }),
+            (7, FailureAction::Rebuilt { attempt: 1 }),
+            (9, FailureAction::RetriesExhausted { attempts: 0, last_error: String::new() }),
+        ]
+    );
+    assert!(failures[3].1.to_string().contains("no rebuild attempts left"), "{}", failures[3].1);
+    assert_eq!(&backends[8..], ["cpu"; 4]);
+    assert_eq!(opened.load(Ordering::SeqCst), 3);
+
+    // A GPU that fails less often than every GPU_RETRY_RESET_FRAMES frames is rebuilt
+    // every time.
+    let every = u32::try_from(GPU_RETRY_RESET_FRAMES).unwrap() + 2;
+    let (mut p, opened) = pipeline(&cfg, FakeGpu::new(Some(every)), Some(every), 0);
+    let n = u64::from(every) * 5;
+    let (failures, backends) = run(&mut p, &cfg, n);
+    assert_eq!(failures.len(), 5, "{failures:?}");
+    assert!(failures.iter().all(|(_, f)| f.action == FailureAction::Rebuilt { attempt: 1 }));
+    assert!(backends.iter().all(|b| *b == "cuda"));
+    assert_eq!(opened.load(Ordering::SeqCst), 5);
+}
+
+#[test]
+fn exit_returns_the_reason_and_other_errors_do_not_trigger_the_policy() {
+    let cfg = config(GpuFailurePolicy::Exit);
+    let (mut p, opened) = pipeline(&cfg, FakeGpu::new(Some(2)), None, 0);
+    let (w, h, data) = frame(1);
+    let view = ImageView::new(w, h, w * 3, "bgr8", false, &data).unwrap();
+    p.process(&view).unwrap();
+    let e = p.process(&view).unwrap_err();
+    assert!(matches!(e, Error::GpuFailure { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "GPU failure, gpu_failure_policy exit: CUDA: fake kernel: CUDA_ERROR_ILLEGAL_ADDRESS (fake)"
+    );
+    assert_eq!(opened.load(Ordering::SeqCst), 0);
+
+    // An invalid frame is the frame's problem, not the GPU's: no recovery, same backend.
+    let cfg = Config { roi: vec![30, 0, 10, 10], ..config(GpuFailurePolicy::Fallback) };
+    let (mut p, _) = pipeline(&cfg, FakeGpu::new(None), None, 0);
+    let e = p.process(&view).unwrap_err();
+    assert!(matches!(e, Error::Image(_)), "{e:?}");
+    assert_eq!(p.backend().name(), "cuda");
+}
+
+#[test]
+fn the_cpu_backend_simulates_an_injected_fault() {
+    // What the node does on a machine without a GPU when the injection is set: the CPU
+    // backend's (default) inject_fault returns a simulated CUDA error, and the policy acts.
+    let cfg = Config {
+        backend: vision_preproc::config::BackendChoice::Cpu,
+        ..config(GpuFailurePolicy::Retry)
+    };
+    let mut p = Pipeline::new(cfg.clone(), Box::new(CpuBackend::new())).unwrap();
+    p.inject_fault(FaultPlan::Once(2));
+    let (failures, backends) = run(&mut p, &cfg, 4);
+    assert_eq!(failures.len(), 1);
+    let f = &failures[0].1;
+    assert_eq!(
+        (failures[0].0, &f.action, f.backend),
+        (2, &FailureAction::Rebuilt { attempt: 1 }, "cpu")
+    );
+    assert!(f.reason.contains("simulated on the cpu backend"), "{}", f.reason);
+    assert_eq!(backends, ["cpu"; 4]);
+}
