@@ -5,7 +5,7 @@
 #
 #   scripts/gpu_check.sh [STAGE_DIR]          # default: <repo>/.device
 #   # then on the GPU machine, from the repository root:
-#   bash .device/gpu_remote.sh smoke|full     # prints everything; results under $OUT
+#   bash .device/gpu_remote.sh smoke|full|reliability   # prints everything; results under $OUT
 #
 # The GPU machine needs no Rust and no ROS: the binaries embed the kernels (include_str!)
 # and the test photographs, and load libcuda/libnvrtc at run time.
@@ -21,18 +21,23 @@ fi
 FEATURES=(--release --no-default-features --features cuda --target-dir target/gpu)
 cargo build "${FEATURES[@]}" --bin vision_preproc
 cargo test "${FEATURES[@]}" --test nvrtc_compile
-# The GPU parity test binary (harness = false) without running it.
-PARITY="$(cargo test "${FEATURES[@]}" --test gpu_parity --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import json,sys
+# The GPU test binaries (harness = false) without running them.
+test_binary() {
+    cargo test "${FEATURES[@]}" --test "$1" --no-run --message-format=json 2>/dev/null \
+        | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu_parity" and m.get("executable"):
-        print(m["executable"])')"
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$1"
+}
+PARITY="$(test_binary gpu_parity)"
+FAULT="$(test_binary gpu_fault)"
 mkdir -p "$STAGE"
 cp target/gpu/release/vision_preproc "$STAGE/vision_preproc"
 cp "$PARITY" "$STAGE/gpu_parity"
+cp "$FAULT" "$STAGE/gpu_fault"
 cp scripts/gpu_remote.sh "$STAGE/gpu_remote.sh"
-strip --strip-debug "$STAGE/vision_preproc" "$STAGE/gpu_parity" 2>/dev/null || true
+strip --strip-debug "$STAGE/vision_preproc" "$STAGE/gpu_parity" "$STAGE/gpu_fault" 2>/dev/null || true
 git rev-parse HEAD >"$STAGE/COMMIT"
 ls -la "$STAGE"
 du -sh "$STAGE"

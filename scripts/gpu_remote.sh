@@ -5,6 +5,9 @@
 #                                      # a parity sample, start-up times, tool presence
 #   bash .device/gpu_remote.sh full    # full parity, compute-sanitizer memcheck and
 #                                      # racecheck, the benchmark (results.json)
+#   bash .device/gpu_remote.sh reliability   # GPU fault drill (gpu_failure_policy with a
+#                                      # real injected fault), the edge cases (parity,
+#                                      # memcheck, initcheck), memcheck over the matrix
 # Logs and results go to $OUT (or /tmp/vp_out). Never changes GPU clocks or settings.
 set -uo pipefail
 D="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -37,6 +40,35 @@ if [[ "$MODE" == smoke ]]; then
     section "short benchmark (${BENCH_ITERS:-200} iterations, with variants)"
     "$D/vision_preproc" bench --iterations "${BENCH_ITERS:-200}" --warmup 20 --variants --out "$OUT/results_smoke.json" >"$OUT/bench_smoke.log" 2>&1 || status=1
     cut -c1-60,90-200 "$OUT/bench_smoke.log"
+    gpu_state
+    exit $status
+fi
+
+if [[ "$MODE" == reliability ]]; then
+    section "GPU fault drill: gpu_failure_policy with a real injected fault (test/gpu_fault.rs)"
+    timeout "${FAULT_TIMEOUT:-90}" "$D/gpu_fault" 2>&1 | tee "$OUT/gpu_fault.log"
+    rc=${PIPESTATUS[0]}; echo "gpu_fault exit $rc"; [[ $rc == 0 ]] || status=1
+    section "parity: edge cases (minimum sizes, ROI on the last pixel, conv2d 15x15 on tiny images)"
+    timeout "${PARITY_TIMEOUT:-60}" "$D/gpu_parity" --filter edge >"$OUT/parity_edge.log" 2>&1
+    rc=$?; echo "parity exit $rc"; [[ $rc == 0 ]] || status=1
+    grep -v '^ok ' "$OUT/parity_edge.log" | cut -c1-240 | tail -12
+    echo "cases ok: $(grep -c '^ok ' "$OUT/parity_edge.log")"
+    for tool in memcheck initcheck; do
+        section "compute-sanitizer $tool: edge cases"
+        timeout "${SANITIZER_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+            "$D/gpu_parity" --filter edge >"$OUT/${tool}_edge.log" 2>&1
+        rc=$?; echo "$tool exit $rc (3: errors found, 124: timed out)"; [[ $rc == 0 ]] || status=1
+        grep -E '^========= (ERROR SUMMARY|LEAK SUMMARY)|Invalid|out of bounds|Uninitialized' "$OUT/${tool}_edge.log" | sort | uniq -c | head
+        grep 'gpu_parity summary' "$OUT/${tool}_edge.log"
+        echo "cases checked: $(grep -c '^ok ' "$OUT/${tool}_edge.log")"
+    done
+    section "compute-sanitizer memcheck: the whole matrix, every ${MEMCHECK_STRIDE:-1} case(s)"
+    timeout "${MEMCHECK_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 3 \
+        "$D/gpu_parity" --stride "${MEMCHECK_STRIDE:-1}" >"$OUT/memcheck_all.log" 2>&1
+    rc=$?; echo "memcheck exit $rc (3: errors found, 124: timed out)"; [[ $rc == 0 ]] || status=1
+    grep -E '^========= (ERROR SUMMARY|LEAK SUMMARY)|Invalid|out of bounds' "$OUT/memcheck_all.log" | sort | uniq -c | head
+    grep 'gpu_parity summary' "$OUT/memcheck_all.log"
+    echo "cases checked: $(grep -c '^ok ' "$OUT/memcheck_all.log")"
     gpu_state
     exit $status
 fi

@@ -1,7 +1,8 @@
 //! GPU parity: the CUDA backend against the CPU backend (the specification) over the
 //! whole matrix: every encoding, resize mode, interpolation, layout, dtype, channel
 //! count and order, ROI, awkward and padded sizes, conv2d sizes and borders, both memory
-//! modes; on fresh random inputs (new seed each run, printed) AND the photographs in
+//! modes; edge cases at the bounds (minimum sizes, ROI on the last pixel, conv2d 15x15
+//! on images smaller than the kernel: `--filter edge`); on fresh random inputs (new seed each run, printed) AND the photographs in
 //! test/data/, through three CUDA backends: upload + direct fused path, mapped + direct,
 //! upload + staged (shared-memory window) path. Every output buffer of the CUDA backend is
 //! poisoned with NaN before each frame, so an element the kernels do not write fails.
@@ -642,6 +643,103 @@ fn main() -> ExitCode {
                 &mut cpu,
                 &mut st,
             );
+        }
+        // 5. Edge cases that pass validation but stress bounds (compute-sanitizer memcheck
+        // runs these with `--filter edge`): every encoding at its minimum size (1x1; 2x1
+        // for 4:2:2; 2x2 for 4:2:0), dense and padded rows, to 1x1, tiny, upscaled and
+        // odd network sizes; a ROI on the last pixel, the last row and the last column;
+        // the largest conv2d (15x15, every named kernel and random dense/separable
+        // weights, every border) on network images smaller than the kernel.
+        let shapes = [
+            (1u32, 1u32, ResizeMode::Stretch, Layout::Nchw, DType::Float32),
+            (3, 2, ResizeMode::Letterbox, Layout::Nhwc, DType::Float16),
+            (64, 48, ResizeMode::CenterCrop, Layout::Nchw, DType::Float32),
+            (67, 35, ResizeMode::Letterbox, Layout::Nhwc, DType::Float32),
+        ];
+        for enc in Encoding::ALL {
+            for pad in [0u32, 3] {
+                for (nw, nh, mode, layout, dtype) in shapes {
+                    let frame = random_frame(&mut rng, enc, 1, 1, pad, pad > 0 && enc.is_16bit());
+                    let mut c = base_cfg(nw, nh);
+                    c.resize_mode = mode;
+                    c.output_layout = layout;
+                    c.output_dtype = dtype;
+                    run(
+                        format!(
+                            "edge min-size {enc} {}x{} pad {pad} -> {nw}x{nh} {mode:?} {} {}",
+                            frame.w,
+                            frame.h,
+                            layout.name(),
+                            dtype.name()
+                        ),
+                        &frame,
+                        &c,
+                        None,
+                        &mut gpu,
+                        &mut cpu,
+                        &mut st,
+                    );
+                }
+            }
+            let frame = random_frame(&mut rng, enc, 37, 23, 5, false);
+            let (w, h) = (i64::from(frame.w), i64::from(frame.h));
+            for (what, roi) in [
+                ("last-pixel", [w - 1, h - 1, 1, 1]),
+                ("last-row", [0, h - 1, w, 1]),
+                ("last-column", [w - 1, 0, 1, h]),
+            ] {
+                for interp in [Interpolation::Linear, Interpolation::Nearest] {
+                    let mut c = base_cfg(8, 6);
+                    c.roi = roi.to_vec();
+                    c.interpolation = interp;
+                    c.output_layout =
+                        if interp == Interpolation::Linear { Layout::Nchw } else { Layout::Nhwc };
+                    run(
+                        format!("edge roi-{what} {roi:?} {enc} {interp:?}"),
+                        &frame,
+                        &c,
+                        None,
+                        &mut gpu,
+                        &mut cpu,
+                        &mut st,
+                    );
+                }
+            }
+        }
+        for (cname, conv) in convs.iter().filter(|(_, c)| c.size == 15) {
+            for (k, (nw, nh)) in [(1u32, 1u32), (2, 3), (7, 1), (1, 9), (15, 15), (16, 17), (33, 2)]
+                .into_iter()
+                .enumerate()
+            {
+                let mut c = base_cfg(nw, nh);
+                c.resize_mode = ResizeMode::Stretch;
+                if k % 2 == 1 {
+                    c.output_layout = Layout::Nhwc;
+                    c.output_dtype = DType::Float16;
+                }
+                if k % 3 == 2 {
+                    c.output_channels = 1;
+                    c.image_mean = vec![0.5];
+                    c.image_stddev = vec![0.5];
+                }
+                let frame = random_frame(&mut rng, Encoding::Rgb8, 1 + k as u32 % 3, 2, 1, false);
+                run(
+                    format!(
+                        "edge {cname} on {}x{} -> {nw}x{nh} {} {} {}ch",
+                        frame.w,
+                        frame.h,
+                        c.output_layout.name(),
+                        c.output_dtype.name(),
+                        c.output_channels
+                    ),
+                    &frame,
+                    &c,
+                    Some(conv),
+                    &mut gpu,
+                    &mut cpu,
+                    &mut st,
+                );
+            }
         }
         // 4. Two frames in flight through the ring (submit, submit, finish, finish).
         if stride == 1 && filter.is_empty() {

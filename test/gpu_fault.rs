@@ -1,0 +1,314 @@
+//! GPU fault drill (no ROS): the real CUDA backend inside a `Pipeline`, a real device
+//! fault injected mid-run (`Pipeline::inject_fault`, what `VISION_PREPROC_INJECT_CUDA_FAULT`
+//! does in the node: a kernel reads a null pointer, a sticky CUDA_ERROR_ILLEGAL_ADDRESS),
+//! and `gpu_failure_policy` applied by the pipeline code the node runs. Every tensor
+//! before and after the fault is compared with the CPU backend's (the specification):
+//! within the named tolerances while on the GPU, bit for bit once on the CPU.
+//!
+//! Scenarios: fallback (transient fault), retry (transient fault: the CUDA backend is
+//! rebuilt on a fresh context and carries on), retry with a GPU that stays broken (every
+//! attempt fails: bounded rebuilds, then the CPU), exit (the frame's error names the
+//! fault). First it checks the injected fault is sticky (the same backend fails on the
+//! next frame too), last that a new backend works on the device afterwards.
+//!
+//! A `harness = false` target: without a GPU it prints "no GPU: GPU fault drill NOT run
+//! (not counted as passed)" and exits 0; on a GPU it exits 1 if any check fails.
+
+use std::process::ExitCode;
+use std::time::Instant;
+use vision_preproc::backend::cpu::CpuBackend;
+use vision_preproc::backend::cuda::CudaBackend;
+use vision_preproc::backend::Backend;
+use vision_preproc::config::{BackendChoice, ConvConfig, ConvKernel, GpuFailurePolicy, MemoryMode};
+use vision_preproc::pipeline::{conv_op, FailureAction, FaultPlan, GPU_RETRY_ATTEMPTS};
+use vision_preproc::{Config, Encoding, Error, ImageView, Pipeline};
+
+const TOLERANCES: &str = include_str!("tolerances.json");
+/// Frames per scenario; the fault is injected at frame FAULT_AT.
+const FRAMES: u64 = 10;
+const FAULT_AT: u64 = 4;
+
+/// splitmix64, for fresh random frames.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+struct Frame {
+    w: u32,
+    h: u32,
+    enc: Encoding,
+    data: Vec<u8>,
+}
+
+impl Frame {
+    fn view(&self) -> Result<ImageView<'_>, String> {
+        let step = self.w * self.enc.bytes_per_pixel();
+        ImageView::with_encoding(self.w, self.h, step, self.enc, false, &self.data)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Frame `i`: 1280x720 bgr8, nv12 and yuyv in turn, random bytes.
+fn frame(rng: &mut Rng, i: u64) -> Frame {
+    let enc = [Encoding::Bgr8, Encoding::Nv12, Encoding::Yuyv][(i % 3) as usize];
+    let (w, h) = (1280u32, 720u32);
+    let rows = if enc == Encoding::Nv12 { h * 3 / 2 } else { h };
+    let n = (w * enc.bytes_per_pixel() * rows) as usize;
+    let data = (0..n).map(|_| (rng.next() >> 56) as u8).collect();
+    Frame { w, h, enc, data }
+}
+
+fn config(policy: GpuFailurePolicy, backend: BackendChoice) -> Config {
+    Config {
+        network_image_width: 640,
+        network_image_height: 480,
+        image_mean: vec![0.485, 0.456, 0.406],
+        image_stddev: vec![0.229, 0.224, 0.225],
+        conv: ConvConfig { kernel: ConvKernel::Gaussian, size: 5, ..ConvConfig::default() },
+        backend,
+        gpu_failure_policy: policy,
+        ..Config::default()
+    }
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// max |a - b| over the tensor, or an error if a NaN or a length differs.
+fn max_diff(a: &[u8], b: &[u8]) -> Result<f64, String> {
+    if a.len() != b.len() {
+        return Err(format!("tensor of {} bytes, CPU's {}", a.len(), b.len()));
+    }
+    let mut m = 0.0f64;
+    for (i, (x, y)) in f32s(a).iter().zip(f32s(b)).enumerate() {
+        if x.is_nan() || y.is_nan() {
+            return Err(format!("NaN at element {i}"));
+        }
+        m = m.max(f64::from((x - y).abs()));
+    }
+    Ok(m)
+}
+
+struct Scenario {
+    name: &'static str,
+    policy: GpuFailurePolicy,
+    plan: FaultPlan,
+    /// Backend of each frame after the fault, and the action expected at FAULT_AT.
+    after: &'static str,
+    action: Option<FailureAction>,
+}
+
+fn tolerance() -> Result<f64, String> {
+    let v: serde_json::Value = serde_json::from_str(TOLERANCES).map_err(|e| e.to_string())?;
+    let per_l1 = v["conv_float32_abs_per_l1"].as_f64().ok_or("conv_float32_abs_per_l1")?;
+    let l1 = conv_op(&config(GpuFailurePolicy::Retry, BackendChoice::Cpu))
+        .map_err(|e| e.to_string())?
+        .map_or(1.0, |c| c.l1_norm());
+    Ok(per_l1 * l1.max(1.0))
+}
+
+/// One scenario; Ok(description) or Err(what failed).
+fn scenario(s: &Scenario, tol: f64, seed: u64) -> Result<String, String> {
+    let cfg = config(s.policy, BackendChoice::Cuda);
+    let backend = CudaBackend::open(0, MemoryMode::Auto).map_err(|e| e.to_string())?;
+    let mut gpu = Pipeline::new(cfg.clone(), backend).map_err(|e| e.to_string())?;
+    gpu.inject_fault(s.plan);
+    let mut cpu = Pipeline::new(config(s.policy, BackendChoice::Cpu), Box::new(CpuBackend::new()))
+        .map_err(|e| e.to_string())?;
+    let mut rng = Rng(seed);
+    let mut seen = None;
+    for i in 1..=FRAMES {
+        let f = frame(&mut rng, i);
+        let view = f.view()?;
+        cpu.process(&view).map_err(|e| format!("frame {i}: CPU: {e}"))?;
+        let t = Instant::now();
+        let result = gpu.process(&view);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let info = match (result, s.policy) {
+            (Err(e @ Error::GpuFailure { .. }), GpuFailurePolicy::Exit) if i == FAULT_AT => {
+                println!("  frame {i:2} {:5}: {e}", f.enc.to_string());
+                if !e.to_string().contains("CUDA_ERROR_ILLEGAL_ADDRESS") {
+                    return Err(format!("exit: the reason does not name the fault: {e}"));
+                }
+                return Ok(format!("frame {i} ended the run with: {e}"));
+            }
+            (Err(e), _) => return Err(format!("frame {i}: {e}")),
+            (Ok(info), _) => info,
+        };
+        let name = gpu.backend().name();
+        let d = max_diff(gpu.tensor_bytes(), cpu.tensor_bytes())?;
+        let mut line = format!(
+            "  frame {i:2} {:5}: backend {name:4}, max |gpu - cpu| {d:.2e}, {ms:7.1} ms",
+            f.enc.to_string()
+        );
+        if let Some(g) = &info.gpu_failure {
+            line += &format!("\n           GPU failure: {}\n           action: {g}", g.reason);
+            seen = Some((i, g.clone()));
+        }
+        println!("{line}");
+        let want = if i < FAULT_AT { "cuda" } else { s.after };
+        if name != want {
+            return Err(format!("frame {i} ran on {name}, expected {want}"));
+        }
+        match name {
+            "cpu" if d != 0.0 => return Err(format!("frame {i}: CPU fallback differs ({d})")),
+            _ if d > tol => return Err(format!("frame {i}: max diff {d:.3e} > tol {tol:.1e}")),
+            _ => {}
+        }
+    }
+    match (seen, &s.action) {
+        (Some((i, g)), Some(want)) => {
+            let action_ok = match (&g.action, want) {
+                (
+                    FailureAction::RetriesExhausted { attempts: a, .. },
+                    FailureAction::RetriesExhausted { attempts: b, .. },
+                ) => a == b,
+                (a, b) => a == b,
+            };
+            if i != FAULT_AT || !action_ok {
+                return Err(format!(
+                    "failure at frame {i} with {:?}, expected frame {FAULT_AT} with {want:?}",
+                    g.action
+                ));
+            }
+            if !g.reason.contains("CUDA_ERROR_ILLEGAL_ADDRESS") {
+                return Err(format!("the reason does not name the device fault: {}", g.reason));
+            }
+            Ok(format!("{}", g))
+        }
+        (seen, want) => Err(format!("failure seen {seen:?}, expected {want:?}")),
+    }
+}
+
+/// The injected fault is a real, sticky one: the same backend fails on the next frame.
+fn sticky(seed: u64) -> Result<String, String> {
+    let cfg = config(GpuFailurePolicy::Retry, BackendChoice::Cuda);
+    let mut b = CudaBackend::new(0, MemoryMode::Auto).map_err(|e| e.to_string())?;
+    let fault = b.inject_fault().to_string();
+    let f = frame(&mut Rng(seed), 0);
+    let view = f.view()?;
+    let g = vision_preproc::Geometry::resolve(&cfg, f.w, f.h).map_err(|e| e.to_string())?;
+    let mut op = vision_preproc::pipeline::preprocess_op(&cfg, &g);
+    op.params.src_step = f.w * f.enc.bytes_per_pixel();
+    op.params.encoding = f.enc as u32;
+    let mut out = Vec::new();
+    match b.process(&view, &op, None, &mut out) {
+        Ok(_) => Err(format!("after `{fault}` the same context still works: not sticky")),
+        Err(e) => Ok(format!("injected: {fault}\n  next frame on the same backend: {e}")),
+    }
+}
+
+fn gpu_present() -> bool {
+    // SAFETY: only tries to dlopen libcuda.
+    let lib = unsafe { cudarc::driver::sys::is_culib_present() };
+    lib && cudarc::driver::result::init().is_ok()
+        && cudarc::driver::result::device::get_count().is_ok_and(|n| n > 0)
+}
+
+fn main() -> ExitCode {
+    if !gpu_present() {
+        println!("no GPU: GPU fault drill NOT run (not counted as passed)");
+        return ExitCode::SUCCESS;
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    let tol = match tolerance() {
+        Ok(t) => t,
+        Err(e) => {
+            println!("FAIL reading tolerances: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "gpu_fault: seed {seed}; 1280x720 bgr8/nv12/yuyv -> 640x480 letterbox + gaussian 5, \
+         float32 NCHW; fault at frame {FAULT_AT} of {FRAMES}; tol {tol:.1e} on the GPU, exact on the CPU"
+    );
+    let (mut passed, mut failed) = (0, 0);
+    let mut report = |name: &str, r: Result<String, String>| match r {
+        Ok(m) => {
+            passed += 1;
+            println!("ok   {name}: {m}");
+        }
+        Err(e) => {
+            failed += 1;
+            println!("FAIL {name}: {e}");
+        }
+    };
+    report("sticky fault", sticky(seed));
+    let scenarios = [
+        Scenario {
+            name: "fallback",
+            policy: GpuFailurePolicy::Fallback,
+            plan: FaultPlan::Once(FAULT_AT),
+            after: "cpu",
+            action: Some(FailureAction::FellBack),
+        },
+        Scenario {
+            name: "retry (transient fault)",
+            policy: GpuFailurePolicy::Retry,
+            plan: FaultPlan::Once(FAULT_AT),
+            after: "cuda",
+            action: Some(FailureAction::Rebuilt { attempt: 1 }),
+        },
+        Scenario {
+            name: "retry (GPU stays broken)",
+            policy: GpuFailurePolicy::Retry,
+            plan: FaultPlan::From(FAULT_AT),
+            after: "cpu",
+            action: Some(FailureAction::RetriesExhausted {
+                attempts: GPU_RETRY_ATTEMPTS,
+                last_error: String::new(),
+            }),
+        },
+        Scenario {
+            name: "exit",
+            policy: GpuFailurePolicy::Exit,
+            plan: FaultPlan::Once(FAULT_AT),
+            after: "cuda",
+            action: None,
+        },
+    ];
+    for (k, s) in scenarios.iter().enumerate() {
+        println!("---- {} (gpu_failure_policy {:?}, {:?}) ----", s.name, s.policy, s.plan);
+        let t = Instant::now();
+        let r = scenario(s, tol, seed.wrapping_add(k as u64 + 1));
+        report(s.name, r.map(|m| format!("{m} ({:.2} s)", t.elapsed().as_secs_f64())));
+    }
+    // The device is healthy afterwards: a new backend works.
+    let after = (|| -> Result<String, String> {
+        let cfg = config(GpuFailurePolicy::Retry, BackendChoice::Cuda);
+        let b = CudaBackend::open(0, MemoryMode::Auto).map_err(|e| e.to_string())?;
+        let desc = b.device_description();
+        let mut p = Pipeline::new(cfg, b).map_err(|e| e.to_string())?;
+        let f = frame(&mut Rng(seed ^ 7), 1);
+        p.process(&f.view()?).map_err(|e| e.to_string())?;
+        let mut cpu = Pipeline::new(
+            config(GpuFailurePolicy::Retry, BackendChoice::Cpu),
+            Box::new(CpuBackend::new()),
+        )
+        .map_err(|e| e.to_string())?;
+        cpu.process(&f.view()?).map_err(|e| e.to_string())?;
+        let d = max_diff(p.tensor_bytes(), cpu.tensor_bytes())?;
+        if d > tol {
+            return Err(format!("max diff {d:.3e}"));
+        }
+        Ok(format!("new backend on {desc}: max |gpu - cpu| {d:.2e}"))
+    })();
+    report("device healthy afterwards", after);
+    println!("gpu_fault summary: {passed} passed, {failed} FAILED");
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
