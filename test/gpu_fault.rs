@@ -5,11 +5,13 @@
 //! before and after the fault is compared with the CPU backend's (the specification):
 //! within the named tolerances while on the GPU, bit for bit once on the CPU.
 //!
-//! Scenarios: fallback (transient fault), retry (transient fault: the CUDA backend is
-//! rebuilt on a fresh context and carries on), retry with a GPU that stays broken (every
-//! attempt fails: bounded rebuilds, then the CPU), exit (the frame's error names the
-//! fault). First it checks the injected fault is sticky (the same backend fails on the
-//! next frame too), last that a new backend works on the device afterwards.
+//! Scenarios: fallback; retry after a transient fault (out of memory: a new backend is
+//! built and carries on); retry after a sticky fault (illegal address: the backend is
+//! rebuilt through `CudaBackend::reopen`, which resets the primary context); retry with
+//! a GPU that stays broken (every attempt fails: bounded rebuilds, then the CPU); exit
+//! (the frame's error names the fault). First it checks the injected fault is sticky (the
+//! same backend fails on the next frame too) and probes, step by step, what it takes to
+//! use the device again; last, that a new backend works on the device afterwards.
 //!
 //! A `harness = false` target: without a GPU it prints "no GPU: GPU fault drill NOT run
 //! (not counted as passed)" and exits 0; on a GPU it exits 1 if any check fails.
@@ -20,7 +22,7 @@ use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::CudaBackend;
 use vision_preproc::backend::Backend;
 use vision_preproc::config::{BackendChoice, ConvConfig, ConvKernel, GpuFailurePolicy, MemoryMode};
-use vision_preproc::pipeline::{conv_op, FailureAction, FaultPlan, GPU_RETRY_ATTEMPTS};
+use vision_preproc::pipeline::{conv_op, FailureAction, FaultKind, FaultPlan, GPU_RETRY_ATTEMPTS};
 use vision_preproc::{Config, Encoding, Error, ImageView, Pipeline};
 
 const TOLERANCES: &str = include_str!("tolerances.json");
@@ -101,6 +103,8 @@ struct Scenario {
     name: &'static str,
     policy: GpuFailurePolicy,
     plan: FaultPlan,
+    /// The driver error the reason must name.
+    error: &'static str,
     /// Backend of each frame after the fault, and the action expected at FAULT_AT.
     after: &'static str,
     action: Option<FailureAction>,
@@ -135,7 +139,7 @@ fn scenario(s: &Scenario, tol: f64, seed: u64) -> Result<String, String> {
         let info = match (result, s.policy) {
             (Err(e @ Error::GpuFailure { .. }), GpuFailurePolicy::Exit) if i == FAULT_AT => {
                 println!("  frame {i:2} {:5}: {e}", f.enc.to_string());
-                if !e.to_string().contains("CUDA_ERROR_ILLEGAL_ADDRESS") {
+                if !e.to_string().contains(s.error) {
                     return Err(format!("exit: the reason does not name the fault: {e}"));
                 }
                 return Ok(format!("frame {i} ended the run with: {e}"));
@@ -179,7 +183,7 @@ fn scenario(s: &Scenario, tol: f64, seed: u64) -> Result<String, String> {
                     g.action
                 ));
             }
-            if !g.reason.contains("CUDA_ERROR_ILLEGAL_ADDRESS") {
+            if !g.reason.contains(s.error) {
                 return Err(format!("the reason does not name the device fault: {}", g.reason));
             }
             Ok(format!("{}", g))
@@ -192,7 +196,7 @@ fn scenario(s: &Scenario, tol: f64, seed: u64) -> Result<String, String> {
 fn sticky(seed: u64) -> Result<String, String> {
     let cfg = config(GpuFailurePolicy::Retry, BackendChoice::Cuda);
     let mut b = CudaBackend::new(0, MemoryMode::Auto).map_err(|e| e.to_string())?;
-    let fault = b.inject_fault().to_string();
+    let fault = b.inject_fault(FaultKind::Sticky).to_string();
     let f = frame(&mut Rng(seed), 0);
     let view = f.view()?;
     let g = vision_preproc::Geometry::resolve(&cfg, f.w, f.h).map_err(|e| e.to_string())?;
@@ -204,6 +208,49 @@ fn sticky(seed: u64) -> Result<String, String> {
         Ok(_) => Err(format!("after `{fault}` the same context still works: not sticky")),
         Err(e) => Ok(format!("injected: {fault}\n  next frame on the same backend: {e}")),
     }
+}
+
+/// What it takes to use the device again after a sticky fault, step by step: a plain
+/// new context (primary: retained again once every reference is gone), a non-primary
+/// context, then `CudaBackend::reopen` (which resets the primary context when a plain
+/// open fails) and a frame compared with the CPU.
+fn probe(seed: u64, tol: f64) -> Result<String, String> {
+    let mut b = CudaBackend::new(0, MemoryMode::Auto).map_err(|e| e.to_string())?;
+    let fault = b.inject_fault(FaultKind::Sticky).to_string();
+    drop(b);
+    let mut lines = vec![format!("injected, backend dropped: {fault}")];
+    match cudarc::driver::CudaContext::new(0) {
+        Ok(_) => lines.push("  plain primary context again: works".into()),
+        Err(e) => lines.push(format!("  plain primary context again: {e:?}")),
+    }
+    match cudarc::driver::CudaContext::new_non_primary(0, 0) {
+        Ok(c) => {
+            let s = c.new_stream().and_then(|s| s.alloc_zeros::<u8>(64).map(|_| ()));
+            lines.push(format!("  non-primary context: created; stream+alloc: {s:?}"));
+        }
+        Err(e) => lines.push(format!("  non-primary context: {e:?}")),
+    }
+    let b = CudaBackend::reopen(0, MemoryMode::Auto)
+        .map_err(|e| format!("{}\n  CudaBackend::reopen: {e}", lines.join("\n")))?;
+    let cfg = config(GpuFailurePolicy::Retry, BackendChoice::Cuda);
+    let mut p = Pipeline::new(cfg, b).map_err(|e| e.to_string())?;
+    let mut cpu = Pipeline::new(
+        config(GpuFailurePolicy::Retry, BackendChoice::Cpu),
+        Box::new(CpuBackend::new()),
+    )
+    .map_err(|e| e.to_string())?;
+    let f = frame(&mut Rng(seed ^ 3), 2);
+    p.process(&f.view()?)
+        .map_err(|e| format!("{}\n  frame after reopen: {e}", lines.join("\n")))?;
+    cpu.process(&f.view()?).map_err(|e| e.to_string())?;
+    let d = max_diff(p.tensor_bytes(), cpu.tensor_bytes())?;
+    lines.push(format!(
+        "  CudaBackend::reopen (primary context reset): works, frame max |gpu - cpu| {d:.2e}"
+    ));
+    if d > tol {
+        return Err(lines.join("\n"));
+    }
+    Ok(lines.join("\n"))
 }
 
 fn gpu_present() -> bool {
@@ -245,25 +292,40 @@ fn main() -> ExitCode {
         }
     };
     report("sticky fault", sticky(seed));
+    report("recovering from a sticky fault", probe(seed, tol));
+    const ILLEGAL: &str = "CUDA_ERROR_ILLEGAL_ADDRESS";
+    const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";
+    let sticky_once = FaultPlan::once(FAULT_AT, FaultKind::Sticky);
     let scenarios = [
         Scenario {
-            name: "fallback",
+            name: "fallback (sticky fault)",
             policy: GpuFailurePolicy::Fallback,
-            plan: FaultPlan::Once(FAULT_AT),
+            plan: sticky_once,
+            error: ILLEGAL,
             after: "cpu",
             action: Some(FailureAction::FellBack),
         },
         Scenario {
-            name: "retry (transient fault)",
+            name: "retry (transient fault: out of memory)",
             policy: GpuFailurePolicy::Retry,
-            plan: FaultPlan::Once(FAULT_AT),
+            plan: FaultPlan::once(FAULT_AT, FaultKind::Transient),
+            error: OOM,
+            after: "cuda",
+            action: Some(FailureAction::Rebuilt { attempt: 1 }),
+        },
+        Scenario {
+            name: "retry (sticky fault: illegal address)",
+            policy: GpuFailurePolicy::Retry,
+            plan: sticky_once,
+            error: ILLEGAL,
             after: "cuda",
             action: Some(FailureAction::Rebuilt { attempt: 1 }),
         },
         Scenario {
             name: "retry (GPU stays broken)",
             policy: GpuFailurePolicy::Retry,
-            plan: FaultPlan::From(FAULT_AT),
+            plan: FaultPlan::from(FAULT_AT, FaultKind::Sticky),
+            error: ILLEGAL,
             after: "cpu",
             action: Some(FailureAction::RetriesExhausted {
                 attempts: GPU_RETRY_ATTEMPTS,
@@ -271,9 +333,10 @@ fn main() -> ExitCode {
             }),
         },
         Scenario {
-            name: "exit",
+            name: "exit (sticky fault)",
             policy: GpuFailurePolicy::Exit,
-            plan: FaultPlan::Once(FAULT_AT),
+            plan: sticky_once,
+            error: ILLEGAL,
             after: "cuda",
             action: None,
         },

@@ -13,7 +13,7 @@ use vision_preproc::backend::{Backend, Conv2dOp, PreprocessOp, StageTimes};
 use vision_preproc::config::{GpuFailurePolicy, ResizeMode};
 use vision_preproc::error::CudaError;
 use vision_preproc::pipeline::{
-    FailureAction, FaultPlan, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_RESET_FRAMES,
+    FailureAction, FaultKind, FaultPlan, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_RESET_FRAMES,
 };
 use vision_preproc::{Config, Error, ImageView, Pipeline};
 
@@ -61,7 +61,7 @@ impl Backend for FakeGpu {
         }
         self.cpu.process(image, op, conv, out)
     }
-    fn inject_fault(&mut self) -> Error {
+    fn inject_fault(&mut self, _kind: FaultKind) -> Error {
         self.broken = true;
         self.error("fake injected fault")
     }
@@ -135,7 +135,7 @@ fn pipeline(
 fn fallback_switches_to_the_cpu_and_reruns_the_failed_frame() {
     let cfg = config(GpuFailurePolicy::Fallback);
     let (mut p, opened) = pipeline(&cfg, FakeGpu::new(None), None, 0);
-    p.inject_fault(FaultPlan::Once(3));
+    p.inject_fault(FaultPlan::once(3, FaultKind::Sticky));
     let (failures, backends) = run(&mut p, &cfg, 8);
     assert_eq!(failures.len(), 1, "{failures:?}");
     let (at, f) = &failures[0];
@@ -168,7 +168,7 @@ fn retry_rebuilds_the_backend_after_a_sticky_fault() {
 fn retry_keeps_trying_when_opening_fails_then_succeeds() {
     let cfg = config(GpuFailurePolicy::Retry);
     let (mut p, opened) = pipeline(&cfg, FakeGpu::new(None), None, 2);
-    p.inject_fault(FaultPlan::Once(2));
+    p.inject_fault(FaultPlan::once(2, FaultKind::Sticky));
     let t = Instant::now();
     let (failures, backends) = run(&mut p, &cfg, 5);
     // Backoff before attempts 2 and 3: 200 ms + 1000 ms.
@@ -184,7 +184,7 @@ fn retry_falls_back_after_the_attempts_when_the_gpu_stays_broken() {
     let cfg = config(GpuFailurePolicy::Retry);
     let (mut p, opened) = pipeline(&cfg, FakeGpu::new(None), None, 0);
     // Every attempt from frame 3 on fails, the re-runs on rebuilt backends too.
-    p.inject_fault(FaultPlan::From(3));
+    p.inject_fault(FaultPlan::from(3, FaultKind::Sticky));
     let (failures, backends) = run(&mut p, &cfg, 6);
     assert_eq!(failures.len(), 1, "{failures:?}");
     let (at, f) = &failures[0];
@@ -267,7 +267,7 @@ fn the_cpu_backend_simulates_an_injected_fault() {
         ..config(GpuFailurePolicy::Retry)
     };
     let mut p = Pipeline::new(cfg.clone(), Box::new(CpuBackend::new())).unwrap();
-    p.inject_fault(FaultPlan::Once(2));
+    p.inject_fault(FaultPlan::once(2, FaultKind::Sticky));
     let (failures, backends) = run(&mut p, &cfg, 4);
     assert_eq!(failures.len(), 1);
     let f = &failures[0].1;

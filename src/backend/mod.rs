@@ -54,14 +54,25 @@ pub trait Backend: Send {
     ) -> Result<StageTimes>;
 
     /// TESTS ONLY (`VISION_PREPROC_INJECT_CUDA_FAULT`, see `pipeline::FaultPlan`): make
-    /// the device fail the way a real fault does and return the error the failed frame
-    /// gets. The CUDA backend causes a real, sticky fault (an illegal memory access in a
-    /// kernel: the context is unusable afterwards); a backend without a device returns a
-    /// simulated CUDA error, so the failure policy can be exercised without a GPU.
-    fn inject_fault(&mut self) -> Error {
+    /// the device fail the way a real fault of `kind` does and return the error the
+    /// failed frame gets. The CUDA backend causes a real fault; a backend without a
+    /// device returns a simulated CUDA error, so the failure policy can be exercised
+    /// without a GPU.
+    fn inject_fault(&mut self, kind: FaultKind) -> Error {
         Error::Cuda(CudaError::Driver {
-            call: "injected fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only)".into(),
+            call: format!("injected {kind:?} fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only)"),
             message: format!("simulated on the {} backend, which has no device", self.name()),
         })
     }
+}
+
+/// TESTS ONLY: which real device failure [`Backend::inject_fault`] causes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// A kernel's illegal memory access: a sticky error, after which every call on the
+    /// context fails (CUDA: "the process must be terminated and relaunched").
+    Sticky,
+    /// An allocation the device cannot satisfy (out of memory, as when another process
+    /// took the memory): the call fails, the context stays usable.
+    Transient,
 }

@@ -4,7 +4,7 @@
 //! The policy lives here, in the pipeline, so the node and the no-ROS GPU drill
 //! (`test/gpu_fault.rs`) run the same code: the node only reports what happened.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, FaultKind};
 use crate::config::{BackendChoice, Config, GpuFailurePolicy};
 use crate::error::{Error, Result};
 use std::time::Duration;
@@ -26,36 +26,60 @@ pub const INJECT_FAULT_ENV: &str = "VISION_PREPROC_INJECT_CUDA_FAULT";
 /// Opens a new backend for `retry` (the pipeline's configuration is passed in).
 pub type BackendOpener = Box<dyn FnMut(&Config) -> Result<Box<dyn Backend>> + Send>;
 
-/// TESTS ONLY: when to make the backend fail (`VISION_PREPROC_INJECT_CUDA_FAULT`).
+/// TESTS ONLY: when and how to make the backend fail (`VISION_PREPROC_INJECT_CUDA_FAULT`).
 /// Frames are numbered from 1 in the order the pipeline hands them to a backend (frames
 /// rejected before that, e.g. invalid images, are not counted).
+///
+/// The variable's forms: `N` (frame N fails once), `N..` (frame N and every later attempt
+/// fails, the re-runs of a failed frame on a rebuilt backend included: a GPU that stays
+/// broken, until the pipeline falls back to the CPU), each optionally followed by
+/// `:sticky` (the default: a kernel's illegal address) or `:transient` (out of memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultPlan {
-    /// `N`: frame N fails once (a transient fault; a rebuilt backend works).
-    Once(u64),
-    /// `N..`: frame N and every later attempt fails, the re-runs of a failed frame on a
-    /// rebuilt backend included (a GPU that stays broken), until the pipeline falls back
-    /// to the CPU.
-    From(u64),
+pub struct FaultPlan {
+    /// The first frame that fails.
+    pub at: u64,
+    /// Every attempt from `at` on fails, not only the first.
+    pub persistent: bool,
+    /// The fault.
+    pub kind: FaultKind,
 }
 
 impl FaultPlan {
-    /// Parse `N` or `N..` (N >= 1); the error names the variable and the forms.
+    /// Frame `at` fails once with `kind`.
+    pub fn once(at: u64, kind: FaultKind) -> Self {
+        FaultPlan { at, persistent: false, kind }
+    }
+
+    /// Every attempt from frame `at` on fails with `kind`.
+    pub fn from(at: u64, kind: FaultKind) -> Self {
+        FaultPlan { at, persistent: true, kind }
+    }
+
+    /// Parse `N`, `N..`, `N:sticky`, `N..:transient`, ... (N >= 1); the error names the
+    /// variable and the forms.
     pub fn parse(text: &str) -> Result<Self> {
-        let t = text.trim();
-        let (number, persistent) = match t.strip_suffix("..") {
-            Some(n) => (n, true),
-            None => (t, false),
-        };
-        match number.parse::<u64>() {
-            Ok(n) if n >= 1 && persistent => Ok(FaultPlan::From(n)),
-            Ok(n) if n >= 1 => Ok(FaultPlan::Once(n)),
-            _ => Err(Error::config(
+        let bad = || {
+            Error::config(
                 INJECT_FAULT_ENV,
                 format!("{text:?}"),
-                "use N (frame N fails once) or N.. (every frame from N fails), N >= 1; \
-                 unset it outside tests",
-            )),
+                "use N (frame N fails once) or N.. (every frame from N fails), N >= 1, \
+                 optionally followed by :sticky (default) or :transient; unset it outside tests",
+            )
+        };
+        let t = text.trim();
+        let (frames, kind) = match t.split_once(':') {
+            Some((f, "sticky")) => (f, FaultKind::Sticky),
+            Some((f, "transient")) => (f, FaultKind::Transient),
+            Some(_) => return Err(bad()),
+            None => (t, FaultKind::Sticky),
+        };
+        let (number, persistent) = match frames.strip_suffix("..") {
+            Some(n) => (n, true),
+            None => (frames, false),
+        };
+        match number.parse::<u64>() {
+            Ok(at) if at >= 1 => Ok(FaultPlan { at, persistent, kind }),
+            _ => Err(bad()),
         }
     }
 
@@ -166,19 +190,20 @@ impl Recovery {
         }
     }
 
-    /// Whether the attempt to run the current frame must fail (injection).
-    pub(crate) fn fault_due(&mut self) -> bool {
+    /// The fault the attempt to run the current frame must fail with (injection), if any.
+    pub(crate) fn fault_due(&mut self) -> Option<FaultKind> {
+        let plan = self.fault?;
         if self.fell_back {
-            return false;
+            return None;
         }
-        match self.fault {
-            Some(FaultPlan::Once(n)) if !self.fired && self.frame == n => {
-                self.fired = true;
-                true
-            }
-            Some(FaultPlan::From(n)) => self.frame >= n,
-            _ => false,
+        if plan.persistent && self.frame >= plan.at {
+            return Some(plan.kind);
         }
+        if !plan.persistent && !self.fired && self.frame == plan.at {
+            self.fired = true;
+            return Some(plan.kind);
+        }
+        None
     }
 
     /// A frame ran without a failure.
@@ -197,7 +222,7 @@ fn default_opener(config: &Config) -> Result<Box<dyn Backend>> {
     match config.backend {
         BackendChoice::Cpu => Ok(Box::new(crate::backend::cpu::CpuBackend::new())),
         BackendChoice::Cuda | BackendChoice::Auto => {
-            crate::backend::cuda::CudaBackend::open(config.device_id, config.memory_mode)
+            crate::backend::cuda::CudaBackend::reopen(config.device_id, config.memory_mode)
         }
     }
 }
@@ -208,9 +233,14 @@ mod tests {
 
     #[test]
     fn fault_plans_parse_and_bad_ones_name_the_variable() {
-        assert_eq!(FaultPlan::parse("5").unwrap(), FaultPlan::Once(5));
-        assert_eq!(FaultPlan::parse(" 12.. ").unwrap(), FaultPlan::From(12));
-        for bad in ["0", "", "x", "3..4", "-1", "0.."] {
+        assert_eq!(FaultPlan::parse("5").unwrap(), FaultPlan::once(5, FaultKind::Sticky));
+        assert_eq!(FaultPlan::parse(" 12.. ").unwrap(), FaultPlan::from(12, FaultKind::Sticky));
+        assert_eq!(
+            FaultPlan::parse("3:transient").unwrap(),
+            FaultPlan::once(3, FaultKind::Transient)
+        );
+        assert_eq!(FaultPlan::parse("7..:sticky").unwrap(), FaultPlan::from(7, FaultKind::Sticky));
+        for bad in ["0", "", "x", "3..4", "-1", "0..", "3:", "3:hard", ":transient"] {
             let e = FaultPlan::parse(bad).unwrap_err().to_string();
             assert!(e.contains(INJECT_FAULT_ENV) && e.contains("N.."), "{bad}: {e}");
         }

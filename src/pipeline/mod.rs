@@ -12,6 +12,7 @@ use crate::backend::{
 use crate::config::{BackendChoice, ChannelOrder, Config};
 use crate::error::{Error, Result};
 use crate::image::ImageView;
+pub use backend::FaultKind;
 use failure::Recovery;
 pub use failure::{
     BackendOpener, FailureAction, FaultPlan, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_BACKOFF,
@@ -123,8 +124,8 @@ impl Pipeline {
 
     /// Run the cached operation on the current backend (or fail as injected).
     fn run_backend(&mut self, image: &ImageView<'_>) -> Result<StageTimes> {
-        if self.recovery.fault_due() {
-            return Err(self.backend.inject_fault());
+        if let Some(kind) = self.recovery.fault_due() {
+            return Err(self.backend.inject_fault(kind));
         }
         let Some((_, _, op)) = &self.cached else {
             return Err(Error::Operation("no operation for this frame size".into()));

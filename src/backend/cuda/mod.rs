@@ -164,6 +164,29 @@ impl CudaBackend {
         Ok(Box::new(Self::new(device_id, memory_mode)?))
     }
 
+    /// Open device `device_id` again after the backend failed (`gpu_failure_policy:
+    /// retry`). Call it only when no other CUDA object of this process is alive. Like
+    /// [`CudaBackend::open`]; if that fails (after a sticky error such as an illegal
+    /// address, the device's primary context stays unusable even once every reference to
+    /// it is released), the primary context is reset (`cuDevicePrimaryCtxReset`: it
+    /// destroys this process's state on the device, nothing outside the process; the
+    /// GPU and its settings are untouched) and the device opened once more.
+    pub fn reopen(device_id: u32, memory_mode: MemoryMode) -> Result<Box<dyn Backend>> {
+        match Self::open(device_id, memory_mode) {
+            Ok(b) => Ok(b),
+            Err(first) => {
+                let dev = cudarc::driver::result::device::get(device_id as i32)
+                    .map_err(|e| drv_err(format!("cuDeviceGet({device_id})"), e))?;
+                // SAFETY: no CUDA object of this process is alive (the caller's contract),
+                // so nothing refers to the state the reset destroys.
+                unsafe { sys::cuDevicePrimaryCtxReset_v2(dev) }
+                    .result()
+                    .map_err(|e| drv_err(format!("cuDevicePrimaryCtxReset after `{first}`"), e))?;
+                Self::open(device_id, memory_mode)
+            }
+        }
+    }
+
     /// Open device `device_id`: create the context and stream, compile (or load from the
     /// cache) every kernel for the device's compute capability, resolve the memory mode.
     pub fn new(device_id: u32, memory_mode: MemoryMode) -> Result<Self> {
@@ -759,15 +782,25 @@ impl Backend for CudaBackend {
         self.finish(slot, out)
     }
 
-    /// TESTS ONLY: a real device fault. `conv2d_tiled_k3` is launched on a null source
-    /// and destination, so the kernel's first load traps with an illegal address: a
-    /// sticky error after which every call on this context fails, as after a real
-    /// kernel fault. Only a new context (dropping this backend) recovers.
-    fn inject_fault(&mut self) -> crate::Error {
-        let call = "injected fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only): \
-                    conv2d_tiled_k3 on a null pointer";
+    /// TESTS ONLY: a real device fault. `Sticky`: `conv2d_tiled_k3` is launched on a
+    /// null source and destination, so the kernel's first load traps with an illegal
+    /// address, after which every call on this context fails, as after a real kernel
+    /// fault. `Transient`: a 1 PiB device allocation, which fails with out-of-memory
+    /// and leaves the context usable.
+    fn inject_fault(&mut self, kind: crate::backend::FaultKind) -> crate::Error {
+        let call = format!("injected {kind:?} fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only)");
         let fault = || -> Result<(), CudaError> {
             self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+            if kind == crate::backend::FaultKind::Transient {
+                let bytes = 1usize << 50;
+                // SAFETY: a plain allocation call; on success the memory is freed at once.
+                let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes) }
+                    .map_err(|e| drv_err(format!("{call}: cuMemAlloc({bytes} bytes)"), e))?;
+                // SAFETY: ptr was just allocated above and is not used by anything.
+                unsafe { cudarc::driver::result::free_sync(ptr) }
+                    .map_err(|e| drv_err("cuMemFree", e))?;
+                return Ok(());
+            }
             let k = CONV_SIZES.iter().position(|&k| k == 3).unwrap_or(0);
             let f = &self.conv_tiled[k];
             let cp = launch::Conv2dParams {
@@ -791,11 +824,13 @@ impl Backend for CudaBackend {
                 &null,
                 &null
             )?;
-            self.stream.synchronize().map_err(|e| drv_err(call, e))
+            self.stream
+                .synchronize()
+                .map_err(|e| drv_err(format!("{call}: conv2d_tiled_k3 on a null pointer"), e))
         };
         match fault() {
             Err(e) => e.into(),
-            Ok(()) => drv_err(call, "the kernel did not fault (no error reported)").into(),
+            Ok(()) => drv_err(call, "the device did not fail (no error reported)").into(),
         }
     }
 }
