@@ -230,25 +230,29 @@ fn probe(seed: u64, tol: f64) -> Result<String, String> {
         }
         Err(e) => lines.push(format!("  non-primary context: {e:?}")),
     }
-    let b = CudaBackend::reopen(0, MemoryMode::Auto)
-        .map_err(|e| format!("{}\n  CudaBackend::reopen: {e}", lines.join("\n")))?;
-    let cfg = config(GpuFailurePolicy::Retry, BackendChoice::Cuda);
-    let mut p = Pipeline::new(cfg, b).map_err(|e| e.to_string())?;
-    let mut cpu = Pipeline::new(
-        config(GpuFailurePolicy::Retry, BackendChoice::Cpu),
-        Box::new(CpuBackend::new()),
-    )
-    .map_err(|e| e.to_string())?;
-    let f = frame(&mut Rng(seed ^ 3), 2);
-    p.process(&f.view()?)
-        .map_err(|e| format!("{}\n  frame after reopen: {e}", lines.join("\n")))?;
-    cpu.process(&f.view()?).map_err(|e| e.to_string())?;
-    let d = max_diff(p.tensor_bytes(), cpu.tensor_bytes())?;
-    lines.push(format!(
-        "  CudaBackend::reopen (primary context reset): works, frame max |gpu - cpu| {d:.2e}"
-    ));
-    if d > tol {
-        return Err(lines.join("\n"));
+    let reopened = CudaBackend::reopen(0, MemoryMode::Auto).and_then(|b| {
+        let cfg = config(GpuFailurePolicy::Retry, BackendChoice::Cuda);
+        let mut p = Pipeline::new(cfg, b)?;
+        let f = frame(&mut Rng(seed ^ 3), 2);
+        let view = f.view().map_err(vision_preproc::Error::Operation)?;
+        p.process(&view)?;
+        let mut cpu = Pipeline::new(
+            config(GpuFailurePolicy::Retry, BackendChoice::Cpu),
+            Box::new(CpuBackend::new()),
+        )?;
+        cpu.process(&view)?;
+        max_diff(p.tensor_bytes(), cpu.tensor_bytes()).map_err(vision_preproc::Error::Operation)
+    });
+    match reopened {
+        Ok(d) if d <= tol => {
+            lines.push(format!("  CudaBackend::reopen: a frame max |gpu - cpu| {d:.2e}"));
+            lines.push(REOPEN_WORKS.into());
+        }
+        Ok(d) => return Err(format!("{}\n  reopened, but max diff {d:.3e}", lines.join("\n"))),
+        Err(e) => {
+            lines.push(format!("  CudaBackend::reopen (resets the primary context): {e}"));
+            lines.push(REOPEN_FAILS.into());
+        }
     }
     Ok(lines.join("\n"))
 }
@@ -260,43 +264,15 @@ fn gpu_present() -> bool {
         && cudarc::driver::result::device::get_count().is_ok_and(|n| n > 0)
 }
 
-fn main() -> ExitCode {
-    if !gpu_present() {
-        println!("no GPU: GPU fault drill NOT run (not counted as passed)");
-        return ExitCode::SUCCESS;
-    }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1);
-    let tol = match tolerance() {
-        Ok(t) => t,
-        Err(e) => {
-            println!("FAIL reading tolerances: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    println!(
-        "gpu_fault: seed {seed}; 1280x720 bgr8/nv12/yuyv -> 640x480 letterbox + gaussian 5, \
-         float32 NCHW; fault at frame {FAULT_AT} of {FRAMES}; tol {tol:.1e} on the GPU, exact on the CPU"
-    );
-    let (mut passed, mut failed) = (0, 0);
-    let mut report = |name: &str, r: Result<String, String>| match r {
-        Ok(m) => {
-            passed += 1;
-            println!("ok   {name}: {m}");
-        }
-        Err(e) => {
-            failed += 1;
-            println!("FAIL {name}: {e}");
-        }
-    };
-    report("sticky fault", sticky(seed));
-    report("recovering from a sticky fault", probe(seed, tol));
-    const ILLEGAL: &str = "CUDA_ERROR_ILLEGAL_ADDRESS";
-    const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";
+const ILLEGAL: &str = "CUDA_ERROR_ILLEGAL_ADDRESS";
+const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";
+/// Printed by the probe: whether `CudaBackend::reopen` recovers from a sticky fault.
+const REOPEN_WORKS: &str = "reopen after a sticky fault: works";
+const REOPEN_FAILS: &str = "reopen after a sticky fault: fails";
+
+fn scenarios(reopen_works: bool) -> Vec<Scenario> {
     let sticky_once = FaultPlan::once(FAULT_AT, FaultKind::Sticky);
-    let scenarios = [
+    vec![
         Scenario {
             name: "fallback (sticky fault)",
             policy: GpuFailurePolicy::Fallback,
@@ -313,13 +289,22 @@ fn main() -> ExitCode {
             after: "cuda",
             action: Some(FailureAction::Rebuilt { attempt: 1 }),
         },
+        // What the probe found decides what retry can do after a sticky fault: rebuild
+        // (the reset worked) or use up its attempts and fall back.
         Scenario {
             name: "retry (sticky fault: illegal address)",
             policy: GpuFailurePolicy::Retry,
             plan: sticky_once,
             error: ILLEGAL,
-            after: "cuda",
-            action: Some(FailureAction::Rebuilt { attempt: 1 }),
+            after: if reopen_works { "cuda" } else { "cpu" },
+            action: Some(if reopen_works {
+                FailureAction::Rebuilt { attempt: 1 }
+            } else {
+                FailureAction::RetriesExhausted {
+                    attempts: GPU_RETRY_ATTEMPTS,
+                    last_error: String::new(),
+                }
+            }),
         },
         Scenario {
             name: "retry (GPU stays broken)",
@@ -340,34 +325,132 @@ fn main() -> ExitCode {
             after: "cuda",
             action: None,
         },
-    ];
-    for (k, s) in scenarios.iter().enumerate() {
-        println!("---- {} (gpu_failure_policy {:?}, {:?}) ----", s.name, s.policy, s.plan);
-        let t = Instant::now();
-        let r = scenario(s, tol, seed.wrapping_add(k as u64 + 1));
-        report(s.name, r.map(|m| format!("{m} ({:.2} s)", t.elapsed().as_secs_f64())));
+    ]
+}
+
+/// A new backend works on the device (run in a fresh process after the drill).
+fn healthy(seed: u64, tol: f64) -> Result<String, String> {
+    let cfg = config(GpuFailurePolicy::Retry, BackendChoice::Cuda);
+    let b = CudaBackend::open(0, MemoryMode::Auto).map_err(|e| e.to_string())?;
+    let desc = b.device_description();
+    let mut p = Pipeline::new(cfg, b).map_err(|e| e.to_string())?;
+    let f = frame(&mut Rng(seed ^ 7), 1);
+    p.process(&f.view()?).map_err(|e| e.to_string())?;
+    let mut cpu = Pipeline::new(
+        config(GpuFailurePolicy::Retry, BackendChoice::Cpu),
+        Box::new(CpuBackend::new()),
+    )
+    .map_err(|e| e.to_string())?;
+    cpu.process(&f.view()?).map_err(|e| e.to_string())?;
+    let d = max_diff(p.tensor_bytes(), cpu.tensor_bytes())?;
+    if d > tol {
+        return Err(format!("max diff {d:.3e}"));
     }
-    // The device is healthy afterwards: a new backend works.
-    let after = (|| -> Result<String, String> {
-        let cfg = config(GpuFailurePolicy::Retry, BackendChoice::Cuda);
-        let b = CudaBackend::open(0, MemoryMode::Auto).map_err(|e| e.to_string())?;
-        let desc = b.device_description();
-        let mut p = Pipeline::new(cfg, b).map_err(|e| e.to_string())?;
-        let f = frame(&mut Rng(seed ^ 7), 1);
-        p.process(&f.view()?).map_err(|e| e.to_string())?;
-        let mut cpu = Pipeline::new(
-            config(GpuFailurePolicy::Retry, BackendChoice::Cpu),
-            Box::new(CpuBackend::new()),
-        )
-        .map_err(|e| e.to_string())?;
-        cpu.process(&f.view()?).map_err(|e| e.to_string())?;
-        let d = max_diff(p.tensor_bytes(), cpu.tensor_bytes())?;
-        if d > tol {
-            return Err(format!("max diff {d:.3e}"));
+    Ok(format!("new backend on {desc}: max |gpu - cpu| {d:.2e}"))
+}
+
+/// One check, in this process: `--child NAME [reopen-works|reopen-fails]`.
+fn child(args: &[String]) -> ExitCode {
+    let seed = std::env::var("VP_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let name = args.first().map(String::as_str).unwrap_or("");
+    let reopen_works = args.get(1).is_some_and(|a| a == "reopen-works");
+    let r = tolerance().and_then(|tol| match name {
+        "sticky" => sticky(seed),
+        "probe" => probe(seed, tol),
+        "healthy" => healthy(seed, tol),
+        _ => {
+            let all = scenarios(reopen_works);
+            let k = name.strip_prefix("scenario-").and_then(|k| k.parse::<usize>().ok());
+            match k.and_then(|k| all.get(k).map(|s| (k, s))) {
+                Some((k, s)) => {
+                    println!(
+                        "---- {} (gpu_failure_policy {:?}, {:?}) ----",
+                        s.name, s.policy, s.plan
+                    );
+                    let t = Instant::now();
+                    scenario(s, tol, seed.wrapping_add(k as u64 + 1))
+                        .map(|m| format!("{m} ({:.2} s)", t.elapsed().as_secs_f64()))
+                }
+                None => Err(format!("unknown check {name:?}")),
+            }
         }
-        Ok(format!("new backend on {desc}: max |gpu - cpu| {d:.2e}"))
-    })();
-    report("device healthy afterwards", after);
+    });
+    match r {
+        Ok(m) => {
+            println!("ok   {name}: {m}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("FAIL {name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Every check in its own process: after a sticky fault, CUDA documents that "the
+/// process must be terminated and relaunched", so one check's fault must not decide the
+/// next one's start.
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        return child(&args[i + 1..]);
+    }
+    if !gpu_present() {
+        println!("no GPU: GPU fault drill NOT run (not counted as passed)");
+        return ExitCode::SUCCESS;
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    let tol = tolerance().unwrap_or(f64::NAN);
+    println!(
+        "gpu_fault: seed {seed}; 1280x720 bgr8/nv12/yuyv -> 640x480 letterbox + gaussian 5, \
+         float32 NCHW; fault at frame {FAULT_AT} of {FRAMES}; tol {tol:.1e} on the GPU, \
+         exact on the CPU; each check in its own process"
+    );
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            println!("FAIL: own executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (mut passed, mut failed) = (0, 0);
+    let mut run = |args: &[&str]| -> String {
+        let out = std::process::Command::new(&exe)
+            .arg("--child")
+            .args(args)
+            .env("VP_FAULT_SEED", seed.to_string())
+            .output();
+        match out {
+            Ok(o) => {
+                let text = String::from_utf8_lossy(&o.stdout).to_string()
+                    + &String::from_utf8_lossy(&o.stderr);
+                print!("{text}");
+                if o.status.success() {
+                    passed += 1;
+                } else {
+                    failed += 1;
+                    println!("     (exit status {})", o.status);
+                }
+                text
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAIL {args:?}: starting the check: {e}");
+                String::new()
+            }
+        }
+    };
+    run(&["sticky"]);
+    let probe = run(&["probe"]);
+    let reopen_works = probe.contains(REOPEN_WORKS);
+    let arg = if reopen_works { "reopen-works" } else { "reopen-fails" };
+    for k in 0..scenarios(reopen_works).len() {
+        run(&[&format!("scenario-{k}"), arg]);
+    }
+    run(&["healthy"]);
     println!("gpu_fault summary: {passed} passed, {failed} FAILED");
     if failed > 0 {
         ExitCode::FAILURE
