@@ -6,9 +6,9 @@
 //! within the named tolerances while on the GPU, bit for bit once on the CPU.
 //!
 //! Scenarios: fallback; retry after a transient fault (out of memory: a new backend is
-//! built and carries on); retry after a sticky fault (illegal address: the backend is
-//! rebuilt through `CudaBackend::reopen`, which resets the primary context); retry with
-//! a GPU that stays broken (every attempt fails: bounded rebuilds, then the CPU); exit
+//! built and carries on); retry after a sticky fault (illegal address: whether a new
+//! backend can work in the same process is what the probe finds; on the H200 it cannot,
+//! so retry uses up its attempts and falls back); retry with a GPU that stays broken (every attempt fails: bounded rebuilds, then the CPU); exit
 //! (the frame's error names the fault). First it checks the injected fault is sticky (the
 //! same backend fails on the next frame too) and probes, step by step, what it takes to
 //! use the device again; last, that a new backend works on the device afterwards.
@@ -210,10 +210,9 @@ fn sticky(seed: u64) -> Result<String, String> {
     }
 }
 
-/// What it takes to use the device again after a sticky fault, step by step: a plain
-/// new context (primary: retained again once every reference is gone), a non-primary
-/// context, then `CudaBackend::reopen` (which resets the primary context when a plain
-/// open fails) and a frame compared with the CPU.
+/// What it takes to use the device again after a sticky fault, step by step: a new
+/// primary context (retained again once every reference is gone), a non-primary
+/// context, a new `CudaBackend` (what `retry` does) with a frame compared with the CPU.
 fn probe(seed: u64, tol: f64) -> Result<String, String> {
     let mut b = CudaBackend::new(0, MemoryMode::Auto).map_err(|e| e.to_string())?;
     let fault = b.inject_fault(FaultKind::Sticky).to_string();
@@ -230,7 +229,7 @@ fn probe(seed: u64, tol: f64) -> Result<String, String> {
         }
         Err(e) => lines.push(format!("  non-primary context: {e:?}")),
     }
-    let reopened = CudaBackend::reopen(0, MemoryMode::Auto).and_then(|b| {
+    let reopened = CudaBackend::open(0, MemoryMode::Auto).and_then(|b| {
         let cfg = config(GpuFailurePolicy::Retry, BackendChoice::Cuda);
         let mut p = Pipeline::new(cfg, b)?;
         let f = frame(&mut Rng(seed ^ 3), 2);
@@ -245,12 +244,12 @@ fn probe(seed: u64, tol: f64) -> Result<String, String> {
     });
     match reopened {
         Ok(d) if d <= tol => {
-            lines.push(format!("  CudaBackend::reopen: a frame max |gpu - cpu| {d:.2e}"));
+            lines.push(format!("  CudaBackend::open: a frame max |gpu - cpu| {d:.2e}"));
             lines.push(REOPEN_WORKS.into());
         }
         Ok(d) => return Err(format!("{}\n  reopened, but max diff {d:.3e}", lines.join("\n"))),
         Err(e) => {
-            lines.push(format!("  CudaBackend::reopen (resets the primary context): {e}"));
+            lines.push(format!("  CudaBackend::open (what retry does): {e}"));
             lines.push(REOPEN_FAILS.into());
         }
     }
@@ -266,7 +265,7 @@ fn gpu_present() -> bool {
 
 const ILLEGAL: &str = "CUDA_ERROR_ILLEGAL_ADDRESS";
 const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";
-/// Printed by the probe: whether `CudaBackend::reopen` recovers from a sticky fault.
+/// Printed by the probe: whether a new `CudaBackend` works after a sticky fault.
 const REOPEN_WORKS: &str = "reopen after a sticky fault: works";
 const REOPEN_FAILS: &str = "reopen after a sticky fault: fails";
 

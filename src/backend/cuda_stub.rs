@@ -15,14 +15,6 @@ impl CudaBackend {
     ) -> Result<Box<dyn crate::backend::Backend>> {
         Err(Error::CudaNotCompiled)
     }
-
-    /// Always [`Error::CudaNotCompiled`].
-    pub fn reopen(
-        _device_id: u32,
-        _memory_mode: MemoryMode,
-    ) -> Result<Box<dyn crate::backend::Backend>> {
-        Err(Error::CudaNotCompiled)
-    }
 }
 
 /// The benchmark's interface without the `cuda` feature: `run` and `startup` fail with

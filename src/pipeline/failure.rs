@@ -222,7 +222,7 @@ fn default_opener(config: &Config) -> Result<Box<dyn Backend>> {
     match config.backend {
         BackendChoice::Cpu => Ok(Box::new(crate::backend::cpu::CpuBackend::new())),
         BackendChoice::Cuda | BackendChoice::Auto => {
-            crate::backend::cuda::CudaBackend::reopen(config.device_id, config.memory_mode)
+            crate::backend::cuda::CudaBackend::open(config.device_id, config.memory_mode)
         }
     }
 }

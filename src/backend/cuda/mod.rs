@@ -164,29 +164,6 @@ impl CudaBackend {
         Ok(Box::new(Self::new(device_id, memory_mode)?))
     }
 
-    /// Open device `device_id` again after the backend failed (`gpu_failure_policy:
-    /// retry`). Call it only when no other CUDA object of this process is alive. Like
-    /// [`CudaBackend::open`]; if that fails (after a sticky error such as an illegal
-    /// address, the device's primary context stays unusable even once every reference to
-    /// it is released), the primary context is reset (`cuDevicePrimaryCtxReset`: it
-    /// destroys this process's state on the device, nothing outside the process; the
-    /// GPU and its settings are untouched) and the device opened once more.
-    pub fn reopen(device_id: u32, memory_mode: MemoryMode) -> Result<Box<dyn Backend>> {
-        match Self::open(device_id, memory_mode) {
-            Ok(b) => Ok(b),
-            Err(first) => {
-                let dev = cudarc::driver::result::device::get(device_id as i32)
-                    .map_err(|e| drv_err(format!("cuDeviceGet({device_id})"), e))?;
-                // SAFETY: no CUDA object of this process is alive (the caller's contract),
-                // so nothing refers to the state the reset destroys.
-                unsafe { sys::cuDevicePrimaryCtxReset_v2(dev) }
-                    .result()
-                    .map_err(|e| drv_err(format!("cuDevicePrimaryCtxReset after `{first}`"), e))?;
-                Self::open(device_id, memory_mode)
-            }
-        }
-    }
-
     /// Open device `device_id`: create the context and stream, compile (or load from the
     /// cache) every kernel for the device's compute capability, resolve the memory mode.
     pub fn new(device_id: u32, memory_mode: MemoryMode) -> Result<Self> {
