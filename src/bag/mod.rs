@@ -37,6 +37,8 @@ pub struct PlayOptions {
     /// Replace each message's header stamp with the wall-clock time of publishing (to
     /// measure end-to-end latency); otherwise the recorded stamps are sent.
     pub restamp: bool,
+    /// Stop after this long (with `repeat`, the only way to end besides a signal).
+    pub duration: Option<std::time::Duration>,
 }
 
 /// What was played.

@@ -69,9 +69,15 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     if let Some(t) = &info_topic {
         wanted.push(t);
     }
+    let started = Instant::now();
+    let out_of_time =
+        |now: Instant| opts.duration.is_some_and(|d| now.duration_since(started) >= d);
     loop {
         let mut first: Option<(u64, Instant)> = None;
         let damage = bag.for_each(&wanted, |m| {
+            if out_of_time(Instant::now()) {
+                return Ok(());
+            }
             if !opts.max {
                 let (t0, start) = *first.get_or_insert((m.log_time, Instant::now()));
                 let due = Duration::from_nanos(m.log_time.saturating_sub(t0))
@@ -108,7 +114,7 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
         })?;
         stats.damage.extend(damage);
         node.spin_once(Duration::from_millis(1));
-        if !opts.repeat {
+        if !opts.repeat || out_of_time(Instant::now()) {
             break;
         }
     }

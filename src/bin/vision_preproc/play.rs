@@ -36,6 +36,9 @@ pub struct PlayArgs {
     /// (for end-to-end latency measurements).
     #[arg(long)]
     pub restamp: bool,
+    /// Stop after this many seconds (e.g. with --loop).
+    #[arg(long)]
+    pub duration: Option<f64>,
 }
 
 pub fn run(a: PlayArgs) -> Result<()> {
@@ -52,6 +55,11 @@ pub fn run(a: PlayArgs) -> Result<()> {
         camera_info_topic: a.camera_info_topic,
         wait_subscribers: a.wait_subscribers,
         restamp: a.restamp,
+        duration: match a.duration {
+            Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
+            Some(s) => bail!("--duration {s}: use a positive number of seconds"),
+            None => None,
+        },
     })?;
     println!(
         "play: {} images, {} camera infos published, {} skipped",
