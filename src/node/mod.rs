@@ -222,10 +222,14 @@ fn run() -> anyhow::Result<()> {
 
     // Spin: r2r delivers subscription messages and service requests from spin_once.
     let spin_shared = shared.clone();
+    // The node is handed back when spinning stops, and kept until the end of `run`:
+    // dropping it invalidates every publisher, and the frame in flight, the last
+    // /diagnostics status and the final log still need them.
     let spinner = std::thread::Builder::new().name("spin".into()).spawn(move || {
         while !spin_shared.latest.shutdown.load(Ordering::Acquire) {
             node.spin_once(Duration::from_millis(20));
         }
+        node
     })?;
 
     // Processing: owns the pipeline.
@@ -257,7 +261,7 @@ fn run() -> anyhow::Result<()> {
         }
     });
     processor.join().map_err(|_| anyhow::anyhow!("processing thread panicked"))?;
-    spinner.join().map_err(|_| anyhow::anyhow!("spin thread panicked"))?;
+    let _node = spinner.join().map_err(|_| anyhow::anyhow!("spin thread panicked"))?;
     let c = shared.stats.counts();
     r2r::log_info!(
         &logger,

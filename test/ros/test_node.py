@@ -5,7 +5,10 @@ SIGTERM."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +24,11 @@ from sensor_msgs.msg import CameraInfo
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from rosharness import RELIABLE, ROOT, NodeProcess, Peer, image_msg, stamp_ns, tensor_array  # noqa: E402
 from tolerances import assert_close  # noqa: E402
+from vision_preproc_msgs.msg import Tensor  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import soak  # noqa: E402
+from test_overload import HEAVY  # noqa: E402
 
 DATA = ROOT / "test" / "data"
 CHELSEA = cv2.imread(str(DATA / "chelsea.png"))  # bgr, 451x300
@@ -215,24 +223,131 @@ def test_camera_info_is_scaled_like_the_image(tmp_path: Path) -> None:
         assert node.stop() == 0
 
 
+def shm_files() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def shm_held_by(pid: int, maps: bool = True) -> set[str]:
+    """/dev/shm files a process has open (Fast DDS keeps an fd on the `<name>_el` lock file
+    of every segment it owns and every port it listens on) or, with `maps`, mapped (its
+    own segments, and those of the participants it reads from or writes to)."""
+    names = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("/dev/shm/"):
+                names.add(target[len("/dev/shm/"):])
+        if maps:
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                f = line.split()
+                if len(f) >= 6 and f[5].startswith("/dev/shm/"):
+                    names.add(f[5][len("/dev/shm/"):])
+    except OSError:
+        pass
+    return names
+
+
+def shm_in_use() -> set[str]:
+    """/dev/shm files some live process holds open or mapped."""
+    used = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            used |= shm_held_by(int(d.name))
+    return used
+
+
+def node_files_left(held: set[str], before: set[str]) -> tuple[set[str], set[str], set[str]]:
+    """The node's files (from the lock files it held: each `<name>_el`, its `<name>` and,
+    for a port, `sem.<name>_mutex`; minus files that existed before it started, such as
+    the discovery ports every participant of the domain shares) that are still in
+    /dev/shm with no live process using them (nor their segment/port): what the node
+    left behind. Returns (left, the node's files, those still present and in use)."""
+    ours = set()
+    for name in held:
+        if name.endswith("_el"):
+            base = name[: -len("_el")]
+            ours |= {name, base}
+            if base.startswith("fastdds_port"):
+                ours.add(f"sem.{base}_mutex")
+    ours -= before
+    assert any(not n.startswith(("fastdds_port", "sem.")) for n in ours), f"none of the node's segments in {held}"
+    deadline = time.monotonic() + 1.0
+    while ours & shm_files() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    used = shm_in_use()
+    left, in_use = set(), set()
+    for name in ours & shm_files():
+        base = name.removeprefix("sem.").removesuffix("_mutex").removesuffix("_el")
+        (in_use if {name, base, f"{base}_el"} & used else left).add(name)
+    return left, ours, in_use
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signals_stop_the_node_cleanly_under_load(tmp_path: Path, sig: int) -> None:
+    """SIGINT/SIGTERM while frames are being processed (1280x720 bgr8 at 30 Hz from the Rust
+    player into a node that needs ~110 ms a frame, so one is always in flight): exit 0
+    within 2 s; the final "stopped:" line balances (received = published + dropped +
+    rejected + failed); every published tensor reached the reliable peer, including one
+    finished after the signal (the frame in flight); the node's shared-memory files are
+    gone. "The node's files": the /dev/shm files it holds open just before the
+    signal: the `_el` lock files Fast DDS keeps open for the segments it owns and the ports
+    it listens on, with the segment/port each belongs to and the port's `sem.*_mutex`,
+    minus files that existed before the node started (ports shared by every participant
+    of the domain, e.g. the discovery port, belong to no one process). None may remain
+    unused by every live process after the node exits (see node_files_left)."""
     ns = f"/sig{int(sig)}"
-    with NodeProcess(["-r", f"__ns:={ns}", "-p", "backend:=cpu"], log=tmp_path / "node.log") as node:
+    bag = soak.make_bag(tmp_path / "bag", 1280, 720, 30.0)
+    before = shm_files()
+    args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "output_qos_depth:=20"]
+    for p in HEAVY:
+        args += ["-p", p]
+    got: list[float] = []
+    with NodeProcess(args, env={"RAYON_NUM_THREADS": "1"}, log=tmp_path / "node.log") as node:
         peer = Peer(ns)
+        peer.node.create_subscription(Tensor, "tensor", lambda _raw: got.append(time.monotonic()), soak.DEEP, raw=True)
+        player = None
         try:
             peer.wait_connected()
-            msg = image_msg(CHELSEA, "bgr8", 4_000_000_000, "cam")
-            for _ in range(20):
-                peer.pub.publish(msg)
+            player = subprocess.Popen(
+                [str(soak.CLI), "play", str(bag), "--loop", "--restamp", "--image-topic", f"{ns}/image",
+                 "--camera-info-topic", f"{ns}/camera_info", "--wait-subscribers", "1", "--duration", "8"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            peer.spin_until(lambda: len(got) >= 8, 30, "8 tensors under load")
+            held = shm_held_by(node.proc.pid, maps=False)
+            t_sig = time.monotonic()
+            node.proc.send_signal(sig)
+            while node.proc.poll() is None and time.monotonic() - t_sig < 2.0:
                 peer.executor.spin_once(timeout_sec=0.01)
-            t0 = time.monotonic()
-            rc = node.stop(sig, timeout=2.0)
-            assert rc == 0 and time.monotonic() - t0 < 2.0, node.output()
+            elapsed = time.monotonic() - t_sig
+            rc = node.proc.poll()
+            assert rc == 0 and elapsed < 2.0, f"exit code {rc} after {elapsed:.2f} s\n{node.output()}"
+            t_end = time.monotonic() + 0.5
+            while time.monotonic() < t_end:
+                peer.executor.spin_once(timeout_sec=0.01)
+            shm_check = node_files_left(held, before)
         finally:
+            if player is not None:
+                player.communicate(timeout=30)  # it stops by itself (--duration)
             peer.close()
     out = node.output()
-    assert "stopped:" in out, out
+    m = re.search(r"stopped: (\d+) frames received, (\d+) published, (\d+) dropped \(queue\), "
+                  r"(\d+) rejected \(invalid\), (\d+) failed", out)
+    assert m, out
+    received, published, dropped, rejected, failed = map(int, m.groups())
+    assert received == published + dropped + rejected + failed, m.group(0)
+    assert (rejected, failed) == (0, 0) and dropped > 0, m.group(0)
+    assert published == len(got), f"{m.group(0)}, but the reliable peer received {len(got)} tensors"
+    after_signal = [t for t in got if t > t_sig]
+    assert after_signal, "no tensor was published after the signal: the frame in flight was not finished"
+    print(f"{signal.Signals(sig).name}: exit 0 after {elapsed:.2f} s; {m.group(0)}; "
+          f"{len(after_signal)} tensor(s) finished after the signal")
+    left, ours, in_use = shm_check
+    assert not left, f"shared-memory files of the node left behind: {sorted(left)} (the node's: {sorted(ours)})"
+    print(f"/dev/shm: the node's {len(ours)} files {sorted(ours)}: {len(ours) - len(in_use)} removed, "
+          f"{len(in_use)} still used by a live participant {sorted(in_use)}, 0 left behind")
 
 
 def test_debug_image_only_while_subscribed_and_rate_limited(tmp_path: Path) -> None:
