@@ -44,8 +44,14 @@ static ALLOCATOR: Counting = Counting;
 /// of the harness is 40x40 rgb16 with padding, about 10 KB; the corpus files are < 10 KB).
 const ALLOCATION_LIMIT: usize = 64 << 20;
 
+/// The committed corpus, or the folder named by `FUZZ_CORPUS` (to replay a fuzzer's
+/// working corpus on stable: `FUZZ_CORPUS=dir cargo test --release --test fuzz_corpus
+/// every_corpus_file -- --nocapture` prints what each input did, by field).
 fn corpus_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/frame")
+    match std::env::var_os("FUZZ_CORPUS") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/frame"),
+    }
 }
 
 fn corpus() -> Vec<(String, Vec<u8>)> {
@@ -67,8 +73,8 @@ const FIELDS: &[&str] = &["width", "height", "step", "data", "encoding", "roi"];
 #[test]
 fn every_corpus_file_runs_clean() {
     let files = corpus();
-    assert!(files.len() >= 30, "only {} corpus files in {}", files.len(), corpus_dir().display());
     let (mut processed, mut rejected, mut cdr_rejected) = (0, 0, 0);
+    let mut by_field = std::collections::BTreeMap::<&str, usize>::new();
     let mut panicked = Vec::new();
     for (name, bytes) in &files {
         match std::panic::catch_unwind(|| harness::run(bytes)) {
@@ -85,11 +91,18 @@ fn every_corpus_file_runs_clean() {
                     assert!(message.contains(&format!("field `{field}`")), "{name}: {message}");
                     cdr_rejected += 1;
                 }
+                *by_field.entry(field).or_default() += 1;
             }
             Err(_) => panicked.push(name.clone()),
         }
     }
+    println!(
+        "{} inputs: {processed} processed, {rejected} rejected, {cdr_rejected} CDR messages \
+         rejected; rejections by field: {by_field:?}",
+        files.len()
+    );
     assert!(panicked.is_empty(), "the harness panicked on {panicked:?} (see the messages above)");
+    assert!(files.len() >= 30, "only {} corpus files in {}", files.len(), corpus_dir().display());
     // The corpus covers both sides, else this test could not fail.
     assert!(processed >= 20, "{processed} processed");
     assert!(rejected >= 10, "{rejected} rejected");
