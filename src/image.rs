@@ -216,11 +216,15 @@ impl<'a> ImageView<'a> {
         if u64::from(step) < min {
             return Err(ImageError::StepTooSmall { step, bpp, min, encoding });
         }
-        let expected = u64::from(step) * encoding.rows_x2(u64::from(height)) / 2;
+        // step * height * 2 (* 3 / 2 for NV12/NV21) can exceed 64 bits: checked, else it
+        // wraps in release builds to a small size that a tiny payload matches (found while
+        // writing the fuzz harness; regression cases in test/fuzz_corpus.rs).
         // Every index we compute is an i32/u32 on the GPU: keep the buffer under 2 GiB.
-        if expected > i32::MAX as u64 {
-            return Err(ImageError::Overflow { width, height, step, encoding });
-        }
+        let expected = u64::from(step)
+            .checked_mul(encoding.rows_x2(u64::from(height)))
+            .map(|x2| x2 / 2)
+            .filter(|&bytes| bytes <= i32::MAX as u64)
+            .ok_or(ImageError::Overflow { width, height, step, encoding })?;
         if data.len() as u64 != expected {
             let expected_expr = match encoding {
                 Encoding::Nv12 | Encoding::Nv21 => "step*height*3/2",
@@ -304,6 +308,32 @@ mod tests {
         let e = ImageView::new(u32::MAX, u32::MAX, u32::MAX, "rgb16", false, &d).unwrap_err();
         assert!(matches!(e, ImageError::StepTooSmall { .. }), "{e:?}");
         let e = ImageView::new(65536, 65536, 196608, "rgb8", false, &d).unwrap_err();
+        assert!(matches!(e, ImageError::Overflow { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn byte_counts_beyond_64_bits_are_rejected_not_wrapped() {
+        // step * height * 2 = 2154230017 * 4281516813 * 2 = 2^64 + 26: it used to wrap to
+        // 26 / 2 = 13 bytes in release builds, accept this 13-byte payload as a 4-billion-row
+        // image, and panic the node's processing thread reading row 2^31 (debug builds
+        // panicked on the multiplication itself).
+        let d = [7u8; 13];
+        let e = ImageView::new(1, 4_281_516_813, 2_154_230_017, "mono8", false, &d).unwrap_err();
+        assert_eq!(
+            e,
+            ImageError::Overflow {
+                width: 1,
+                height: 4_281_516_813,
+                step: 2_154_230_017,
+                encoding: Encoding::Mono8
+            }
+        );
+        // NV12: step * height * 3 = 2^64 + 2 * 5968.
+        let d = vec![0x80u8; 5968];
+        let e = ImageView::new(2, 2_863_173_372, 2_147_587_272, "nv12", false, &d).unwrap_err();
+        assert!(matches!(e, ImageError::Overflow { .. }), "{e:?}");
+        // u32::MAX rows of u32::MAX bytes: 2 * (2^32 - 1)^2 > 2^64 too.
+        let e = ImageView::new(1, u32::MAX, u32::MAX, "mono8", false, &d).unwrap_err();
         assert!(matches!(e, ImageError::Overflow { .. }), "{e:?}");
     }
 
