@@ -777,8 +777,8 @@ fn main() -> ExitCode {
     }
     println!(
         "gpu_parity summary: {} passed, {} FAILED, {} NOT COMPARED ({} used the staged \
-         shared-memory path); max |cuda - cpu| float32 {:.3e} (tol {:.1e}), float16 {:.3e}; \
-         {:.1} s",
+         shared-memory path); max |cuda - cpu| float32 {:.3e} (tol {:.1e} without conv2d, \
+         x sum|w| with it), float16 {:.3e}; {:.1} s",
         st.passed,
         st.failed,
         st.not_compared,
