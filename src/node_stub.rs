@@ -14,12 +14,20 @@ pub fn main() -> ExitCode {
     ExitCode::from(2)
 }
 
-pub use crate::bag::{PlayOptions, PlayStats};
+pub use crate::bag::{PlayOptions, PlayStats, RecordOptions, RecordStats};
 
 /// Always an error: publishing needs ROS.
 pub fn play(_opts: &PlayOptions) -> crate::Result<PlayStats> {
     Err(crate::Error::Bag {
         path: "play".into(),
         message: "this binary was built without the `ros` feature; `play` needs ROS 2".into(),
+    })
+}
+
+/// Always an error: subscribing needs ROS.
+pub fn record(_opts: &RecordOptions) -> crate::Result<RecordStats> {
+    Err(crate::Error::Bag {
+        path: "record".into(),
+        message: "this binary was built without the `ros` feature; `record` needs ROS 2".into(),
     })
 }

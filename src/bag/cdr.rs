@@ -87,6 +87,14 @@ impl<'a> Reader<'a> {
     pub fn i32(&mut self, field: &'static str) -> Res<i32> {
         Ok(i32::from_le_bytes(self.array(field)?))
     }
+    /// `uint64`.
+    pub fn u64(&mut self, field: &'static str) -> Res<u64> {
+        Ok(u64::from_le_bytes(self.array(field)?))
+    }
+    /// `float32`.
+    pub fn f32(&mut self, field: &'static str) -> Res<f32> {
+        Ok(f32::from_le_bytes(self.array(field)?))
+    }
     /// `float64`.
     pub fn f64(&mut self, field: &'static str) -> Res<f64> {
         Ok(f64::from_le_bytes(self.array(field)?))

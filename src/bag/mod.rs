@@ -100,3 +100,38 @@ mod tests {
         assert!(!super::restamp(&mut [0u8, 1, 0], 5));
     }
 }
+
+/// What to record and for how long (`vision_preproc record`).
+#[derive(Debug, Clone)]
+pub struct RecordOptions {
+    /// The bag folder to create (it must not exist).
+    pub output: std::path::PathBuf,
+    /// The tensor topic (`vision_preproc_msgs/msg/Tensor`).
+    pub tensor_topic: String,
+    /// The timing topic (`vision_preproc_msgs/msg/FrameTiming`).
+    pub timing_topic: String,
+    /// Stop after this many tensors.
+    pub count: Option<u64>,
+    /// Stop after this long.
+    pub duration: Option<std::time::Duration>,
+    /// Also print each `/diagnostics` status whose level or message changed.
+    pub print_diagnostics: bool,
+}
+
+/// What `record` wrote.
+#[derive(Debug, Clone, Default)]
+pub struct RecordStats {
+    /// Tensors written.
+    pub tensors: u64,
+    /// Timings written.
+    pub timings: u64,
+    /// The MCAP file.
+    pub output: std::path::PathBuf,
+    /// Per tensor: receive time minus header stamp, ms (the end-to-end latency when the
+    /// publisher stamped frames with the publish time, `play --restamp`).
+    pub e2e_ms: Vec<f64>,
+    /// Per timing: `total_us` in ms (node-added latency: frame received -> published).
+    pub node_ms: Vec<f64>,
+    /// Receive times (ns since the epoch) of the first and last tensor.
+    pub first_last_ns: Option<(u64, u64)>,
+}

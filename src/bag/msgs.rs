@@ -164,6 +164,14 @@ impl Tensor<'_> {
     }
 }
 
+/// The header stamp (ns since the epoch) of any message that starts with a
+/// `std_msgs/Header` (Image, Tensor, FrameTiming, ...), without decoding the rest.
+pub fn header_stamp_ns(cdr: &[u8]) -> Result<i64, CdrError> {
+    let mut r = Reader::new(cdr)?;
+    let h = Header::read(&mut r)?;
+    Ok(i64::from(h.sec) * 1_000_000_000 + i64::from(h.nanosec))
+}
+
 /// `vision_preproc_msgs/FrameTiming`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FrameTiming {
@@ -180,6 +188,27 @@ pub struct FrameTiming {
 }
 
 impl FrameTiming {
+    /// Decode CDR (e.g. a recorded `timing` message).
+    pub fn decode(cdr: &[u8]) -> Result<Self, CdrError> {
+        let mut r = Reader::new(cdr)?;
+        let header = Header::read(&mut r)?;
+        let sequence = r.u64("sequence")?;
+        let backend = r.string("backend")?;
+        let mut stages_us = [0f32; 6];
+        for (s, name) in stages_us.iter_mut().zip([
+            "upload_us",
+            "preprocess_us",
+            "conv_us",
+            "download_us",
+            "total_us",
+            "age_us",
+        ]) {
+            *s = r.f32(name)?;
+        }
+        let dropped_since_last = r.u32("dropped_since_last")?;
+        Ok(FrameTiming { header, sequence, backend, stages_us, dropped_since_last })
+    }
+
     /// Encode as CDR.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
@@ -219,6 +248,21 @@ pub fn schema(type_name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frame_timing_round_trip_and_truncation() {
+        let t = FrameTiming {
+            header: Header { sec: 1_700_000_000, nanosec: 33, frame_id: "camera".into() },
+            sequence: 1 << 40,
+            backend: "cuda".into(),
+            stages_us: [1.5, 20.25, 3.0, 4.0, 29.0, 31.5],
+            dropped_since_last: 7,
+        };
+        let cdr = t.encode();
+        assert_eq!(FrameTiming::decode(&cdr).expect("decodes"), t);
+        let err = FrameTiming::decode(&cdr[..cdr.len() - 2]).expect_err("truncated");
+        assert_eq!(err.field, "dropped_since_last");
+    }
 
     #[test]
     fn image_round_trip_and_corruption() {

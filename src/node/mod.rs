@@ -9,6 +9,7 @@
 
 mod params;
 mod play;
+mod record;
 mod stats;
 
 use crate::pipeline::{select_backend, FrameInfo, Geometry, Pipeline};
@@ -24,9 +25,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use crate::bag::{PlayOptions, PlayStats};
+pub use crate::bag::{PlayOptions, PlayStats, RecordOptions, RecordStats};
 pub use params::{config_from_params, NodeParams, PARAMETERS};
 pub use play::play;
+pub use record::record;
 pub use stats::{BackendInfo, Counts, Stats};
 
 /// The node's name (`ros2 node list` shows `/vision_preproc` unless remapped).

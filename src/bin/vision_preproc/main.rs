@@ -5,6 +5,7 @@ mod bench_gpu;
 mod conv_file;
 mod input;
 mod play;
+mod record;
 mod replay;
 mod run_file;
 
@@ -53,6 +54,9 @@ enum Command {
     /// Publish a bag's images (and camera_info) as a ROS 2 publisher, with the recorded
     /// timing (needs the `ros` build).
     Play(play::PlayArgs),
+    /// Subscribe to the node's tensor and timing topics and write them to an MCAP bag
+    /// (needs the `ros` build).
+    Record(record::RecordArgs),
 }
 
 fn main() -> ExitCode {
@@ -89,6 +93,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::BenchCpu(args) => bench_cpu::run(args)?,
         Command::Replay(args) => replay::run(args)?,
         Command::Play(args) => play::run(args)?,
+        Command::Record(args) => record::run(args)?,
         Command::Bench(args) => bench_gpu::run(&args)?,
     }
     Ok(())

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Input bags for the node on the GPU machine (scripts/gpu_node_remote.sh): 4 real
+photographs (test/data) scaled to 1280x720 and to 1920x1080 (INTER_CUBIC), bgr8, 30 Hz,
+the same frames bench/bench_node.py uses on this machine (its first four); packed as
+.device/node_bags.tar.xz (the GPU machine cannot build bags: no rosbags there).
+
+Usage: python3 scripts/gpu_node_bags.py [STAGE_DIR]   (default .device)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "test" / "python"))
+
+import cv2  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bags import write_bag  # noqa: E402
+from sources import Frame, photo_rgb  # noqa: E402
+
+PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg")
+
+
+def main() -> None:
+    stage = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / ".device"
+    stage.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for w, h in ((1280, 720), (1920, 1080)):
+            frames = []
+            for name in PHOTOS:
+                rgb = cv2.resize(photo_rgb(name), (w, h), interpolation=cv2.INTER_CUBIC)
+                bgr = np.ascontiguousarray(rgb[..., ::-1])
+                frames.append(Frame(bgr.tobytes(), "bgr8", w, h, w * 3))
+            write_bag(Path(tmp) / f"bgr8_{w}x{h}", frames, storage="mcap", with_camera_info=False)
+        out = stage / "node_bags.tar.xz"
+        subprocess.run(["tar", "cJf", str(out), "-C", tmp, "bgr8_1280x720", "bgr8_1920x1080"], check=True)
+    print(f"{out}: {out.stat().st_size / 1e6:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()

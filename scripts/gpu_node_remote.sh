@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The ROS node on the GPU machine (THERE, from the repository root; the machine has CUDA
+# but no ROS). Here first:  scripts/ros_bundle.sh   (node + CLI + ROS 2 run-time
+# libraries -> .device/ros.tar.xz)  and  python3 scripts/gpu_node_bags.py  (input bags ->
+# .device/node_bags.tar.xz). Then there:
+#   bash scripts/gpu_node_remote.sh [scenario ...]      (default: all of them)
+# Real DDS (Fast DDS, loopback) between three processes: `vision_preproc play` (camera),
+# the node, `vision_preproc record` (subscriber; prints /diagnostics changes and latency).
+#   healthy   backend cuda, no fault (bag of the demo)
+#   fallback  VISION_PREPROC_INJECT_CUDA_FAULT=40 (sticky: illegal address), policy fallback
+#   retry     VISION_PREPROC_INJECT_CUDA_FAULT=40:transient (out of memory), policy retry
+#   exit      VISION_PREPROC_INJECT_CUDA_FAULT=40, policy exit (exit code 1 expected)
+#   latency   config/default.yaml on cuda, 1280x720 and 1920x1080 bgr8 at 30 Hz, restamped:
+#             end-to-end and node-added latency, fps, drops, RSS and GPU memory (3 x 10 s)
+#   startup   process start -> first tensor received, empty kernel cache then cached (3 x)
+# Logs: $OUT/<scenario>.log; recorded bags of the first three as $OUT/<scenario>_bag.tar
+# (compare with an offline CPU replay here: scripts/compare_bags.py); JSON per run.
+set -uo pipefail
+SCENARIOS=("$@")
+[[ ${#SCENARIOS[@]} -gt 0 ]] || SCENARIOS=(healthy fallback retry exit latency startup)
+OUT="${OUT:-/tmp/vp_out}"; mkdir -p "$OUT"
+R=/tmp/vp_ros; rm -rf "$R"; mkdir -p "$R/bags" && tar xJf .device/ros.tar.xz -C "$R" || exit 1
+[[ -f .device/node_bags.tar.xz ]] && tar xJf .device/node_bags.tar.xz -C "$R/bags"
+export LD_LIBRARY_PATH="$R/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export RMW_IMPLEMENTATION=rmw_fastrtps_cpp ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST ROS_DOMAIN_ID=21
+export ROS_LOG_DIR=/tmp/vp_roslog HOME="${HOME:-/tmp}"
+export FASTDDS_DEFAULT_PROFILES_FILE="$PWD/config/fastdds_large_frames.xml"
+export VISION_PREPROC_KERNEL_CACHE=/tmp/vp_kernel_cache
+unset VISION_PREPROC_NVRTC_DIR
+NODE="$R/bin/vision_preproc_node"; CLI="$R/bin/vision_preproc"
+SMALL=(-p backend:=cuda -p network_image_width:=64 -p network_image_height:=48 -p conv.kernel:=gaussian -p conv.size:=5 -p output_qos_depth:=50)
+status=0
+rss_gpu() {  # "RSS MB, GPU MB" of a pid
+    local rss gpu
+    rss=$(awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$1/status" 2>/dev/null)
+    gpu=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null | awk -F', ' -v p="$1" '$1==p {print $2}')
+    echo "rss_mb ${rss:-?} gpu_mb ${gpu:-?}"
+}
+fault_run() {  # scenario env policy
+    local sc=$1 env=$2 pol=$3 log="$OUT/$1.log" rc expected=0
+    rm -rf "/tmp/rec_$sc"
+    echo "==== $sc: ${env:-no fault}, gpu_failure_policy $pol ($(date -u +%H:%M:%S) UTC, commit $(cat "$R/COMMIT"))" >"$log"
+    "$CLI" record "/tmp/rec_$sc" --duration 9 --diagnostics >"/tmp/rec_$sc.log" 2>&1 &
+    local rec=$!
+    sleep 1
+    env $env "$NODE" --ros-args "${SMALL[@]}" -p gpu_failure_policy:="$pol" >>"$log" 2>&1 &
+    local node=$!
+    "$CLI" play .device/bag --loop --duration 4 --wait-subscribers 1 >"/tmp/play_$sc.log" 2>&1
+    wait "$rec"
+    if kill -0 "$node" 2>/dev/null; then kill -TERM "$node"; fi
+    wait "$node"; rc=$?
+    cat "/tmp/play_$sc.log" "/tmp/rec_$sc.log" >>"$log"
+    echo "node exit code $rc" >>"$log"
+    cut -c1-400 "$log"
+    [[ $sc == exit ]] && expected=1
+    [[ $rc == "$expected" ]] || { echo "UNEXPECTED exit code $rc (expected $expected)"; status=1; }
+    [[ $sc == exit ]] || (cd /tmp && tar cf "$OUT/${sc}_bag.tar" "rec_$sc")
+}
+latency_run() {  # size trial
+    local size=$1 i=$2 tag="lat_${1}_$2"
+    rm -rf "/tmp/rec_$tag"
+    "$NODE" --ros-args --params-file config/default.yaml -p backend:=cuda >"/tmp/node_$tag.log" 2>&1 &
+    local node=$!
+    "$CLI" record "/tmp/rec_$tag" --duration 13 --json "$OUT/$tag.json" >"/tmp/rec_$tag.log" 2>&1 &
+    local rec=$!
+    "$CLI" play "$R/bags/bgr8_$size" --loop --restamp --duration 10 --wait-subscribers 1 >"/tmp/play_$tag.log" 2>&1 &
+    local play=$!
+    sleep 6; local mem; mem=$(rss_gpu "$node")
+    wait "$play" "$rec"
+    kill -TERM "$node"; wait "$node"
+    echo "$size trial $i: $(cat "/tmp/play_$tag.log" | head -1); $(grep -h '^latency' "/tmp/rec_$tag.log"); node $mem; $(grep -o 'stopped:.*' "/tmp/node_$tag.log")"
+    rm -rf "/tmp/rec_$tag"
+}
+startup_run() {  # label
+    local tag="start_$1"
+    rm -rf "/tmp/rec_$tag"
+    "$CLI" record "/tmp/rec_$tag" --duration 12 --json "/tmp/$tag.json" >/dev/null 2>&1 &
+    local rec=$!
+    "$CLI" play "$R/bags/bgr8_1920x1080" --loop --duration 12 >/dev/null 2>&1 &
+    local play=$!
+    sleep 2
+    local t0; t0=$(date +%s%N)
+    "$NODE" --ros-args --params-file config/default.yaml -p backend:=cuda >"/tmp/node_$tag.log" 2>&1 &
+    local node=$!
+    sleep 8; local mem; mem=$(rss_gpu "$node")
+    kill -TERM "$node"; wait "$node"; wait "$play" "$rec"
+    python3 - "$t0" "/tmp/$tag.json" "$1" "$mem" <<'PY'
+import json, sys
+t0, path, label, mem = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+first = json.load(open(path)).get("first_tensor_ns")
+print(f"startup {label}: process start -> first 1080p tensor received {((first - t0) / 1e6) if first else float('nan'):.0f} ms; node {mem}")
+PY
+    rm -rf "/tmp/rec_$tag"
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
+for sc in "${SCENARIOS[@]}"; do
+    case "$sc" in
+        healthy)  fault_run healthy "" retry ;;
+        fallback) fault_run fallback VISION_PREPROC_INJECT_CUDA_FAULT=40 fallback ;;
+        retry)    fault_run retry VISION_PREPROC_INJECT_CUDA_FAULT=40:transient retry ;;
+        exit)     fault_run exit VISION_PREPROC_INJECT_CUDA_FAULT=40 exit ;;
+        latency)  for size in 1280x720 1920x1080; do for i in 1 2 3; do latency_run "$size" "$i"; done; done 2>&1 | tee "$OUT/latency.log" ;;
+        startup)  { for i in 1 2 3; do rm -rf "$VISION_PREPROC_KERNEL_CACHE"; startup_run "cold$i"; startup_run "warm$i"; done; } 2>&1 | tee "$OUT/startup.log" ;;
+        *) echo "unknown scenario $sc"; exit 2 ;;
+    esac
+done
+nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv
+exit $status

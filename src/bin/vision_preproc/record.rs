@@ -1,0 +1,98 @@
+//! `vision_preproc record OUT`: subscribe to the node's `tensor` and `timing` topics and
+//! write what arrives to an MCAP bag (like `ros2 bag record`, which PyPI does not have).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use vision_preproc::node::{record, RecordOptions};
+
+/// Arguments of `record`.
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// Output bag folder (must not exist).
+    pub output: PathBuf,
+    /// Tensor topic to record.
+    #[arg(long, default_value = "tensor")]
+    pub tensor_topic: String,
+    /// FrameTiming topic to record.
+    #[arg(long, default_value = "timing")]
+    pub timing_topic: String,
+    /// Stop after this many tensors.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Stop after this many seconds (else at Ctrl-C or SIGTERM).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Also print each /diagnostics status whose level or message changed.
+    #[arg(long)]
+    pub diagnostics: bool,
+    /// Write the latency summary (and every sample) as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Nearest-rank percentile of sorted samples.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub fn run(a: RecordArgs) -> Result<()> {
+    let stats = record(&RecordOptions {
+        output: a.output.clone(),
+        tensor_topic: a.tensor_topic.clone(),
+        timing_topic: a.timing_topic.clone(),
+        count: a.count,
+        duration: match a.duration {
+            Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
+            Some(s) => bail!("--duration {s}: use a positive number of seconds"),
+            None => None,
+        },
+        print_diagnostics: a.diagnostics,
+    })?;
+    println!(
+        "record: {} tensors, {} timings written to {}",
+        stats.tensors,
+        stats.timings,
+        stats.output.display()
+    );
+    let mut e2e = stats.e2e_ms.clone();
+    let mut node = stats.node_ms.clone();
+    e2e.sort_by(f64::total_cmp);
+    node.sort_by(f64::total_cmp);
+    let fps = match stats.first_last_ns {
+        Some((a, b)) if b > a && stats.tensors > 1 => {
+            (stats.tensors - 1) as f64 / ((b - a) as f64 / 1e9)
+        }
+        _ => 0.0,
+    };
+    println!(
+        "latency: stamp -> received p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (end-to-end when \
+         the publisher restamps); node-added p50 {:.2} ms, p99 {:.2} ms; {fps:.1} tensors/s",
+        percentile(&e2e, 50.0),
+        percentile(&e2e, 99.0),
+        e2e.last().copied().unwrap_or(f64::NAN),
+        percentile(&node, 50.0),
+        percentile(&node, 99.0),
+    );
+    if let Some(path) = &a.json {
+        let doc = serde_json::json!({
+            "tensors": stats.tensors,
+            "timings": stats.timings,
+            "fps": fps,
+            "first_tensor_ns": stats.first_last_ns.map(|(a, _)| a),
+            "e2e_ms_p50": percentile(&e2e, 50.0),
+            "e2e_ms_p99": percentile(&e2e, 99.0),
+            "added_ms_p50": percentile(&node, 50.0),
+            "added_ms_p99": percentile(&node, 99.0),
+            "e2e_ms": stats.e2e_ms,
+            "added_ms": stats.node_ms,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

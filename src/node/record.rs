@@ -1,0 +1,155 @@
+//! `vision_preproc record`: subscribe to the node's outputs (`tensor`, `timing`) and write
+//! them, as received (serialized CDR), to an MCAP bag — the recording side of a live test
+//! on machines without `ros2 bag record`. The bag reads like one written by `replay`, so
+//! a live run can be compared with an offline replay of the same input.
+
+use crate::bag::{BagWriter, RecordOptions, RecordStats};
+use crate::error::{Error, Result};
+use futures::{FutureExt, StreamExt};
+use r2r::QosProfile;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TENSOR_TYPE: &str = "vision_preproc_msgs/msg/Tensor";
+const TIMING_TYPE: &str = "vision_preproc_msgs/msg/FrameTiming";
+
+fn ros_err(what: &str, e: r2r::Error) -> Error {
+    Error::Bag { path: what.to_string(), message: e.to_string() }
+}
+
+fn now_ns() -> u64 {
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(now.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Record until `count` tensors arrived, `duration` passed, or SIGINT/SIGTERM.
+pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
+    let mut bag = BagWriter::create(&opts.output)?;
+    let tensor_idx = bag.add_topic(&opts.tensor_topic, TENSOR_TYPE)?;
+    let timing_idx = bag.add_topic(&opts.timing_topic, TIMING_TYPE)?;
+
+    if let Some(p) = super::default_dds_profile() {
+        std::env::set_var("FASTDDS_DEFAULT_PROFILES_FILE", p);
+    }
+    let ctx = r2r::Context::create().map_err(|e| ros_err("creating the ROS context", e))?;
+    let mut node = r2r::Node::create(ctx, "vision_preproc_recorder", "")
+        .map_err(|e| ros_err("creating the node", e))?;
+    // The node's outputs are reliable by default; a deep history keeps every sample
+    // while this thread writes the previous one.
+    let qos = QosProfile::default().keep_last(50);
+    let mut tensors = node
+        .subscribe_raw(&opts.tensor_topic, TENSOR_TYPE, qos.clone())
+        .map_err(|e| ros_err("subscribing to the tensors", e))?;
+    let mut timings = node
+        .subscribe_raw(&opts.timing_topic, TIMING_TYPE, qos)
+        .map_err(|e| ros_err("subscribing to the timings", e))?;
+
+    let mut diagnostics = if opts.print_diagnostics {
+        let qos = QosProfile::default().keep_last(10);
+        Some(
+            node.subscribe_untyped("/diagnostics", "diagnostic_msgs/msg/DiagnosticArray", qos)
+                .map_err(|e| ros_err("subscribing to /diagnostics", e))?,
+        )
+    } else {
+        None
+    };
+    let mut last_status = std::collections::HashMap::<String, String>::new();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("starting the signal watcher", e))?;
+    let flag = Arc::clone(&stop);
+    std::thread::spawn(move || {
+        watcher.block_on(super::shutdown_signal());
+        flag.store(true, Ordering::Relaxed);
+    });
+    let started = Instant::now();
+    let mut stats = RecordStats::default();
+    let done = |stats: &RecordStats| {
+        stop.load(Ordering::Relaxed)
+            || opts.count.is_some_and(|n| stats.tensors >= n)
+            || opts.duration.is_some_and(|d| started.elapsed() >= d)
+    };
+    while !done(&stats) {
+        node.spin_once(Duration::from_millis(10));
+        // Drain what the spin delivered (the streams are non-blocking once polled empty).
+        loop {
+            let mut progressed = false;
+            if let Some(Some(msg)) = tensors.next().now_or_never() {
+                let t = now_ns();
+                bag.write(tensor_idx, t, &msg)?;
+                stats.tensors += 1;
+                if let Ok(stamp) = crate::bag::msgs::header_stamp_ns(&msg) {
+                    stats.e2e_ms.push((i128::from(t) - i128::from(stamp)) as f64 / 1e6);
+                }
+                let (first, _) = stats.first_last_ns.unwrap_or((t, t));
+                stats.first_last_ns = Some((first, t));
+                progressed = true;
+            }
+            if let Some(Some(msg)) = timings.next().now_or_never() {
+                bag.write(timing_idx, now_ns(), &msg)?;
+                stats.timings += 1;
+                if let Ok(timing) = crate::bag::msgs::FrameTiming::decode(&msg) {
+                    stats.node_ms.push(f64::from(timing.stages_us[4]) / 1e3);
+                }
+                progressed = true;
+            }
+            if let Some(Some(Ok(array))) =
+                diagnostics.as_mut().and_then(|d| d.next().now_or_never())
+            {
+                print_changed_statuses(&array, &mut last_status);
+                progressed = true;
+            }
+            if !progressed || done(&stats) {
+                break;
+            }
+        }
+    }
+    stats.output = bag.finish()?;
+    Ok(stats)
+}
+
+/// Print each status of a `DiagnosticArray` (as r2r's JSON) whose level or message
+/// differs from the last one printed for that name: level, name, message and the values
+/// whose key names GPU failures or the frame counts.
+fn print_changed_statuses(
+    array: &serde_json::Value,
+    last: &mut std::collections::HashMap<String, String>,
+) {
+    let Some(statuses) = array.get("status").and_then(|s| s.as_array()) else {
+        return;
+    };
+    for st in statuses {
+        let name = st.get("name").and_then(|v| v.as_str()).unwrap_or("?").to_string();
+        let level = match st.get("level").and_then(|v| v.as_u64()) {
+            Some(0) => "OK",
+            Some(1) => "WARN",
+            Some(2) => "ERROR",
+            Some(3) => "STALE",
+            _ => "?",
+        };
+        let message = st.get("message").and_then(|v| v.as_str()).unwrap_or("");
+        let key = format!("{level} {message}");
+        if last.get(&name) == Some(&key) {
+            continue;
+        }
+        let values: Vec<String> = st
+            .get("values")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|kv| {
+                let k = kv.get("key")?.as_str()?;
+                let v = kv.get("value")?.as_str()?;
+                (k.contains("GPU") || k.starts_with("Frames") || k == "Backend")
+                    .then(|| format!("{k}: {v}"))
+            })
+            .collect();
+        println!("diagnostics: [{level}] {name}: {message} | {}", values.join("; "));
+        last.insert(name, key);
+    }
+}
