@@ -1066,7 +1066,8 @@ fn device_used() -> Result<u64, CudaError> {
 /// from `cache_dir`, compiled and stored there when missing) and process one `width` x
 /// `height` rgb8 frame with the default configuration (640x480 letterbox NCHW float32).
 /// Returns the breakdown as JSON: milliseconds of each step, whether every module came
-/// from the cache, the process's RSS and the device memory in use after each step.
+/// from the cache, the process's RSS and the device memory in use after each step (and
+/// after 100 more frames, the steady state).
 pub fn startup(
     device_id: u32,
     cache_dir: Option<&std::path::Path>,
@@ -1099,6 +1100,13 @@ pub fn startup(
     ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
     let used_frame = device_used()?;
     let (rss, hwm) = rss_kb();
+    // Steady state: 100 more frames of the same size.
+    for _ in 0..100 {
+        b.process(&view, &op, None, &mut out)?;
+    }
+    ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+    let used_steady = device_used()?;
+    let (rss_steady, hwm_steady) = rss_kb();
     Ok(serde_json::json!({
         "frame": format!("{w}x{h} rgb8 -> 640x480 letterbox NCHW float32"),
         "context_ms": context_ms,
@@ -1111,6 +1119,11 @@ pub fn startup(
         "context_to_first_tensor_ms": t0.elapsed().as_secs_f64() * 1e3,
         "rss_kb": rss,
         "rss_peak_kb": hwm,
-        "device_used_bytes": {"after_context": used_ctx, "after_open": used_open, "after_first_frame": used_frame},
+        "rss_kb_after_100_frames": rss_steady,
+        "rss_peak_kb_after_100_frames": hwm_steady,
+        "device_used_bytes": {
+            "after_context": used_ctx, "after_open": used_open,
+            "after_first_frame": used_frame, "after_100_frames": used_steady,
+        },
     }))
 }
