@@ -160,12 +160,15 @@ def torch_case(torch, F, c: dict, frame: np.ndarray, weights: list[float], k: in
     else:
         cw, ch = nw, nh
     x0, y0 = (nw - cw) // 2, (nh - ch) // 2
-    perm = [2, 1, 0] if c["enc"] == "bgr8" else [0, 1, 2]  # output channel order: rgb
+    bgr = c["enc"] == "bgr8"  # output channel order: rgb
     pad_norm = (PAD * SCALE - MEAN) / STD
     w = torch.tensor(weights, dtype=torch.float32, device=dev).view(1, 1, k, k).repeat(3, 1, 1, 1)
 
     def pre(x):  # x: (H, W, 3) uint8 on the GPU
-        t = x.permute(2, 0, 1)[perm].unsqueeze(0).float()
+        t = x.permute(2, 0, 1)
+        if bgr:  # flip, not t[[2, 1, 0]]: a list index is a host->device copy, which a
+            t = t.flip(0)  # CUDA graph capture refuses
+        t = t.unsqueeze(0).float()
         t = F.interpolate(t, size=(ch, cw), mode="bilinear", align_corners=False, antialias=False)
         t = (t * SCALE - MEAN) / STD
         if (cw, ch) != (nw, nh):
@@ -221,9 +224,7 @@ def torch_case(torch, F, c: dict, frame: np.ndarray, weights: list[float], k: in
                     fn(xs[i % sets])
                 out = fn(xs[0])
             else:  # CUDA graph of the device work, one per buffer set; the two copies
-                # are issued around the replay (PyTorch 2.11 refused to capture the copy
-                # from pinned memory: "Cannot copy between CPU and CUDA tensors during
-                # CUDA graph capture unless the CPU tensor is pinned", with a pinned one).
+                # are issued around the replay.
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
