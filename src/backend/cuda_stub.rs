@@ -62,6 +62,7 @@ pub mod bench {
         _device_id: u32,
         _cache_dir: Option<&std::path::Path>,
         _frame: (u32, u32),
+        _on_ready: &mut dyn FnMut(&serde_json::Value),
     ) -> Result<serde_json::Value> {
         Err(Error::CudaNotCompiled)
     }

@@ -1067,11 +1067,13 @@ fn device_used() -> Result<u64, CudaError> {
 /// `height` rgb8 frame with the default configuration (640x480 letterbox NCHW float32).
 /// Returns the breakdown as JSON: milliseconds of each step, whether every module came
 /// from the cache, the process's RSS and the device memory in use after each step (and
-/// after 100 more frames, the steady state).
+/// after 100 more frames, the steady state). `on_ready` is called with that report while
+/// the backend and its CUDA context are still open.
 pub fn startup(
     device_id: u32,
     cache_dir: Option<&std::path::Path>,
     (w, h): (u32, u32),
+    on_ready: &mut dyn FnMut(&serde_json::Value),
 ) -> Result<serde_json::Value> {
     let t0 = Instant::now();
     cudarc::driver::result::init().map_err(|e| CudaError::Unavailable(format!("cuInit: {e:?}")))?;
@@ -1107,7 +1109,7 @@ pub fn startup(
     ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
     let used_steady = device_used()?;
     let (rss_steady, hwm_steady) = rss_kb();
-    Ok(serde_json::json!({
+    let report = serde_json::json!({
         "frame": format!("{w}x{h} rgb8 -> 640x480 letterbox NCHW float32"),
         "context_ms": context_ms,
         "open_ms": open_ms,
@@ -1125,5 +1127,8 @@ pub fn startup(
             "after_context": used_ctx, "after_open": used_open,
             "after_first_frame": used_frame, "after_100_frames": used_steady,
         },
-    }))
+    });
+    // The backend and its context are still alive here (they are dropped on return).
+    on_ready(&report);
+    Ok(report)
 }

@@ -39,8 +39,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "WxH", default_value = "1280x720", value_parser = parse_size)]
     pub startup_frame: (u32, u32),
     /// With `--startup`: print the breakdown as one JSON line (`startup-json: {...}`),
-    /// then keep the process (and its GPU memory) alive this many milliseconds, so that
-    /// `nvidia-smi` can read its memory.
+    /// then keep the process with its backend open (and its GPU memory held) this many
+    /// milliseconds, so that `nvidia-smi` and /proc can read its memory.
     #[arg(long, default_value_t = 0, value_name = "MS")]
     pub hold_ms: u64,
     /// Read each case's frame from `DIR/case<i>.raw` (width x height x 3 bytes) instead
@@ -67,25 +67,29 @@ fn parse_size(s: &str) -> Result<(u32, u32), String> {
 /// Run `vision_preproc bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(dir) = &args.startup {
-        let r = bench::startup(args.device, Some(dir), args.startup_frame)?;
-        let num = |k: &str| r.get(k).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
-        let cached = r.get("cached").and_then(serde_json::Value::as_bool).unwrap_or(false);
-        println!(
-            "startup: context {:.1} ms, backend open {:.1} ms ({}), first {}x{} frame {:.1} ms, \
-             context to first tensor {:.1} ms, RSS {:.1} MB",
-            num("context_ms"),
-            num("open_ms"),
-            if cached { "kernels from the cache" } else { "kernels compiled" },
-            args.startup_frame.0,
-            args.startup_frame.1,
-            num("first_frame_ms"),
-            num("context_to_first_tensor_ms"),
-            num("rss_kb") / 1e3,
-        );
-        if args.hold_ms > 0 {
-            println!("startup-json: {r}");
-            std::thread::sleep(std::time::Duration::from_millis(args.hold_ms));
-        }
+        let (frame, hold) = (args.startup_frame, args.hold_ms);
+        let mut report = |r: &serde_json::Value| {
+            let num = |k: &str| r.get(k).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
+            let cached = r.get("cached").and_then(serde_json::Value::as_bool).unwrap_or(false);
+            println!(
+                "startup: context {:.1} ms, backend open {:.1} ms ({}), first {}x{} frame {:.1} ms, \
+                 context to first tensor {:.1} ms, RSS {:.1} MB",
+                num("context_ms"),
+                num("open_ms"),
+                if cached { "kernels from the cache" } else { "kernels compiled" },
+                frame.0,
+                frame.1,
+                num("first_frame_ms"),
+                num("context_to_first_tensor_ms"),
+                num("rss_kb") / 1e3,
+            );
+            if hold > 0 {
+                // The backend is still open: its memory can be read from outside.
+                println!("startup-json: {r}");
+                std::thread::sleep(std::time::Duration::from_millis(hold));
+            }
+        };
+        bench::startup(args.device, Some(dir), frame, &mut report)?;
         return Ok(());
     }
     let opts = BenchOptions {
