@@ -139,6 +139,10 @@ def startup(binary: Path, work: Path, cold: int, warm: int, size: str, hold_ms: 
                        stderr=err[-2000:])
             if js.startswith("startup-json: "):
                 rec["inner"] = json.loads(js[len("startup-json: "):])
+                # The line comes after 100 more frames: take their time off.
+                rec["process_start_to_first_line_ms"] = t_first
+                t_first -= rec["inner"].get("since_first_tensor_ms", 0.0)
+                rec["process_start_to_first_tensor_ms"] = t_first
             try:
                 rec["gpu_mem_delta_mib"] = float(during) - float(base)
             except ValueError:

@@ -153,7 +153,7 @@ def main() -> None:
                            compile=max([k["compile_ms"] for k in inner.get("kernels", [])] or [0]),
                            frame=inner.get("first_frame_ms"), rss=inner.get("rss_kb"),
                            rss100=inner.get("rss_kb_after_100_frames"),
-                           rss_held=r.get("rss_kb_while_held"),
+                           rss_held=r.get("rss_kb_while_held"), apps=r.get("compute_apps", ""),
                            mem=inner.get("device_used_bytes", {}), src=f))
     if st:
         p("| start | runs | process start -> first tensor ms, median (min-max) | CUDA context "
@@ -172,13 +172,16 @@ def main() -> None:
         p("")
         w = [s for s in st if s["kind"].startswith("warm")]
         m = w[-1]["mem"]
+        held = [s for s in w if s["mem"].get("after_100_frames") and s["src"] == a.startup[-1]]
         p(f"Memory (warm runs): VmRSS in the process at the first tensor "
           f"{med([s['rss'] for s in w]) / 1e3:.1f} MB; after 100 more frames "
-          f"{med([s['rss100'] for s in w if s['rss100']] or [0]) / 1e3:.1f} MB; read from "
-          f"outside (/proc/PID/status) while it sleeps after them "
-          f"{med([s['rss_held'] for s in w if s['rss_held']] or [0]) / 1e3:.1f} MB. Device "
-          f"memory in use (cuMemGetInfo total - free, nothing else on the GPU): after the context "
-          f"{m['after_context'] / 2**20:.1f} MiB, after opening the backend "
+          f"{med([s['rss100'] for s in w if s['rss100']] or [0]) / 1e3:.1f} MB"
+          + (f"; read from outside while it holds the open backend "
+             f"{med([s['rss_held'] for s in held]) / 1e3:.1f} MB; nvidia-smi "
+             f"per-process GPU memory {held[-1]['apps'].split(',')[-1].strip()} MiB"
+             if held else "")
+          + f". Device memory in use (cuMemGetInfo total - free, nothing else on the GPU): "
+          f"after the context {m['after_context'] / 2**20:.1f} MiB, after opening the backend "
           f"{m['after_open'] / 2**20:.1f} MiB, after the first frame "
           f"{m['after_first_frame'] / 2**20:.1f} MiB"
           + (f", after 100 frames {m['after_100_frames'] / 2**20:.1f} MiB" if 'after_100_frames' in m else "")
