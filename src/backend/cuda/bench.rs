@@ -463,7 +463,10 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
                     return Err(crate::Error::config(
                         "frames",
                         path.display(),
-                        format!("case {ci} needs exactly {frame_bytes} bytes ({sw}x{sh}x3), got {}", v.len()),
+                        format!(
+                            "case {ci} needs exactly {frame_bytes} bytes ({sw}x{sh}x3), got {}",
+                            v.len()
+                        ),
                     ));
                 }
                 v
