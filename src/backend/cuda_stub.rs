@@ -37,6 +37,10 @@ pub mod bench {
         pub cases: Vec<usize>,
         /// conv2d kernel sizes to time; empty: none.
         pub conv_sizes: Vec<u32>,
+        /// Read frames from this directory and write the tensors there.
+        pub frames_dir: Option<std::path::PathBuf>,
+        /// Gaussian conv2d size of the frame figures; 0: none.
+        pub frame_conv: u32,
     }
 
     /// Benchmark output (see the `cuda` build).
@@ -57,7 +61,9 @@ pub mod bench {
     pub fn startup(
         _device_id: u32,
         _cache_dir: Option<&std::path::Path>,
-    ) -> Result<(f64, f64, bool)> {
+        _frame: (u32, u32),
+        _on_ready: &mut dyn FnMut(&serde_json::Value),
+    ) -> Result<serde_json::Value> {
         Err(Error::CudaNotCompiled)
     }
 }

@@ -41,6 +41,14 @@ pub struct BenchOptions {
     pub cases: Vec<usize>,
     /// conv2d kernel sizes to time (tiled, naive, separable); empty: no conv2d figures.
     pub conv_sizes: Vec<u32>,
+    /// Read each case's frame from `DIR/case<i>.raw` (exactly width x height x 3 bytes)
+    /// instead of random bytes, and write the backend's tensor for it (with the frame
+    /// conv2d) to `DIR/case<i>.tensor` (little-endian float32 NCHW), so another program
+    /// can process the same bytes and compare.
+    pub frames_dir: Option<std::path::PathBuf>,
+    /// Gaussian conv2d size (`cv2.getGaussianKernel(k, 0)`, zero border) applied after
+    /// the fused kernel in the "GPU frame" and "full frame" figures; 0: none.
+    pub frame_conv: u32,
 }
 
 /// Compile-time variants of the fused kernel the benchmark can time beside the default
@@ -351,6 +359,23 @@ fn source_ledger(op: &PreprocessOp, bpp: u32) -> u64 {
     rows.len() as u64 * (hi - lo + 1).max(0) as u64 * u64::from(bpp)
 }
 
+/// The Gaussian conv2d of the "GPU frame" figures (zero border, as `torch`'s
+/// `conv2d(padding=k // 2)`), or `None` for `k == 0`.
+fn frame_conv_op(k: u32, cfg: &Config) -> Result<Option<Conv2dOp>> {
+    if k == 0 {
+        return Ok(None);
+    }
+    let mut c = cfg.clone();
+    c.conv = crate::config::ConvConfig {
+        kernel: crate::config::ConvKernel::Gaussian,
+        size: k,
+        sigma: 0.0,
+        weights: Vec::new(),
+        border: Border::Constant,
+    };
+    crate::pipeline::conv_op(&c)
+}
+
 /// Sets of buffers of `footprint` bytes needed so that rotating over them defeats L2.
 fn rotation(footprint: u64, l2: i32) -> usize {
     (4 * u64::from(l2.max(0) as u32)).div_ceil(footprint.max(1)).clamp(1, 32) as usize
@@ -410,6 +435,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     );
     drop((roof_src, roof_dst));
 
+    let mut ledgers = Vec::new();
     for (ci, sc) in size_cases().into_iter().enumerate() {
         if !opts.cases.is_empty() && !opts.cases.contains(&ci) {
             continue;
@@ -428,8 +454,27 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         let fused_ledger =
             source_ledger(&op, sc.enc.bytes_per_pixel()) + out_bytes as u64 + maps_bytes;
         let sets = rotation(frame_bytes as u64 + out_bytes as u64, dev.l2_bytes);
-        let frame = rng.bytes(frame_bytes);
+        let frame = match &opts.frames_dir {
+            Some(dir) => {
+                let path = dir.join(format!("case{ci}.raw"));
+                let v = std::fs::read(&path)
+                    .map_err(|e| crate::Error::io(format!("reading {}", path.display()), e))?;
+                if v.len() != frame_bytes {
+                    return Err(crate::Error::config(
+                        "frames",
+                        path.display(),
+                        format!(
+                            "case {ci} needs exactly {frame_bytes} bytes ({sw}x{sh}x3), got {}",
+                            v.len()
+                        ),
+                    ));
+                }
+                v
+            }
+            None => rng.bytes(frame_bytes),
+        };
         let view = ImageView::with_encoding(sw, sh, step, sc.enc, false, &frame)?;
+        let conv = frame_conv_op(opts.frame_conv, &sc.cfg)?;
         // The backend uploads the tables and sizes its buffers on a first frame.
         let mut out = Vec::new();
         bench.b.process(&view, &op, None, &mut out)?;
@@ -442,7 +487,11 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         let mut dsts = Vec::new();
         for _ in 0..sets {
             let mut s = bench.alloc(frame_bytes + super::memory::SRC_SLACK, "frames")?;
-            bench.upload(&mut s, &rng.bytes(frame_bytes))?;
+            if opts.frames_dir.is_some() {
+                bench.upload(&mut s, &frame)?;
+            } else {
+                bench.upload(&mut s, &rng.bytes(frame_bytes))?;
+            }
             srcs.push(s);
             dsts.push(bench.alloc(out_bytes, "tensors")?);
         }
@@ -629,17 +678,133 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
             .map_err(|e| drv_err("download", e))
         })?;
         bench.push(&sc.name, "download (device -> pinned)", "events", t, out_bytes as u64 * 2, &[]);
+
+        // The GPU frame: upload + fused + conv2d + download on the stream, events around
+        // the four (the work a PyTorch pipeline on the same frame does; no CPU copies).
+        let conv_ledger = if conv.is_some() { 2 * out_bytes as u64 } else { 0 };
+        if let Some(c) = &conv {
+            bench.b.ensure_conv_constants(c)?;
+            let mut scratch = Vec::with_capacity(sets);
+            for _ in 0..sets {
+                scratch.push(bench.alloc(out_bytes, "conv2d input")?);
+            }
+            let scr_p: Vec<CUdeviceptr> = scratch.iter().map(|s| ptr(s, bench.b)).collect();
+            let cp = Conv2dParams {
+                width: p.dst_width,
+                height: p.dst_height,
+                channels: p.channels,
+                size: c.size,
+                border: c.border as u32,
+                layout: p.layout,
+                dtype: p.dtype,
+            };
+            let ki = kernels::CONV_SIZES.iter().position(|&s| s == c.size).unwrap_or(0);
+            let (fc, kind) = match c.separable {
+                Some(_) => (bench.b.conv_separable[ki].clone(), "conv2d_separable_k"),
+                None => (bench.b.conv_tiled[ki].clone(), "conv2d_tiled_k"),
+            };
+            let cname = format!("{kind}{}", c.size);
+            let ccfg = launch::conv_tiled_cfg(p.dst_width, p.dst_height);
+            let fi = kernel_info(&f, fname, &cfg)?;
+            let ci_ = kernel_info(&fc, &cname, &ccfg)?;
+            // Conv2d alone, then the whole GPU frame.
+            let t = bench.time(iters, |i| {
+                launch_kernel!(stream, &fc, cname, ccfg, &cp, &scr_p[i % sets], &dst_p[i % sets])
+            })?;
+            bench.push(
+                &sc.name,
+                &format!("conv2d {}x{} gaussian", c.size, c.size),
+                "events",
+                t,
+                conv_ledger,
+                &[kernel_info(&fc, &cname, &ccfg)?],
+            );
+            let t = bench.time(iters, |i| {
+                let (s, sc_, d) = (src_p[i % sets], scr_p[i % sets], dst_p[i % sets]);
+                launch_kernel!(stream, &f, fname, cfg, &p, &s, &maps, &sc_, &words)?;
+                launch_kernel!(stream, &fc, cname, ccfg, &cp, &sc_, &d)
+            })?;
+            bench.push(
+                &sc.name,
+                "fused + conv2d (device only)",
+                "events",
+                t,
+                fused_ledger + conv_ledger,
+                &[kernel_info(&f, fname, &cfg)?, kernel_info(&fc, &cname, &ccfg)?],
+            );
+            let t = bench.time(iters, |i| {
+                let (s, sc_, d) = (src_p[i % sets], scr_p[i % sets], dst_p[i % sets]);
+                // SAFETY: uh holds frame_bytes bytes and s at least as many; dh holds
+                // out_bytes and d as many; all outlive the synchronize at the end of `time`.
+                unsafe { sys::cuMemcpyHtoDAsync_v2(s, uh as *const _, frame_bytes, cu_stream) }
+                    .result()
+                    .map_err(|e| drv_err("upload", e))?;
+                launch_kernel!(stream, &f, fname, cfg, &p, &s, &maps, &sc_, &words)?;
+                launch_kernel!(stream, &fc, cname, ccfg, &cp, &sc_, &d)?;
+                // SAFETY: as above.
+                unsafe { sys::cuMemcpyDtoHAsync_v2(dh as *mut _, d, out_bytes, cu_stream) }
+                    .result()
+                    .map_err(|e| drv_err("download", e))
+            })?;
+            bench.push(
+                &sc.name,
+                "GPU frame (upload + fused + conv2d + download)",
+                "events",
+                t,
+                2 * frame_bytes as u64 + fused_ledger + conv_ledger + 2 * out_bytes as u64,
+                &[fi, ci_],
+            );
+            drop(scratch);
+        }
+        let t = bench.time(iters, |i| {
+            let (s, d) = (src_p[i % sets], dst_p[i % sets]);
+            // SAFETY: as for the GPU frame above.
+            unsafe { sys::cuMemcpyHtoDAsync_v2(s, uh as *const _, frame_bytes, cu_stream) }
+                .result()
+                .map_err(|e| drv_err("upload", e))?;
+            launch_kernel!(stream, &f, fname, cfg, &p, &s, &maps, &d, &words)?;
+            // SAFETY: as above.
+            unsafe { sys::cuMemcpyDtoHAsync_v2(dh as *mut _, d, out_bytes, cu_stream) }
+                .result()
+                .map_err(|e| drv_err("download", e))
+        })?;
+        bench.push(
+            &sc.name,
+            "GPU frame without conv2d (upload + fused + download)",
+            "events",
+            t,
+            2 * frame_bytes as u64 + fused_ledger + 2 * out_bytes as u64,
+            &[],
+        );
         drop((up_host, down_host, srcs, dsts));
+        ledgers.push(serde_json::json!({
+            "case": sc.name, "frame_bytes": frame_bytes, "tensor_bytes": out_bytes,
+            "fused": fused_ledger, "conv2d": conv_ledger,
+            "conv_size": conv.as_ref().map_or(0, |c| c.size),
+            "conv_weights": conv.as_ref().map(|c| c.weights.clone()),
+            "gpu_frame_discrete": 2 * frame_bytes as u64 + fused_ledger + conv_ledger + 2 * out_bytes as u64,
+            "jetson_mapped_frame_kernels": fused_ledger + conv_ledger,
+            "jetson_mapped_frame_with_cpu_copies": fused_ledger + conv_ledger + 2 * frame_bytes as u64 + 2 * out_bytes as u64,
+        }));
 
         // The full frame through the backend (CPU copies into and out of pinned memory
         // included), in both memory modes. Ledger: the Jetson's mapped path, frame
         // copied in (read + write), read by the kernel, tensor written, copied out.
-        let full_ledger = 3 * frame_bytes as u64 + 3 * out_bytes as u64;
+        let full_ledger = 3 * frame_bytes as u64 + 3 * out_bytes as u64 + conv_ledger;
+        let conv_ref = conv.as_ref();
+        if let Some(dir) = &opts.frames_dir {
+            // The tensor another program compares against: this frame through the backend.
+            bench.b.process(&view, &op, conv_ref, &mut out)?;
+            let path = dir.join(format!("case{ci}.tensor"));
+            std::fs::write(&path, &out)
+                .map_err(|e| crate::Error::io(format!("writing {}", path.display()), e))?;
+        }
+        let with = if conv.is_some() { " + conv2d" } else { "" };
         let mut wall = |b: &mut CudaBackend| -> Result<Vec<f64>> {
             let mut v = Vec::with_capacity(iters);
             for i in 0..opts.warmup as usize + iters {
                 let t0 = Instant::now();
-                b.process(&view, &op, None, &mut out)?;
+                b.process(&view, &op, conv_ref, &mut out)?;
                 if i >= opts.warmup as usize {
                     v.push(t0.elapsed().as_secs_f64() * 1e6);
                 }
@@ -647,10 +812,24 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
             Ok(v)
         };
         let t = wall(bench.b)?;
-        bench.push(&sc.name, "full frame, upload mode", "wall clock", t, full_ledger, &[]);
+        bench.push(
+            &sc.name,
+            &format!("full frame{with}, upload mode"),
+            "wall clock",
+            t,
+            full_ledger,
+            &[],
+        );
         let mut mapped = CudaBackend::new(opts.device_id, MemoryMode::Mapped)?;
         let t = wall(&mut mapped)?;
-        bench.push(&sc.name, "full frame, mapped mode", "wall clock", t, full_ledger, &[]);
+        bench.push(
+            &sc.name,
+            &format!("full frame{with}, mapped mode"),
+            "wall clock",
+            t,
+            full_ledger,
+            &[],
+        );
     }
 
     if !opts.conv_sizes.is_empty() {
@@ -856,21 +1035,64 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         "copy_roof_gbps": bench.roof_gbps,
         "orin_gbps": ORIN_GBPS,
         "figures": bench.figures,
+        "frames": opts.frames_dir.as_ref().map_or("random bytes".to_string(), |d| d.display().to_string()),
+        "frame_conv": opts.frame_conv,
+        "ledgers": ledgers,
         "notes": bench.notes,
         "verdicts": verdicts,
     });
     Ok(BenchReport { json, table })
 }
 
-/// Start-up cost: open the backend (kernels from `cache_dir`, compiled and stored there
-/// when missing) and process one 1280x720 rgb8 frame. Returns (open ms, first frame ms,
-/// whether every module came from the cache).
-pub fn startup(device_id: u32, cache_dir: Option<&std::path::Path>) -> Result<(f64, f64, bool)> {
+/// Resident and peak resident set of this process, kB (`/proc/self/status`; 0 elsewhere).
+fn rss_kb() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Device memory in use on the whole device (total - free), bytes, as `cuMemGetInfo`
+/// reports it from the current context.
+fn device_used() -> Result<u64, CudaError> {
+    let (free, total) =
+        cudarc::driver::result::mem_get_info().map_err(|e| drv_err("cuMemGetInfo", e))?;
+    Ok(total.saturating_sub(free) as u64)
+}
+
+/// Start-up cost: create the CUDA context (timed on its own), open the backend (kernels
+/// from `cache_dir`, compiled and stored there when missing) and process one `width` x
+/// `height` rgb8 frame with the default configuration (640x480 letterbox NCHW float32).
+/// Returns the breakdown as JSON: milliseconds of each step, whether every module came
+/// from the cache, the process's RSS and the device memory in use after each step (and
+/// after 100 more frames, the steady state; `since_first_tensor_ms`: from the first tensor
+/// to this report, for a caller timing the process from outside). `on_ready` is called with that report while
+/// the backend and its CUDA context are still open.
+pub fn startup(
+    device_id: u32,
+    cache_dir: Option<&std::path::Path>,
+    (w, h): (u32, u32),
+    on_ready: &mut dyn FnMut(&serde_json::Value),
+) -> Result<serde_json::Value> {
     let t0 = Instant::now();
+    cudarc::driver::result::init().map_err(|e| CudaError::Unavailable(format!("cuInit: {e:?}")))?;
+    // The primary context, kept alive: the backend retains the same one below.
+    let ctx = cudarc::driver::CudaContext::new(device_id as usize)
+        .map_err(|e| drv_err(format!("creating the context of device {device_id}"), e))?;
+    let context_ms = t0.elapsed().as_secs_f64() * 1e3;
+    ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+    let used_ctx = device_used()?;
+    let t1 = Instant::now();
     let mut b = CudaBackend::new_with_cache(device_id, MemoryMode::Auto, cache_dir)?;
-    let open_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let open_ms = t1.elapsed().as_secs_f64() * 1e3;
+    ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+    let used_open = device_used()?;
     let cfg = Config::default();
-    let (w, h) = (1280u32, 720u32);
     let frame = Rng(3).bytes((w * h * 3) as usize);
     let view = ImageView::with_encoding(w, h, w * 3, Encoding::Rgb8, false, &frame)?;
     let g = Geometry::resolve(&cfg, w, h)?;
@@ -878,8 +1100,42 @@ pub fn startup(device_id: u32, cache_dir: Option<&std::path::Path>) -> Result<(f
     op.params.src_step = w * 3;
     op.params.encoding = Encoding::Rgb8 as u32;
     let mut out = Vec::new();
-    let t1 = Instant::now();
+    let t2 = Instant::now();
     b.process(&view, &op, None, &mut out)?;
-    let frame_ms = t1.elapsed().as_secs_f64() * 1e3;
-    Ok((open_ms, frame_ms, b.loads.iter().all(|l| l.cached)))
+    let frame_ms = t2.elapsed().as_secs_f64() * 1e3;
+    let first_tensor_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let t_first = Instant::now();
+    ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+    let used_frame = device_used()?;
+    let (rss, hwm) = rss_kb();
+    // Steady state: 100 more frames of the same size.
+    for _ in 0..100 {
+        b.process(&view, &op, None, &mut out)?;
+    }
+    ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+    let used_steady = device_used()?;
+    let (rss_steady, hwm_steady) = rss_kb();
+    let mut report = serde_json::json!({
+        "frame": format!("{w}x{h} rgb8 -> 640x480 letterbox NCHW float32"),
+        "context_ms": context_ms,
+        "open_ms": open_ms,
+        "kernels": b.loads.iter().map(|l| serde_json::json!({
+            "file": l.file, "cached": l.cached, "compile_ms": l.compile_ms,
+        })).collect::<Vec<_>>(),
+        "cached": b.loads.iter().all(|l| l.cached),
+        "first_frame_ms": frame_ms,
+        "context_to_first_tensor_ms": first_tensor_ms,
+        "rss_kb": rss,
+        "rss_peak_kb": hwm,
+        "rss_kb_after_100_frames": rss_steady,
+        "rss_peak_kb_after_100_frames": hwm_steady,
+        "device_used_bytes": {
+            "after_context": used_ctx, "after_open": used_open,
+            "after_first_frame": used_frame, "after_100_frames": used_steady,
+        },
+    });
+    report["since_first_tensor_ms"] = serde_json::json!(t_first.elapsed().as_secs_f64() * 1e3);
+    // The backend and its context are still alive here (they are dropped on return).
+    on_ready(&report);
+    Ok(report)
 }

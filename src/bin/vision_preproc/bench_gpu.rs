@@ -35,18 +35,61 @@ pub struct BenchArgs {
     /// with an empty directory for the cold and the warm start.
     #[arg(long, value_name = "CACHE_DIR")]
     pub startup: Option<PathBuf>,
+    /// Frame size of `--startup` (rgb8, default configuration: 640x480 letterbox).
+    #[arg(long, value_name = "WxH", default_value = "1280x720", value_parser = parse_size)]
+    pub startup_frame: (u32, u32),
+    /// With `--startup`: print the breakdown as one JSON line (`startup-json: {...}`),
+    /// then keep the process with its backend open (and its GPU memory held) this many
+    /// milliseconds, so that `nvidia-smi` and /proc can read its memory.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    pub hold_ms: u64,
+    /// Read each case's frame from `DIR/case<i>.raw` (width x height x 3 bytes) instead
+    /// of random bytes, and write the tensor the backend makes of it (with the frame
+    /// conv2d) to `DIR/case<i>.tensor` (float32 NCHW), for `bench/bench_gpu_torch.py`.
+    #[arg(long, value_name = "DIR")]
+    pub frames: Option<PathBuf>,
+    /// Gaussian conv2d size (sigma from the size, zero border) in the "GPU frame" and
+    /// "full frame" figures; 0: none.
+    #[arg(long, default_value_t = 5)]
+    pub frame_conv: u32,
+}
+
+/// `WxH` -> (W, H).
+fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s.split_once(['x', 'X']).ok_or_else(|| format!("expected WxH, got `{s}`"))?;
+    let p = |v: &str| v.trim().parse::<u32>().map_err(|e| format!("`{v}` in `{s}`: {e}"));
+    match (p(w)?, p(h)?) {
+        (0, _) | (_, 0) => Err(format!("`{s}`: width and height must be at least 1")),
+        size => Ok(size),
+    }
 }
 
 /// Run `vision_preproc bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(dir) = &args.startup {
-        let (open_ms, frame_ms, cached) = bench::startup(args.device, Some(dir))?;
-        println!(
-            "startup: backend open {open_ms:.1} ms ({}), first 1280x720 frame {frame_ms:.1} ms, \
-             open to first tensor {:.1} ms",
-            if cached { "kernels from the cache" } else { "kernels compiled" },
-            open_ms + frame_ms
-        );
+        let (frame, hold) = (args.startup_frame, args.hold_ms);
+        let mut report = |r: &serde_json::Value| {
+            let num = |k: &str| r.get(k).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
+            let cached = r.get("cached").and_then(serde_json::Value::as_bool).unwrap_or(false);
+            println!(
+                "startup: context {:.1} ms, backend open {:.1} ms ({}), first {}x{} frame {:.1} ms, \
+                 context to first tensor {:.1} ms, RSS {:.1} MB",
+                num("context_ms"),
+                num("open_ms"),
+                if cached { "kernels from the cache" } else { "kernels compiled" },
+                frame.0,
+                frame.1,
+                num("first_frame_ms"),
+                num("context_to_first_tensor_ms"),
+                num("rss_kb") / 1e3,
+            );
+            if hold > 0 {
+                // The backend is still open: its memory can be read from outside.
+                println!("startup-json: {r}");
+                std::thread::sleep(std::time::Duration::from_millis(hold));
+            }
+        };
+        bench::startup(args.device, Some(dir), frame, &mut report)?;
         return Ok(());
     }
     let opts = BenchOptions {
@@ -56,6 +99,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         variants: args.variants,
         cases: args.cases.clone(),
         conv_sizes: args.conv_sizes.iter().copied().filter(|&k| k > 0).collect(),
+        frames_dir: args.frames.clone(),
+        frame_conv: args.frame_conv,
     };
     let report = bench::run(&opts)?;
     let text = serde_json::to_string_pretty(&report.json).context("serializing the results")?;
