@@ -370,7 +370,15 @@ def run(cfg: SoakConfig, workdir: Path, log=print) -> Result:
                       "window_s": base_win,
                       "anon_start_end": (parts["RssAnon"][0], parts["RssAnon"][-1]),
                       "anon_max": max(parts["RssAnon"]),
-                      "shmem_start_end": (parts["RssShmem"][0], parts["RssShmem"][-1])}
+                      "shmem_start_end": (parts["RssShmem"][0], parts["RssShmem"][-1]),
+                      # Per window (seconds from the start of the measured phase): the maxima
+                      # of VmRSS, RssAnon and RssShmem, to tell a plateau from a leak.
+                      "series": [(round(a, 1),
+                                  *(round(max(v.get(k, float("nan")) for t, v in rss
+                                              if t0 <= t <= t1 and a <= t - t0 < a + base_win), 2)
+                                    for k in ("VmRSS", "RssAnon", "RssShmem")))
+                                 for a in edges
+                                 if any(t0 <= t <= t1 and a <= t - t0 < a + base_win for t, _ in rss)]}
     # Tensor age (overload).
     by_seq = {t.sequence: t for t in in_phase}
     worst = 0.0
