@@ -72,15 +72,26 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     let started = Instant::now();
     let out_of_time =
         |now: Instant| opts.duration.is_some_and(|d| now.duration_since(started) >= d);
+    // The schedule runs on across passes of `repeat`: a pass starts one frame period
+    // (the bag's mean image period) after the previous pass's last message, so a looped
+    // bag of N frames recorded at 30 Hz plays at 30 Hz, not N frames per (N-1) periods.
+    let mut clock_start: Option<Instant> = None;
+    let mut pass_offset = Duration::ZERO;
     loop {
-        let mut first: Option<(u64, Instant)> = None;
+        let mut pass: Option<(u64, u64)> = None; // first and last log time of this pass
+        let mut pass_images = 0u64;
         let damage = bag.for_each(&wanted, |m| {
             if out_of_time(Instant::now()) {
                 return Ok(());
             }
+            let (t0, _) = *pass.get_or_insert((m.log_time, m.log_time));
+            pass = Some((t0, m.log_time.max(t0)));
+            if m.topic == image_topic {
+                pass_images += 1;
+            }
             if !opts.max {
-                let (t0, start) = *first.get_or_insert((m.log_time, Instant::now()));
-                let due = Duration::from_nanos(m.log_time.saturating_sub(t0))
+                let start = *clock_start.get_or_insert_with(Instant::now);
+                let due = (pass_offset + Duration::from_nanos(m.log_time.saturating_sub(t0)))
                     .div_f64(opts.rate.max(1e-6));
                 if let Some(wait) = due.checked_sub(start.elapsed()) {
                     std::thread::sleep(wait);
@@ -113,6 +124,12 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
             Ok(())
         })?;
         stats.damage.extend(damage);
+        if let Some((t0, t1)) = pass {
+            let span = t1 - t0;
+            // One image: no period in the bag; loop it at 30 Hz.
+            let period = if pass_images > 1 { span / (pass_images - 1) } else { 33_333_333 };
+            pass_offset += Duration::from_nanos(span + period);
+        }
         node.spin_once(Duration::from_millis(1));
         if !opts.repeat || out_of_time(Instant::now()) {
             break;

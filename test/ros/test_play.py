@@ -53,3 +53,19 @@ def test_play_into_the_node_equals_offline_replay(tmp_path: Path) -> None:
     for t in offline:
         s = t.header.stamp.sec * 10**9 + t.header.stamp.nanosec
         assert live[s] == t.data.tobytes(), f"frame {s}: live tensor differs from offline replay"
+
+
+def test_loop_keeps_the_recorded_rate(tmp_path: Path) -> None:
+    """A looped bag plays at its recorded rate: after its last frame the next pass starts
+    one frame period later (it used to start at once: 5 frames at 30 Hz looped at 37.5 Hz).
+    The schedule is absolute (a late frame is sent at once, the next on time), so the count
+    over a fixed duration is the rate, within the frames at the two ends."""
+    frames = [photo_frame("rgb8", "chelsea.png", size=(64, 48)) for _ in range(5)]
+    write_bag(tmp_path / "in", frames, storage="mcap", period_ns=33_333_333, with_camera_info=False)
+    for rate, expected in ((1.0, 60), (2.0, 120)):
+        p = subprocess.run([str(CLI), "play", str(tmp_path / "in"), "--loop", "--duration", "2",
+                            "--rate", str(rate), "--image-topic", "/loop_test/image"],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        n = int(p.stdout.split("play: ")[1].split(" images")[0])
+        assert expected - 3 <= n <= expected + 1, f"--rate {rate}: {n} images in 2 s, expected {expected}: {p.stdout}"
