@@ -5,8 +5,9 @@ For each node (vision_preproc_node on the CPU backend; bench/reference_node.py: 
 OpenCV + NumPy), each camera size (1280x720, 1920x1080 bgr8) and each rate (30 Hz, max),
 a camera publisher sends the frames, the node preprocesses them to 640x480 letterbox NCHW
 float32, and an rclpy subscriber in this process records every tensor and FrameTiming.
-The publisher is `vision_preproc play --loop --restamp` (Rust) by default; with
-`--publisher rclpy` it is bench/rclpy_publisher.py (an rclpy camera driver). Every
+The publisher is bench/rclpy_publisher.py (an rclpy camera driver: a new Image per frame,
+stamped at publish) by default; with `--publisher rust` it is `vision_preproc play --loop
+--restamp` (less CPU per frame, so more left to the nodes on a 2-core machine). Every
 process uses the Fast DDS profile config/fastdds_large_frames.xml (or --segment-mb N: a
 copy of it with an N MB shared-memory segment); input QoS best effort (sensor data),
 outputs reliable.
@@ -25,7 +26,8 @@ every 0.5 s; the load average before and after. --runs N repeats everything N ti
 min-max in brackets).
 
 Usage: python3 bench/bench_node.py [--runs 3] [--seconds 20] [--out bench/results/node.json]
-       [--only "vision_preproc 1920x1080 30"] [--publisher rust|rclpy] [--segment-mb 64]
+       [--only "vision_preproc 1920x1080 30"] [--publisher rclpy|rust] [--segment-mb 64]
+       [--nodes vision_preproc,reference] [--sizes 1280x720,1920x1080] [--rates 30,max]
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def bag_for(w: int, h: int, cache: Path) -> Path:
 
 
 def proc_sample(pid: int) -> tuple[float, dict] | None:
-    """(utime + stime in seconds, {VmRSS, RssAnon, RssFile, RssShmem} in MB) of a process."""
+    """(utime + stime in seconds, {VmRSS, RssAnon, RssFile, RssShmem, Pss, Pss_Anon, Pss_Shmem}
+    in MB) of a process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         ticks = os.sysconf("SC_CLK_TCK")
@@ -98,6 +101,12 @@ def proc_sample(pid: int) -> tuple[float, dict] | None:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             key = line.split(":")[0]
             if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                rss[key] = int(line.split()[1]) / 1024
+        # Proportional set size: shared pages divided among the processes that map them
+        # (the Fast DDS segments are mapped by every participant that talks to this one).
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            key = line.split(":")[0]
+            if key in ("Pss", "Pss_Anon", "Pss_Shmem"):
                 rss[key] = int(line.split()[1]) / 1024
         return (cpu, rss) if "VmRSS" in rss else None
     except (OSError, IndexError, ValueError):
@@ -109,7 +118,7 @@ def pct(v: list[float], q: float) -> float:
 
 
 def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, idx: int,
-            publisher: str = "rust") -> dict:
+            publisher: str = "rclpy") -> dict:
     import rclpy
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from vision_preproc_msgs.msg import FrameTiming, Tensor
@@ -179,7 +188,7 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
     warm = [s for s in samples if s[0] >= samples[0][0] + 2.0] if samples else []
     cpu_pct = 100 * (warm[-1][1] - warm[0][1]) / (warm[-1][0] - warm[0][0]) if len(warm) >= 2 else float("nan")
     rss = {f"{k}_max": max((s[2].get(k, float("nan")) for s in samples), default=float("nan"))
-           for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
+           for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem", "Pss", "Pss_Shmem")}
     fps = (len(t_recv) - 1) / (t_recv[-1] - t_recv[0]) if len(t_recv) >= 2 else 0.0
     return {
         "node": kind, "publisher": publisher, "size": f"{w}x{h}", "rate": rate, "seconds": seconds,
@@ -234,7 +243,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "node.json"))
     ap.add_argument("--only", default="", help="substring filter on 'node size rate'")
-    ap.add_argument("--publisher", choices=["rust", "rclpy"], default="rust")
+    ap.add_argument("--publisher", choices=["rclpy", "rust"], default="rclpy")
     ap.add_argument("--nodes", default="vision_preproc,reference")
     ap.add_argument("--sizes", default="1280x720,1920x1080")
     ap.add_argument("--rates", default="30,max")

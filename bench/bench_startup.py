@@ -12,7 +12,9 @@ NCHW float32, backend cpu) and measures:
                           init, DDS participant, backend), -> the first frame's publish
                           stamp (subscriptions, DDS discovery and matching, plus the wait
                           for the next frame: up to 33 ms at 30 Hz), -> tensor received
-                          (preprocessing + tensor delivery)
+                          (preprocessing + tensor delivery). The first FrameTiming's
+                          sequence tells whether the node had already published tensors
+                          before this subscriber matched it (sequence > 0).
   RSS                     VmRSS, RssAnon (heap), RssFile, RssShmem (Fast DDS shared-memory
                           segments) of the node, sampled every 0.2 s for --hold seconds
                           while it processes the 30 Hz stream
@@ -54,7 +56,7 @@ os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(ROOT / "config" / "fa
 import numpy as np  # noqa: E402
 import rclpy  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
-from vision_preproc_msgs.msg import Tensor  # noqa: E402
+from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
 
 from bench_node import bag_for, proc_sample  # noqa: E402
 
@@ -104,6 +106,7 @@ def main() -> int:
     ap.add_argument("--warm", type=int, default=2, help="warm trials after each cold one")
     ap.add_argument("--hold", type=float, default=5.0, help="seconds the node runs after its first tensor")
     ap.add_argument("--drop-caches", action="store_true", help="drop the whole page cache before cold trials")
+    ap.add_argument("--size", default="1920x1080", help="camera frames WxH (bgr8)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "startup.json"))
     args = ap.parse_args()
     if not NODE.exists():
@@ -117,12 +120,19 @@ def main() -> int:
         if not first:
             first.append((time.monotonic(), t.header.stamp.sec * 10**9 + t.header.stamp.nanosec))
 
+    first_timing: list[tuple[int, int]] = []  # (sequence, stamp ns) of the first FrameTiming received
+
+    def on_timing(m: FrameTiming) -> None:
+        if not first_timing:
+            first_timing.append((m.sequence, m.header.stamp.sec * 10**9 + m.header.stamp.nanosec))
+
     peer.create_subscription(Tensor, "tensor", on_tensor, QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
+    peer.create_subscription(FrameTiming, "timing", on_timing, QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
     stop = threading.Event()
     spinner = threading.Thread(target=lambda: [rclpy.spin_once(peer, timeout_sec=0.02) for _ in iter(stop.is_set, True)])
     spinner.start()
     trials = args.repeats * (1 + args.warm) + 1
-    player = subprocess.Popen([str(BIN / "vision_preproc"), "play", str(bag_for(1920, 1080, ROOT / "bench" / ".cache")),
+    player = subprocess.Popen([str(BIN / "vision_preproc"), "play", str(bag_for(*map(int, args.size.split("x")), ROOT / "bench" / ".cache")),
                                "--loop", "--restamp", "--image-topic", f"{ns}/image", "--camera-info-topic",
                                f"{ns}/camera_info", "--duration", str(trials * (args.hold + 15))],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -140,6 +150,7 @@ def main() -> int:
                 after = resident_mb(flist)
             load = os.getloadavg()
             first.clear()
+            first_timing.clear()
             wall0 = time.time_ns()
             t0 = time.monotonic()
             node = subprocess.Popen([str(NODE), "--ros-args", "-r", f"__ns:={ns}", "-p", "backend:=cpu"],
@@ -174,9 +185,11 @@ def main() -> int:
                     break
             r = {"trial": i, "kind": kind, "load": load, "first_tensor_s": t_first, "to_backend_log_s": log_s,
                  "to_first_frame_stamp_s": stamp_s, "frame_to_tensor_s": t_first - stamp_s if first else float("nan"),
+                 "first_timing_sequence": first_timing[0][0] if first_timing else None,
+                 "first_timing_stamp_s": (first_timing[0][1] - wall0) / 1e9 if first_timing else None,
                  "cache_mb_before_evict": before, "cache_mb_after_evict": after,
                  "rss_mb_max": {k: max((x.get(k, float("nan")) for x in rss), default=float("nan"))
-                                for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")},
+                                for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem", "Pss", "Pss_Shmem")},
                  "rss_mb_end": rss[-1] if rss else {}}
             results.append(r)
             print(json.dumps(r), flush=True)
@@ -195,7 +208,7 @@ def main() -> int:
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                      text=True).stdout.strip(),
             "eviction": "drop_caches" if args.drop_caches else "posix_fadvise DONTNEED of the node's mapped files",
-            "files_evicted": sorted(files), "source": "1920x1080 bgr8 at 30 Hz (Rust player)",
+            "files_evicted": sorted(files), "source": f"{args.size} bgr8 at 30 Hz (Rust player)",
             "transport": os.environ["FASTDDS_DEFAULT_PROFILES_FILE"]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))

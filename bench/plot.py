@@ -35,7 +35,8 @@ def spread(values: list[float]) -> tuple[float, float, float]:
 
 
 def caption(meta: dict, extra: str = "") -> str:
-    return f"{meta.get('date', '')}, commit {meta.get('commit', '?')}, {meta.get('cpus', meta.get('machine', ''))} {extra}"
+    machine = f"{meta['cpus']} CPUs" if "cpus" in meta else meta.get("machine", "")
+    return f"{meta.get('date', '')}, commit {meta.get('commit', '?')}, {machine}{extra}"
 
 
 def plot_cpu(data: dict, out: Path) -> None:
