@@ -207,6 +207,42 @@ def git_commit() -> str:
                           text=True).stdout.strip()
 
 
+def report(meta: dict, all_runs: list[dict], markdown: bool = True) -> list[str]:
+    """The table of a results file: per scenario, the median over runs of p50 and p99 and the
+    min-max of the runs' p50s."""
+    loads = [r["load_before"][0] for r in all_runs] + [r["load_after"][0] for r in all_runs]
+    head = (f"{meta['machine']}, OpenCV threads {meta['cv2_threads']}, cv2 {meta['cv2']}, "
+            f"numpy {meta['numpy']}, {len(all_runs)} run(s) x {meta['rounds']} rounds, {meta['date']}, "
+            f"commit {meta['commit']}, load avg {min(loads):.1f}-{max(loads):.1f}")
+    med = lambda v: float(np.median(v))  # noqa: E731
+    lines = []
+    if markdown:
+        lines += [f"_{head}_", "",
+                  "| scenario | vision_preproc p50 / p99 ms | OpenCV+NumPy typical p50 / p99 ms "
+                  "| ratio p50 / p99 | OpenCV exact (float resize) p50 / p99 ms | runs' p50 ours / typical (min-max) |",
+                  "|---|---|---|---|---|---|"]
+    else:
+        lines.append(head)
+    for j, sc in enumerate(all_runs[0]["scenarios"]):
+        rs = [r["scenarios"][j] for r in all_runs]
+        g = {k: (med([r[k]["p50_ms"] for r in rs]), med([r[k]["p99_ms"] for r in rs]))
+             for k in ("ours", "typical", "exact")}
+        o50s, t50s = [r["ours"]["p50_ms"] for r in rs], [r["typical"]["p50_ms"] for r in rs]
+        spread = f"{min(o50s):.2f}-{max(o50s):.2f} / {min(t50s):.2f}-{max(t50s):.2f}"
+        (o50, o99), (t50, t99), (e50, e99) = g["ours"], g["typical"], g["exact"]
+        if markdown:
+            lines.append(f"| {sc['name']} | {o50:.2f} / {o99:.2f} | {t50:.2f} / {t99:.2f} | "
+                         f"**{t50 / o50:.1f}x** / {t99 / o99:.1f}x | {e50:.2f} / {e99:.2f} | {spread} |")
+        else:
+            lines.append(f"{sc['name']}\n  vision_preproc  p50 {o50:7.3f} ms  p99 {o99:7.3f} ms"
+                         f"\n  OpenCV typical  p50 {t50:7.3f} ms  p99 {t99:7.3f} ms   ratio p50 "
+                         f"{t50 / o50:.2f}x  p99 {t99 / o99:.2f}x"
+                         f"\n  OpenCV exact    p50 {e50:7.3f} ms  p99 {e99:7.3f} ms   ratio p50 "
+                         f"{e50 / o50:.2f}x  p99 {e99 / o99:.2f}x"
+                         f"\n  runs' p50 (ours / typical): {spread}")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--set", dest="which", choices=["matrix", "spec"], default="matrix")
@@ -238,35 +274,7 @@ def main() -> None:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"meta": meta, "runs": all_runs}, indent=1))
-    loads = [r["load_before"][0] for r in all_runs] + [r["load_after"][0] for r in all_runs]
-    head = (f"{meta['machine']}, OpenCV threads {meta['cv2_threads']}, cv2 {cv2.__version__}, "
-            f"numpy {np.__version__}, {args.runs} run(s) x {args.rounds} rounds, commit {meta['commit']}, "
-            f"load avg {min(loads):.1f}-{max(loads):.1f}")
-    med = lambda v: float(np.median(v))  # noqa: E731
-    if args.markdown:
-        print(f"_{head}_\n")
-        print("| scenario | vision_preproc p50 / p99 ms | OpenCV+NumPy typical p50 / p99 ms "
-              "| ratio p50 / p99 | OpenCV exact (float resize) p50 / p99 ms | runs' p50 ours / typical (min-max) |")
-        print("|---|---|---|---|---|---|")
-    else:
-        print(head)
-    for j, sc in enumerate(scs):
-        rs = [r["scenarios"][j] for r in all_runs]
-        g = {k: (med([r[k]["p50_ms"] for r in rs]), med([r[k]["p99_ms"] for r in rs]))
-             for k in ("ours", "typical", "exact")}
-        o50s, t50s = [r["ours"]["p50_ms"] for r in rs], [r["typical"]["p50_ms"] for r in rs]
-        spread = f"{min(o50s):.2f}-{max(o50s):.2f} / {min(t50s):.2f}-{max(t50s):.2f}"
-        (o50, o99), (t50, t99), (e50, e99) = g["ours"], g["typical"], g["exact"]
-        if args.markdown:
-            print(f"| {sc['name']} | {o50:.2f} / {o99:.2f} | {t50:.2f} / {t99:.2f} | "
-                  f"**{t50 / o50:.1f}x** / {t99 / o99:.1f}x | {e50:.2f} / {e99:.2f} | {spread} |")
-        else:
-            print(f"{sc['name']}\n  vision_preproc  p50 {o50:7.3f} ms  p99 {o99:7.3f} ms"
-                  f"\n  OpenCV typical  p50 {t50:7.3f} ms  p99 {t99:7.3f} ms   ratio p50 "
-                  f"{t50 / o50:.2f}x  p99 {t99 / o99:.2f}x"
-                  f"\n  OpenCV exact    p50 {e50:7.3f} ms  p99 {e99:7.3f} ms   ratio p50 "
-                  f"{e50 / o50:.2f}x  p99 {e99 / o99:.2f}x"
-                  f"\n  runs' p50 (ours / typical): {spread}")
+    print("\n".join(report(meta, all_runs, args.markdown)))
     sys.stdout.flush()
 
 
