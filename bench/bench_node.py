@@ -126,8 +126,8 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
     ns = f"/bench{idx}"
     load0 = os.getloadavg()
     if kind == "vision_preproc":
-        cmd = [str(BIN / "vision_preproc_node"), "--ros-args", "-r", f"__ns:={ns}", "-p", "backend:=cpu",
-               "--params-file", str(ROOT / "config" / "default.yaml")]
+        cmd = [str(BIN / "vision_preproc_node"), "--ros-args", "-r", f"__ns:={ns}",
+               "--params-file", str(ROOT / "config" / "default.yaml"), "-p", "backend:=cpu"]
     else:
         cmd = [sys.executable, str(ROOT / "bench" / "reference_node.py"), "--ros-args", "-r", f"__ns:={ns}"]
     node = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
