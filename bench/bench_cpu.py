@@ -202,6 +202,16 @@ def one_run(scs: list[dict], args, kernel, d: str) -> list[dict]:
     return out
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def git_commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True).stdout.strip()
@@ -251,13 +261,14 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=200, help="timed frames per round (1280x720)")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--conv", choices=["box", "gaussian"], help="also run conv2d / filter2D")
+    ap.add_argument("--only", default="", help="only scenarios whose name contains this")
     ap.add_argument("--out", help="write the runs as JSON")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args()
     if not CLI.exists():
         raise SystemExit(f"{CLI} is missing: cargo build --release --bins")
     kernel = conv_kernel(args.conv)
-    scs = scenarios(args.which)
+    scs = [sc for sc in scenarios(args.which) if args.only in sc["name"]]
     all_runs = []
     with tempfile.TemporaryDirectory() as d:
         for i in range(args.runs):
@@ -268,7 +279,7 @@ def main() -> None:
             all_runs.append({"run": i + 1, "start": t0, "load_before": load0, "load_after": os.getloadavg(),
                              "scenarios": res})
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "commit": git_commit(),
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+            "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
             "cv2": cv2.__version__, "cv2_threads": cv2.getNumThreads(), "numpy": np.__version__,
             "set": args.which, "rounds": args.rounds, "frames_720p": args.frames, "conv": args.conv}
     if args.out:
