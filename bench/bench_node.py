@@ -118,7 +118,7 @@ def pct(v: list[float], q: float) -> float:
 
 
 def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, idx: int,
-            publisher: str = "rclpy") -> dict:
+            publisher: str = "rclpy", node_params: list[str] | None = None) -> dict:
     import rclpy
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from vision_preproc_msgs.msg import FrameTiming, Tensor
@@ -128,6 +128,8 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
     if kind == "vision_preproc":
         cmd = [str(BIN / "vision_preproc_node"), "--ros-args", "-r", f"__ns:={ns}",
                "--params-file", str(ROOT / "config" / "default.yaml"), "-p", "backend:=cpu"]
+        for p in node_params or []:
+            cmd += ["-p", p]
     else:
         cmd = [sys.executable, str(ROOT / "bench" / "reference_node.py"), "--ros-args", "-r", f"__ns:={ns}"]
     node = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -247,6 +249,7 @@ def main() -> int:
     ap.add_argument("--nodes", default="vision_preproc,reference")
     ap.add_argument("--sizes", default="1280x720,1920x1080")
     ap.add_argument("--rates", default="30,max")
+    ap.add_argument("--node-params", default="", help="extra vision_preproc_node parameters, name:=value,...")
     ap.add_argument("--segment-mb", type=int, help="use a copy of the profile with this SHM segment size")
     args = ap.parse_args()
     transport = use_profile(args.segment_mb)
@@ -262,7 +265,8 @@ def main() -> int:
                     idx += 1
                     if args.only and args.only not in f"{kind} {w}x{h} {rate}":
                         continue
-                    r = run_one(kind, w, h, rate, args.seconds, cache, idx, args.publisher)
+                    r = run_one(kind, w, h, rate, args.seconds, cache, idx, args.publisher,
+                                [p for p in args.node_params.split(",") if p])
                     r["run"] = run + 1
                     results.append(r)
                     print(json.dumps({k: v for k, v in r.items() if not k.startswith("publisher_")}), flush=True)

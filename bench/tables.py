@@ -22,7 +22,8 @@ def main() -> int:
         d = json.loads((res / "cpu.json").read_text())
         print("## cpu.json\n\n" + "\n".join(report(d["meta"], d["runs"])) + "\n")
     from bench_node import table as node_table
-    for f in [res / "node.json", res / "node_rust_player.json", *sorted(res.glob("shm_*mb.json"))]:
+    for f in [res / "node.json", res / "node_rust_player.json", *sorted(res.glob("shm_*mb.json")),
+              res / "malloc_mmap_threshold.json"]:
         if f.exists():
             d = json.loads(f.read_text())
             loads = [r["load_before"][0] for r in d["results"]] + [r["load_after"][0] for r in d["results"]]
