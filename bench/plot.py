@@ -119,6 +119,9 @@ def plot_startup(data: dict, out: Path) -> None:
     ax.bar(x, a, color="tab:blue", label="process start -> node ready (rcl, DDS participant, backend)")
     ax.bar(x, b, bottom=a, color="tab:cyan", label="-> first frame (subscription, discovery, next frame)")
     ax.bar(x, c, bottom=a + b, color="tab:green", label="-> tensor received (preprocess + delivery)")
+    seq = [r.get("first_timing_sequence") for r in res]
+    node_side = [r["first_tensor_s"] - k / 30.0 if k is not None else np.nan for r, k in zip(res, seq)]
+    ax.plot(x, node_side, "kx", ms=8, label="node published its first tensor (est. from FrameTiming.sequence)")
     ax.axhline(1.0, color="r", ls="--", lw=0.8, label="goal cold 1 s")
     ax.axhline(0.3, color="m", ls="--", lw=0.8, label="goal warm 0.3 s")
     ax.set_xticks(x, [r["kind"] for r in res], fontsize=7, rotation=90)
