@@ -138,6 +138,7 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
     reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
     e2e: list[float] = []
     added: list[float] = []
+    work: list[float] = []  # FrameTiming.preprocess_us: the preprocessing alone
     t_recv: list[float] = []
     seqs: list[int] = []
     node_dropped = [0]
@@ -149,6 +150,7 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
 
     def on_timing(m: FrameTiming) -> None:
         added.append(m.total_us / 1e3)
+        work.append(m.preprocess_us / 1e3)
         seqs.append(m.sequence)
         node_dropped[0] += m.dropped_since_last
 
@@ -201,6 +203,9 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
         "fps": fps,
         "e2e_ms_p50": pct(e2e, 50), "e2e_ms_p99": pct(e2e, 99),
         "added_ms_p50": pct(added, 50), "added_ms_p99": pct(added, 99),
+        "preprocess_ms_p50": pct(work, 50), "preprocess_ms_p99": pct(work, 99),
+        "added_minus_preprocess_ms_p50": pct([a - b for a, b in zip(added, work)], 50),
+        "added_minus_preprocess_ms_p99": pct([a - b for a, b in zip(added, work)], 99),
         "node_cpu_pct": cpu_pct, "node_rss_mb_max": rss["VmRSS_max"], **{f"node_{k}_mb": v for k, v in rss.items()},
         "publisher_out": out.strip()[-300:], "publisher_stderr": err.strip()[-300:],
     }
@@ -224,8 +229,9 @@ def table(results: list[dict]) -> list[str]:
         return f"{fmt.format(med(v))} [{fmt.format(min(v))}-{fmt.format(max(v))}]" if len(v) > 1 else fmt.format(v[0])
 
     rows = ["| node | publisher | size | rate | runs | fps | drops (sent) | before / in / after node | "
-            "e2e p50 ms | e2e p99 ms | node-added p50 ms | node-added p99 ms | node CPU % | RSS MB (anon + shmem) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "e2e p50 ms | e2e p99 ms | node-added p50 ms | node-added p99 ms | of which preprocessing p50 / p99 ms | "
+            "node CPU % | RSS MB (anon + shmem) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (node, pub, size, rate), rs in groups.items():
         drops = "/".join(str(r["dropped"]) for r in rs)
         sent = "/".join(str(r["sent"]) for r in rs)
@@ -235,6 +241,7 @@ def table(results: list[dict]) -> list[str]:
         rows.append(f"| {node} | {pub} | {size} | {rate} | {len(rs)} | {cell(rs, 'fps', '{:.1f}')} | {drops} ({sent}) | "
                     f"{split} | {cell(rs, 'e2e_ms_p50', '{:.1f}')} | {cell(rs, 'e2e_ms_p99', '{:.1f}')} | "
                     f"{cell(rs, 'added_ms_p50', '{:.1f}')} | {cell(rs, 'added_ms_p99', '{:.1f}')} | "
+                    f"{med([r.get('preprocess_ms_p50') for r in rs]):.1f} / {med([r.get('preprocess_ms_p99') for r in rs]):.1f} | "
                     f"{cell(rs, 'node_cpu_pct', '{:.0f}')} | {rss} |")
     return rows
 
