@@ -2,8 +2,8 @@
 """Soak and overload runs of vision_preproc_node through real DDS (issue 8).
 
 The node runs as its own process; `vision_preproc play --loop --restamp` publishes camera
-frames from Rust (an rclpy publisher needs ~50 ms per 6 MB image and could not sustain
-30 Hz 1080p); an rclpy peer in this process records every tensor (raw CDR: no
+frames from Rust (cheaper than an rclpy publisher, so more of the two cores is left to the
+node; docs/BENCHMARKS.md measures both publishers); an rclpy peer in this process records every tensor (raw CDR: no
 deserialization of the multi-MB payload), every FrameTiming and /diagnostics; the node's
 RSS is sampled from /proc/<pid>/status every 0.5 s.
 
