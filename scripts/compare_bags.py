@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "test" / "python"))
 
 from bags import read_outputs, tensor_array  # noqa: E402
-from tolerances import CONV_FLOAT32_ABS_PER_L1, FLOAT16_ABS, FLOAT16_REL, FLOAT32_ABS  # noqa: E402
+from tolerances import assert_close, assert_close_conv  # noqa: E402
 
 
 def stamp(t) -> int:
@@ -57,15 +57,15 @@ def main() -> int:
             print(f"stamp {s}: shape/layout/dtype {x.shape} {t.layout} {t.dtype} != {e.shape} {r.layout} {r.dtype}")
             bad += 1
             continue
-        if a.conv_l1 > 0:
-            tol = CONV_FLOAT32_ABS_PER_L1 * max(1.0, a.conv_l1) + (FLOAT16_REL * np.abs(e) if t.dtype == "float16" else 0)
-        elif t.dtype == "float16":
-            tol = FLOAT16_REL * np.abs(e) + FLOAT16_ABS
-        else:
-            tol = FLOAT32_ABS
-        diff = np.abs(x - e)
-        if (diff > tol).any():
+        try:
+            if a.conv_l1 > 0:
+                assert_close_conv(x, e, t.dtype, a.conv_l1, f"stamp {s}")
+            else:
+                assert_close(x, e, t.dtype, f"stamp {s}")
+        except AssertionError as err:
+            print(err)
             bad += 1
+        diff = np.abs(x - e)
         worst[s] = max(worst.get(s, 0.0), float(diff.max()))
     for s, d in sorted(worst.items()):
         print(f"stamp {s}: max |live - replay| {d:.3e}")
