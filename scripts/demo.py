@@ -111,12 +111,17 @@ def main() -> int:
             else:
                 print(f"[{now - start:4.1f}s] waiting for frames ...", flush=True)
             next_report += 1.0
-    received += len(window)
     for p in (player, node):
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
     player.wait(timeout=10)
+    # Keep listening until the node is gone: the tensor of the frame in flight at the
+    # signal still arrives (the node publishes it before exiting).
+    deadline = time.monotonic() + 10
+    while node.poll() is None and time.monotonic() < deadline:
+        rclpy.spin_once(peer, timeout_sec=0.05)
     rc = node.wait(timeout=10)
+    received += len(window)
     peer.destroy_node()
     rclpy.shutdown()
     if last_tensor:
