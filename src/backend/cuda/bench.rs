@@ -689,21 +689,8 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
                 scratch.push(bench.alloc(out_bytes, "conv2d input")?);
             }
             let scr_p: Vec<CUdeviceptr> = scratch.iter().map(|s| ptr(s, bench.b)).collect();
-            let cp = Conv2dParams {
-                width: p.dst_width,
-                height: p.dst_height,
-                channels: p.channels,
-                size: c.size,
-                border: c.border as u32,
-                layout: p.layout,
-                dtype: p.dtype,
-            };
-            let ki = kernels::CONV_SIZES.iter().position(|&s| s == c.size).unwrap_or(0);
-            let (fc, kind) = match c.separable {
-                Some(_) => (bench.b.conv_separable[ki].clone(), "conv2d_separable_k"),
-                None => (bench.b.conv_tiled[ki].clone(), "conv2d_tiled_k"),
-            };
-            let cname = format!("{kind}{}", c.size);
+            let (cp, fc, cname) = bench.b.conv_launch(&p, c);
+            let fc = fc.clone();
             let ccfg = launch::conv_tiled_cfg(p.dst_width, p.dst_height);
             let fi = kernel_info(&f, fname, &cfg)?;
             let ci_ = kernel_info(&fc, &cname, &ccfg)?;

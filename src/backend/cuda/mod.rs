@@ -19,7 +19,7 @@ pub mod kernels;
 pub mod launch;
 mod memory;
 
-use crate::backend::{AxisMap, Backend, Conv2dOp, PreprocessOp, StageTimes};
+use crate::backend::{AxisMap, Backend, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes};
 use crate::config::{DType, Layout, MemoryMode};
 use crate::error::{CudaError, Result};
 use crate::image::{Encoding, ImageView};
@@ -397,6 +397,31 @@ impl CudaBackend {
         Ok(dptr)
     }
 
+    /// The conv2d launch on the fused output of `p`: its parameters, the kernel for
+    /// `c.size` (separable or dense tiled) and its name. `submit` and the benchmark's GPU
+    /// frame use it, so both run the same kernel.
+    fn conv_launch(
+        &self,
+        p: &PreprocessParams,
+        c: &Conv2dOp,
+    ) -> (launch::Conv2dParams, &CudaFunction, String) {
+        let cp = launch::Conv2dParams {
+            width: p.dst_width,
+            height: p.dst_height,
+            channels: p.channels,
+            size: c.size,
+            border: c.border as u32,
+            layout: p.layout,
+            dtype: p.dtype,
+        };
+        let k = CONV_SIZES.iter().position(|&k| k == c.size).unwrap_or(0);
+        let (f, kind) = match c.separable {
+            Some(_) => (&self.conv_separable[k], "conv2d_separable_k"),
+            None => (&self.conv_tiled[k], "conv2d_tiled_k"),
+        };
+        (cp, f, format!("{kind}{}", c.size))
+    }
+
     /// Put the conv2d weights into the conv module's constant memory when they change.
     fn ensure_conv_constants(&mut self, conv: &Conv2dOp) -> Result<()> {
         let want =
@@ -582,21 +607,7 @@ impl CudaBackend {
 
         if let Some(c) = conv {
             self.ensure_conv_constants(c)?;
-            let cp = launch::Conv2dParams {
-                width: p.dst_width,
-                height: p.dst_height,
-                channels: p.channels,
-                size: c.size,
-                border: c.border as u32,
-                layout: p.layout,
-                dtype: p.dtype,
-            };
-            let k = CONV_SIZES.iter().position(|&k| k == c.size).unwrap_or(0);
-            let (f, kind) = match c.separable {
-                Some(_) => (&self.conv_separable[k], "conv2d_separable_k"),
-                None => (&self.conv_tiled[k], "conv2d_tiled_k"),
-            };
-            let name = format!("{kind}{}", c.size);
+            let (cp, f, name) = self.conv_launch(&p, c);
             launch_kernel!(
                 stream,
                 f,
