@@ -18,8 +18,9 @@ from typing import Callable
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-NODE_BIN = ROOT / "target" / "release" / "vision_preproc_node"
+from vptools import BIN_DIR, ROOT
+
+NODE_BIN = BIN_DIR / "vision_preproc_node"
 
 # One domain for this test run (set before rclpy is imported anywhere), loopback only.
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid() ^ int(time.time())).randint(1, 100)))
