@@ -2,6 +2,7 @@
 //! operations (cached per frame size), selects the backend, runs a frame and returns
 //! the tensor with its geometry and stage timing.
 
+pub mod batch_sync;
 pub mod conv;
 pub mod failure;
 pub mod geometry;
