@@ -455,21 +455,24 @@ pub fn parameter_names() -> Vec<String> {
     out
 }
 
-/// The parameter name closest to `name` (edit distance at most a third of its length, and
-/// at least 1; a known name that `name` ends with, e.g. `vision_preproc.backend`, counts
-/// as close), if any.
+/// The parameter name closest to `name`, if one is close: a known name that `name` ends
+/// with (`vision_preproc.backend`), else the most similar by Jaro-Winkler similarity (which
+/// favours a shared beginning: `network_width` -> `network_image_width`, `backnd` ->
+/// `backend`) when it is at least [`SUGGESTION_SIMILARITY`].
 pub fn closest_parameter(name: &str, names: &[String]) -> Option<String> {
     if let Some(n) = names.iter().find(|n| name.ends_with(&format!(".{n}"))) {
         return Some(n.clone());
     }
-    let limit = (name.chars().count() / 3).max(1);
     names
         .iter()
-        .map(|n| (strsim::damerau_levenshtein(name, n), n))
-        .filter(|(d, _)| *d <= limit)
-        .min_by_key(|(d, _)| *d)
+        .map(|n| (strsim::jaro_winkler(name, n), n))
+        .filter(|(sim, _)| *sim >= SUGGESTION_SIMILARITY)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, n)| n.clone())
 }
+
+/// Least similarity for "did you mean".
+const SUGGESTION_SIMILARITY: f64 = 0.85;
 
 /// A configuration with the parameters that were ignored because vision_preproc does not
 /// have them (warn about each).
@@ -903,6 +906,22 @@ mod tests {
             "f.yaml: `network_width` is not a parameter of vision_preproc (ignored); did you \
              mean `network_image_width`?"
         );
+    }
+
+    #[test]
+    fn suggestions_are_close_names_only() {
+        let names = parameter_names();
+        let s = |n: &str| closest_parameter(n, &names);
+        assert_eq!(s("network_width").as_deref(), Some("network_image_width"));
+        assert_eq!(s("network_image_widht").as_deref(), Some("network_image_width"));
+        assert_eq!(s("backnd").as_deref(), Some("backend"));
+        assert_eq!(s("conv.kernal").as_deref(), Some("conv.kernel"));
+        assert_eq!(s("conv.kernl").as_deref(), Some("conv.kernel"));
+        assert_eq!(s("vision_preproc.backend").as_deref(), Some("backend"));
+        assert_eq!(s("input_qos_dept").as_deref(), Some("input_qos_depth"));
+        for far in ["robot_frame", "frame_rate", "exposure", "camera_name", "use_sim"] {
+            assert_eq!(s(far), None, "{far}");
+        }
     }
 
     /// The node reads flat dotted names, nested groups and a mix the same way (rcl's
