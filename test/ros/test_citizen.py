@@ -7,6 +7,7 @@ parameters file (/** and other nodes' sections, unknown keys warned about and ig
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import cv2
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import Log, Parameter, ParameterEvent, ParameterType, ParameterValue
-from rcl_interfaces.srv import DescribeParameters, GetParameters, SetParameters
+from rcl_interfaces.srv import DescribeParameters, GetParameters, ListParameters, SetParameters
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
 
@@ -27,6 +28,22 @@ CHELSEA = cv2.imread(str(ROOT / "test" / "data" / "chelsea.png"))  # bgr, 451x30
 # What rqt_console asks for: late joiners get the node's earlier records.
 ROSOUT_QOS = QoSProfile(reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL,
                         history=HistoryPolicy.KEEP_LAST, depth=1000)
+
+
+README_TYPES = {"int": ParameterType.PARAMETER_INTEGER, "double": ParameterType.PARAMETER_DOUBLE,
+                "string": ParameterType.PARAMETER_STRING, "bool": ParameterType.PARAMETER_BOOL,
+                "int[]": ParameterType.PARAMETER_INTEGER_ARRAY, "double[]": ParameterType.PARAMETER_DOUBLE_ARRAY}
+
+
+def readme_rows() -> dict[str, list[str]]:
+    """The README's parameter table: name -> [type, default, meaning]."""
+    section = (ROOT / "README.md").read_text().split("### Parameters", 1)[1].split("\n#", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"^\| `([a-z_.]+)` \| (.*) \|$", line)
+        if m:
+            rows[m.group(1)] = [c.strip() for c in m.group(2).split(" | ")]
+    return rows
 
 
 def value(v) -> ParameterValue:
@@ -128,6 +145,22 @@ def test_rosout_parameter_events_descriptors_and_refusals(tmp_path: Path) -> Non
             assert "one of: auto, cuda, cpu" in d["backend"].additional_constraints
             assert not d["use_sim_time"].read_only and d["use_sim_time"].type == ParameterType.PARAMETER_BOOL
             assert not d["debug_image_rate"].read_only and "0 disables" in d["debug_image_rate"].additional_constraints
+
+            # The README's table states what the descriptors state (types, ranges, read-only).
+            every = call(peer, ListParameters, f"{node_name}/list_parameters", ListParameters.Request()).result.names
+            described = call(peer, DescribeParameters, f"{node_name}/describe_parameters",
+                             DescribeParameters.Request(names=list(every))).descriptors
+            rows = readme_rows()
+            assert sorted(rows) == sorted(every), (sorted(rows), sorted(every))
+            for x in described:
+                kind, _, meaning = rows[x.name]
+                assert README_TYPES[kind] == x.type, (x.name, kind, x.type)
+                assert ("read-only" in meaning) == x.read_only, (x.name, meaning)
+                ranges = [f"[{r.from_value}, {r.to_value}]" + (f" with step {r.step}" if r.step > 1 else "")
+                          for r in x.integer_range]
+                ranges += [f"[{r.from_value:g}, {r.to_value:g}]" for r in x.floating_point_range]
+                for text in ranges:
+                    assert text in meaning, (x.name, text, meaning)
 
             # Refusals in ROS words; nothing changes.
             res = set_params(peer, node_name, [param("network_image_width", 0), param("backend", "cuda"),
