@@ -556,7 +556,7 @@ fn publish_debug_image(
     if rate <= 0.0 || publisher.get_inter_process_subscription_count().unwrap_or(0) == 0 {
         return;
     }
-    throttle.set_period(Duration::from_secs_f64(1.0 / rate));
+    throttle.set_period(Duration::try_from_secs_f64(1.0 / rate).unwrap_or(Duration::MAX));
     if !throttle.ready(shared.clock.now()) {
         return;
     }

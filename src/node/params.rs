@@ -598,8 +598,8 @@ impl NodeParams {
         match Config::from_yaml_value(doc, "parameters") {
             Ok(cfg) => Ok(((cfg, base.1), typed)),
             Err(e) if error_param(&e).is_some_and(|p| p != name) => Err(format!(
-                "{name} = {} conflicts with the other parameters: {e} (change them together, \
-                 in one request)",
+                "{name} = {} conflicts with the other parameters: {e} (set them in one \
+                 request: ros2 param load, or set_parameters_atomically)",
                 show(&typed)
             )),
             Err(e) => Err(e.to_string()),
@@ -617,7 +617,9 @@ impl NodeParams {
     /// `SetParameters`: each parameter accepted or refused on its own, as rclcpp does, but
     /// whatever their order: a parameter refused only because of one set later in the same
     /// request (`conv.kernel: custom` before its `conv.weights`) is tried again after the
-    /// others, until nothing changes. One result per parameter, in request order.
+    /// others, until nothing changes, and the ones still refused are tried once more all
+    /// together (`conv.size` and `conv.weights` that only fit each other). One result per
+    /// parameter, in request order.
     pub fn set(&mut self, changes: &[Change]) -> Vec<std::result::Result<ParameterValue, String>> {
         let mut results: Vec<Option<std::result::Result<ParameterValue, String>>> =
             vec![None; changes.len()];
@@ -639,6 +641,18 @@ impl NodeParams {
             }
             if !progressed || results.iter().all(|r| matches!(r, Some(Ok(_)))) {
                 break;
+            }
+        }
+        // Parameters that only fit together (conv.size and conv.weights of a custom
+        // kernel): the refused ones, as one atomic change.
+        let refused: Vec<usize> =
+            (0..changes.len()).filter(|&i| !matches!(results[i], Some(Ok(_)))).collect();
+        if refused.len() > 1 {
+            let group: Vec<Change> = refused.iter().map(|&i| changes[i].clone()).collect();
+            if let Ok(values) = self.set_atomically(&group) {
+                for (&i, v) in refused.iter().zip(values) {
+                    results[i] = Some(Ok(v));
+                }
             }
         }
         results.into_iter().map(|r| r.unwrap_or_else(|| Err("not processed".into()))).collect()
@@ -966,6 +980,25 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(p.config.conv.size, 5);
+        // ... and in one SetParameters request, in either order.
+        for order in [false, true] {
+            let mut q = p.clone();
+            let mut ch = vec![
+                ("conv.size".to_string(), ParameterValue::Integer(7)),
+                ("conv.weights".to_string(), ParameterValue::DoubleArray(vec![0.0; 49])),
+            ];
+            if order {
+                ch.reverse();
+            }
+            assert!(q.set(&ch).iter().all(|r| r.is_ok()));
+            assert_eq!((q.config.conv.size, q.config.conv.weights.len()), (7, 49));
+        }
+        // A refused group stays refused, each with its reason.
+        let r = p.clone().set(&[
+            ("conv.size".to_string(), ParameterValue::Integer(7)),
+            ("conv.weights".to_string(), ParameterValue::DoubleArray(vec![0.0; 48])),
+        ]);
+        assert!(r.iter().all(|r| r.is_err()), "{r:?}");
         // output_channels vs image_mean, both orders in one request.
         for rev in [false, true] {
             let mut p = NodeParams::new(Config::default());
