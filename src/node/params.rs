@@ -789,7 +789,7 @@ mod tests {
             let tail = e.split("expected ").nth(1).unwrap_or_else(|| panic!("{}: {e}", s.name));
             let mut accepted: Vec<&str> = tail
                 .trim_start_matches("one of ")
-                .split(|c| c == ',' || c == ' ')
+                .split([',', ' '])
                 .filter(|v| v.starts_with('`'))
                 .map(|v| v.trim_matches('`'))
                 .collect();
