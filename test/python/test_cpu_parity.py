@@ -338,7 +338,7 @@ def test_unknown_parameters_are_warned_about_and_ignored(tmp: Path) -> None:
     warnings = [line for line in p.stderr.splitlines() if line.startswith("warning: ")]
     assert warnings == [
         f"warning: {shared}: `robot_frame` is not a parameter of vision_preproc (ignored)",
-        f"warning: {shared}: `network_width` is not a parameter of vision_preproc (ignored); did you mean "
+        "warning: --set: `network_width` is not a parameter of vision_preproc (ignored); did you mean "
         "`network_image_width`?",
     ], p.stderr
     assert np.load(tmp / "o.npy").shape == (1, 3, 6, 8)
