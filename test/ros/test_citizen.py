@@ -216,7 +216,7 @@ def test_shared_parameters_file_with_sim_time(tmp_path: Path) -> None:
         "camera_driver:\n  ros__parameters:\n    exposure: 10\n"
         "vision_preproc:\n  ros__parameters:\n    backend: cpu\n    network_image_width: 64\n"
         "    network_image_height: 48\n    resize_mode: stretch\n    image_mean: [0.1, 0.2, 0.3]\n"
-        "    conv.kernal: box\n")
+        "    conv.kernal: box\n    conv.border: reflect101\n")
     with NodeProcess(["-r", f"__ns:={ns}", "--params-file", str(params)], log=tmp_path / "node.log") as node:
         peer = Peer(ns)
         logs: list[Log] = []
@@ -238,6 +238,8 @@ def test_shared_parameters_file_with_sim_time(tmp_path: Path) -> None:
                 "parameter `robot_frame` is not a parameter of vision_preproc (ignored)",
             ], warned
             assert get_param(peer, f"{ns}/vision_preproc", "use_sim_time").bool_value is True
+            # A dotted name written flat is the nested parameter (rcl's parser reads it so).
+            assert get_param(peer, f"{ns}/vision_preproc", "conv.border").string_value == "reflect101"
 
             # Sim time and no /clock yet: frames are processed, stamps copied, age 0.
             t = peer.send_until_received(image_msg(CHELSEA, "bgr8", 3_000_000_001, "cam"))

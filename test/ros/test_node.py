@@ -126,6 +126,8 @@ def test_invalid_parameters_stop_the_node_with_the_name(tmp_path: Path) -> None:
     out = node.output()
     assert rc == 1, out
     assert "output_dtype" in out and "float64" in out and "float32" in out, out
+    # Through rcutils like every log line: severity, time stamp, logger name.
+    assert re.search(r"^\[FATAL\] \[\d+\.\d+\] \[vision_preproc\]: .*output_dtype", out, re.M), out
 
 
 def test_diagnostics_and_frame_accounting_with_invalid_frames(tmp_path: Path) -> None:
