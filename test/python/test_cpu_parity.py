@@ -14,11 +14,9 @@ import cv2
 import numpy as np
 import pytest
 
-import oracle
-import runner
-import sources
-from sources import ALL_ENCODINGS, photo_frame
-from tolerances import assert_close, assert_preview_close
+from vptools import oracle, runner, sources
+from vptools.sources import ALL_ENCODINGS, photo_frame
+from vptools.tolerances import assert_close, assert_preview_close
 
 ALIASES = ("yuv422_yuy2", "yuv422")
 SIXTEEN = ("mono16", "rgb16", "bgr16")

@@ -8,23 +8,21 @@ parameters file (/** and other nodes' sections, unknown keys warned about and ig
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
-import cv2
+from vptools.rosharness import RELIABLE, ROOT, NodeProcess, Peer, call, image_msg, param, stamp_ns, tensor_array
+
 from diagnostic_msgs.msg import DiagnosticArray
-from rcl_interfaces.msg import Log, Parameter, ParameterEvent, ParameterType, ParameterValue
+from rcl_interfaces.msg import Log, Parameter, ParameterEvent, ParameterType
 from rcl_interfaces.srv import DescribeParameters, GetParameters, ListParameters, SetParameters
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
+from vptools.oracle import expected_stretch
+from vptools.sources import photo_bgr
+from vptools.tolerances import AGE_US_ABS, assert_close
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from rosharness import RELIABLE, ROOT, NodeProcess, Peer, image_msg, stamp_ns, tensor_array  # noqa: E402
-from test_node import call, expected_stretch, param  # noqa: E402
-from tolerances import AGE_US_ABS, assert_close  # noqa: E402
-
-CHELSEA = cv2.imread(str(ROOT / "test" / "data" / "chelsea.png"))  # bgr, 451x300
+CHELSEA = photo_bgr("chelsea.png")  # 451x300
 # What rqt_console asks for: late joiners get the node's earlier records.
 ROSOUT_QOS = QoSProfile(reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL,
                         history=HistoryPolicy.KEEP_LAST, depth=1000)
@@ -46,21 +44,11 @@ def readme_rows() -> dict[str, list[str]]:
     return rows
 
 
-def value(v) -> ParameterValue:
-    """A ParameterValue for what `param` does not make: bool and "not set" (delete)."""
-    out = ParameterValue()
-    if v is None:
-        out.type = ParameterType.PARAMETER_NOT_SET
-    else:
-        out.type, out.bool_value = ParameterType.PARAMETER_BOOL, v
-    return out
-
-
 def set_params(peer: Peer, node: str, params: list[Parameter]) -> list:
     return call(peer, SetParameters, f"{node}/set_parameters", SetParameters.Request(parameters=params)).results
 
 
-def get_param(peer: Peer, node: str, name: str) -> ParameterValue:
+def get_param(peer: Peer, node: str, name: str):
     return call(peer, GetParameters, f"{node}/get_parameters", GetParameters.Request(names=[name])).values[0]
 
 
@@ -164,7 +152,7 @@ def test_rosout_parameter_events_descriptors_and_refusals(tmp_path: Path) -> Non
 
             # Refusals in ROS words; nothing changes.
             res = set_params(peer, node_name, [param("network_image_width", 0), param("backend", "cuda"),
-                                               Parameter(name="tensor_name", value=value(None)), param("conv.size", 4),
+                                               param("tensor_name", None), param("conv.size", 4),
                                                param("pixel_scale", "x")])
             assert [x.successful for x in res] == [False] * 5
             assert res[0].reason == "network_image_width must be in [1, 8192] (got 0)"
@@ -189,8 +177,7 @@ def test_rosout_parameter_events_descriptors_and_refusals(tmp_path: Path) -> Non
 
             # A rule between parameters, in one request in the "wrong" order (the kernel
             # before its weights): accepted; the identity kernel leaves the tensor as it was.
-            identity = Parameter(name="conv.weights", value=ParameterValue(
-                type=ParameterType.PARAMETER_DOUBLE_ARRAY, double_array_value=[0.0] * 4 + [1.0] + [0.0] * 4))
+            identity = param("conv.weights", [0.0] * 4 + [1.0] + [0.0] * 4)
             res = set_params(peer, node_name, [param("conv.kernel", "custom"), identity])
             assert [x.successful for x in res] == [True, True], [x.reason for x in res]
             t = peer.send_until_received(image_msg(CHELSEA, "bgr8", 7_000_000_001, "cam"))
@@ -198,7 +185,7 @@ def test_rosout_parameter_events_descriptors_and_refusals(tmp_path: Path) -> Non
                          "identity conv")
 
             # use_sim_time at run time: age_us follows /clock.
-            res = set_params(peer, node_name, [Parameter(name="use_sim_time", value=value(True))])
+            res = set_params(peer, node_name, [param("use_sim_time", True)])
             assert res[0].successful, res[0].reason
             start_clock(peer, 2000.5)
             stamp, age = age_on_clock(peer, 2000.5)

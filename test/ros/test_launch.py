@@ -20,13 +20,12 @@ import types
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import cv2
 import yaml
 from rcl_interfaces.srv import GetParameters
 from sensor_msgs.msg import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from rosharness import ROOT, NodeProcess, Peer, image_msg  # noqa: E402
+from vptools.rosharness import ROOT, NodeProcess, Peer, image_msg
+from vptools.sources import photo_bgr
 
 LAUNCH = ROOT / "launch"
 
@@ -251,7 +250,7 @@ def test_node_started_as_the_launch_file_starts_it(tmp_path: Path, colcon_instal
                 values = get_params(peer, "/lf/vision_preproc", ["backend", "tensor_name", "network_image_width"])
                 assert (values[0].string_value, values[1].string_value, values[2].integer_value) == \
                     ("cpu", "images", 640), (case, proc.output())
-                t = peer.send_until_received(image_msg(cv2.imread(str(ROOT / "test/data/chelsea.png")), "bgr8",
+                t = peer.send_until_received(image_msg(photo_bgr("chelsea.png"), "bgr8",
                                                        5_000_000_001 + case, "cam"))
                 assert list(t.shape) == [1, 3, 640, 640] and t.name == "images"
             finally:
