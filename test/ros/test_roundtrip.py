@@ -119,8 +119,8 @@ def test_encodings_and_sizes_through_the_node_match_the_oracle(tmp_path: Path) -
     """Real photographs in several encodings and sizes (frame size and encoding changing
     from frame to frame) -> node -> tensors equal to the OpenCV oracle; header, shape,
     geometry and source fields correct; one FrameTiming per tensor whose stages add up."""
-    import oracle
-    from sources import photo_frame
+    from vptools import oracle
+    from vptools.sources import photo_frame
 
     from vptools.rosharness import Image
 
