@@ -254,8 +254,8 @@ CONV_CASES = [dict(kernel="gaussian", size=5, sigma=1.2, border="reflect101"),
 def test_conv_after_preprocessing(conv: dict) -> None:
     # The oracle applies conv2d with the conv2d engineer's oracle_conv.py; without it
     # (a branch without conv2d) these cases are skipped.
-    oracle_conv = pytest.importorskip("oracle_conv")
-    import tolerances
+    oracle_conv = pytest.importorskip("vptools.oracle_conv")
+    from vptools import tolerances
 
     if not hasattr(tolerances, "assert_close_conv"):
         pytest.skip("conv2d tolerances (tolerances.assert_close_conv) not in this branch")
