@@ -26,7 +26,9 @@ pub mod node;
 #[cfg(not(feature = "ros"))]
 #[path = "node_stub.rs"]
 pub mod node;
+pub mod percentile;
 pub mod pipeline;
+pub mod rng;
 
 pub use config::Config;
 pub use error::{Error, ImageError, Result};

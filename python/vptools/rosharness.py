@@ -21,6 +21,11 @@ import numpy as np
 from vptools import BIN_DIR, ROOT
 
 NODE_BIN = BIN_DIR / "vision_preproc_node"
+#: The node built with the test hooks (cargo feature `fault-injection`), which the product
+#: does not contain: scripts/test.sh puts it there (scripts/test_hooks_build.sh).
+FAULT_INJECTION_NODE = ROOT / "target" / "fault-injection" / "vision_preproc_node"
+#: The variable of the fault injection (src/pipeline/fault.rs).
+INJECT_FAULT_ENV = "VISION_PREPROC_INJECT_CUDA_FAULT"
 
 # One domain for this test run (set before rclpy is imported anywhere), loopback only.
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid() ^ int(time.time())).randint(1, 100)))
@@ -32,6 +37,7 @@ os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(ROOT / "config" / "fa
 import rclpy  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, qos_profile_sensor_data  # noqa: E402
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
 
@@ -68,9 +74,15 @@ def stamp_ns(header) -> int:
 
 
 class NodeProcess:
-    """`vision_preproc_node` in its own process, with ROS arguments; stopped with SIGINT."""
+    """`vision_preproc_node` in its own process, with ROS arguments; stopped with SIGINT.
+    With INJECT_FAULT_ENV in `env`, the node with the test hooks runs instead of the product."""
 
     def __init__(self, ros_args: list[str], binary: Path = NODE_BIN, env: dict | None = None, log: Path | None = None):
+        if INJECT_FAULT_ENV in (env or {}) and binary == NODE_BIN:
+            binary = FAULT_INJECTION_NODE
+            assert binary.exists() and INJECT_FAULT_ENV.encode() in binary.read_bytes(), (
+                f"{binary}: no node with the fault-injection feature; build it with "
+                "scripts/test_hooks_build.sh (scripts/test.sh does)")
         self.binary = binary
         self.cmd = [str(binary), "--ros-args", *ros_args]
         self.env = dict(os.environ, **(env or {}))
@@ -171,3 +183,32 @@ class Peer:
         self.executor.shutdown()
         self.node.destroy_node()
         rclpy.shutdown(context=self.context)
+
+
+def call(peer: Peer, srv_type, name: str, request, timeout: float = 10.0):
+    """Call service `name` of type `srv_type` from the peer and return the reply (every
+    wait with a timeout)."""
+    client = peer.node.create_client(srv_type, name)
+    peer.spin_until(lambda: client.service_is_ready(), timeout, f"service {name}")
+    future = client.call_async(request)
+    peer.spin_until(future.done, timeout, f"reply from {name}")
+    return future.result()
+
+
+def param(name: str, value) -> Parameter:
+    """An rcl_interfaces/Parameter typed from the Python value: str, float, int, bool,
+    a list (double array) or None (not set: what `ros2 param delete` sends)."""
+    v = ParameterValue()
+    if value is None:
+        v.type = ParameterType.PARAMETER_NOT_SET
+    elif isinstance(value, str):
+        v.type, v.string_value = ParameterType.PARAMETER_STRING, value
+    elif isinstance(value, bool):
+        v.type, v.bool_value = ParameterType.PARAMETER_BOOL, value
+    elif isinstance(value, float):
+        v.type, v.double_value = ParameterType.PARAMETER_DOUBLE, value
+    elif isinstance(value, int):
+        v.type, v.integer_value = ParameterType.PARAMETER_INTEGER, value
+    elif isinstance(value, list):
+        v.type, v.double_array_value = ParameterType.PARAMETER_DOUBLE_ARRAY, [float(x) for x in value]
+    return Parameter(name=name, value=v)

@@ -119,10 +119,9 @@ def test_encodings_and_sizes_through_the_node_match_the_oracle(tmp_path: Path) -
     """Real photographs in several encodings and sizes (frame size and encoding changing
     from frame to frame) -> node -> tensors equal to the OpenCV oracle; header, shape,
     geometry and source fields correct; one FrameTiming per tensor whose stages add up."""
-    import oracle
-    from sources import photo_frame
-
+    from vptools import oracle
     from vptools.rosharness import Image
+    from vptools.sources import photo_frame
 
     config = {"network_image_width": 128, "network_image_height": 96, "resize_mode": "center_crop",
               "output_dtype": "float16", "output_layout": "NHWC", "channel_order": "bgr",

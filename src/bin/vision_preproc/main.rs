@@ -1,7 +1,8 @@
 //! `vision_preproc`: the offline command-line tool (no ROS needed).
 
+#[cfg(feature = "bench")]
+mod bench;
 mod bench_cpu;
-mod bench_gpu;
 mod conv_file;
 mod input;
 mod play;
@@ -29,8 +30,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Parse and validate a parameters file (ROS `ros__parameters` shape) and print the
-    /// resolved configuration.
+    /// Parse and validate a parameters file (ROS `ros__parameters` shape, read as the node
+    /// reads it) and print the resolved configuration; parameters vision_preproc does not
+    /// have are warned about on stderr.
     CheckConfig {
         /// The YAML file.
         file: PathBuf,
@@ -38,8 +40,10 @@ enum Command {
     /// Say which backend `backend: auto` would pick on this machine, and why.
     Info,
     /// Benchmark the CUDA backend (fused vs three-kernel, tiled vs naive conv2d, upload,
-    /// download, full frame); prints a table and writes results.json.
-    Bench(bench_gpu::BenchArgs),
+    /// download, full frame); prints a table and writes results.json. (Built with the
+    /// cargo feature `bench`.)
+    #[cfg(feature = "bench")]
+    Bench(bench::BenchArgs),
     /// (tests) The CPU conv2d alone on a float32 (C, H, W) .npy.
     #[command(hide = true)]
     ConvFile(conv_file::ConvFileArgs),
@@ -73,7 +77,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::CheckConfig { file } => {
-            let cfg = Config::from_yaml_file(&file)?;
+            let cfg = input::with_warnings(Config::load_yaml_file(&file, &[])?);
             print!("{}", serde_yaml::to_string(&cfg).context("printing the configuration")?);
         }
         Command::Info => {
@@ -94,7 +98,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Replay(args) => replay::run(args)?,
         Command::Play(args) => play::run(args)?,
         Command::Record(args) => record::run(args)?,
-        Command::Bench(args) => bench_gpu::run(&args)?,
+        #[cfg(feature = "bench")]
+        Command::Bench(args) => bench::run(&args)?,
     }
     Ok(())
 }
