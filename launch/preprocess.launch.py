@@ -12,8 +12,8 @@ import os
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, SetEnvironmentVariable
-from launch.substitutions import EnvironmentVariable, LaunchConfiguration
+from launch.actions import DeclareLaunchArgument
+from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 
@@ -27,12 +27,9 @@ def generate_launch_description():
         DeclareLaunchArgument("camera_info", default_value="camera_info",
                               description="Input camera_info topic (remaps `camera_info`)"),
         DeclareLaunchArgument("backend", default_value="auto", description="auto | cuda | cpu"),
-        # Large best-effort frames need a large shared-memory segment (see the README).
-        SetEnvironmentVariable(
-            "FASTDDS_DEFAULT_PROFILES_FILE",
-            EnvironmentVariable("FASTDDS_DEFAULT_PROFILES_FILE",
-                                default_value=os.path.join(share, "config", "fastdds_large_frames.xml")),
-        ),
+        # No Fast DDS profile is set here: the node sizes its own shared-memory segment from
+        # its output unless FASTDDS_DEFAULT_PROFILES_FILE is set. The camera driver is the
+        # one that needs config/fastdds_large_frames.xml (see the README).
         Node(
             package="vision_preproc",
             executable="vision_preproc_node",

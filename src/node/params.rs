@@ -103,7 +103,12 @@ pub const PARAMETERS: &[(&str, Kind, bool, &str)] = &[
         false,
         "On a CUDA failure: fallback (CPU) | retry (rebuild, then CPU) | exit (start-up only)",
     ),
-    ("input_qos", Kind::Str, false, "sensor_data | default | system_default (start-up only)"),
+    (
+        "input_qos",
+        Kind::Str,
+        false,
+        "auto (publishers' QoS) | sensor_data | default | system_default (start-up only)",
+    ),
     (
         "input_qos_depth",
         Kind::Integer,

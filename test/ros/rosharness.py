@@ -69,10 +69,11 @@ def stamp_ns(header) -> int:
 class NodeProcess:
     """`vision_preproc_node` in its own process, with ROS arguments; stopped with SIGINT."""
 
-    def __init__(self, ros_args: list[str], binary: Path = NODE_BIN, env: dict | None = None, log: Path | None = None):
+    def __init__(self, ros_args: list[str], binary: Path = NODE_BIN, env: dict | None = None, log: Path | None = None,
+                 unset: tuple[str, ...] = ()):
         self.binary = binary
         self.cmd = [str(binary), "--ros-args", *ros_args]
-        self.env = dict(os.environ, **(env or {}))
+        self.env = {k: v for k, v in dict(os.environ, **(env or {})).items() if k not in unset}
         self.log_path = log
         self.proc: subprocess.Popen | None = None
 
