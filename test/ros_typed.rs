@@ -4,15 +4,19 @@
 //! photograph and subscribes to each output twice, typed (rmw deserializes, r2r builds
 //! the Rust message) and raw (the bytes as received). Checked: field by field (the typed
 //! message against the frame sent and against the crate's own CDR reader on the raw
-//! bytes), and byte by byte (r2r's serialization of the typed message, what a typed
-//! publisher sends, equals the raw bytes). rclpy's side is `test/ros/test_transport.py`.
+//! bytes), and byte by byte: this process republishes each typed message with r2r's
+//! typed publisher and receives that raw too; the node's bytes equal it, plus the zero
+//! padding to 4 bytes that inter-process delivery adds (in-process delivery adds none).
+//! (`to_serialized_bytes` is not the reference: rmw_serialize leaves the alignment
+//! padding uninitialized, the wire does not.) rclpy's side is
+//! `test/ros/test_transport.py`.
 //!
 //! Own ROS_DOMAIN_ID, loopback only; every wait has a timeout.
 
 use futures::{FutureExt, StreamExt};
 use r2r::sensor_msgs::msg::Image;
 use r2r::vision_preproc_msgs::msg::{FrameTiming, Tensor};
-use r2r::{QosProfile, WrappedTypesupport};
+use r2r::QosProfile;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 use vision_preproc::bag::msgs::{FrameTiming as RawTiming, Tensor as RawTensor};
@@ -44,18 +48,23 @@ fn photo() -> (u32, u32, Vec<u8>) {
     (img.width(), img.height(), img.into_raw())
 }
 
-fn check(tensor: &Tensor, raw: &[u8], sent: &Image) -> Result<(), String> {
-    // Byte for byte: what a typed publisher (rmw_serialize of the same message) sends.
-    let typed_bytes = tensor.to_serialized_bytes().map_err(|e| format!("serializing: {e}"))?;
-    if typed_bytes != raw {
-        let first = typed_bytes.iter().zip(raw).position(|(a, b)| a != b);
+/// `node_raw` is `typed_wire` plus the zero padding to 4 bytes of inter-process delivery.
+fn same_bytes(node_raw: &[u8], typed_wire: &[u8], what: &str) -> Result<(), String> {
+    let n = typed_wire.len();
+    let padded = n.next_multiple_of(4);
+    let first = node_raw.iter().zip(typed_wire).position(|(a, b)| a != b);
+    if first.is_some() || node_raw.len() != padded || node_raw[n..].iter().any(|&b| b != 0) {
         return Err(format!(
-            "raw Tensor differs from the typed serialization: {} vs {} bytes, first \
-             difference at byte {first:?}",
-            raw.len(),
-            typed_bytes.len()
+            "raw {what} ({} bytes) is not the typed publisher's {n} bytes padded to {padded}: \
+             first difference at byte {first:?}",
+            node_raw.len()
         ));
     }
+    Ok(())
+}
+
+fn check(tensor: &Tensor, raw: &[u8], typed_wire: &[u8], sent: &Image) -> Result<(), String> {
+    same_bytes(raw, typed_wire, "Tensor")?;
     // Field by field: typed against the crate's reader of the raw bytes, and the frame.
     let r = RawTensor::decode(raw).map_err(|e| e.to_string())?;
     let fields = [
@@ -96,11 +105,13 @@ fn check(tensor: &Tensor, raw: &[u8], sent: &Image) -> Result<(), String> {
     Ok(())
 }
 
-fn check_timing(t: &FrameTiming, raw: &[u8], sent: &Image) -> Result<(), String> {
-    let typed_bytes = t.to_serialized_bytes().map_err(|e| format!("serializing: {e}"))?;
-    if typed_bytes != raw {
-        return Err(format!("raw FrameTiming ({} bytes) differs from the typed one", raw.len()));
-    }
+fn check_timing(
+    t: &FrameTiming,
+    raw: &[u8],
+    typed_wire: &[u8],
+    sent: &Image,
+) -> Result<(), String> {
+    same_bytes(raw, typed_wire, "FrameTiming")?;
     let r = RawTiming::decode(raw).map_err(|e| e.to_string())?;
     let stages = [t.upload_us, t.preprocess_us, t.conv_us, t.download_us, t.total_us, t.age_us];
     if r.stages_us != stages || r.sequence != t.sequence || r.backend != t.backend {
@@ -140,7 +151,17 @@ fn run() -> Result<(), String> {
         node.subscribe_raw("tensor", "vision_preproc_msgs/msg/Tensor", qos.clone()).map_err(err)?;
     let mut typed_t = node.subscribe::<FrameTiming>("timing", qos.clone()).map_err(err)?;
     let mut raw_t = node
-        .subscribe_raw("timing", "vision_preproc_msgs/msg/FrameTiming", qos)
+        .subscribe_raw("timing", "vision_preproc_msgs/msg/FrameTiming", qos.clone())
+        .map_err(err)?;
+    // The typed publisher of the same messages, and its samples as received.
+    let typed_pub = node.create_publisher::<Tensor>("tensor_typed", qos.clone()).map_err(err)?;
+    let typed_pub_t =
+        node.create_publisher::<FrameTiming>("timing_typed", qos.clone()).map_err(err)?;
+    let mut wire = node
+        .subscribe_raw("tensor_typed", "vision_preproc_msgs/msg/Tensor", qos.clone())
+        .map_err(err)?;
+    let mut wire_t = node
+        .subscribe_raw("timing_typed", "vision_preproc_msgs/msg/FrameTiming", qos)
         .map_err(err)?;
 
     let (w, h, data) = photo();
@@ -194,15 +215,29 @@ fn run() -> Result<(), String> {
             break;
         }
     }
+    // Republish the first of each, typed, and take it back raw.
+    typed_pub.publish(&tensors[0]).map_err(err)?;
+    typed_pub_t.publish(&timings[0]).map_err(err)?;
+    let (mut back, mut back_t) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while back.is_none() || back_t.is_none() {
+        if Instant::now() > deadline {
+            return Err("the typed republication did not come back".into());
+        }
+        node.spin_once(Duration::from_millis(20));
+        if let Some(Some(m)) = wire.next().now_or_never() {
+            back = Some(m);
+        }
+        if let Some(Some(m)) = wire_t.next().now_or_never() {
+            back_t = Some(m);
+        }
+    }
+    let (back, back_t) = (back.unwrap_or_default(), back_t.unwrap_or_default());
     // The same samples arrive in the same order on both subscriptions of a topic.
-    for (t, r) in tensors.iter().zip(&raws) {
-        check(t, r, &sent)?;
-    }
-    for (t, r) in timings.iter().zip(&raw_timings) {
-        check_timing(t, r, &sent)?;
-    }
+    check(&tensors[0], &raws[0], &back, &sent)?;
+    check_timing(&timings[0], &raw_timings[0], &back_t, &sent)?;
     println!(
-        "ros_typed: {} tensors and {} timings, raw == typed serialization, fields equal",
+        "ros_typed: {} tensors and {} timings, raw == the typed publisher's bytes, fields equal",
         tensors.len(),
         timings.len()
     );

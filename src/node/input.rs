@@ -182,11 +182,12 @@ impl Input {
                     Some(Box::new(node.subscribe_native::<Image>(self.image.relative, qos)?));
                 log_choice(shared, &self.image.resolved, &adapted, self.image.chosen.is_some());
                 let mut st = lock(&shared.input);
-                st.qos = format!("auto: {adapted}");
                 st.best_effort = adapted.reliability == Reliability::BestEffort;
                 st.monitor.reset();
-                self.image.chosen = Some(adapted);
             }
+            // The same policies; the counts of who offers what may have changed.
+            lock(&shared.input).qos = format!("auto: {adapted}");
+            self.image.chosen = Some(adapted);
         }
         if let Some(adapted) = adapt_to_offers(&offers(node, &self.info.resolved)) {
             if changed(&self.info.chosen, &adapted) {
@@ -195,8 +196,8 @@ impl Input {
                 self.infos =
                     Some(Box::new(node.subscribe::<CameraInfo>(self.info.relative, qos)?));
                 log_choice(shared, &self.info.resolved, &adapted, self.info.chosen.is_some());
-                self.info.chosen = Some(adapted);
             }
+            self.info.chosen = Some(adapted);
         }
         Ok(())
     }

@@ -111,12 +111,14 @@ class Peer:
     ns: str
     image_qos: QoSProfile = field(default_factory=lambda: BEST_EFFORT)
     output_qos: QoSProfile = field(default_factory=lambda: RELIABLE)
+    # False: no image publisher (for tests whose cameras run elsewhere).
+    publish_images: bool = True
 
     def __post_init__(self) -> None:
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
         self.node = Node(f"peer_{os.getpid()}", namespace=self.ns, context=self.context)
-        self.pub = self.node.create_publisher(Image, "image", self.image_qos)
+        self.pub = self.node.create_publisher(Image, "image", self.image_qos) if self.publish_images else None
         self.tensors: list[Tensor] = []
         self.timings: list[FrameTiming] = []
         self.node.create_subscription(Tensor, "tensor", self.tensors.append, self.output_qos)
