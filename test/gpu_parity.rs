@@ -523,15 +523,16 @@ fn main() -> ExitCode {
                 0 => gpu.process(&frame.view(), &op, conv, &mut out),
                 k => {
                     let len = op.params.tensor_desc().byte_len();
-                    gpu.alloc_host(len + 128).and_then(|mut buf| {
-                        let base = buf.as_slice().as_ptr() as usize;
-                        let at = (64 - base % 64) % 64 + if k == 2 { 4 } else { 0 };
-                        let dst = &mut buf.as_mut_slice()[at..at + len];
-                        gpu.process_into(&frame.view(), &op, conv, dst)?;
-                        out = buf.as_slice()[at..at + len].to_vec();
-                        Ok(())
-                    })
-                    .map(|_| Default::default())
+                    gpu.alloc_host(len + 128)
+                        .and_then(|mut buf| {
+                            let base = buf.as_slice().as_ptr() as usize;
+                            let at = (64 - base % 64) % 64 + if k == 2 { 4 } else { 0 };
+                            let dst = &mut buf.as_mut_slice()[at..at + len];
+                            gpu.process_into(&frame.view(), &op, conv, dst)?;
+                            out = buf.as_slice()[at..at + len].to_vec();
+                            Ok(())
+                        })
+                        .map(|_| Default::default())
                 }
             }
             .map_err(|e| format!("CUDA backend: {e}"));

@@ -69,7 +69,11 @@ fn check(tensor: &Tensor, raw: &[u8], typed_wire: &[u8], sent: &Image) -> Result
     let r = RawTensor::decode(raw).map_err(|e| e.to_string())?;
     let fields = [
         ("header.frame_id", r.header.frame_id == tensor.header.frame_id),
-        ("header.stamp", (r.header.sec, r.header.nanosec) == (tensor.header.stamp.sec, tensor.header.stamp.nanosec)),
+        (
+            "header.stamp",
+            (r.header.sec, r.header.nanosec)
+                == (tensor.header.stamp.sec, tensor.header.stamp.nanosec),
+        ),
         ("name", r.name == tensor.name),
         ("layout", r.layout == tensor.layout),
         ("dtype", r.dtype == tensor.dtype),
@@ -79,7 +83,10 @@ fn check(tensor: &Tensor, raw: &[u8], typed_wire: &[u8], sent: &Image) -> Result
             "geometry",
             r.geometry == [tensor.scale_x, tensor.scale_y, tensor.offset_x, tensor.offset_y],
         ),
-        ("source size", (r.source_width, r.source_height) == (tensor.source_width, tensor.source_height)),
+        (
+            "source size",
+            (r.source_width, r.source_height) == (tensor.source_width, tensor.source_height),
+        ),
         ("source_encoding", r.source_encoding == tensor.source_encoding),
     ];
     if let Some((f, _)) = fields.iter().find(|(_, ok)| !ok) {
@@ -100,7 +107,10 @@ fn check(tensor: &Tensor, raw: &[u8], typed_wire: &[u8], sent: &Image) -> Result
     // Letterbox geometry of the sent size: scale = min(W / w, H / h) on both axes.
     let s = (NET_W as f32 / sent.width as f32).min(NET_H as f32 / sent.height as f32);
     if (tensor.scale_x - s).abs() > 0.02 || (tensor.scale_y - s).abs() > 0.02 {
-        return Err(format!("scale {} x {} for a letterbox of {s}", tensor.scale_x, tensor.scale_y));
+        return Err(format!(
+            "scale {} x {} for a letterbox of {s}",
+            tensor.scale_x, tensor.scale_y
+        ));
     }
     Ok(())
 }
@@ -117,7 +127,11 @@ fn check_timing(
     if r.stages_us != stages || r.sequence != t.sequence || r.backend != t.backend {
         return Err("FrameTiming fields differ between the typed and the raw message".into());
     }
-    if t.header != sent.header || t.backend != "cpu" || !(t.total_us >= t.preprocess_us) {
+    if t.header != sent.header
+        || t.backend != "cpu"
+        || t.total_us < t.preprocess_us
+        || t.preprocess_us.is_nan()
+    {
         return Err(format!("FrameTiming does not fit the frame: {t:?}"));
     }
     Ok(())

@@ -157,8 +157,7 @@ impl<'a> Tensor<'a> {
         let shape = r.u32_seq("shape")?;
         let data = r.bytes("data")?;
         let mut geometry = [0f32; 4];
-        for (g, field) in geometry.iter_mut().zip(["scale_x", "scale_y", "offset_x", "offset_y"])
-        {
+        for (g, field) in geometry.iter_mut().zip(["scale_x", "scale_y", "offset_x", "offset_y"]) {
             *g = r.f32(field)?;
         }
         Ok(Tensor {

@@ -110,9 +110,8 @@ impl Input {
     ) -> r2r::Result<Input> {
         let (name, namespace) = (node.name()?, node.namespace()?);
         let resolve = |t: &'static str| {
-            args.and_then(|a| a.resolve_topic(t, &name, &namespace)).unwrap_or_else(|| {
-                format!("{}/{t}", namespace.trim_end_matches('/'))
-            })
+            args.and_then(|a| a.resolve_topic(t, &name, &namespace))
+                .unwrap_or_else(|| format!("{}/{t}", namespace.trim_end_matches('/')))
         };
         let mut input = Input {
             preset,
@@ -193,8 +192,7 @@ impl Input {
             if changed(&self.info.chosen, &adapted) {
                 let qos = qos_profile(self.preset, self.depth, Some(&adapted));
                 self.infos = None;
-                self.infos =
-                    Some(Box::new(node.subscribe::<CameraInfo>(self.info.relative, qos)?));
+                self.infos = Some(Box::new(node.subscribe::<CameraInfo>(self.info.relative, qos)?));
                 log_choice(shared, &self.info.resolved, &adapted, self.info.chosen.is_some());
             }
             self.info.chosen = Some(adapted);

@@ -102,8 +102,8 @@ impl DdsSetup {
         let largest = dds::largest_output(&bound);
         let segment = dds::segment_size(largest);
         let udp = dds::socket_buffer_limit().map_or(dds::UDP_BUFFER, |l| l.min(dds::UDP_BUFFER));
-        let file = std::env::temp_dir()
-            .join(format!("vision_preproc_fastdds_{}.xml", std::process::id()));
+        let file =
+            std::env::temp_dir().join(format!("vision_preproc_fastdds_{}.xml", std::process::id()));
         std::fs::write(&file, dds::profile_xml(segment, udp)).map_err(|e| {
             anyhow::anyhow!(
                 "writing the node's Fast DDS profile {}: {e}; set FASTDDS_DEFAULT_PROFILES_FILE \

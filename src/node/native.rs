@@ -122,8 +122,7 @@ impl RosArgs {
     /// Parse `std::env::args()` as `rcl_init` does; `None` if rcl refuses them (the
     /// node's own start then reports the error).
     pub fn parse() -> Option<RosArgs> {
-        let owned: Vec<CString> =
-            std::env::args().filter_map(|a| CString::new(a).ok()).collect();
+        let owned: Vec<CString> = std::env::args().filter_map(|a| CString::new(a).ok()).collect();
         let argv: Vec<*const c_char> = owned.iter().map(|a| a.as_ptr()).collect();
         // SAFETY: plain constructor of a zeroed struct.
         let mut args = unsafe { rcl::rcl_get_zero_initialized_arguments() };
@@ -154,8 +153,11 @@ impl RosArgs {
         } else {
             format!("{namespace}/{topic}")
         };
-        let (t, n, ns) =
-            (CString::new(expanded.clone()).ok()?, CString::new(name).ok()?, CString::new(namespace).ok()?);
+        let (t, n, ns) = (
+            CString::new(expanded.clone()).ok()?,
+            CString::new(name).ok()?,
+            CString::new(namespace).ok()?,
+        );
         let mut out: *mut c_char = std::ptr::null_mut();
         // SAFETY: valid argument struct (parsed above, alive), NUL-terminated strings
         // that outlive the call, a valid out pointer; no local arguments (r2r creates

@@ -276,7 +276,10 @@ mod tests {
             warning: Some("frames lost before the node".into()),
         };
         let (s, prev) = stats.status("vp", prev, 1.0, &info);
-        assert_eq!((s.level, s.message.as_str()), (DiagnosticStatus::WARN as u8, "frames lost before the node"));
+        assert_eq!(
+            (s.level, s.message.as_str()),
+            (DiagnosticStatus::WARN as u8, "frames lost before the node")
+        );
         assert_eq!(value(&s, "Input delivery"), "0.7 of 30.0 frames/s");
         *stats.input.lock().unwrap() = InputReport::default();
         let (s, _) = stats.status("vp", prev, 1.0, &info);

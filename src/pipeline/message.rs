@@ -127,11 +127,8 @@ mod tests {
     use crate::config::{DType, Layout};
 
     fn geometry() -> Geometry {
-        let cfg = crate::Config {
-            network_image_width: 5,
-            network_image_height: 3,
-            ..Default::default()
-        };
+        let cfg =
+            crate::Config { network_image_width: 5, network_image_height: 3, ..Default::default() };
         Geometry::resolve(&cfg, 10, 4).unwrap()
     }
 
@@ -140,9 +137,12 @@ mod tests {
         let g = geometry();
         // frame_id lengths 0..4 move every later field through all four alignments;
         // float16 with an odd element count makes the data end off a 4-byte boundary.
-        for (frame_id, dtype) in
-            [("", DType::Float32), ("a", DType::Float16), ("ab", DType::Float16), ("abc", DType::Float32)]
-        {
+        for (frame_id, dtype) in [
+            ("", DType::Float32),
+            ("a", DType::Float16),
+            ("ab", DType::Float16),
+            ("abc", DType::Float32),
+        ] {
             let header = Header { sec: -3, nanosec: 999_999_999, frame_id: frame_id.into() };
             let desc = TensorDesc { channels: 3, height: 3, width: 5, layout: Layout::Nhwc, dtype };
             let f = TensorFields {

@@ -104,7 +104,10 @@ mod tests {
         assert_eq!(largest_output(&grey), 640 * 640 * 2 + 4096);
         // 4K float32 output: 99.5 MB tensors -> 380 MiB segment.
         let big = Config { network_image_width: 3840, network_image_height: 2160, ..cfg };
-        assert_eq!(segment_size(largest_output(&big)), (4 * (99_532_800usize + 4096)).next_multiple_of(1 << 20));
+        assert_eq!(
+            segment_size(largest_output(&big)),
+            (4 * (99_532_800usize + 4096)).next_multiple_of(1 << 20)
+        );
     }
 
     #[test]

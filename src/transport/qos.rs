@@ -162,14 +162,20 @@ mod tests {
              repaired); volatile"
         );
         let c = adapt_to_offers(&[BEST_EFFORT]).unwrap();
-        assert_eq!(c.to_string(), "best effort, volatile: the publisher offers best effort; volatile");
+        assert_eq!(
+            c.to_string(),
+            "best effort, volatile: the publisher offers best effort; volatile"
+        );
         assert!(!b.differs(&c));
     }
 
     #[test]
     fn transient_local_only_when_every_publisher_offers_it() {
         let a = adapt_to_offers(&[LATCHED]).unwrap();
-        assert_eq!((a.reliability, a.durability), (Reliability::Reliable, Durability::TransientLocal));
+        assert_eq!(
+            (a.reliability, a.durability),
+            (Reliability::Reliable, Durability::TransientLocal)
+        );
         let b = adapt_to_offers(&[LATCHED, RELIABLE]).unwrap();
         assert_eq!((b.reliability, b.durability), (Reliability::Reliable, Durability::Volatile));
         assert!(b.to_string().ends_with("volatile, 1 of 2 transient local"), "{b}");

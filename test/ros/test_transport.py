@@ -188,6 +188,7 @@ def test_input_qos_auto_follows_the_publishers(tmp_path: Path) -> None:
                                "--count", "12", "--wait-subscribers", "1", frame_id="reliable"))
             s = diag.wait_for(lambda s: qos(s).startswith("auto: reliable"), 20.0, "a reliable subscription")
             assert "the publisher offers reliable" in qos(s), qos(s)
+            peer.spin_until(lambda: cams[-1].proc.poll() is not None, 40.0, "the reliable camera to finish")
             sent = cams[-1].sent()
             peer.spin_until(lambda: sum(t.header.frame_id == "reliable" for t in peer.tensors) >= sent, 10.0,
                             f"all {sent} tensors of the reliable camera")
@@ -254,6 +255,7 @@ def test_a_slow_camera_raises_no_warning(tmp_path: Path) -> None:
         cam = Camera(ns, "--width", "1920", "--height", "1080", "--rate", "3", "--seconds", "9",
                      "--camera-info", f"{ns}/camera_info", "--wait-subscribers", "1", profile=True)
         try:
+            peer.spin_until(lambda: cam.proc.poll() is not None, 40.0, "the camera to finish")
             sent = cam.sent()
             peer.spin_until(lambda: len(peer.tensors) >= sent, 5.0, f"{sent} tensors")
             measured = [s for s in diag.statuses if "frames/s arrive" in diag.value(s, "Input delivery")]
