@@ -132,6 +132,8 @@ pub struct RecordStats {
     pub e2e_ms: Vec<f64>,
     /// Per timing: `total_us` in ms (node-added latency: frame received -> published).
     pub node_ms: Vec<f64>,
+    /// Per timing: the stages `upload_us`, `preprocess_us`, `conv_us`, `download_us`.
+    pub stages_us: Vec<[f32; 4]>,
     /// Receive times (ns since the epoch) of the first and last tensor.
     pub first_last_ns: Option<(u64, u64)>,
 }

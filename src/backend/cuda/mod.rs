@@ -3,12 +3,14 @@
 //! timing events.
 //!
 //! Frame flow (`upload` memory mode, discrete GPUs):
-//! host frame -> pinned write-combined ring slot (CPU copy) -> device buffer (async
-//! copy) -> `resize_normalize_<enc>` -> [`conv2d_*`] -> device tensor -> pinned cached
-//! ring slot (async copy) -> caller's `Vec`.
+//! host frame -> pinned write-combined ring slot (the one CPU copy, in parallel pieces
+//! for large frames) -> device buffer (async copy) -> `resize_normalize_<enc>` ->
+//! [`conv2d_*`] -> device tensor -> async copy straight into the caller's buffer when it
+//! is pinned memory of this context ([`Backend::alloc_host`]: the node's serialized
+//! `Tensor` message), else into a pinned cached ring slot and one CPU copy out.
 //! `mapped` mode (Jetson: CPU and GPU share DRAM): the kernel reads the pinned,
-//! device-mapped ring slot where the CPU wrote the frame, and writes the tensor into a
-//! mapped slot the CPU reads: no copy on the GPU side at all.
+//! device-mapped ring slot where the CPU wrote the frame, and writes the tensor into the
+//! caller's mapped buffer (or a mapped slot): no copy on the GPU side at all.
 //!
 //! Everything the GPU touches stays allocated across frames and grows only when a frame
 //! needs more. Every kernel is compiled for the device's own architecture at start-up
