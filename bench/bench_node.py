@@ -151,12 +151,10 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
         binary = (OLD_BIN if kind == "vision_preproc_old" else BIN) / "vision_preproc_node"
         cmd = [str(binary), "--ros-args", "-r", f"__ns:={ns}", "--params-file", str(ROOT / "config" / "default.yaml"),
                "-p", "backend:=cpu", "-p", f"network_image_width:={nw}", "-p", f"network_image_height:={nh}"]
-        if case and kind == "vision_preproc_old":
-            # The old default.yaml said sensor_data; the new one says auto: each node gets
-            # its own release's default.
+        if kind == "vision_preproc_old":
+            # This config/default.yaml says auto, which the old release does not know; its
+            # own default was sensor_data: each node gets its own release's default.
             cmd += ["-p", "input_qos:=sensor_data"]
-        elif case:
-            cmd += ["-p", "input_qos:=auto"]
         for p in node_params or []:
             cmd += ["-p", p]
     else:

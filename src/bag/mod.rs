@@ -39,6 +39,8 @@ pub struct PlayOptions {
     pub restamp: bool,
     /// Stop after this long (with `repeat`, the only way to end besides a signal).
     pub duration: Option<std::time::Duration>,
+    /// Publish reliable instead of best effort.
+    pub reliable: bool,
 }
 
 /// What was played.
