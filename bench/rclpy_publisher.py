@@ -52,6 +52,8 @@ def main() -> int:
     ap.add_argument("--camera-info", default="", help="also publish a CameraInfo per frame on this topic")
     ap.add_argument("--count", type=int, default=0, help="stop after this many frames (0: --seconds only)")
     ap.add_argument("--frame-id", default="camera")
+    ap.add_argument("--wait-reliable-subscriber", action="store_true",
+                    help="start once a reliable subscription of the topic exists (up to 20 s)")
     a = ap.parse_args()
     rclpy.init()
     node = rclpy.create_node("bench_rclpy_camera")
@@ -64,6 +66,10 @@ def main() -> int:
         frames.append(np.ascontiguousarray(rgb[..., ::-1]).tobytes())
     deadline = time.monotonic() + 20
     while pub.get_subscription_count() < a.wait_subscribers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    while a.wait_reliable_subscriber and time.monotonic() < deadline and not any(
+            i.qos_profile.reliability == ReliabilityPolicy.RELIABLE
+            for i in node.get_subscriptions_info_by_topic(pub.topic_name)):
         time.sleep(0.05)
     period = 1.0 / a.rate if a.rate > 0 else 0.0
     pub_ms: list[float] = []

@@ -1,13 +1,15 @@
 //! The node's input, run on the spin thread: the `image` subscription (native messages,
 //! read in place) and `camera_info`, drained right after each `spin_once` into the
 //! keep-latest slot; with `input_qos: auto`, the subscriptions follow what the
-//! publishers offer (`transport::adapt_to_offers`): made when the first publisher
+//! publishers offer (`transport::adapt_to_offers`): best effort until a publisher
 //! appears, recreated when the answer changes.
 
 use super::native::{NativeImage, RosArgs};
 use super::{lock, Received, Shared};
 use crate::config::QosPreset;
-use crate::transport::{adapt_to_offers, Adapted, DeliveryMonitor, Durability, Offer, Reliability};
+use crate::transport::{
+    adapt_to_offers, before_publishers, Adapted, DeliveryMonitor, Durability, Offer, Reliability,
+};
 use futures::{FutureExt, Stream, StreamExt};
 use r2r::qos::{DurabilityPolicy, ReliabilityPolicy};
 use r2r::sensor_msgs::msg::{CameraInfo, Image};
@@ -122,19 +124,27 @@ impl Input {
             infos: None,
             next_check: Instant::now(),
         };
-        {
-            let mut st = lock(&shared.input);
-            st.topic = input.image.resolved.clone();
-            st.qos = "auto: waiting for a publisher (subscribes with what it offers)".into();
-        }
-        if preset != QosPreset::Auto {
-            let qos = qos_profile(preset, depth, None);
-            input.images = Some(Box::new(node.subscribe_native::<Image>("image", qos.clone())?));
-            input.infos = Some(Box::new(node.subscribe::<CameraInfo>("camera_info", qos)?));
-            let mut st = lock(&shared.input);
+        // The topics exist from the start: `auto` subscribes with what matches any
+        // publisher until the publishers say otherwise.
+        let first = before_publishers();
+        let qos = qos_profile(preset, depth, Some(&first));
+        input.images = Some(Box::new(node.subscribe_native::<Image>("image", qos.clone())?));
+        input.infos = Some(Box::new(node.subscribe::<CameraInfo>("camera_info", qos)?));
+        let mut st = lock(&shared.input);
+        st.topic = input.image.resolved.clone();
+        if preset == QosPreset::Auto {
+            for topic in [&input.image.resolved, &input.info.resolved] {
+                r2r::log_info!(&shared.logger, "input_qos auto: {topic} {first}");
+            }
+            st.qos = format!("auto: {first}");
+            st.best_effort = true;
+            input.image.chosen = Some(first.clone());
+            input.info.chosen = Some(first);
+        } else {
             st.qos = format!("input_qos {}", preset_name(preset));
             st.best_effort = preset == QosPreset::SensorData;
         }
+        drop(st);
         input.adapt(node, shared)?;
         Ok(input)
     }
@@ -172,28 +182,33 @@ impl Input {
         if self.preset != QosPreset::Auto {
             return Ok(());
         }
-        // No publisher: nothing to adapt to; a subscription made for earlier ones stays.
+        // No publisher: nothing to adapt to; the subscription made so far stays.
         if let Some(adapted) = adapt_to_offers(&image_offers) {
-            if changed(&self.image.chosen, &adapted) {
+            let recreate = changed(&self.image.chosen, &adapted);
+            if recreate {
                 let qos = qos_profile(self.preset, self.depth, Some(&adapted));
                 self.images = None; // r2r drops the old subscription at its next message
                 self.images =
                     Some(Box::new(node.subscribe_native::<Image>(self.image.relative, qos)?));
-                log_choice(shared, &self.image.resolved, &adapted, self.image.chosen.is_some());
                 let mut st = lock(&shared.input);
                 st.best_effort = adapted.reliability == Reliability::BestEffort;
                 st.monitor.reset();
             }
-            // The same policies; the counts of who offers what may have changed.
-            lock(&shared.input).qos = format!("auto: {adapted}");
+            if self.image.chosen.as_ref() != Some(&adapted) {
+                log_choice(shared, &self.image.resolved, &adapted, recreate);
+                lock(&shared.input).qos = format!("auto: {adapted}");
+            }
             self.image.chosen = Some(adapted);
         }
         if let Some(adapted) = adapt_to_offers(&offers(node, &self.info.resolved)) {
-            if changed(&self.info.chosen, &adapted) {
+            let recreate = changed(&self.info.chosen, &adapted);
+            if recreate {
                 let qos = qos_profile(self.preset, self.depth, Some(&adapted));
                 self.infos = None;
                 self.infos = Some(Box::new(node.subscribe::<CameraInfo>(self.info.relative, qos)?));
-                log_choice(shared, &self.info.resolved, &adapted, self.info.chosen.is_some());
+            }
+            if self.info.chosen.as_ref() != Some(&adapted) {
+                log_choice(shared, &self.info.resolved, &adapted, recreate);
             }
             self.info.chosen = Some(adapted);
         }
@@ -217,7 +232,7 @@ fn preset_name(p: QosPreset) -> &'static str {
     }
 }
 
-fn log_choice(shared: &Shared, topic: &str, adapted: &Adapted, again: bool) {
-    let what = if again { "subscription recreated" } else { "subscribed" };
-    r2r::log_info!(&shared.logger, "input_qos auto: {topic} {what} {adapted}");
+fn log_choice(shared: &Shared, topic: &str, adapted: &Adapted, recreated: bool) {
+    let what = if recreated { "subscription recreated" } else { "subscription kept" };
+    r2r::log_info!(&shared.logger, "input_qos auto: {topic} {adapted} ({what})");
 }

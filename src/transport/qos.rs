@@ -2,9 +2,11 @@
 //! record` uses (rosbag2's `Rosbag2QoS::adapt_request_to_offers`): reliable only if
 //! every publisher offers reliable, else best effort (a reliable subscription would not
 //! match a best-effort publisher); transient-local only if every publisher offers it,
-//! else volatile. With no publisher there is nothing to adapt to: like rosbag2, the node
-//! subscribes once a publisher exists, keeps its subscription when the publishers leave,
-//! and evaluates the rule again whenever they change.
+//! else volatile. Before any publisher exists the node subscribes best effort and
+//! volatile ([`before_publishers`]), which matches any publisher that appears (rosbag2
+//! waits for the topic instead; the node's topics must exist from the start); it keeps a
+//! subscription when the publishers leave, and evaluates the rule again whenever they
+//! change.
 
 use std::fmt;
 
@@ -76,6 +78,13 @@ impl fmt::Display for Adapted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.publishers;
         write!(f, "{}: ", self.policies())?;
+        if n == 0 {
+            return write!(
+                f,
+                "no publisher yet (matches any that appears; chosen again when publishers \
+                 appear)"
+            );
+        }
         let reliability = match (self.reliable, self.reliability) {
             (r, Reliability::Reliable) if r == n => {
                 format!("{} offer{} reliable", all(n), plural(n))
@@ -111,6 +120,17 @@ fn plural(n: usize) -> &'static str {
         "s"
     } else {
         ""
+    }
+}
+
+/// The subscription made before any publisher exists: best effort and volatile.
+pub fn before_publishers() -> Adapted {
+    Adapted {
+        reliability: Reliability::BestEffort,
+        durability: Durability::Volatile,
+        publishers: 0,
+        reliable: 0,
+        transient_local: 0,
     }
 }
 
@@ -182,7 +202,14 @@ mod tests {
     }
 
     #[test]
-    fn no_publisher_no_answer() {
+    fn no_publisher_no_answer_and_the_first_subscription_matches_any() {
         assert_eq!(adapt_to_offers(&[]), None);
+        let first = before_publishers();
+        assert!(
+            first.to_string().starts_with("best effort, volatile: no publisher yet"),
+            "{first}"
+        );
+        assert!(first.differs(&adapt_to_offers(&[RELIABLE]).unwrap()));
+        assert!(!first.differs(&adapt_to_offers(&[BEST_EFFORT]).unwrap()));
     }
 }
