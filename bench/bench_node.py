@@ -54,7 +54,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "test" / "python"))
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.randint(150, 230)))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 PROFILE = ROOT / "config" / "fastdds_large_frames.xml"
@@ -83,22 +82,15 @@ import numpy as np  # noqa: E402
 BIN = ROOT / "target" / "release"
 OLD_BIN: Path | None = None  # --old-bin
 NETWORK = (640, 480)  # --network
-PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg")
 
 
 def bag_for(w: int, h: int, cache: Path) -> Path:
     """8 frames of real photographs (test/data) scaled to w x h (INTER_CUBIC), bgr8, 30 Hz."""
-    import cv2
-    from bags import write_bag
-    from sources import Frame, photo_rgb
+    from vptools.bags import write_bag
+    from vptools.sources import camera_frames_bgr8
     path = cache / f"bgr8_{w}x{h}"
     if not (path / "metadata.yaml").exists():
-        frames = []
-        for i in range(8):
-            rgb = cv2.resize(photo_rgb(PHOTOS[i % len(PHOTOS)]), (w, h), interpolation=cv2.INTER_CUBIC)
-            bgr = np.ascontiguousarray(rgb[..., ::-1])
-            frames.append(Frame(bgr.tobytes(), "bgr8", w, h, w * 3))
-        write_bag(path, frames, storage="mcap", with_camera_info=False)
+        write_bag(path, camera_frames_bgr8(w, h, 8), storage="mcap", with_camera_info=False)
     return path
 
 

@@ -47,8 +47,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "test" / "python"))
-sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.randint(150, 230)))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(ROOT / "config" / "fastdds_large_frames.xml"))
@@ -58,7 +56,7 @@ import rclpy  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
 
-from bench_node import bag_for, proc_sample  # noqa: E402
+from bench_node import bag_for, proc_sample  # noqa: E402  (this script's folder)
 
 BIN = ROOT / "target" / "release"
 NODE = BIN / "vision_preproc_node"

@@ -24,20 +24,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "test" / "python"))
+import cv2
+import numpy as np
+import rclpy
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from sensor_msgs.msg import CameraInfo, Image
 
-import cv2  # noqa: E402
-import numpy as np  # noqa: E402
-import rclpy  # noqa: E402
-from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data  # noqa: E402
-from sensor_msgs.msg import CameraInfo, Image  # noqa: E402
-
-from sources import photo_rgb  # noqa: E402
-
-PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg")
+from vptools.sources import PHOTOS, photo_rgb
 
 
 def main() -> int:

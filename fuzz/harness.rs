@@ -44,6 +44,7 @@
 //! raw header with a tiny payload, which must be rejected before allocation.
 
 use vision_preproc::backend::cpu::{reference, CpuBackend, Simd};
+use vision_preproc::backend::read_elements;
 use vision_preproc::bag::msgs::Image as CdrImage;
 use vision_preproc::config::{
     BackendChoice, Border, ChannelOrder, Config, ConvConfig, ConvKernel, DType, Interpolation,
@@ -526,14 +527,7 @@ fn process(config: &Config, simd: Simd, view: &ImageView<'_>) -> Outcome {
     assert_eq!(info.desc.shape(), shape, "tensor shape");
     let bytes = pipeline.tensor_bytes().to_vec();
     assert_eq!(bytes.len(), info.desc.byte_len(), "tensor byte length");
-    let values: Vec<f32> = match config.output_dtype {
-        DType::Float32 => {
-            bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-        }
-        DType::Float16 => {
-            bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-        }
-    };
+    let values = read_elements(config.output_dtype, &bytes);
     let bounded = matches!(
         config.conv.kernel,
         ConvKernel::None | ConvKernel::Box | ConvKernel::Gaussian | ConvKernel::Custom

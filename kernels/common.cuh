@@ -10,34 +10,19 @@ typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 
-// keep in sync with src/image.rs (enum Encoding, discriminants)
-enum : u32 {
-    ENC_RGB8 = 0,
-    ENC_BGR8 = 1,
-    ENC_RGBA8 = 2,
-    ENC_BGRA8 = 3,
-    ENC_MONO8 = 4,
-    ENC_MONO16 = 5,
-    ENC_RGB16 = 6,
-    ENC_BGR16 = 7,
-    ENC_YUYV = 8,
-    ENC_UYVY = 9,
-    ENC_NV12 = 10,
-    ENC_NV21 = 11,
-    ENC_BAYER_RGGB8 = 12,
-    ENC_BAYER_BGGR8 = 13,
-    ENC_BAYER_GBRG8 = 14,
-    ENC_BAYER_GRBG8 = 15,
-};
-
-// keep in sync with src/config.rs (Layout, DType, Interpolation, Border discriminants)
-enum : u32 { LAYOUT_NCHW = 0, LAYOUT_NHWC = 1 };
-enum : u32 { DTYPE_F32 = 0, DTYPE_F16 = 1 };
-enum : u32 { INTERP_NEAREST = 0, INTERP_LINEAR = 1 };
-enum : u32 { BORDER_REPLICATE = 0, BORDER_CONSTANT = 1, BORDER_REFLECT101 = 2 };
-
-// Largest conv2d kernel side (src/config.rs MAX_CONV_SIZE).
-#define VP_MAX_CONV 15
+// Defined by the host, from the Rust enums and constants (src/backend/cuda/kernels.rs,
+// host_defines), so there is no second list here to keep in sync:
+//   ENC_<NAME>                 the codes of src/image.rs `Encoding` (ENC_RGB8 = 0, ...)
+//   VP_ENCODINGS(X)            X(name, ENC_<NAME>, bytes per pixel, packed 0/1) per encoding
+//   LAYOUT_*, DTYPE_*, INTERP_*, BORDER_*   the codes of src/config.rs Layout, DType,
+//                              Interpolation, Border
+//   VP_MAX_CONV, VP_CONV_SIZES(X)   the largest conv2d side (config::MAX_CONV_SIZE) and
+//                              X(k) per odd size 1..=VP_MAX_CONV
+//   RN_PX, RN_BLOCK_X, RN_BLOCK_Y, CV_BLOCK_X, CV_BLOCK_Y, CV_ROWS   launch shapes
+//                              (src/backend/cuda/launch.rs)
+#if !defined(VP_ENCODINGS) || !defined(VP_CONV_SIZES) || !defined(DTYPE_F16) || !defined(RN_PX)
+#error "compile with the host's defines (src/backend/cuda/kernels.rs compile_options)"
+#endif
 
 // keep in sync with src/backend/ops.rs (struct PreprocessParams)
 struct PreprocessParams {

@@ -23,11 +23,8 @@
 //   memory, never from global memory twice.
 #include "common.cuh"
 
-// keep in sync with src/backend/cuda/launch.rs
-#define CV_BLOCK_X 32
-#define CV_BLOCK_Y 8
+// CV_BLOCK_X, CV_BLOCK_Y, CV_ROWS come from the host (src/backend/cuda/launch.rs).
 #define CV_THREADS (CV_BLOCK_X * CV_BLOCK_Y)
-#define CV_ROWS 4
 #define CV_TILE_W CV_BLOCK_X
 #define CV_TILE_H (CV_BLOCK_Y * CV_ROWS)
 
@@ -124,12 +121,5 @@ __device__ __forceinline__ void conv2d_tiled(const Conv2dParams& p, const float*
         conv2d_tiled<K, true>(p, src, dst);                                                  \
     }
 
-// keep in sync with src/backend/cuda/kernels.rs (CONV_SIZES)
-CV_ENTRY(1)
-CV_ENTRY(3)
-CV_ENTRY(5)
-CV_ENTRY(7)
-CV_ENTRY(9)
-CV_ENTRY(11)
-CV_ENTRY(13)
-CV_ENTRY(15)
+// One pair of entry points per conv2d size of the host (VP_CONV_SIZES: odd 1..=VP_MAX_CONV).
+VP_CONV_SIZES(CV_ENTRY)

@@ -42,10 +42,7 @@
 //   samples there. Measured slower than the direct path on the H200 (docs/GPU.md).
 #include "common.cuh"
 
-// keep in sync with src/backend/cuda/launch.rs
-#define RN_PX 4
-#define RN_BLOCK_X 16
-#define RN_BLOCK_Y 16
+// RN_PX, RN_BLOCK_X, RN_BLOCK_Y come from the host (src/backend/cuda/launch.rs).
 #define RN_THREADS (RN_BLOCK_X * RN_BLOCK_Y)
 #define RN_TILE_W (RN_BLOCK_X * RN_PX)
 #define RN_TILE_H RN_BLOCK_Y
@@ -80,19 +77,15 @@
 #define GRAY_G 19235u
 #define GRAY_B 3735u
 
-__device__ constexpr u32 enc_bpp(u32 e) {
-    return e == ENC_RGB8 || e == ENC_BGR8     ? 3
-           : e == ENC_RGBA8 || e == ENC_BGRA8 ? 4
-           : e == ENC_MONO16                  ? 2
-           : e == ENC_RGB16 || e == ENC_BGR16 ? 6
-           : e == ENC_YUYV || e == ENC_UYVY   ? 2
-                                              : 1;
-}
+// Bytes per pixel of the (first) plane and packing, from the host's table (VP_ENCODINGS).
+#define RN_BPP_OF(name, code, bpp, packed) e == code ? bpp :
+#define RN_PACKED_OF(name, code, bpp, packed) e == code ? (packed != 0) :
+__device__ constexpr u32 enc_bpp(u32 e) { return VP_ENCODINGS(RN_BPP_OF) 1; }
 __device__ constexpr bool enc_is_16bit(u32 e) { return e == ENC_MONO16 || e == ENC_RGB16 || e == ENC_BGR16; }
 __device__ constexpr bool enc_is_mono(u32 e) { return e == ENC_MONO8 || e == ENC_MONO16; }
 __device__ constexpr bool enc_is_yuv422(u32 e) { return e == ENC_YUYV || e == ENC_UYVY; }
 // Pixel x of a row starts at byte x*bpp (4:2:2: its pair starts at (x & ~1) * 2).
-__device__ constexpr bool enc_is_packed(u32 e) { return e <= ENC_BGR16 || enc_is_yuv422(e); }
+__device__ constexpr bool enc_is_packed(u32 e) { return VP_ENCODINGS(RN_PACKED_OF) false; }
 
 __device__ __forceinline__ int clamp_u8(int v) { return v < 0 ? 0 : (v > 255 ? 255 : v); }
 
@@ -553,20 +546,6 @@ __device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
         resize_normalize<ENC>(p, src, maps, dst, row_words);                              \
     }
 
-// keep in sync with src/backend/cuda/kernels.rs (RESIZE_NORMALIZE_ENTRIES)
-RN_ENTRY(rgb8, ENC_RGB8)
-RN_ENTRY(bgr8, ENC_BGR8)
-RN_ENTRY(rgba8, ENC_RGBA8)
-RN_ENTRY(bgra8, ENC_BGRA8)
-RN_ENTRY(mono8, ENC_MONO8)
-RN_ENTRY(mono16, ENC_MONO16)
-RN_ENTRY(rgb16, ENC_RGB16)
-RN_ENTRY(bgr16, ENC_BGR16)
-RN_ENTRY(yuyv, ENC_YUYV)
-RN_ENTRY(uyvy, ENC_UYVY)
-RN_ENTRY(nv12, ENC_NV12)
-RN_ENTRY(nv21, ENC_NV21)
-RN_ENTRY(bayer_rggb8, ENC_BAYER_RGGB8)
-RN_ENTRY(bayer_bggr8, ENC_BAYER_BGGR8)
-RN_ENTRY(bayer_gbrg8, ENC_BAYER_GBRG8)
-RN_ENTRY(bayer_grbg8, ENC_BAYER_GRBG8)
+// One entry point per encoding of the host's table: resize_normalize_<name>.
+#define RN_ENTRY_OF(name, code, bpp, packed) RN_ENTRY(name, code)
+VP_ENCODINGS(RN_ENTRY_OF)

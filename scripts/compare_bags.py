@@ -19,11 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "test" / "python"))
-
-from bags import read_outputs, tensor_array  # noqa: E402
-from tolerances import assert_close, assert_close_conv  # noqa: E402
+from vptools.bags import read_outputs, tensor_array
+from vptools.tolerances import assert_close, assert_close_conv
 
 
 def stamp(t) -> int:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check, part 1 (here, on the build machine): build the CLI and the GPU test binary
+# GPU check, part 1 (here, on the build machine): build the CLI (with the benchmark) and
+# the GPU test binaries (with the test hooks: features `bench`, `fault-injection`)
 # without ROS, run the NVRTC compile test (no GPU needed), and stage what the GPU
 # machine needs into a carry folder. Part 2 is scripts/gpu_remote.sh, run THERE:
 #
@@ -18,7 +19,7 @@ if [[ -f .ros/env.sh ]]; then
     source .ros/env.sh
 fi
 # Own target dir: a no-ROS build must not overwrite the ROS build in target/release.
-FEATURES=(--release --no-default-features --features cuda --target-dir target/gpu)
+FEATURES=(--release --no-default-features --features cuda,bench,fault-injection --target-dir target/gpu)
 cargo build "${FEATURES[@]}" --bin vision_preproc
 cargo test "${FEATURES[@]}" --test nvrtc_compile
 # The GPU test binaries (harness = false) without running them.

@@ -14,16 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "test" / "python"))
-
-import cv2  # noqa: E402
-import numpy as np  # noqa: E402
-
-from bags import write_bag  # noqa: E402
-from sources import Frame, photo_rgb  # noqa: E402
-
-PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg")
+from vptools import ROOT
+from vptools.bags import write_bag
+from vptools.sources import camera_frames_bgr8
 
 
 def main() -> None:
@@ -31,12 +24,7 @@ def main() -> None:
     stage.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for w, h in ((1280, 720), (1920, 1080)):
-            frames = []
-            for name in PHOTOS:
-                rgb = cv2.resize(photo_rgb(name), (w, h), interpolation=cv2.INTER_CUBIC)
-                bgr = np.ascontiguousarray(rgb[..., ::-1])
-                frames.append(Frame(bgr.tobytes(), "bgr8", w, h, w * 3))
-            write_bag(Path(tmp) / f"bgr8_{w}x{h}", frames, storage="mcap", with_camera_info=False)
+            write_bag(Path(tmp) / f"bgr8_{w}x{h}", camera_frames_bgr8(w, h), storage="mcap", with_camera_info=False)
         out = stage / "node_bags.tar.xz"
         subprocess.run(["tar", "cJf", str(out), "-C", tmp, "bgr8_1280x720", "bgr8_1920x1080"], check=True)
     print(f"{out}: {out.stat().st_size / 1e6:.1f} MB")

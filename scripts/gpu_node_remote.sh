@@ -28,6 +28,8 @@ export FASTDDS_DEFAULT_PROFILES_FILE="$PWD/config/fastdds_large_frames.xml"
 export VISION_PREPROC_KERNEL_CACHE=/tmp/vp_kernel_cache
 unset VISION_PREPROC_NVRTC_DIR
 NODE="$R/bin/vision_preproc_node"; CLI="$R/bin/vision_preproc"
+# The node with the test hooks (fault injection), for the fault scenarios only.
+NODE_FI="$R/bin/vision_preproc_node_fault_injection"
 SMALL=(-p backend:=cuda -p network_image_width:=64 -p network_image_height:=48 -p conv.kernel:=gaussian -p conv.size:=5 -p output_qos_depth:=50)
 status=0
 rss_gpu() {  # "RSS MB, GPU MB" of a pid
@@ -43,7 +45,8 @@ fault_run() {  # scenario env policy
     "$CLI" record "/tmp/rec_$sc" --duration 9 --diagnostics >"/tmp/rec_$sc.log" 2>&1 &
     local rec=$!
     sleep 1
-    env $env "$NODE" --ros-args "${SMALL[@]}" -p gpu_failure_policy:="$pol" >>"$log" 2>&1 &
+    local node_bin="$NODE"; [[ -n $env ]] && node_bin="$NODE_FI"
+    env $env "$node_bin" --ros-args "${SMALL[@]}" -p gpu_failure_policy:="$pol" >>"$log" 2>&1 &
     local node=$!
     "$CLI" play .device/bag --loop --duration 4 --wait-subscribers 1 >"/tmp/play_$sc.log" 2>&1
     wait "$rec"

@@ -10,11 +10,8 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "test" / "python"))
-
-from bags import write_bag  # noqa: E402
-from sources import photo_frame  # noqa: E402
+from vptools.bags import write_bag
+from vptools.sources import photo_frame
 
 FRAMES = [
     ("bgr8", "chelsea.png"),

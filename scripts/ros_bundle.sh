@@ -4,7 +4,10 @@
 # download anything). The libraries are found by running the three processes here for a
 # few seconds (node + `record` + `play` on the demo bag, CPU backend) and reading
 # /proc/PID/maps, which also catches the ones rcl and rosidl load with dlopen; each is
-# copied under its SONAME so that LD_LIBRARY_PATH finds it. Binaries are stripped.
+# copied under its SONAME so that LD_LIBRARY_PATH finds it. Binaries are stripped. The
+# product node is bin/vision_preproc_node; the GPU-fault scenarios of gpu_node_remote.sh
+# run bin/vision_preproc_node_fault_injection, the node with the test hooks (cargo
+# feature `fault-injection`, scripts/test_hooks_build.sh).
 #
 #   scripts/ros_bundle.sh [DIR]    # default .device/ros (git-excluded); also writes DIR.tar.xz
 #   # there: bash scripts/gpu_node_remote.sh DIR.tar.xz   (sets LD_LIBRARY_PATH=DIR/lib etc.)
@@ -14,7 +17,7 @@ cd "$ROOT"
 DIR="${1:-$ROOT/.device/ros}"
 # shellcheck disable=SC1091
 source .ros/env.sh
-cargo build --release --bin vision_preproc_node --bin vision_preproc
+scripts/test_hooks_build.sh   # target/fault-injection/; target/release keeps the product
 rm -rf "$DIR" && mkdir -p "$DIR/bin" "$DIR/lib"
 TMP="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
@@ -37,6 +40,7 @@ while read -r lib; do
 done <"$TMP/libs"
 strip -o "$DIR/bin/vision_preproc_node" target/release/vision_preproc_node
 strip -o "$DIR/bin/vision_preproc" target/release/vision_preproc
+strip -o "$DIR/bin/vision_preproc_node_fault_injection" target/fault-injection/vision_preproc_node
 git rev-parse HEAD >"$DIR/COMMIT"
 tar cJf "$DIR.tar.xz" -C "$DIR" .
 echo "bundle: $(wc -l <"$TMP/libs") libraries, $(du -sh "$DIR" | cut -f1) in $DIR, $(du -sh "$DIR.tar.xz" | cut -f1) as $DIR.tar.xz"

@@ -2,6 +2,7 @@
 # Installs everything vision_preproc needs on a fresh Debian 12 / Ubuntu x86-64 machine
 # with no ROS packages: apt packages, a Python 3.11 venv in .ros/venv holding ROS 2
 # Kilted from PyPI wheels, colcon, the test tools and NVRTC, the three wheel fix-ups,
+# the project's Python helpers (python/vptools) on the venv's path,
 # the interface package vision_preproc_msgs built into .ros/install, .ros/env.sh, and the
 # demo's sample bag .ros/sample_bag.
 #
@@ -55,6 +56,11 @@ fi
 # 3. The three fix-ups (idempotent, cheap: always run).
 "$VENV/bin/python" "$ROOT/scripts/ros_fixups.py" "$VENV"
 
+# 3b. The project's Python helpers (python/vptools: test/, bench/ and scripts/ import them)
+# on the venv's path, by a .pth file (cheap: always run).
+site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$ROOT/python" >"$site/vision_preproc_vptools.pth"
+
 # 4. The environment file.
 "$VENV/bin/python" "$ROOT/scripts/write_env.py" "$ROOT" >"$ROS_DIR/env.sh.tmp"
 mv "$ROS_DIR/env.sh.tmp" "$ROS_DIR/env.sh"
@@ -79,7 +85,7 @@ else
 fi
 
 # 6. The demo's sample bag (real photographs, written with rosbags).
-bag_hash="$(hash_of "$ROOT/scripts/make_sample_bag.py" "$ROOT/test/python/bags.py" "$ROOT/test/python/sources.py" "$ROOT"/test/data/*.png "$ROOT"/test/data/*.jpg "$ROS_DIR/venv.stamp")"
+bag_hash="$(hash_of "$ROOT/scripts/make_sample_bag.py" "$ROOT/python/vptools/bags.py" "$ROOT/python/vptools/sources.py" "$ROOT"/test/data/*.png "$ROOT"/test/data/*.jpg "$ROS_DIR/venv.stamp")"
 if stamp_ok sample_bag "$bag_hash" && [ -f "$ROS_DIR/sample_bag/metadata.yaml" ]; then
     log "sample bag: up to date ($ROS_DIR/sample_bag)"
 else

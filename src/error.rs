@@ -1,6 +1,7 @@
-//! One error type for the crate: configuration, image validation, CUDA, I/O.
+//! One error type for the crate: configuration, image validation, CUDA, I/O. (Why an
+//! image is rejected, [`ImageError`], lives with the image in `image.rs`.)
 
-use crate::image::Encoding;
+pub use crate::image::ImageError;
 
 /// Result with the crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -94,94 +95,6 @@ impl Error {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }
     }
-}
-
-/// Why an input image was rejected. Each variant names the `sensor_msgs/Image` field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ImageError {
-    /// `encoding` is not one we decode.
-    #[error("encoding `{0}` is not supported; use one of: {list}", list = Encoding::SUPPORTED_LIST)]
-    UnknownEncoding(String),
-    /// `width` or `height` is zero.
-    #[error("width {width} x height {height}: both must be at least 1")]
-    ZeroSize {
-        /// `width` field.
-        width: u32,
-        /// `height` field.
-        height: u32,
-    },
-    /// `width` * bytes per pixel (or step * height) does not fit in memory arithmetic.
-    #[error("width {width} x height {height} with step {step} overflows the byte count for encoding {encoding}")]
-    Overflow {
-        /// `width` field.
-        width: u32,
-        /// `height` field.
-        height: u32,
-        /// `step` field.
-        step: u32,
-        /// Parsed encoding.
-        encoding: Encoding,
-    },
-    /// `step` is smaller than one row of pixels.
-    #[error("step {step} < width*{bpp} ({min}) for encoding {encoding}; step is the row length in bytes")]
-    StepTooSmall {
-        /// `step` field.
-        step: u32,
-        /// Bytes per pixel of the encoding (for 4:2:2, 2).
-        bpp: u32,
-        /// width * bytes per pixel.
-        min: u64,
-        /// Parsed encoding.
-        encoding: Encoding,
-    },
-    /// `data` is not exactly the size the header describes.
-    #[error("data is {len} bytes but {expected_expr} = {expected} for encoding {encoding}")]
-    DataSize {
-        /// `data.len()`.
-        len: usize,
-        /// The size the header implies.
-        expected: u64,
-        /// How `expected` was computed (e.g. "step*height").
-        expected_expr: &'static str,
-        /// Parsed encoding.
-        encoding: Encoding,
-    },
-    /// 4:2:2 encodings pack two pixels in four bytes: width must be even.
-    #[error("width {width} is odd; {encoding} packs 2 pixels per 4 bytes, so width must be even")]
-    OddWidth {
-        /// `width` field.
-        width: u32,
-        /// Parsed encoding.
-        encoding: Encoding,
-    },
-    /// 4:2:0 encodings subsample both axes: width and height must be even.
-    #[error(
-        "width {width} x height {height}: {encoding} subsamples chroma 2x2, so both must be even"
-    )]
-    OddSize {
-        /// `width` field.
-        width: u32,
-        /// `height` field.
-        height: u32,
-        /// Parsed encoding.
-        encoding: Encoding,
-    },
-    /// The configured `roi` does not lie inside the image.
-    #[error("roi [x {x}, y {y}, width {w}, height {h}] is not inside the {width}x{height} image; shrink `roi` or set it to [] for the whole image")]
-    RoiOutside {
-        /// roi x.
-        x: u32,
-        /// roi y.
-        y: u32,
-        /// roi width.
-        w: u32,
-        /// roi height.
-        h: u32,
-        /// Image width.
-        width: u32,
-        /// Image height.
-        height: u32,
-    },
 }
 
 /// A CUDA failure with the context needed to find it: which call, which kernel, which

@@ -1,142 +1,127 @@
-//! A validated, borrowed view of one input image (`sensor_msgs/Image` without ROS), and
-//! the encodings we decode.
+//! A validated, borrowed view of one input image (`sensor_msgs/Image` without ROS), the
+//! encodings we decode, and why an image is rejected ([`ImageError`]).
 
-use crate::error::ImageError;
 use std::fmt;
 
-/// A pixel encoding of `sensor_msgs/Image` that vision_preproc decodes. The discriminants
-/// are shared with the CUDA kernels (`kernels/common.cuh`, keep in sync).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum Encoding {
+/// Defines [`Encoding`] and everything derived from its one table: the variants and
+/// their discriminants (the kernels' `ENC_*` codes, passed to NVRTC as defines by
+/// `backend/cuda/kernels.rs`), [`Encoding::ALL`], the ROS names and aliases,
+/// [`Encoding::supported_list`], bytes per pixel and [`Encoding::is_packed`].
+macro_rules! encodings {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident = $code:literal, $name:literal $(| $alias:literal)*, bpp $bpp:literal,
+        $packing:ident;
+    )*) => {
+        /// A pixel encoding of `sensor_msgs/Image` that vision_preproc decodes. The
+        /// discriminants are the kernels' `ENC_*` codes (generated from this table).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u32)]
+        pub enum Encoding {
+            $( $(#[$doc])* $variant = $code, )*
+        }
+
+        impl Encoding {
+            /// Every supported encoding, in discriminant order.
+            pub const ALL: [Encoding; [$($name),*].len()] = [$(Encoding::$variant),*];
+
+            /// Parse a `sensor_msgs/Image` encoding string (exact, lower case as in
+            /// `sensor_msgs/image_encodings.hpp`; `yuv422_yuy2` and `yuv422` are the older
+            /// names of `yuyv` and `uyvy`).
+            pub fn parse(s: &str) -> Result<Encoding, ImageError> {
+                match s {
+                    $( $name $(| $alias)* => Ok(Encoding::$variant), )*
+                    other => Err(ImageError::UnknownEncoding(other.to_string())),
+                }
+            }
+
+            /// The canonical ROS name.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( Encoding::$variant => $name, )*
+                }
+            }
+
+            /// The older names ROS also uses for this encoding.
+            pub fn aliases(self) -> &'static [&'static str] {
+                match self {
+                    $( Encoding::$variant => &[$($alias),*], )*
+                }
+            }
+
+            /// Bytes per pixel in a row of the (first) plane. 4:2:2 formats: 2 (4 bytes
+            /// per 2 pixels); NV12/NV21: 1 (the Y plane).
+            pub fn bytes_per_pixel(self) -> u32 {
+                match self {
+                    $( Encoding::$variant => $bpp, )*
+                }
+            }
+
+            /// True when pixel `x` starts at byte `x * bpp` of its row (4:2:2: its pair at
+            /// `(x & !1) * 2`): one plane, no mosaic. The CUDA kernel's staged path handles
+            /// these.
+            pub fn is_packed(self) -> bool {
+                match self {
+                    $( Encoding::$variant => Packing::$packing == Packing::Packed, )*
+                }
+            }
+        }
+    };
+}
+
+/// How an encoding's pixels lie in its rows (the last column of the table).
+#[derive(PartialEq, Eq)]
+enum Packing {
+    /// Pixel `x` at byte `x * bpp` (4:2:2: its pair), one plane.
+    Packed,
+    /// A second plane (NV12/NV21) or a colour mosaic (Bayer).
+    Planar,
+}
+
+encodings! {
     /// 3 x u8, R G B.
-    Rgb8 = 0,
+    Rgb8 = 0, "rgb8", bpp 3, Packed;
     /// 3 x u8, B G R.
-    Bgr8 = 1,
+    Bgr8 = 1, "bgr8", bpp 3, Packed;
     /// 4 x u8, R G B A (alpha ignored).
-    Rgba8 = 2,
+    Rgba8 = 2, "rgba8", bpp 4, Packed;
     /// 4 x u8, B G R A (alpha ignored).
-    Bgra8 = 3,
+    Bgra8 = 3, "bgra8", bpp 4, Packed;
     /// 1 x u8.
-    Mono8 = 4,
+    Mono8 = 4, "mono8", bpp 1, Packed;
     /// 1 x u16 (byte order from `is_bigendian`).
-    Mono16 = 5,
+    Mono16 = 5, "mono16", bpp 2, Packed;
     /// 3 x u16, R G B.
-    Rgb16 = 6,
+    Rgb16 = 6, "rgb16", bpp 6, Packed;
     /// 3 x u16, B G R.
-    Bgr16 = 7,
+    Bgr16 = 7, "bgr16", bpp 6, Packed;
     /// YUV 4:2:2, bytes Y0 U Y1 V (ROS `yuv422_yuy2`).
-    Yuyv = 8,
+    Yuyv = 8, "yuyv" | "yuv422_yuy2", bpp 2, Packed;
     /// YUV 4:2:2, bytes U Y0 V Y1 (ROS `yuv422`).
-    Uyvy = 9,
+    Uyvy = 9, "uyvy" | "yuv422", bpp 2, Packed;
     /// YUV 4:2:0, a Y plane then interleaved U V rows.
-    Nv12 = 10,
+    Nv12 = 10, "nv12", bpp 1, Planar;
     /// YUV 4:2:0, a Y plane then interleaved V U rows.
-    Nv21 = 11,
+    Nv21 = 11, "nv21", bpp 1, Planar;
     /// Bayer mosaic, first row R G R G.
-    BayerRggb8 = 12,
+    BayerRggb8 = 12, "bayer_rggb8", bpp 1, Planar;
     /// Bayer mosaic, first row B G B G.
-    BayerBggr8 = 13,
+    BayerBggr8 = 13, "bayer_bggr8", bpp 1, Planar;
     /// Bayer mosaic, first row G B G B.
-    BayerGbrg8 = 14,
+    BayerGbrg8 = 14, "bayer_gbrg8", bpp 1, Planar;
     /// Bayer mosaic, first row G R G R.
-    BayerGrbg8 = 15,
+    BayerGrbg8 = 15, "bayer_grbg8", bpp 1, Planar;
 }
 
 impl Encoding {
-    /// Every supported encoding, in discriminant order.
-    pub const ALL: [Encoding; 16] = [
-        Encoding::Rgb8,
-        Encoding::Bgr8,
-        Encoding::Rgba8,
-        Encoding::Bgra8,
-        Encoding::Mono8,
-        Encoding::Mono16,
-        Encoding::Rgb16,
-        Encoding::Bgr16,
-        Encoding::Yuyv,
-        Encoding::Uyvy,
-        Encoding::Nv12,
-        Encoding::Nv21,
-        Encoding::BayerRggb8,
-        Encoding::BayerBggr8,
-        Encoding::BayerGbrg8,
-        Encoding::BayerGrbg8,
-    ];
-
-    /// The accepted `encoding` strings, for error messages.
-    pub const SUPPORTED_LIST: &'static str = "rgb8, bgr8, rgba8, bgra8, mono8, mono16, rgb16, \
-        bgr16, yuyv (alias yuv422_yuy2), uyvy (alias yuv422), nv12, nv21, bayer_rggb8, \
-        bayer_bggr8, bayer_gbrg8, bayer_grbg8";
-
-    /// Parse a `sensor_msgs/Image` encoding string (exact, lower case as in
-    /// `sensor_msgs/image_encodings.hpp`; `yuv422_yuy2` and `yuv422` are the older names
-    /// of `yuyv` and `uyvy`).
-    pub fn parse(s: &str) -> Result<Encoding, ImageError> {
-        Ok(match s {
-            "rgb8" => Encoding::Rgb8,
-            "bgr8" => Encoding::Bgr8,
-            "rgba8" => Encoding::Rgba8,
-            "bgra8" => Encoding::Bgra8,
-            "mono8" => Encoding::Mono8,
-            "mono16" => Encoding::Mono16,
-            "rgb16" => Encoding::Rgb16,
-            "bgr16" => Encoding::Bgr16,
-            "yuyv" | "yuv422_yuy2" => Encoding::Yuyv,
-            "uyvy" | "yuv422" => Encoding::Uyvy,
-            "nv12" => Encoding::Nv12,
-            "nv21" => Encoding::Nv21,
-            "bayer_rggb8" => Encoding::BayerRggb8,
-            "bayer_bggr8" => Encoding::BayerBggr8,
-            "bayer_gbrg8" => Encoding::BayerGbrg8,
-            "bayer_grbg8" => Encoding::BayerGrbg8,
-            other => return Err(ImageError::UnknownEncoding(other.to_string())),
-        })
-    }
-
-    /// The canonical ROS name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Encoding::Rgb8 => "rgb8",
-            Encoding::Bgr8 => "bgr8",
-            Encoding::Rgba8 => "rgba8",
-            Encoding::Bgra8 => "bgra8",
-            Encoding::Mono8 => "mono8",
-            Encoding::Mono16 => "mono16",
-            Encoding::Rgb16 => "rgb16",
-            Encoding::Bgr16 => "bgr16",
-            Encoding::Yuyv => "yuyv",
-            Encoding::Uyvy => "uyvy",
-            Encoding::Nv12 => "nv12",
-            Encoding::Nv21 => "nv21",
-            Encoding::BayerRggb8 => "bayer_rggb8",
-            Encoding::BayerBggr8 => "bayer_bggr8",
-            Encoding::BayerGbrg8 => "bayer_gbrg8",
-            Encoding::BayerGrbg8 => "bayer_grbg8",
-        }
-    }
-
-    /// Bytes per pixel in a row of the (first) plane. 4:2:2 formats: 2 (4 bytes per 2
-    /// pixels); NV12/NV21: 1 (the Y plane).
-    pub fn bytes_per_pixel(self) -> u32 {
-        match self {
-            Encoding::Rgb8 | Encoding::Bgr8 => 3,
-            Encoding::Rgba8 | Encoding::Bgra8 => 4,
-            Encoding::Mono8 => 1,
-            Encoding::Mono16 => 2,
-            Encoding::Rgb16 | Encoding::Bgr16 => 6,
-            Encoding::Yuyv | Encoding::Uyvy => 2,
-            Encoding::Nv12 | Encoding::Nv21 => 1,
-            Encoding::BayerRggb8
-            | Encoding::BayerBggr8
-            | Encoding::BayerGbrg8
-            | Encoding::BayerGrbg8 => 1,
-        }
-    }
-
-    /// True for single-channel (grey) sources: mono8 and mono16.
-    pub fn is_mono(self) -> bool {
-        matches!(self, Encoding::Mono8 | Encoding::Mono16)
+    /// The accepted `encoding` strings, for error messages: every name, with its aliases
+    /// in parentheses (`yuyv (alias yuv422_yuy2)`).
+    pub fn supported_list() -> String {
+        let name = |e: Encoding| match e.aliases() {
+            [] => e.name().to_string(),
+            a => format!("{} (alias {})", e.name(), a.join(", ")),
+        };
+        Encoding::ALL.iter().map(|&e| name(e)).collect::<Vec<_>>().join(", ")
     }
 
     /// True for 16-bit samples (byte order matters).
@@ -264,6 +249,94 @@ impl<'a> ImageView<'a> {
     pub fn data(&self) -> &'a [u8] {
         self.data
     }
+}
+
+/// Why an input image was rejected. Each variant names the `sensor_msgs/Image` field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageError {
+    /// `encoding` is not one we decode.
+    #[error("encoding `{0}` is not supported; use one of: {list}", list = Encoding::supported_list())]
+    UnknownEncoding(String),
+    /// `width` or `height` is zero.
+    #[error("width {width} x height {height}: both must be at least 1")]
+    ZeroSize {
+        /// `width` field.
+        width: u32,
+        /// `height` field.
+        height: u32,
+    },
+    /// `width` * bytes per pixel (or step * height) does not fit in memory arithmetic.
+    #[error("width {width} x height {height} with step {step} overflows the byte count for encoding {encoding}")]
+    Overflow {
+        /// `width` field.
+        width: u32,
+        /// `height` field.
+        height: u32,
+        /// `step` field.
+        step: u32,
+        /// Parsed encoding.
+        encoding: Encoding,
+    },
+    /// `step` is smaller than one row of pixels.
+    #[error("step {step} < width*{bpp} ({min}) for encoding {encoding}; step is the row length in bytes")]
+    StepTooSmall {
+        /// `step` field.
+        step: u32,
+        /// Bytes per pixel of the encoding (for 4:2:2, 2).
+        bpp: u32,
+        /// width * bytes per pixel.
+        min: u64,
+        /// Parsed encoding.
+        encoding: Encoding,
+    },
+    /// `data` is not exactly the size the header describes.
+    #[error("data is {len} bytes but {expected_expr} = {expected} for encoding {encoding}")]
+    DataSize {
+        /// `data.len()`.
+        len: usize,
+        /// The size the header implies.
+        expected: u64,
+        /// How `expected` was computed (e.g. "step*height").
+        expected_expr: &'static str,
+        /// Parsed encoding.
+        encoding: Encoding,
+    },
+    /// 4:2:2 encodings pack two pixels in four bytes: width must be even.
+    #[error("width {width} is odd; {encoding} packs 2 pixels per 4 bytes, so width must be even")]
+    OddWidth {
+        /// `width` field.
+        width: u32,
+        /// Parsed encoding.
+        encoding: Encoding,
+    },
+    /// 4:2:0 encodings subsample both axes: width and height must be even.
+    #[error(
+        "width {width} x height {height}: {encoding} subsamples chroma 2x2, so both must be even"
+    )]
+    OddSize {
+        /// `width` field.
+        width: u32,
+        /// `height` field.
+        height: u32,
+        /// Parsed encoding.
+        encoding: Encoding,
+    },
+    /// The configured `roi` does not lie inside the image.
+    #[error("roi [x {x}, y {y}, width {w}, height {h}] is not inside the {width}x{height} image; shrink `roi` or set it to [] for the whole image")]
+    RoiOutside {
+        /// roi x.
+        x: u32,
+        /// roi y.
+        y: u32,
+        /// roi width.
+        w: u32,
+        /// roi height.
+        h: u32,
+        /// Image width.
+        width: u32,
+        /// Image height.
+        height: u32,
+    },
 }
 
 #[cfg(test)]

@@ -29,7 +29,9 @@ pub mod node;
 #[cfg(not(feature = "ros"))]
 #[path = "node_stub.rs"]
 pub mod node;
+pub mod percentile;
 pub mod pipeline;
+pub mod rng;
 pub mod transport;
 
 pub use config::Config;

@@ -11,7 +11,7 @@
 //! Parity with OpenCV on real photographs is the Python suite (test/python).
 
 use vision_preproc::backend::cpu::{check_op, reference, CpuBackend, Simd};
-use vision_preproc::backend::{Backend, PreprocessOp};
+use vision_preproc::backend::{read_elements, Backend, PreprocessOp};
 use vision_preproc::config::{
     ChannelOrder, Config, DType, Interpolation, Layout, LetterboxAnchor, ResizeMode,
 };
@@ -187,7 +187,7 @@ fn upscale_predecode_path_equals_definition() {
 }
 
 fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    read_elements(DType::Float32, b)
 }
 
 fn run(cfg: &Config, w: u32, h: u32, enc: &str, data: &[u8]) -> Vec<f32> {

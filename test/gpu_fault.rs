@@ -20,27 +20,19 @@ use std::process::ExitCode;
 use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::CudaBackend;
-use vision_preproc::backend::Backend;
-use vision_preproc::config::{BackendChoice, ConvConfig, ConvKernel, GpuFailurePolicy, MemoryMode};
+use vision_preproc::backend::{read_elements, Backend};
+use vision_preproc::config::{
+    BackendChoice, ConvConfig, ConvKernel, DType, GpuFailurePolicy, MemoryMode,
+};
+// splitmix64, for fresh random frames.
 use vision_preproc::pipeline::{conv_op, FailureAction, FaultKind, FaultPlan, GPU_RETRY_ATTEMPTS};
+use vision_preproc::rng::SplitMix64 as Rng;
 use vision_preproc::{Config, Encoding, Error, ImageView, Pipeline};
 
 const TOLERANCES: &str = include_str!("tolerances.json");
 /// Frames per scenario; the fault is injected at frame FAULT_AT.
 const FRAMES: u64 = 10;
 const FAULT_AT: u64 = 4;
-
-/// splitmix64, for fresh random frames.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
 
 struct Frame {
     w: u32,
@@ -81,7 +73,7 @@ fn config(policy: GpuFailurePolicy, backend: BackendChoice) -> Config {
 }
 
 fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    read_elements(DType::Float32, b)
 }
 
 /// max |a - b| over the tensor, or an error if a NaN or a length differs.
@@ -127,7 +119,7 @@ fn scenario(s: &Scenario, tol: f64, seed: u64) -> Result<String, String> {
     gpu.inject_fault(s.plan);
     let mut cpu = Pipeline::new(config(s.policy, BackendChoice::Cpu), Box::new(CpuBackend::new()))
         .map_err(|e| e.to_string())?;
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut seen = None;
     for i in 1..=FRAMES {
         let f = frame(&mut rng, i);
@@ -197,7 +189,7 @@ fn sticky(seed: u64) -> Result<String, String> {
     let cfg = config(GpuFailurePolicy::Retry, BackendChoice::Cuda);
     let mut b = CudaBackend::new(0, MemoryMode::Auto).map_err(|e| e.to_string())?;
     let fault = b.inject_fault(FaultKind::Sticky).to_string();
-    let f = frame(&mut Rng(seed), 0);
+    let f = frame(&mut Rng::new(seed), 0);
     let view = f.view()?;
     let g = vision_preproc::Geometry::resolve(&cfg, f.w, f.h).map_err(|e| e.to_string())?;
     let mut op = vision_preproc::pipeline::preprocess_op(&cfg, &g);
@@ -232,7 +224,7 @@ fn probe(seed: u64, tol: f64) -> Result<String, String> {
     let reopened = CudaBackend::open(0, MemoryMode::Auto).and_then(|b| {
         let cfg = config(GpuFailurePolicy::Retry, BackendChoice::Cuda);
         let mut p = Pipeline::new(cfg, b)?;
-        let f = frame(&mut Rng(seed ^ 3), 2);
+        let f = frame(&mut Rng::new(seed ^ 3), 2);
         let view = f.view().map_err(vision_preproc::Error::Operation)?;
         p.process(&view)?;
         let mut cpu = Pipeline::new(
@@ -333,7 +325,7 @@ fn healthy(seed: u64, tol: f64) -> Result<String, String> {
     let b = CudaBackend::open(0, MemoryMode::Auto).map_err(|e| e.to_string())?;
     let desc = b.device_description();
     let mut p = Pipeline::new(cfg, b).map_err(|e| e.to_string())?;
-    let f = frame(&mut Rng(seed ^ 7), 1);
+    let f = frame(&mut Rng::new(seed ^ 7), 1);
     p.process(&f.view()?).map_err(|e| e.to_string())?;
     let mut cpu = Pipeline::new(
         config(GpuFailurePolicy::Retry, BackendChoice::Cpu),

@@ -19,12 +19,14 @@ use std::process::ExitCode;
 use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::{CudaBackend, FusedPath};
-use vision_preproc::backend::{Backend, Conv2dOp, PreprocessOp};
+use vision_preproc::backend::{read_elements, Backend, Conv2dOp, PreprocessOp};
 use vision_preproc::config::{
     Border, ChannelOrder, ConvConfig, ConvKernel, DType, Interpolation, Layout, LetterboxAnchor,
     MemoryMode, ResizeMode,
 };
+// splitmix64, for fresh random frames.
 use vision_preproc::pipeline::{conv_op, preprocess_op, Geometry};
+use vision_preproc::rng::SplitMix64 as Rng;
 use vision_preproc::{Config, Encoding, ImageView};
 
 const TOLERANCES: &str = include_str!("tolerances.json");
@@ -52,24 +54,6 @@ fn tolerances() -> Tol {
         f16_rel: g("float16_rel"),
         f16_abs: g("float16_abs"),
         conv_per_l1: g("conv_float32_abs_per_l1"),
-    }
-}
-
-/// splitmix64: a small, seedable generator for the random frames.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn byte(&mut self) -> u8 {
-        (self.next() >> 56) as u8
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 
@@ -218,18 +202,8 @@ struct Outcome {
     staged: bool,
 }
 
-fn f16_to_f64(b: [u8; 2]) -> f64 {
-    f64::from(half::f16::from_le_bytes(b).to_f32())
-}
-
 fn values(bytes: &[u8], dtype: DType) -> Vec<f64> {
-    match dtype {
-        DType::Float32 => bytes
-            .chunks_exact(4)
-            .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-            .collect(),
-        DType::Float16 => bytes.chunks_exact(2).map(|c| f16_to_f64([c[0], c[1]])).collect(),
-    }
+    read_elements(dtype, bytes).into_iter().map(f64::from).collect()
 }
 
 fn build_op(cfg: &Config, frame: &Frame) -> Result<PreprocessOp, String> {
@@ -464,7 +438,7 @@ fn main() -> ExitCode {
                 .unwrap_or(1)
         });
     println!("gpu_parity: seed {seed} (VP_PARITY_SEED={seed} reproduces), stride {stride}, filter {filter:?}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut cpu = CpuBackend::new();
     let mut st = Stats::default();
     let t0 = Instant::now();

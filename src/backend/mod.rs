@@ -10,9 +10,14 @@ pub mod cuda;
 pub mod cuda;
 pub mod ops;
 
-use crate::error::{CudaError, Error, Result};
+#[cfg(feature = "fault-injection")]
+use crate::error::CudaError;
+use crate::error::{Error, Result};
 use crate::image::ImageView;
-pub use ops::{AxisMap, Conv2dOp, PreprocessOp, PreprocessParams, TensorDesc};
+pub use ops::{
+    read_element, read_elements, write_element, AxisMap, Conv2dOp, PreprocessOp, PreprocessParams,
+    TensorDesc,
+};
 
 /// Time spent in each stage of one frame, in microseconds. A stage a backend does not
 /// have is 0.
@@ -81,11 +86,12 @@ pub trait Backend: Send {
         Ok(HostBuffer::heap(len))
     }
 
-    /// TESTS ONLY (`VISION_PREPROC_INJECT_CUDA_FAULT`, see `pipeline::FaultPlan`): make
-    /// the device fail the way a real fault of `kind` does and return the error the
-    /// failed frame gets. The CUDA backend causes a real fault; a backend without a
-    /// device returns a simulated CUDA error, so the failure policy can be exercised
-    /// without a GPU.
+    /// Test hook (feature `fault-injection`; `VISION_PREPROC_INJECT_CUDA_FAULT`, see
+    /// `pipeline::FaultPlan`): make the device fail the way a real fault of `kind` does
+    /// and return the error the failed frame gets. The CUDA backend causes a real fault;
+    /// a backend without a device returns a simulated CUDA error, so the failure policy
+    /// can be exercised without a GPU.
+    #[cfg(feature = "fault-injection")]
     fn inject_fault(&mut self, kind: FaultKind) -> Error {
         Error::Cuda(CudaError::Driver {
             call: format!("injected {kind:?} fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only)"),
@@ -166,7 +172,9 @@ pub(crate) fn check_out_len(op: &PreprocessOp, out: &[u8]) -> Result<()> {
     )))
 }
 
-/// TESTS ONLY: which real device failure [`Backend::inject_fault`] causes.
+/// Test hook (feature `fault-injection`): which real device failure
+/// [`Backend::inject_fault`] causes.
+#[cfg(feature = "fault-injection")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultKind {
     /// A kernel's illegal memory access: a sticky error, after which every call on the

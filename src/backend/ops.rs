@@ -1,6 +1,8 @@
-//! The operations, as plain structs shared by both backends. What goes to a kernel by
-//! value is `#[repr(C)]` with a C twin in `kernels/common.cuh` (keep in sync; a test
-//! checks size and offsets).
+//! The operations, as plain structs shared by both backends, and the one reader and
+//! writer of tensor elements ([`read_element`], [`write_element`]). What goes to a kernel
+//! by value is `#[repr(C)]` with a C twin in `kernels/common.cuh` (keep in sync; a test
+//! checks size and offsets); its layout, dtype and interpolation are the `#[repr(u32)]`
+//! enums themselves, so no code can hold (or turn into a default) an unknown one.
 
 use crate::config::{Border, DType, Interpolation, Layout};
 
@@ -155,12 +157,12 @@ pub struct PreprocessParams {
     pub channels: u32,
     /// 1 when output channel 0 is blue (channel_order bgr).
     pub swap_rb: u32,
-    /// `Layout` discriminant.
-    pub layout: u32,
-    /// `DType` discriminant.
-    pub dtype: u32,
-    /// `Interpolation` discriminant.
-    pub interpolation: u32,
+    /// Output layout (a `u32` code for the kernel: `LAYOUT_*`).
+    pub layout: Layout,
+    /// Output element type (`DTYPE_*`).
+    pub dtype: DType,
+    /// Interpolation (`INTERP_*`).
+    pub interpolation: Interpolation,
     /// Per output channel: `pixel_scale / image_stddev[c]`.
     pub scale: [f32; 3],
     /// Per output channel: `-image_mean[c] / image_stddev[c]`.
@@ -176,12 +178,39 @@ impl PreprocessParams {
             channels: self.channels,
             height: self.dst_height,
             width: self.dst_width,
-            layout: if self.layout == Layout::Nhwc as u32 { Layout::Nhwc } else { Layout::Nchw },
-            dtype: if self.dtype == DType::Float16 as u32 {
-                DType::Float16
-            } else {
-                DType::Float32
-            },
+            layout: self.layout,
+            dtype: self.dtype,
+        }
+    }
+}
+
+/// Element `i` of a dense little-endian tensor of `dtype`, as f32 (float16 widened, which
+/// is exact). Panics when `i` is past the end of `bytes`.
+#[inline]
+pub fn read_element(dtype: DType, bytes: &[u8], i: usize) -> f32 {
+    match dtype {
+        DType::Float32 => {
+            let b = &bytes[4 * i..4 * i + 4];
+            f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        }
+        DType::Float16 => half::f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
+    }
+}
+
+/// Every element of a dense little-endian tensor of `dtype`, as f32.
+pub fn read_elements(dtype: DType, bytes: &[u8]) -> Vec<f32> {
+    (0..bytes.len() / dtype.size()).map(|i| read_element(dtype, bytes, i)).collect()
+}
+
+/// Write `v` as element `i` of a dense little-endian tensor of `dtype` (float16: rounded
+/// to nearest even, `half::f16::from_f32`, as the kernels' `cvt.rn.f16.f32`). Panics when
+/// `i` is past the end of `out`.
+#[inline]
+pub fn write_element(dtype: DType, out: &mut [u8], i: usize, v: f32) {
+    match dtype {
+        DType::Float32 => out[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
+        DType::Float16 => {
+            out[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
         }
     }
 }
@@ -216,8 +245,8 @@ pub struct Conv2dOp {
 }
 
 impl Conv2dOp {
-    /// Largest kernel size.
-    pub const MAX_SIZE: u32 = 15;
+    /// Largest kernel size (`config::MAX_CONV_SIZE`).
+    pub const MAX_SIZE: u32 = crate::config::MAX_CONV_SIZE;
 
     /// Kernel radius, `size / 2`.
     pub fn radius(&self) -> usize {
@@ -234,7 +263,15 @@ impl Conv2dOp {
     pub fn check(&self) -> crate::error::Result<()> {
         let n = self.size as usize;
         let bad = |what: String| {
-            Err(crate::error::Error::config("conv", what, "use an odd size 1..=15 with size*size weights (and size taps per separable factor)"))
+            Err(crate::error::Error::config(
+                "conv",
+                what,
+                format!(
+                    "use an odd size 1..={} with size*size weights (and size taps per separable \
+                     factor)",
+                    Self::MAX_SIZE
+                ),
+            ))
         };
         if self.size % 2 == 0 || self.size > Self::MAX_SIZE {
             return bad(format!("size {}", self.size));
@@ -270,6 +307,19 @@ mod tests {
         assert_eq!((m.i0[1], m.i1[1]), (30, 31));
         assert_eq!(m.w1[1], 0.534_482_8_f32);
         assert_ne!(m.w1[1], 0.534_482_96_f32);
+    }
+
+    #[test]
+    fn elements_round_trip_through_both_dtypes() {
+        let mut b = vec![0u8; 8];
+        write_element(DType::Float32, &mut b, 1, -1.5);
+        assert_eq!(&b[4..], &(-1.5f32).to_le_bytes());
+        assert_eq!(read_elements(DType::Float32, &b), vec![0.0, -1.5]);
+        // 1/3 in float16 is 0x3555 = 0.333251953125 (round to nearest even).
+        write_element(DType::Float16, &mut b, 3, 1.0 / 3.0);
+        assert_eq!(&b[6..], &0x3555u16.to_le_bytes());
+        assert_eq!(read_element(DType::Float16, &b, 3), 0.333_251_95);
+        assert_eq!(read_elements(DType::Float16, &b).len(), 4);
     }
 
     #[test]

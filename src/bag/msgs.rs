@@ -28,10 +28,6 @@ impl Header {
         w.u32(self.nanosec);
         w.string(&self.frame_id);
     }
-    /// The stamp in nanoseconds.
-    pub fn stamp_ns(&self) -> i64 {
-        i64::from(self.sec) * 1_000_000_000 + i64::from(self.nanosec)
-    }
 }
 
 /// `sensor_msgs/Image`, with `data` borrowed from the bag.

@@ -218,11 +218,7 @@ fn kv(key: &str, value: String) -> KeyValue {
 
 /// Nearest-rank percentile of sorted values, formatted in ms; "" with no samples.
 fn percentile(sorted: &[f32], q: f64) -> String {
-    if sorted.is_empty() {
-        return String::new();
-    }
-    let rank = ((q / 100.0) * sorted.len() as f64).ceil() as usize;
-    format!("{:.3}", sorted[rank.clamp(1, sorted.len()) - 1])
+    crate::percentile::nearest_rank(sorted, q).map_or_else(String::new, |v| format!("{v:.3}"))
 }
 
 #[cfg(test)]

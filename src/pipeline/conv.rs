@@ -53,9 +53,9 @@ pub fn conv_op(cfg: &Config) -> Result<Option<Conv2dOp>> {
 /// `none`. An invalid size is an error, never a panic.
 pub fn kernel_f64(conv: &ConvConfig) -> Result<Option<KernelF64>> {
     let n = conv.size as usize;
-    if conv.kernel != ConvKernel::None && (n % 2 == 0 || n > crate::config::MAX_CONV_SIZE as usize)
-    {
-        return Err(Error::config("conv.size", n, "use an odd size 1..=15"));
+    let max = crate::config::MAX_CONV_SIZE;
+    if conv.kernel != ConvKernel::None && (n % 2 == 0 || n > max as usize) {
+        return Err(Error::config("conv.size", n, format!("use an odd size 1..={max}")));
     }
     Ok(Some(match conv.kernel {
         ConvKernel::None => return Ok(None),

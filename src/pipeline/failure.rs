@@ -1,12 +1,13 @@
 //! What the pipeline does when its backend fails with a CUDA error
-//! (`gpu_failure_policy`), and the test-only fault injection that exercises it.
+//! (`gpu_failure_policy`). The fault injection that exercises it is in `fault.rs`
+//! (feature `fault-injection`).
 //!
 //! The policy lives here, in the pipeline, so the node and the no-ROS GPU drill
 //! (`test/gpu_fault.rs`) run the same code: the node only reports what happened.
 
-use crate::backend::{Backend, FaultKind};
+use crate::backend::Backend;
 use crate::config::{BackendChoice, Config, GpuFailurePolicy};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use std::time::Duration;
 
 /// CUDA backend rebuilds `retry` tries before falling back to the CPU.
@@ -20,82 +21,8 @@ pub const GPU_RETRY_BACKOFF: [Duration; GPU_RETRY_ATTEMPTS as usize] =
 /// attempts and ends on the CPU instead of being rebuilt forever.
 pub const GPU_RETRY_RESET_FRAMES: u64 = 100;
 
-/// The environment variable of the test-only fault injection.
-pub const INJECT_FAULT_ENV: &str = "VISION_PREPROC_INJECT_CUDA_FAULT";
-
 /// Opens a new backend for `retry` (the pipeline's configuration is passed in).
 pub type BackendOpener = Box<dyn FnMut(&Config) -> Result<Box<dyn Backend>> + Send>;
-
-/// TESTS ONLY: when and how to make the backend fail (`VISION_PREPROC_INJECT_CUDA_FAULT`).
-/// Frames are numbered from 1 in the order the pipeline hands them to a backend (frames
-/// rejected before that, e.g. invalid images, are not counted).
-///
-/// The variable's forms: `N` (frame N fails once), `N..` (frame N and every later attempt
-/// fails, the re-runs of a failed frame on a rebuilt backend included: a GPU that stays
-/// broken, until the pipeline falls back to the CPU), each optionally followed by
-/// `:sticky` (the default: a kernel's illegal address) or `:transient` (out of memory).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FaultPlan {
-    /// The first frame that fails.
-    pub at: u64,
-    /// Every attempt from `at` on fails, not only the first.
-    pub persistent: bool,
-    /// The fault.
-    pub kind: FaultKind,
-}
-
-impl FaultPlan {
-    /// Frame `at` fails once with `kind`.
-    pub fn once(at: u64, kind: FaultKind) -> Self {
-        FaultPlan { at, persistent: false, kind }
-    }
-
-    /// Every attempt from frame `at` on fails with `kind`.
-    pub fn from(at: u64, kind: FaultKind) -> Self {
-        FaultPlan { at, persistent: true, kind }
-    }
-
-    /// Parse `N`, `N..`, `N:sticky`, `N..:transient`, ... (N >= 1); the error names the
-    /// variable and the forms.
-    pub fn parse(text: &str) -> Result<Self> {
-        let bad = || {
-            Error::config(
-                INJECT_FAULT_ENV,
-                format!("{text:?}"),
-                "use N (frame N fails once) or N.. (every frame from N fails), N >= 1, \
-                 optionally followed by :sticky (default) or :transient; unset it outside tests",
-            )
-        };
-        let t = text.trim();
-        let (frames, kind) = match t.split_once(':') {
-            Some((f, "sticky")) => (f, FaultKind::Sticky),
-            Some((f, "transient")) => (f, FaultKind::Transient),
-            Some(_) => return Err(bad()),
-            None => (t, FaultKind::Sticky),
-        };
-        let (number, persistent) = match frames.strip_suffix("..") {
-            Some(n) => (n, true),
-            None => (frames, false),
-        };
-        match number.parse::<u64>() {
-            Ok(at) if at >= 1 => Ok(FaultPlan { at, persistent, kind }),
-            _ => Err(bad()),
-        }
-    }
-
-    /// The plan in the environment, if `VISION_PREPROC_INJECT_CUDA_FAULT` is set.
-    pub fn from_env() -> Result<Option<Self>> {
-        match std::env::var(INJECT_FAULT_ENV) {
-            Ok(v) => Self::parse(&v).map(Some),
-            Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(v)) => Err(Error::config(
-                INJECT_FAULT_ENV,
-                format!("{v:?}"),
-                "use N or N.. in ASCII digits",
-            )),
-        }
-    }
-}
 
 /// What the policy did about a backend failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,47 +90,31 @@ impl std::fmt::Display for GpuFailure {
 pub(crate) struct Recovery {
     pub(crate) policy: GpuFailurePolicy,
     pub(crate) opener: BackendOpener,
-    pub(crate) fault: Option<FaultPlan>,
-    /// Whether `FaultPlan::Once` has fired.
-    pub(crate) fired: bool,
+    /// The test hook's plan (feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) injection: super::fault::Injection,
     /// Frames handed to a backend so far (the current one included).
     pub(crate) frame: u64,
     /// Rebuild attempts used since the last [`GPU_RETRY_RESET_FRAMES`] good frames.
     pub(crate) attempts_used: u32,
     /// Consecutive good frames since the last failure.
     pub(crate) good_frames: u64,
-    /// On the CPU after a failure: no more injection, no more recovery.
+    /// On the CPU after a failure: no more recovery (and no more injection).
     pub(crate) fell_back: bool,
 }
 
 impl Recovery {
-    pub(crate) fn new(config: &Config, fault: Option<FaultPlan>) -> Self {
+    pub(crate) fn new(config: &Config) -> Self {
         Recovery {
             policy: config.gpu_failure_policy,
             opener: Box::new(default_opener),
-            fault,
-            fired: false,
+            #[cfg(feature = "fault-injection")]
+            injection: super::fault::Injection::default(),
             frame: 0,
             attempts_used: 0,
             good_frames: 0,
             fell_back: false,
         }
-    }
-
-    /// The fault the attempt to run the current frame must fail with (injection), if any.
-    pub(crate) fn fault_due(&mut self) -> Option<FaultKind> {
-        let plan = self.fault?;
-        if self.fell_back {
-            return None;
-        }
-        if plan.persistent && self.frame >= plan.at {
-            return Some(plan.kind);
-        }
-        if !plan.persistent && !self.fired && self.frame == plan.at {
-            self.fired = true;
-            return Some(plan.kind);
-        }
-        None
     }
 
     /// A frame ran without a failure.
@@ -223,26 +134,6 @@ fn default_opener(config: &Config) -> Result<Box<dyn Backend>> {
         BackendChoice::Cpu => Ok(Box::new(crate::backend::cpu::CpuBackend::new())),
         BackendChoice::Cuda | BackendChoice::Auto => {
             crate::backend::cuda::CudaBackend::open(config.device_id, config.memory_mode)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fault_plans_parse_and_bad_ones_name_the_variable() {
-        assert_eq!(FaultPlan::parse("5").unwrap(), FaultPlan::once(5, FaultKind::Sticky));
-        assert_eq!(FaultPlan::parse(" 12.. ").unwrap(), FaultPlan::from(12, FaultKind::Sticky));
-        assert_eq!(
-            FaultPlan::parse("3:transient").unwrap(),
-            FaultPlan::once(3, FaultKind::Transient)
-        );
-        assert_eq!(FaultPlan::parse("7..:sticky").unwrap(), FaultPlan::from(7, FaultKind::Sticky));
-        for bad in ["0", "", "x", "3..4", "-1", "0..", "3:", "3:hard", ":transient"] {
-            let e = FaultPlan::parse(bad).unwrap_err().to_string();
-            assert!(e.contains(INJECT_FAULT_ENV) && e.contains("N.."), "{bad}: {e}");
         }
     }
 }

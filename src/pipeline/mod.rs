@@ -4,6 +4,8 @@
 
 pub mod conv;
 pub mod failure;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod geometry;
 pub mod message;
 
@@ -14,12 +16,13 @@ use crate::bag::msgs::Header;
 use crate::config::{BackendChoice, ChannelOrder, Config};
 use crate::error::{Error, Result};
 use crate::image::ImageView;
-pub use backend::FaultKind;
 use failure::Recovery;
 pub use failure::{
-    BackendOpener, FailureAction, FaultPlan, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_BACKOFF,
-    GPU_RETRY_RESET_FRAMES, INJECT_FAULT_ENV,
+    BackendOpener, FailureAction, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_BACKOFF,
+    GPU_RETRY_RESET_FRAMES,
 };
+#[cfg(feature = "fault-injection")]
+pub use fault::{FaultKind, FaultPlan, INJECT_FAULT_ENV};
 pub use geometry::{Geometry, Rect};
 pub use message::{frame_timing, TensorCdr, TensorFields};
 
@@ -106,12 +109,16 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// A pipeline for a validated `config` on `backend`. Reads the test-only
-    /// [`INJECT_FAULT_ENV`] (an invalid value is an error naming it).
+    /// A pipeline for a validated `config` on `backend`. With the feature
+    /// `fault-injection`, reads `VISION_PREPROC_INJECT_CUDA_FAULT` (an invalid value is an
+    /// error naming it).
     pub fn new(config: Config, backend: Box<dyn Backend>) -> Result<Self> {
         config.validate()?;
         let conv = conv_op(&config)?;
-        let recovery = Recovery::new(&config, FaultPlan::from_env()?);
+        let recovery = Recovery::new(&config);
+        #[cfg(feature = "fault-injection")]
+        let recovery =
+            Recovery { injection: fault::Injection::new(FaultPlan::from_env()?), ..recovery };
         Ok(Pipeline {
             config,
             backend,
@@ -122,11 +129,11 @@ impl Pipeline {
         })
     }
 
-    /// TESTS ONLY: make the backend fail as `plan` says (what [`INJECT_FAULT_ENV`] does),
-    /// counting frames from the next one as frame 1.
+    /// Test hook (feature `fault-injection`): make the backend fail as `plan` says (what
+    /// [`INJECT_FAULT_ENV`] does), counting frames from the next one as frame 1.
+    #[cfg(feature = "fault-injection")]
     pub fn inject_fault(&mut self, plan: FaultPlan) {
-        self.recovery.fault = Some(plan);
-        self.recovery.fired = false;
+        self.recovery.injection = fault::Injection::new(Some(plan));
         self.recovery.frame = 0;
     }
 
@@ -215,7 +222,10 @@ impl Pipeline {
     /// Run the cached operation on the current backend (or fail as injected), the
     /// tensor landing inside the message buffer.
     fn run_backend(&mut self, image: &ImageView<'_>) -> Result<StageTimes> {
-        if let Some(kind) = self.recovery.fault_due() {
+        #[cfg(feature = "fault-injection")]
+        if let Some(kind) =
+            self.recovery.injection.due(self.recovery.frame, self.recovery.fell_back)
+        {
             return Err(self.backend.inject_fault(kind));
         }
         let Some((_, _, op)) = &self.cached else {
@@ -327,20 +337,11 @@ pub struct PreviewImage {
 pub fn preview(params: &PreprocessParams, tensor: &[u8]) -> PreviewImage {
     let desc = params.tensor_desc();
     let (w, h, ch) = (desc.width as usize, desc.height as usize, desc.channels as usize);
-    let es = desc.dtype.size();
     let mut data = vec![0u8; w * h * ch];
     for y in 0..h {
         for x in 0..w {
             for c in 0..ch {
-                let i = desc.index(c, y, x) * es;
-                let v = match desc.dtype {
-                    crate::config::DType::Float32 => {
-                        f32::from_le_bytes([tensor[i], tensor[i + 1], tensor[i + 2], tensor[i + 3]])
-                    }
-                    crate::config::DType::Float16 => {
-                        half::f16::from_le_bytes([tensor[i], tensor[i + 1]]).to_f32()
-                    }
-                };
+                let v = backend::read_element(desc.dtype, tensor, desc.index(c, y, x));
                 let pixel = (v - params.bias[c]) / params.scale[c];
                 let rgb = if ch == 3 && params.swap_rb != 0 { 2 - c } else { c };
                 data[(y * w + x) * ch + rgb] = pixel.round().clamp(0.0, 255.0) as u8;
@@ -388,9 +389,9 @@ pub fn preprocess_op(cfg: &Config, g: &Geometry) -> PreprocessOp {
         content_h: g.content.h,
         channels,
         swap_rb: u32::from(swap_rb),
-        layout: cfg.output_layout as u32,
-        dtype: cfg.output_dtype as u32,
-        interpolation: cfg.interpolation as u32,
+        layout: cfg.output_layout,
+        dtype: cfg.output_dtype,
+        interpolation: cfg.interpolation,
         scale,
         bias,
         pad,

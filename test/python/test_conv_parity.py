@@ -17,8 +17,8 @@ import cv2
 import numpy as np
 import pytest
 
-from oracle_conv import BORDERS, apply_conv, kernel_2d, kernel_l1, separable_factors
-from tolerances import assert_close_conv, conv_abs_tolerance
+from vptools.oracle_conv import BORDERS, apply_conv, kernel_2d, kernel_l1, separable_factors
+from vptools.tolerances import assert_close_conv, conv_abs_tolerance
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "target" / "release" / "vision_preproc"

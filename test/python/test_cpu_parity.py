@@ -14,11 +14,9 @@ import cv2
 import numpy as np
 import pytest
 
-import oracle
-import runner
-import sources
-from sources import ALL_ENCODINGS, photo_frame
-from tolerances import assert_close, assert_preview_close
+from vptools import oracle, runner, sources
+from vptools.sources import ALL_ENCODINGS, photo_frame
+from vptools.tolerances import assert_close, assert_preview_close
 
 ALIASES = ("yuv422_yuy2", "yuv422")
 SIXTEEN = ("mono16", "rgb16", "bgr16")
@@ -256,8 +254,8 @@ CONV_CASES = [dict(kernel="gaussian", size=5, sigma=1.2, border="reflect101"),
 def test_conv_after_preprocessing(conv: dict) -> None:
     # The oracle applies conv2d with the conv2d engineer's oracle_conv.py; without it
     # (a branch without conv2d) these cases are skipped.
-    oracle_conv = pytest.importorskip("oracle_conv")
-    import tolerances
+    oracle_conv = pytest.importorskip("vptools.oracle_conv")
+    from vptools import tolerances
 
     if not hasattr(tolerances, "assert_close_conv"):
         pytest.skip("conv2d tolerances (tolerances.assert_close_conv) not in this branch")

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import oracle
-from bags import TS, Image, image_of, read_outputs, tensor_array, write_bag
-from runner import CLI
-from sources import photo_frame
-from tolerances import assert_close
+from vptools import oracle
+from vptools.bags import TS, Image, image_of, read_outputs, tensor_array, write_bag
+from vptools.runner import CLI
+from vptools.sources import photo_frame
+from vptools.tolerances import assert_close
 
 CONFIG = {"network_image_width": 96, "network_image_height": 64, "resize_mode": "letterbox",
           "image_mean": [0.485, 0.456, 0.406], "image_stddev": [0.229, 0.224, 0.225]}

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rosharness import ROOT  # noqa: E402
+from vptools.rosharness import ROOT
 
 
 @pytest.fixture(scope="session")

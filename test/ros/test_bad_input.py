@@ -3,7 +3,7 @@ malformed sensor_msgs/Image messages to the node, running as its own process. Fo
 malformation the node stays up, rejects the frame with a reason naming the field (in its
 log and as `Last rejection reason` in /diagnostics), counts it (`Frames rejected
 (invalid)`), and processes the NEXT valid frame correctly: every tensor is compared by
-value with the OpenCV oracle (test/python/oracle.py). Valid-but-unusual input is processed
+value with the OpenCV oracle (python/vptools/oracle.py). Valid-but-unusual input is processed
 and checked the same way: 16-bit big-endian samples, a frame size and encoding changing on
 every frame, 1x1 and 1xN images. At the end the books balance: received = published +
 dropped + rejected + failed, and published equals what this (reliable) peer counted.
@@ -16,7 +16,6 @@ next frame is sent, so every case is checked on its own.
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -25,13 +24,12 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from rosharness import RELIABLE, NodeProcess, Peer, tensor_array  # noqa: E402
-from sensor_msgs.msg import Image  # noqa: E402
+from vptools.rosharness import RELIABLE, NodeProcess, Peer, tensor_array
+from sensor_msgs.msg import Image
 
-import oracle  # noqa: E402
-from sources import Frame, photo_frame  # noqa: E402
-from tolerances import assert_close  # noqa: E402
+from vptools import oracle
+from vptools.sources import Frame, photo_frame
+from vptools.tolerances import assert_close
 
 NS = "/bad_input"
 STATUS_NAME = "bad_input/vision_preproc"

@@ -11,16 +11,17 @@ by value against OpenCV/NumPy.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from rosharness import RELIABLE, NodeProcess, Peer, image_msg, tensor_array  # noqa: E402
-from test_node import CHELSEA, expected_stretch  # noqa: E402
-from tolerances import assert_close  # noqa: E402
+from vptools.oracle import expected_stretch
+from vptools.rosharness import RELIABLE, NodeProcess, Peer, image_msg, tensor_array
+from vptools.sources import photo_bgr
+from vptools.tolerances import assert_close
+
+CHELSEA = photo_bgr("chelsea.png")  # 451x300
 
 W, H = 64, 48
 MEAN, STD = [0.5] * 3, [0.5] * 3

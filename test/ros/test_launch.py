@@ -6,7 +6,6 @@ is not installable here, so the launch files are read, not executed."""
 from __future__ import annotations
 
 import ast
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -14,8 +13,7 @@ import cv2
 import yaml
 from sensor_msgs.msg import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from rosharness import ROOT, NodeProcess, Peer, image_msg  # noqa: E402
+from vptools.rosharness import ROOT, NodeProcess, Peer, image_msg
 
 LAUNCH = ROOT / "launch"
 

@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,24 +20,16 @@ from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import DescribeParameters, GetParameters, ListParameters, SetParameters
 from sensor_msgs.msg import CameraInfo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from rosharness import RELIABLE, ROOT, NodeProcess, Peer, image_msg, stamp_ns, tensor_array  # noqa: E402
-from tolerances import assert_close  # noqa: E402
-from vision_preproc_msgs.msg import Tensor  # noqa: E402
+from vptools.rosharness import RELIABLE, NodeProcess, Peer, image_msg, stamp_ns, tensor_array
+from vptools.tolerances import assert_close
+from vision_preproc_msgs.msg import Tensor
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import soak  # noqa: E402
-from test_overload import HEAVY  # noqa: E402
+from vptools import soak
+from vptools.oracle import expected_stretch
+from vptools.soak import HEAVY
+from vptools.sources import photo_bgr
 
-DATA = ROOT / "test" / "data"
-CHELSEA = cv2.imread(str(DATA / "chelsea.png"))  # bgr, 451x300
-
-
-def expected_stretch(bgr: np.ndarray, w: int, h: int, mean, std) -> np.ndarray:
-    """bgr8 -> RGB, stretch to w x h (cv2.resize INTER_LINEAR on float32), normalize, NCHW."""
-    rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB).astype(np.float32)
-    r = cv2.resize(rgb, (w, h), interpolation=cv2.INTER_LINEAR).astype(np.float64)
-    return ((r / 255.0 - np.array(mean)) / np.array(std)).transpose(2, 0, 1)[None]
+CHELSEA = photo_bgr("chelsea.png")  # 451x300
 
 
 def call(peer: Peer, srv_type, name: str, request, timeout: float = 10.0):

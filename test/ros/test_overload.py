@@ -5,10 +5,10 @@ Rust by `vision_preproc play --loop --restamp`) into a node configured so that 3
 more than 5x what it can process (1280x960 float16 output with a dense 15x15 conv2d on one
 worker thread, RAYON_NUM_THREADS=1: ~110-150 ms per frame here, so the machine's second
 core is left to the player and the peer). If the machine processes faster than 30/5.5 Hz,
-scripts/soak.py raises the input rate to 5.5x the processing rate measured in the
+vptools.soak (scripts/soak.py) raises the input rate to 5.5x the processing rate measured in the
 warm-up, so the overload holds on faster machines too.
 
-Asserted (definitions and reasons in scripts/soak.py):
+Asserted (definitions and reasons in python/vptools/soak.py):
 - overload: the player sent >= 5x the node's processing rate (tensors published per s);
 - frame accounting, exact, from /diagnostics after the player stopped: received =
   published + dropped + rejected + failed; published = tensors this reliable peer got;
@@ -23,17 +23,11 @@ Asserted (definitions and reasons in scripts/soak.py):
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import soak  # noqa: E402
-
-# A dense 15x15 conv2d (custom weights: no separable fast path) makes processing slow.
-WEIGHTS = "[" + ",".join(["0.0044444"] * 225) + "]"
-HEAVY = ["network_image_width:=1280", "network_image_height:=960", "output_dtype:=float16",
-         "conv.kernel:=custom", "conv.size:=15", f"conv.weights:={WEIGHTS}"]
+from vptools import soak
+from vptools.soak import HEAVY  # a dense 15x15 conv2d (no separable fast path): slow processing
 
 
 def test_overload_5x_for_60_s_is_also_the_ci_soak(tmp_path: Path) -> None:

@@ -5,13 +5,11 @@ same bytes as the offline `replay` of the same bag on the same backend (CPU)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from bags import read_outputs, write_bag  # noqa: E402
-from rosharness import ROOT, NodeProcess, Peer, stamp_ns  # noqa: E402
-from sources import photo_frame  # noqa: E402
+from vptools.bags import read_outputs, write_bag
+from vptools.rosharness import ROOT, NodeProcess, Peer, stamp_ns
+from vptools.sources import photo_frame
 
 CLI = ROOT / "target" / "release" / "vision_preproc"
 

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from rosharness import NODE_BIN, ROOT, NodeProcess, Peer, image_msg, stamp_ns, tensor_array  # noqa: E402
+from vptools.rosharness import NODE_BIN, ROOT, NodeProcess, Peer, image_msg, stamp_ns, tensor_array
 
-from tolerances import assert_close  # noqa: E402
+from vptools.tolerances import assert_close
 
 DATA = ROOT / "test" / "data"
 NET_W, NET_H = 320, 240
@@ -121,10 +119,9 @@ def test_encodings_and_sizes_through_the_node_match_the_oracle(tmp_path: Path) -
     """Real photographs in several encodings and sizes (frame size and encoding changing
     from frame to frame) -> node -> tensors equal to the OpenCV oracle; header, shape,
     geometry and source fields correct; one FrameTiming per tensor whose stages add up."""
-    import oracle
-    from sources import photo_frame
-
-    from rosharness import Image
+    from vptools import oracle
+    from vptools.rosharness import Image
+    from vptools.sources import photo_frame
 
     config = {"network_image_width": 128, "network_image_height": 96, "resize_mode": "center_crop",
               "output_dtype": "float16", "output_layout": "NHWC", "channel_order": "bgr",
@@ -173,7 +170,7 @@ def test_backend_auto_falls_back_and_cuda_refuses_without_a_gpu(tmp_path: Path) 
     diagnostics WARN); backend cuda refuses to start with the reason."""
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 
-    from rosharness import RELIABLE
+    from vptools.rosharness import RELIABLE
 
     if Path("/dev/nvidiactl").exists():
         pytest.skip("this machine has an NVIDIA GPU")

@@ -32,7 +32,7 @@ import cv2
 import numpy as np
 import pytest
 
-from rosharness import ROOT, RELIABLE, NodeProcess, Peer, image_msg, stamp_ns
+from vptools.rosharness import ROOT, RELIABLE, NodeProcess, Peer, image_msg, stamp_ns
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from rclpy.serialization import deserialize_message  # noqa: E402

@@ -18,8 +18,7 @@
 
 use super::check_op;
 use super::decode::{pixel_grey, pixel_rgb};
-use crate::backend::PreprocessOp;
-use crate::config::DType;
+use crate::backend::{write_element, PreprocessOp};
 use crate::error::Result;
 use crate::image::ImageView;
 
@@ -55,18 +54,10 @@ pub fn preprocess(img: &ImageView<'_>, op: &PreprocessOp, out: &mut Vec<u8>) -> 
     let desc = op.params.tensor_desc();
     out.clear();
     out.resize(desc.byte_len(), 0);
-    let es = desc.dtype.size();
     for c in 0..desc.channels as usize {
         for y in 0..desc.height as usize {
             for x in 0..desc.width as usize {
-                let v = element(img, op, c, y, x);
-                let i = desc.index(c, y, x) * es;
-                match desc.dtype {
-                    DType::Float32 => out[i..i + 4].copy_from_slice(&v.to_le_bytes()),
-                    DType::Float16 => {
-                        out[i..i + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
-                    }
-                }
+                write_element(desc.dtype, out, desc.index(c, y, x), element(img, op, c, y, x));
             }
         }
     }

@@ -1,11 +1,15 @@
 //! The kernel sources (embedded), their NVRTC compilation for the device's own
 //! architecture, the on-disk cache of compiled modules, and loading. One module owns
-//! this: [`KernelFile::ALL`] lists every file, and the entry-point tables below list
-//! every function the host launches.
+//! this: [`KernelFile::ALL`] lists every file of the backend, and the entry-point tables
+//! below list every function the host launches. A harness with kernels of its own (the
+//! CLI's benchmark and its `baselines.cu`) compiles and loads them through the same
+//! functions, as a [`KernelSource`].
 
-use crate::backend::cuda::launch::Conv2dParams;
+use crate::backend::cuda::launch::{self, Conv2dParams};
 use crate::backend::ops::PreprocessParams;
+use crate::config::{Border, DType, Interpolation, Layout, MAX_CONV_SIZE};
 use crate::error::CudaError;
+use crate::image::Encoding;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::sys as nvrtc;
 use std::ffi::{c_char, CString};
@@ -16,30 +20,40 @@ use std::time::Instant;
 /// `kernels/common.cuh`, included by every kernel file.
 pub const COMMON_CUH: &str = include_str!("../../../kernels/common.cuh");
 
-/// A kernel source file.
+/// A kernel source file of the backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelFile {
     /// `kernels/resize_normalize.cu`: the fused preprocessing.
     ResizeNormalize,
     /// `kernels/conv2d_tiled.cu`: tiled and separable conv2d.
     Conv2dTiled,
-    /// `kernels/baselines.cu`: three-kernel path, naive conv2d, clock probe (benchmark only).
-    Baselines,
+}
+
+/// Kernel source text with its file name (for messages and the cache's file names),
+/// compiled with `common.cuh` and the options of [`compile_options`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelSource {
+    /// File name, e.g. `resize_normalize.cu`.
+    pub file_name: &'static str,
+    /// The CUDA C source.
+    pub text: &'static str,
+}
+
+impl From<KernelFile> for KernelSource {
+    fn from(file: KernelFile) -> Self {
+        KernelSource { file_name: file.file_name(), text: file.source() }
+    }
 }
 
 impl KernelFile {
-    /// Every kernel file.
-    pub const ALL: [KernelFile; 3] =
-        [KernelFile::ResizeNormalize, KernelFile::Conv2dTiled, KernelFile::Baselines];
-    /// The files the backend loads at start-up (the baselines are for `bench` only).
-    pub const BACKEND: [KernelFile; 2] = [KernelFile::ResizeNormalize, KernelFile::Conv2dTiled];
+    /// Every kernel file of the backend, all loaded at start-up.
+    pub const ALL: [KernelFile; 2] = [KernelFile::ResizeNormalize, KernelFile::Conv2dTiled];
 
     /// File name under `kernels/`.
     pub fn file_name(self) -> &'static str {
         match self {
             KernelFile::ResizeNormalize => "resize_normalize.cu",
             KernelFile::Conv2dTiled => "conv2d_tiled.cu",
-            KernelFile::Baselines => "baselines.cu",
         }
     }
 
@@ -48,7 +62,6 @@ impl KernelFile {
         match self {
             KernelFile::ResizeNormalize => include_str!("../../../kernels/resize_normalize.cu"),
             KernelFile::Conv2dTiled => include_str!("../../../kernels/conv2d_tiled.cu"),
-            KernelFile::Baselines => include_str!("../../../kernels/baselines.cu"),
         }
     }
 
@@ -56,50 +69,80 @@ impl KernelFile {
     pub fn entry_points(self) -> Vec<String> {
         match self {
             KernelFile::ResizeNormalize => {
-                RESIZE_NORMALIZE_ENTRIES.iter().map(|s| s.to_string()).collect()
+                Encoding::ALL.iter().map(|&e| resize_normalize_entry(e)).collect()
             }
             KernelFile::Conv2dTiled => CONV_SIZES
                 .iter()
                 .flat_map(|k| [format!("conv2d_tiled_k{k}"), format!("conv2d_separable_k{k}")])
                 .collect(),
-            KernelFile::Baselines => BASELINE_ENTRIES.iter().map(|s| s.to_string()).collect(),
         }
     }
 }
 
-/// Fused kernel entry points, indexed by the `Encoding` discriminant.
-/// Keep in sync with the `RN_ENTRY` lines of `kernels/resize_normalize.cu`.
-pub const RESIZE_NORMALIZE_ENTRIES: [&str; 16] = [
-    "resize_normalize_rgb8",
-    "resize_normalize_bgr8",
-    "resize_normalize_rgba8",
-    "resize_normalize_bgra8",
-    "resize_normalize_mono8",
-    "resize_normalize_mono16",
-    "resize_normalize_rgb16",
-    "resize_normalize_bgr16",
-    "resize_normalize_yuyv",
-    "resize_normalize_uyvy",
-    "resize_normalize_nv12",
-    "resize_normalize_nv21",
-    "resize_normalize_bayer_rggb8",
-    "resize_normalize_bayer_bggr8",
-    "resize_normalize_bayer_gbrg8",
-    "resize_normalize_bayer_grbg8",
-];
+/// The fused kernel's entry point for `enc`: `resize_normalize_<name>` (the kernel file
+/// stamps one per encoding of `VP_ENCODINGS`, which [`host_defines`] derives from
+/// `Encoding`).
+pub fn resize_normalize_entry(enc: Encoding) -> String {
+    format!("resize_normalize_{}", enc.name())
+}
 
-/// conv2d kernel sizes with an entry point (`conv2d_tiled_k<K>`, `conv2d_separable_k<K>`).
-/// Keep in sync with the `CV_ENTRY` lines of `kernels/conv2d_tiled.cu`.
-pub const CONV_SIZES: [u32; 8] = [1, 3, 5, 7, 9, 11, 13, 15];
+/// conv2d kernel sizes with an entry point (`conv2d_tiled_k<K>`, `conv2d_separable_k<K>`):
+/// every odd size up to `config::MAX_CONV_SIZE`.
+pub const CONV_SIZES: [u32; (MAX_CONV_SIZE as usize).div_ceil(2)] = {
+    let mut s = [0u32; (MAX_CONV_SIZE as usize).div_ceil(2)];
+    let mut i = 0;
+    while i < s.len() {
+        s[i] = 2 * i as u32 + 1;
+        i += 1;
+    }
+    s
+};
 
-/// Entry points of `kernels/baselines.cu`.
-pub const BASELINE_ENTRIES: [&str; 5] = [
-    "baseline_resize_rgb8",
-    "baseline_normalize_hwc",
-    "baseline_hwc_to_chw",
-    "conv2d_naive",
-    "measure_clock",
-];
+/// The `-D` defines that give the kernels the host's facts, so the `.cu` files hold no
+/// copy of them: the `Encoding` codes and table (`ENC_*`, `VP_ENCODINGS(X)`), the codes
+/// of `Layout`, `DType`, `Interpolation` and `Border`, the conv2d sizes (`VP_MAX_CONV`,
+/// `VP_CONV_SIZES(X)`) and the launch shapes of `launch.rs`.
+pub fn host_defines() -> Vec<String> {
+    let mut d = Vec::new();
+    let mut table = Vec::new();
+    for e in Encoding::ALL {
+        let code = format!("ENC_{}", e.name().to_ascii_uppercase());
+        d.push(format!("-D{code}={}u", e as u32));
+        table.push(format!(
+            "X({},{code},{},{})",
+            e.name(),
+            e.bytes_per_pixel(),
+            u8::from(e.is_packed())
+        ));
+    }
+    d.push(format!("-DVP_ENCODINGS(X)={}", table.join(" ")));
+    let codes: [(&str, u32); 9] = [
+        ("LAYOUT_NCHW", Layout::Nchw as u32),
+        ("LAYOUT_NHWC", Layout::Nhwc as u32),
+        ("DTYPE_F32", DType::Float32 as u32),
+        ("DTYPE_F16", DType::Float16 as u32),
+        ("INTERP_NEAREST", Interpolation::Nearest as u32),
+        ("INTERP_LINEAR", Interpolation::Linear as u32),
+        ("BORDER_REPLICATE", Border::Replicate as u32),
+        ("BORDER_CONSTANT", Border::Constant as u32),
+        ("BORDER_REFLECT101", Border::Reflect101 as u32),
+    ];
+    d.extend(codes.iter().map(|(name, v)| format!("-D{name}={v}u")));
+    d.push(format!("-DVP_MAX_CONV={MAX_CONV_SIZE}"));
+    let sizes: Vec<String> = CONV_SIZES.iter().map(|k| format!("X({k})")).collect();
+    d.push(format!("-DVP_CONV_SIZES(X)={}", sizes.join(" ")));
+    for (name, v) in [
+        ("RN_PX", launch::RN_PX),
+        ("RN_BLOCK_X", launch::RN_BLOCK_X),
+        ("RN_BLOCK_Y", launch::RN_BLOCK_Y),
+        ("CV_BLOCK_X", launch::CV_BLOCK_X),
+        ("CV_BLOCK_Y", launch::CV_BLOCK_Y),
+        ("CV_ROWS", launch::CV_ROWS),
+    ] {
+        d.push(format!("-D{name}={v}"));
+    }
+    d
+}
 
 /// `-D` defines carrying the size and every field offset of the `#[repr(C)]` structs
 /// passed by value, checked by `static_assert`s in `kernels/common.cuh`.
@@ -123,13 +166,15 @@ pub fn layout_defines() -> Vec<String> {
     d
 }
 
-/// The NVRTC options for `arch` (e.g. `sm_87`).
+/// The NVRTC options for `arch` (e.g. `sm_87`): the host's facts ([`host_defines`]) and
+/// the struct layout checks ([`layout_defines`]).
 pub fn compile_options(arch: &str) -> Vec<String> {
     let mut o = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "--generate-line-info".to_string(),
     ];
+    o.extend(host_defines());
     o.extend(layout_defines());
     o
 }
@@ -181,18 +226,19 @@ fn nvrtc_err(file: &str, arch: &str, what: &str, e: impl std::fmt::Debug) -> Cud
 
 /// Compile `file` for `arch` (`sm_87`, `sm_90`, ...) into a CUBIN with NVRTC. Needs
 /// libnvrtc only, no GPU. Fails with the compiler log on any error.
-pub fn compile(file: KernelFile, arch: &str) -> Result<Compiled, CudaError> {
+pub fn compile(file: impl Into<KernelSource>, arch: &str) -> Result<Compiled, CudaError> {
     compile_with_options(file, arch, &compile_options(arch))
 }
 
 /// [`compile`] with explicit NVRTC options (tests use it to check that a wrong struct
-/// layout define fails the build).
+/// layout define fails the build; the benchmark for variants of a kernel).
 pub fn compile_with_options(
-    file: KernelFile,
+    file: impl Into<KernelSource>,
     arch: &str,
     options: &[String],
 ) -> Result<Compiled, CudaError> {
-    let name = file.file_name();
+    let file: KernelSource = file.into();
+    let name = file.file_name;
     if !nvrtc_available() {
         return Err(CudaError::Unavailable(
             "libnvrtc.so could not be loaded: install the CUDA 12 NVRTC (PyPI \
@@ -202,7 +248,7 @@ pub fn compile_with_options(
         ));
     }
     let cstr = |s: &str| CString::new(s).map_err(|e| nvrtc_err(name, arch, "NUL in text", e));
-    let src = cstr(file.source())?;
+    let src = cstr(file.text)?;
     let cname = cstr(name)?;
     let hdr = cstr(COMMON_CUH)?;
     let hdr_name = cstr("common.cuh")?;
@@ -315,7 +361,7 @@ pub struct LoadReport {
 /// A kernel file's CUBIN, from the disk cache or freshly compiled (no GPU involved: this
 /// step can run on several threads at once, one file each).
 pub struct Prepared {
-    file: KernelFile,
+    file: KernelSource,
     arch: String,
     options: Vec<String>,
     path: Option<std::path::PathBuf>,
@@ -328,38 +374,35 @@ pub struct Prepared {
 /// architecture, NVRTC and driver is there, else compile it (failing with the compiler
 /// log) and store it there.
 pub fn prepare(
-    file: KernelFile,
+    file: impl Into<KernelSource>,
     arch: &str,
     driver_version: i32,
     cache: Option<&std::path::Path>,
     extra_options: &[String],
 ) -> Result<Prepared, CudaError> {
+    let file: KernelSource = file.into();
     let (nv_major, nv_minor) = nvrtc_version()?;
     let mut options = compile_options(arch);
     options.extend(extra_options.iter().cloned());
     let versions = format!("nvrtc {nv_major}.{nv_minor} driver {driver_version}");
     let key = fnv1a64(&[
         COMMON_CUH.as_bytes(),
-        file.source().as_bytes(),
+        file.text.as_bytes(),
         options.join(" ").as_bytes(),
         versions.as_bytes(),
     ]);
-    let stem = file.file_name().trim_end_matches(".cu");
+    let stem = file.file_name.trim_end_matches(".cu");
     let path = cache.map(|d| d.join(format!("{stem}-{arch}-{key:016x}.cubin")));
     if let Some(cubin) = path.as_ref().and_then(|p| read_cached(p)) {
-        let report = LoadReport {
-            file: file.file_name(),
-            cached: true,
-            compile_ms: 0.0,
-            log: String::new(),
-        };
+        let report =
+            LoadReport { file: file.file_name, cached: true, compile_ms: 0.0, log: String::new() };
         return Ok(Prepared { file, arch: arch.into(), options, path, cubin, report });
     }
     compile_prepared(file, arch, options, path)
 }
 
 fn compile_prepared(
-    file: KernelFile,
+    file: KernelSource,
     arch: &str,
     options: Vec<String>,
     path: Option<std::path::PathBuf>,
@@ -371,8 +414,7 @@ fn compile_prepared(
         // A cache that cannot be written only costs the next start its compile time.
         let _ = write_cached(p, &compiled.cubin);
     }
-    let report =
-        LoadReport { file: file.file_name(), cached: false, compile_ms, log: compiled.log };
+    let report = LoadReport { file: file.file_name, cached: false, compile_ms, log: compiled.log };
     Ok(Prepared { file, arch: arch.into(), options, path, cubin: compiled.cubin, report })
 }
 
@@ -388,13 +430,13 @@ pub fn load_prepared(
         Err(_) if p.report.cached => compile_prepared(p.file, &p.arch, p.options, p.path)?,
         Err(e) => {
             return Err(CudaError::Driver {
-                call: format!("cuModuleLoadData({} for {})", p.file.file_name(), p.arch),
+                call: format!("cuModuleLoadData({} for {})", p.file.file_name, p.arch),
                 message: format!("{e:?}"),
             })
         }
     };
     let module = load(p.cubin).map_err(|e| CudaError::Driver {
-        call: format!("cuModuleLoadData({} for {})", p.file.file_name(), p.arch),
+        call: format!("cuModuleLoadData({} for {})", p.file.file_name, p.arch),
         message: format!("{e:?}"),
     })?;
     Ok((module, p.report))
@@ -403,7 +445,7 @@ pub fn load_prepared(
 /// [`prepare`] then [`load_prepared`].
 pub fn load(
     ctx: &Arc<CudaContext>,
-    file: KernelFile,
+    file: impl Into<KernelSource>,
     arch: &str,
     driver_version: i32,
     cache: Option<&std::path::Path>,
@@ -440,17 +482,18 @@ fn write_cached(path: &std::path::Path, cubin: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Look up every entry point of `names` in `module`.
+/// Look up every entry point of `names` in `module` (compiled from `file`).
 pub fn functions(
     module: &Arc<CudaModule>,
-    file: KernelFile,
+    file: impl Into<KernelSource>,
     names: &[String],
 ) -> Result<Vec<CudaFunction>, CudaError> {
+    let file: KernelSource = file.into();
     names
         .iter()
         .map(|n| {
             module.load_function(n).map_err(|e| CudaError::Driver {
-                call: format!("cuModuleGetFunction({n} in {})", file.file_name()),
+                call: format!("cuModuleGetFunction({n} in {})", file.file_name),
                 message: format!("{e:?}"),
             })
         })
@@ -482,28 +525,32 @@ mod tests {
     }
 
     #[test]
-    fn entry_tables_match_the_sources() {
-        for file in KernelFile::ALL {
-            for name in file.entry_points() {
-                let needle = name
-                    .strip_prefix("resize_normalize_")
-                    .map(|enc| format!("RN_ENTRY({enc},"))
-                    .or_else(|| {
-                        name.strip_prefix("conv2d_tiled_k").map(|k| format!("CV_ENTRY({k})"))
-                    })
-                    .or_else(|| {
-                        name.strip_prefix("conv2d_separable_k").map(|k| format!("CV_ENTRY({k})"))
-                    })
-                    .unwrap_or_else(|| format!("void {name}("));
-                assert!(
-                    file.source().contains(&needle),
-                    "{name}: `{needle}` not in {}",
-                    file.file_name()
-                );
-            }
-        }
-        for (i, e) in crate::image::Encoding::ALL.iter().enumerate() {
-            assert_eq!(RESIZE_NORMALIZE_ENTRIES[i], format!("resize_normalize_{}", e.name()));
-        }
+    fn entry_points_are_stamped_from_the_host_tables() {
+        // The files hold no list of their own: the fused file stamps one entry point per
+        // encoding of VP_ENCODINGS, the conv2d file two per size of VP_CONV_SIZES
+        // (test/nvrtc_compile.rs finds every name of `entry_points` in the CUBIN).
+        let rn = KernelFile::ResizeNormalize.source();
+        assert!(rn.contains("\nVP_ENCODINGS(RN_ENTRY_OF)\n") && !rn.contains("RN_ENTRY(rgb8"));
+        let cv = KernelFile::Conv2dTiled.source();
+        assert!(cv.contains("\nVP_CONV_SIZES(CV_ENTRY)\n") && !cv.contains("CV_ENTRY(3)"));
+        assert_eq!(KernelFile::ResizeNormalize.entry_points().len(), Encoding::ALL.len());
+        assert_eq!(KernelFile::Conv2dTiled.entry_points().len(), 2 * CONV_SIZES.len());
+        assert_eq!(resize_normalize_entry(Encoding::BayerGrbg8), "resize_normalize_bayer_grbg8");
+    }
+
+    #[test]
+    fn host_defines_carry_the_tables() {
+        let d = host_defines();
+        // `Encoding::Nv12 as u32` is 10, its name nv12; bgr16 is 6 bytes per pixel, packed.
+        assert!(d.contains(&"-DENC_NV12=10u".to_string()), "{d:?}");
+        let table = d.iter().find(|o| o.starts_with("-DVP_ENCODINGS(X)=")).unwrap();
+        assert!(table.contains("X(bgr16,ENC_BGR16,6,1) X(yuyv,ENC_YUYV,2,1)"), "{table}");
+        assert!(table.contains("X(nv12,ENC_NV12,1,0)"), "{table}");
+        assert_eq!(table.matches("X(").count(), Encoding::ALL.len());
+        assert_eq!(CONV_SIZES, [1, 3, 5, 7, 9, 11, 13, 15]);
+        assert!(d.contains(
+            &"-DVP_CONV_SIZES(X)=X(1) X(3) X(5) X(7) X(9) X(11) X(13) X(15)".to_string()
+        ));
+        assert!(d.contains(&"-DDTYPE_F16=1u".to_string()) && d.contains(&"-DRN_PX=4".to_string()));
     }
 }

@@ -1,8 +1,9 @@
 //! Launch shapes of every kernel, as named constants and one helper per kernel, and
-//! the by-value parameter structs that are not operation structs. The constants mirror
-//! the `#define`s at the top of each `.cu` file (keep in sync).
+//! the by-value parameter structs that are not operation structs. The kernels get the
+//! constants from here as `-D` defines (`kernels::host_defines`).
 
 use crate::backend::ops::{AxisMap, PreprocessParams};
+use crate::config::{Border, DType, Layout};
 use crate::image::Encoding;
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
@@ -31,11 +32,6 @@ pub const CV_ROWS: u32 = 4;
 /// Output tile of one tiled conv2d block: `CV_BLOCK_X` x `CV_BLOCK_Y * CV_ROWS`.
 pub const CV_TILE: (u32, u32) = (CV_BLOCK_X, CV_BLOCK_Y * CV_ROWS);
 
-/// Threads per block of the one-element-per-thread baselines.
-pub const BASELINE_BLOCK: u32 = 256;
-/// Block of the naive conv2d baseline.
-pub const NAIVE_CONV_BLOCK: (u32, u32) = (32, 8);
-
 /// conv2d settings passed by value. Keep in sync with `struct Conv2dParams` in
 /// `kernels/common.cuh` (checked at every compilation).
 #[repr(C)]
@@ -49,19 +45,21 @@ pub struct Conv2dParams {
     pub channels: u32,
     /// Odd kernel side, 1..=15.
     pub size: u32,
-    /// `Border` discriminant.
-    pub border: u32,
-    /// `Layout` discriminant of the output.
-    pub layout: u32,
-    /// `DType` discriminant of the output.
-    pub dtype: u32,
+    /// Border handling (`BORDER_*`).
+    pub border: Border,
+    /// Layout of the output (`LAYOUT_*`).
+    pub layout: Layout,
+    /// Element type of the output (`DTYPE_*`).
+    pub dtype: DType,
 }
 
-// SAFETY: #[repr(C)], only u32/f32 fields (no padding, no pointers), and the C twin's
-// size and offsets are checked by static_assert at every compilation
-// (kernels.rs layout_defines), so the bytes mean the same on both sides.
+// SAFETY: #[repr(C)], only 4-byte fields (u32, f32, and #[repr(u32)] enums whose
+// discriminants are the kernels' codes; no padding, no pointers), and the C twin's size
+// and offsets are checked by static_assert at every compilation (kernels.rs
+// layout_defines), so the bytes mean the same on both sides.
 unsafe impl DeviceRepr for PreprocessParams {}
-// SAFETY: as above: #[repr(C)], seven u32 fields, layout checked against the C twin.
+// SAFETY: as above: #[repr(C)], seven 4-byte u32 / #[repr(u32)] fields, layout checked
+// against the C twin.
 unsafe impl DeviceRepr for Conv2dParams {}
 
 fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32), smem: u32) -> LaunchConfig {
@@ -90,18 +88,12 @@ pub fn staged_smem_bytes(row_words: u32) -> u32 {
     2 * RN_TILE_H * row_words * 4
 }
 
-/// True for encodings whose pixel `x` starts at byte `x * bpp` of its row (4:2:2: its
-/// pair at `(x & !1) * 2`): the ones the staged path handles.
-pub fn is_packed(enc: Encoding) -> bool {
-    (enc as u32) <= (Encoding::Bgr16 as u32) || matches!(enc, Encoding::Yuyv | Encoding::Uyvy)
-}
-
 /// Words per staged row for this operation (the widest source window of any tile, with
 /// room for a 3-byte misalignment), or 0 when the direct path must be used (encoding
 /// not packed, or the window does not fit in [`STAGED_SMEM_MAX_BYTES`]).
 /// Mirrors the window computation at the top of `resize_normalize` in the kernel.
 pub fn staged_row_words(p: &PreprocessParams, x_map: &AxisMap, enc: Encoding) -> u32 {
-    if !is_packed(enc) || x_map.i0.is_empty() {
+    if !enc.is_packed() || x_map.i0.is_empty() {
         return 0;
     }
     let yuv = matches!(enc, Encoding::Yuyv | Encoding::Uyvy);
@@ -137,17 +129,6 @@ pub fn conv_tiled_cfg(w: u32, h: u32) -> LaunchConfig {
     cfg((w.div_ceil(CV_TILE.0), h.div_ceil(CV_TILE.1), 1), (CV_BLOCK_X, CV_BLOCK_Y, 1), 0)
 }
 
-/// Launch shape of `conv2d_naive` on a `w` x `h` x `c` image.
-pub fn conv_naive_cfg(w: u32, h: u32, c: u32) -> LaunchConfig {
-    let (bx, by) = NAIVE_CONV_BLOCK;
-    cfg((w.div_ceil(bx), h.div_ceil(by), c), (bx, by, 1), 0)
-}
-
-/// Launch shape of a one-thread-per-element baseline over `n` elements.
-pub fn linear_cfg(n: u32) -> LaunchConfig {
-    cfg((n.div_ceil(BASELINE_BLOCK), 1, 1), (BASELINE_BLOCK, 1, 1), 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,9 +149,9 @@ mod tests {
             content_h: 4,
             channels: 3,
             swap_rb: 0,
-            layout: 0,
-            dtype: 0,
-            interpolation: 1,
+            layout: Layout::Nchw,
+            dtype: DType::Float32,
+            interpolation: Interpolation::Linear,
             scale: [1.0; 3],
             bias: [0.0; 3],
             pad: [0.0; 3],
@@ -218,7 +199,5 @@ mod tests {
         assert_eq!(resize_normalize_tiles(&big), 30 * 68);
         assert_eq!(c.block_dim, (16, 16, 1));
         assert_eq!(conv_tiled_cfg(1920, 1080).grid_dim, (60, 34, 1));
-        assert_eq!(conv_naive_cfg(33, 9, 3).grid_dim, (2, 2, 3));
-        assert_eq!(linear_cfg(257).grid_dim, (2, 1, 1));
     }
 }

@@ -84,6 +84,11 @@ impl PinnedBuffer {
         self.len
     }
 
+    /// Never true: a buffer holds at least [`STAGING_ALIGN`] bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The device address of a [`PinnedKind::Mapped`] buffer.
     pub fn device_ptr(&self) -> Option<CUdeviceptr> {
         self.device_ptr

@@ -16,20 +16,19 @@
 //! needs more. Every kernel is compiled for the device's own architecture at start-up
 //! (cached on disk), so a bad kernel fails the node at boot, not on its first frame.
 
-pub mod bench;
+#[cfg(feature = "fault-injection")]
+mod fault;
 pub mod kernels;
 pub mod launch;
-mod memory;
+pub mod memory;
 
 use crate::backend::{AxisMap, Backend, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes};
 use crate::config::{DType, Layout, MemoryMode};
 use crate::error::{CudaError, Result};
 use crate::image::{Encoding, ImageView};
 use cudarc::driver::sys::{self, CUdeviceptr};
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
-};
-use kernels::{KernelFile, LoadReport, CONV_SIZES, RESIZE_NORMALIZE_ENTRIES};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
+use kernels::{resize_normalize_entry, KernelFile, LoadReport, CONV_SIZES};
 use memory::{DeviceBuffer, PinnedBuffer, PinnedKind, SRC_SLACK};
 use std::sync::Arc;
 use std::time::Instant;
@@ -85,18 +84,20 @@ fn attr(ctx: &CudaContext, a: sys::CUdevice_attribute) -> Result<i32, CudaError>
 }
 
 /// Launch `f` on `stream` with the given arguments, mapping failures to
-/// [`CudaError::Launch`] with the kernel name and shape.
+/// [`CudaError::Launch`] with the kernel name and shape. Exported for harnesses that
+/// launch the backend's kernels themselves (the CLI's benchmark).
+#[macro_export]
 macro_rules! launch_kernel {
     ($stream:expr, $f:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
-        let cfg: LaunchConfig = $cfg;
+        let cfg: ::cudarc::driver::LaunchConfig = $cfg;
         let mut b = $stream.launch_builder($f);
-        $( b.arg($arg); )+
+        $( ::cudarc::driver::PushKernelArg::arg(&mut b, $arg); )+
         // SAFETY (for every use of this macro): the arguments match the kernel's
         // parameter list in its .cu file one for one (by-value structs are #[repr(C)]
         // twins checked at compile time, device pointers are u64 addresses of buffers
         // sized by the caller for this launch), and the launch shape is the one the
         // kernel's header comment documents.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| CudaError::Launch {
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| $crate::error::CudaError::Launch {
             kernel: $name.to_string(),
             grid: cfg.grid_dim,
             block: cfg.block_dim,
@@ -104,7 +105,7 @@ macro_rules! launch_kernel {
         })
     }};
 }
-pub(crate) use launch_kernel;
+pub use crate::launch_kernel;
 
 /// One ring slot: the pinned buffers and timing events of one frame in flight.
 struct Slot {
@@ -121,7 +122,8 @@ struct Slot {
 struct InFlight {
     out_len: usize,
     host_stage_us: f32,
-    kernel: &'static str,
+    /// The fused kernel's encoding (for the message of a failed frame).
+    encoding: Encoding,
     /// The tensor goes straight to the caller's pinned memory ([`Target`]), not to the
     /// slot's output buffer.
     direct: bool,
@@ -172,7 +174,9 @@ pub struct CudaBackend {
     device: DeviceInfo,
     mode: MemoryMode,
     loads: Vec<LoadReport>,
+    /// The fused kernel of each encoding (indexed by its code) and its name.
     resize: Vec<CudaFunction>,
+    resize_names: Vec<String>,
     conv_tiled: Vec<CudaFunction>,
     conv_separable: Vec<CudaFunction>,
     conv_module: Arc<CudaModule>,
@@ -187,6 +191,8 @@ pub struct CudaBackend {
     /// Staged-path row words for (encoding, the tables in `maps_dev`).
     row_words: Option<(Encoding, u32)>,
     conv_constants: Option<ConvConstants>,
+    /// Test hook (feature `fault-injection`): poison outputs before each frame.
+    #[cfg(feature = "fault-injection")]
     poison: bool,
     fused_path: FusedPath,
     /// Resident blocks of the fused kernel for (encoding, row words): its grid size cap.
@@ -273,7 +279,7 @@ impl CudaBackend {
         // Compile (or read from the cache) the kernel files on one thread each, then load.
         let (arch, drv) = (device.arch.clone(), device.driver_version);
         let prepared: Vec<Result<kernels::Prepared, CudaError>> = std::thread::scope(|scope| {
-            let jobs: Vec<_> = KernelFile::BACKEND
+            let jobs: Vec<_> = KernelFile::ALL
                 .iter()
                 .map(|&file| {
                     let extra = match (file, fused_path) {
@@ -302,8 +308,9 @@ impl CudaBackend {
         }
         let [rn_module, conv_module] = <[Arc<CudaModule>; 2]>::try_from(modules)
             .map_err(|_| drv_err("loading kernels", "expected two modules"))?;
-        let names: Vec<String> = RESIZE_NORMALIZE_ENTRIES.iter().map(|s| s.to_string()).collect();
-        let resize = kernels::functions(&rn_module, KernelFile::ResizeNormalize, &names)?;
+        let resize_names: Vec<String> =
+            Encoding::ALL.iter().map(|&e| resize_normalize_entry(e)).collect();
+        let resize = kernels::functions(&rn_module, KernelFile::ResizeNormalize, &resize_names)?;
         let tiled: Vec<String> = CONV_SIZES.iter().map(|k| format!("conv2d_tiled_k{k}")).collect();
         let sep: Vec<String> =
             CONV_SIZES.iter().map(|k| format!("conv2d_separable_k{k}")).collect();
@@ -329,6 +336,7 @@ impl CudaBackend {
             mode,
             loads,
             resize,
+            resize_names,
             conv_tiled,
             conv_separable,
             conv_module,
@@ -341,6 +349,7 @@ impl CudaBackend {
             maps_for: None,
             row_words: None,
             conv_constants: None,
+            #[cfg(feature = "fault-injection")]
             poison: false,
             fused_path,
             resident: None,
@@ -363,16 +372,33 @@ impl CudaBackend {
         &self.loads
     }
 
+    // The parts a frame runs on, for harnesses that time or launch the kernels themselves
+    // (the CLI's benchmark): read-only views; every launch goes through `launch_kernel!`.
+
+    /// The CUDA context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The one stream every frame runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The fused kernel of `enc` and its name.
+    pub fn fused_kernel(&self, enc: Encoding) -> (&CudaFunction, &str) {
+        (&self.resize[enc as usize], &self.resize_names[enc as usize])
+    }
+
+    /// The sampling tables of the last frame on the device (`None` before the first frame).
+    pub fn tables_device_ptr(&self) -> Option<CUdeviceptr> {
+        self.maps_dev.ptr(&self.stream)
+    }
+
     /// Frames processed so far whose tensor went straight into the caller's pinned
     /// memory (`process_into` on a buffer from `alloc_host`), not through a CPU copy.
     pub fn direct_frames(&self) -> u64 {
         self.direct_frames
-    }
-
-    /// Tests: fill every output and scratch buffer with NaN bytes (0xFF) before each
-    /// frame, so an element the kernels fail to write shows up as NaN.
-    pub fn set_poison_outputs(&mut self, on: bool) {
-        self.poison = on;
     }
 
     /// `out` as a direct destination: pinned host memory of this context (in `mapped`
@@ -497,7 +523,7 @@ impl CudaBackend {
     /// The conv2d launch on the fused output of `p`: its parameters, the kernel for
     /// `c.size` (separable or dense tiled) and its name. `submit` and the benchmark's GPU
     /// frame use it, so both run the same kernel.
-    fn conv_launch(
+    pub fn conv_launch(
         &self,
         p: &PreprocessParams,
         c: &Conv2dOp,
@@ -507,20 +533,29 @@ impl CudaBackend {
             height: p.dst_height,
             channels: p.channels,
             size: c.size,
-            border: c.border as u32,
+            border: c.border,
             layout: p.layout,
             dtype: p.dtype,
         };
-        let k = CONV_SIZES.iter().position(|&k| k == c.size).unwrap_or(0);
-        let (f, kind) = match c.separable {
-            Some(_) => (&self.conv_separable[k], "conv2d_separable_k"),
-            None => (&self.conv_tiled[k], "conv2d_tiled_k"),
-        };
-        (cp, f, format!("{kind}{}", c.size))
+        let (f, name) = self.conv_kernel(c.size, c.separable.is_some());
+        (cp, f, name)
     }
 
-    /// Put the conv2d weights into the conv module's constant memory when they change.
-    fn ensure_conv_constants(&mut self, conv: &Conv2dOp) -> Result<()> {
+    /// The conv2d kernel of `size` (an odd size 1..=15; another size gets the 1x1 one,
+    /// which `Conv2dOp::check` rules out first): `conv2d_separable_k<size>` or
+    /// `conv2d_tiled_k<size>`, and its name.
+    pub fn conv_kernel(&self, size: u32, separable: bool) -> (&CudaFunction, String) {
+        let k = CONV_SIZES.iter().position(|&k| k == size).unwrap_or(0);
+        let (f, kind) = match separable {
+            true => (&self.conv_separable[k], "conv2d_separable_k"),
+            false => (&self.conv_tiled[k], "conv2d_tiled_k"),
+        };
+        (f, format!("{kind}{}", CONV_SIZES[k]))
+    }
+
+    /// Put the conv2d weights (and the separable factors) of `conv` into the conv
+    /// module's constant memory, where the conv2d kernels read them, when they change.
+    pub fn ensure_conv_constants(&mut self, conv: &Conv2dOp) -> Result<()> {
         let want =
             ConvConstants { weights: conv.weights.clone(), separable: conv.separable.clone() };
         if self.conv_constants.as_ref() == Some(&want) {
@@ -624,6 +659,7 @@ impl CudaBackend {
         let input_dev = input.device_ptr();
         let (output_host, output_dev) = match target {
             Some(t) => {
+                #[cfg(feature = "fault-injection")]
                 if self.poison && t.device.is_some() {
                     // SAFETY: the caller's buffer has out_len bytes at t.host and no GPU
                     // work on it is pending (process_into waits before returning).
@@ -635,6 +671,7 @@ impl CudaBackend {
                 let Some(output) = slot.output.as_mut() else {
                     return Err(drv_err("staging", "ring slot output buffer missing").into());
                 };
+                #[cfg(feature = "fault-injection")]
                 if self.poison {
                     // SAFETY: as above, nothing pending uses this slot's output buffer.
                     unsafe { output.host_mut().fill(0xFF) };
@@ -687,28 +724,25 @@ impl CudaBackend {
             None => self.out_dev.ensure(&stream, out_len, "the tensor")?,
         };
         let fused_dst = if let Some(c) = conv {
-            fp.layout = Layout::Nchw as u32;
-            fp.dtype = DType::Float32 as u32;
+            fp.layout = Layout::Nchw;
+            fp.dtype = DType::Float32;
             let d = self.scratch.ensure(&stream, desc.len() * 4, "the conv2d input")?;
+            #[cfg(feature = "fault-injection")]
             if self.poison {
-                memset(d, desc.len() * 4, cu_stream)?;
+                fault::memset(d, desc.len() * 4, cu_stream)?;
             }
-            if !CONV_SIZES.contains(&c.size) || c.weights.len() != (c.size * c.size) as usize {
-                return Err(crate::error::Error::config(
-                    "conv.size",
-                    c.size,
-                    "use an odd size 1..=15 with size*size weights",
-                ));
-            }
+            // The invariants the kernels rely on, as the CPU backend checks them.
+            c.check()?;
             d
         } else {
             tensor_dst
         };
+        #[cfg(feature = "fault-injection")]
         if self.poison && output_dev.is_none() {
-            memset(tensor_dst, out_len, cu_stream)?;
+            fault::memset(tensor_dst, out_len, cu_stream)?;
         }
         let f = &self.resize[enc as usize];
-        let name = RESIZE_NORMALIZE_ENTRIES[enc as usize];
+        let name = &self.resize_names[enc as usize];
         let resident = match self.resident {
             Some((e, w, n)) if e == enc && w == row_words => n,
             _ => {
@@ -756,7 +790,7 @@ impl CudaBackend {
         }
         record(&self.slots[s], 4)?;
         self.slots[s].in_flight =
-            Some(InFlight { out_len, host_stage_us, kernel: name, direct: target.is_some() });
+            Some(InFlight { out_len, host_stage_us, encoding: enc, direct: target.is_some() });
         Ok(s)
     }
 
@@ -782,7 +816,8 @@ impl CudaBackend {
             .take()
             .ok_or_else(|| drv_err("finish", format!("no frame in slot {slot}")))?;
         s.events[4].synchronize().map_err(|e| {
-            drv_err(format!("running the frame (upload, {}, conv, download)", f.kernel), e)
+            let kernel = resize_normalize_entry(f.encoding);
+            drv_err(format!("running the frame (upload, {kernel}, conv, download)"), e)
         })?;
         let ms = |a: usize, b: usize| {
             s.events[a].elapsed_ms(&s.events[b]).map_err(|e| drv_err("cuEventElapsedTime", e))
@@ -837,21 +872,13 @@ fn stage_copy(dst: &mut [u8], src: &[u8]) {
 
 /// Blocks of the fused kernel `f` that fit on the whole GPU at once (occupancy API x
 /// SMs); if the driver cannot say, no cap (one block per tile).
-pub(crate) fn resident_blocks(f: &CudaFunction, row_words: u32, multiprocessors: i32) -> u32 {
+pub fn resident_blocks(f: &CudaFunction, row_words: u32, multiprocessors: i32) -> u32 {
     let threads = launch::RN_BLOCK_X * launch::RN_BLOCK_Y;
     let smem = launch::staged_smem_bytes(row_words) as usize;
     match f.occupancy_max_active_blocks_per_multiprocessor(threads, smem, None) {
         Ok(b) if b > 0 && multiprocessors > 0 => b * multiprocessors as u32,
         _ => u32::MAX,
     }
-}
-
-/// Fill `len` bytes at `ptr` with 0xFF (NaN as float32 and float16) on the stream.
-fn memset(ptr: CUdeviceptr, len: usize, stream: sys::CUstream) -> Result<(), CudaError> {
-    // SAFETY: callers pass a device buffer of at least `len` bytes owned by the backend.
-    unsafe { sys::cuMemsetD8Async(ptr, 0xFF, len, stream) }
-        .result()
-        .map_err(|e| drv_err("poisoning an output buffer", e))
 }
 
 fn device_info(ctx: &Arc<CudaContext>, ordinal: u32) -> Result<DeviceInfo, CudaError> {
@@ -962,56 +989,10 @@ impl Backend for CudaBackend {
         Ok(crate::backend::HostBuffer::new(Box::new(PinnedHost(buf))))
     }
 
-    /// TESTS ONLY: a real device fault. `Sticky`: `conv2d_tiled_k3` is launched on a
-    /// null source and destination, so the kernel's first load traps with an illegal
-    /// address, after which every call on this context fails, as after a real kernel
-    /// fault. `Transient`: a 1 PiB device allocation, which fails with out-of-memory
-    /// and leaves the context usable.
+    /// Test hook (feature `fault-injection`): a real device fault (see `fault.rs`).
+    #[cfg(feature = "fault-injection")]
     fn inject_fault(&mut self, kind: crate::backend::FaultKind) -> crate::Error {
-        let call = format!("injected {kind:?} fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only)");
-        let fault = || -> Result<(), CudaError> {
-            self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
-            if kind == crate::backend::FaultKind::Transient {
-                let bytes = 1usize << 50;
-                // SAFETY: a plain allocation call; on success the memory is freed at once.
-                let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes) }
-                    .map_err(|e| drv_err(format!("{call}: cuMemAlloc({bytes} bytes)"), e))?;
-                // SAFETY: ptr was just allocated above and is not used by anything.
-                unsafe { cudarc::driver::result::free_sync(ptr) }
-                    .map_err(|e| drv_err("cuMemFree", e))?;
-                return Ok(());
-            }
-            let k = CONV_SIZES.iter().position(|&k| k == 3).unwrap_or(0);
-            let f = &self.conv_tiled[k];
-            let cp = launch::Conv2dParams {
-                width: 64,
-                height: 64,
-                channels: 1,
-                size: 3,
-                border: 0,
-                layout: Layout::Nchw as u32,
-                dtype: DType::Float32 as u32,
-            };
-            let null: CUdeviceptr = 0;
-            // (The macro's SAFETY note covers the argument list; the null pointers are the
-            // point: the device traps the access, no host memory is involved.)
-            launch_kernel!(
-                self.stream,
-                f,
-                "conv2d_tiled_k3",
-                launch::conv_tiled_cfg(64, 64),
-                &cp,
-                &null,
-                &null
-            )?;
-            self.stream
-                .synchronize()
-                .map_err(|e| drv_err(format!("{call}: conv2d_tiled_k3 on a null pointer"), e))
-        };
-        match fault() {
-            Err(e) => e.into(),
-            Ok(()) => drv_err(call, "the device did not fail (no error reported)").into(),
-        }
+        fault::inject(self, kind)
     }
 }
 

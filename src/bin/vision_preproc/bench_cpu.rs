@@ -12,6 +12,7 @@ use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
 use vision_preproc::backend::cpu::{CpuBackend, Simd};
+use vision_preproc::percentile::Summary;
 use vision_preproc::Pipeline;
 
 /// Arguments of `bench-cpu`.
@@ -102,7 +103,7 @@ pub fn run(args: BenchCpuArgs) -> Result<()> {
             pipeline.process(&view)?;
             ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
-        let s = Stats::of(&ms);
+        let s = Summary::of(&ms).context("no timed iterations")?;
         if args.json {
             let samples: Vec<String> = ms.iter().map(|v| format!("{v:.4}")).collect();
             println!(
@@ -125,28 +126,6 @@ pub fn run(args: BenchCpuArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Percentiles by nearest rank.
-pub struct Stats {
-    pub p50: f64,
-    pub p99: f64,
-    pub mean: f64,
-    pub min: f64,
-}
-
-impl Stats {
-    pub fn of(samples: &[f64]) -> Stats {
-        let mut v = samples.to_vec();
-        v.sort_by(f64::total_cmp);
-        let rank = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
-        Stats {
-            p50: rank(0.5),
-            p99: rank(0.99),
-            mean: v.iter().sum::<f64>() / v.len() as f64,
-            min: v[0],
-        }
-    }
 }
 
 /// A deterministic frame of `len` bytes: smooth gradients plus noise (the work per frame

@@ -1,7 +1,8 @@
 //! `vision_preproc`: the offline command-line tool (no ROS needed).
 
+#[cfg(feature = "bench")]
+mod bench;
 mod bench_cpu;
-mod bench_gpu;
 mod conv_file;
 mod input;
 mod play;
@@ -38,8 +39,10 @@ enum Command {
     /// Say which backend `backend: auto` would pick on this machine, and why.
     Info,
     /// Benchmark the CUDA backend (fused vs three-kernel, tiled vs naive conv2d, upload,
-    /// download, full frame); prints a table and writes results.json.
-    Bench(bench_gpu::BenchArgs),
+    /// download, full frame); prints a table and writes results.json. (Built with the
+    /// cargo feature `bench`.)
+    #[cfg(feature = "bench")]
+    Bench(bench::BenchArgs),
     /// (tests) The CPU conv2d alone on a float32 (C, H, W) .npy.
     #[command(hide = true)]
     ConvFile(conv_file::ConvFileArgs),
@@ -94,7 +97,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Replay(args) => replay::run(args)?,
         Command::Play(args) => play::run(args)?,
         Command::Record(args) => record::run(args)?,
-        Command::Bench(args) => bench_gpu::run(&args)?,
+        #[cfg(feature = "bench")]
+        Command::Bench(args) => bench::run(&args)?,
     }
     Ok(())
 }

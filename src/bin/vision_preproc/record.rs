@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use vision_preproc::node::{record, RecordOptions};
+use vision_preproc::percentile::nearest_rank;
 
 /// Arguments of `record`.
 #[derive(Args, Debug)]
@@ -31,13 +32,9 @@ pub struct RecordArgs {
     pub json: Option<PathBuf>,
 }
 
-/// Nearest-rank percentile of sorted samples.
+/// Nearest-rank percentile of sorted samples (NaN without samples).
 fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+    nearest_rank(sorted, p).unwrap_or(f64::NAN)
 }
 
 pub fn run(a: RecordArgs) -> Result<()> {

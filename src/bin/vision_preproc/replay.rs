@@ -11,6 +11,7 @@ use std::time::Instant;
 use vision_preproc::bag::msgs::Image;
 use vision_preproc::bag::{Bag, BagWriter, IMAGE_TYPE};
 use vision_preproc::config::BackendChoice;
+use vision_preproc::percentile::nearest_rank;
 use vision_preproc::pipeline::{frame_timing, select_backend};
 use vision_preproc::{Error, ImageView, Pipeline};
 
@@ -46,12 +47,8 @@ struct Stages {
 }
 
 fn pct(v: &mut [f32], q: f64) -> f32 {
-    if v.is_empty() {
-        return f32::NAN;
-    }
     v.sort_by(f32::total_cmp);
-    let rank = ((q / 100.0) * v.len() as f64).ceil() as usize;
-    v[rank.clamp(1, v.len()) - 1]
+    nearest_rank(v, q).unwrap_or(f32::NAN)
 }
 
 pub fn run(args: ReplayArgs) -> Result<()> {

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use npyz::WriterBuilder;
 use std::path::{Path, PathBuf};
-use vision_preproc::backend::TensorDesc;
+use vision_preproc::backend::{read_elements, TensorDesc};
 use vision_preproc::config::DType;
 use vision_preproc::pipeline::select_backend;
 use vision_preproc::Pipeline;
@@ -95,8 +95,7 @@ pub fn write_npy(path: &Path, desc: &TensorDesc, bytes: &[u8]) -> Result<()> {
                 .writer(&mut out)
                 .begin_nd()
                 .with_context(ctx)?;
-            w.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-                .with_context(ctx)?;
+            w.extend(read_elements(desc.dtype, bytes)).with_context(ctx)?;
             w.finish().with_context(ctx)?;
         }
         DType::Float16 => {
@@ -106,7 +105,8 @@ pub fn write_npy(path: &Path, desc: &TensorDesc, bytes: &[u8]) -> Result<()> {
                 .writer(&mut out)
                 .begin_nd()
                 .with_context(ctx)?;
-            w.extend(bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]])))
+            // float16 -> f32 -> float16 is exact.
+            w.extend(read_elements(desc.dtype, bytes).into_iter().map(half::f16::from_f32))
                 .with_context(ctx)?;
             w.finish().with_context(ctx)?;
         }

@@ -182,9 +182,18 @@ def preprocess(data: bytes, encoding: str, width: int, height: int, step: int,
         planes[c] = (padded[..., c] * cfg["pixel_scale"] - mean) / std
     conv = cfg.get("conv") or {}
     if conv.get("kernel", "none") != "none":
-        import oracle_conv  # the conv2d engineer's oracle; imported only when needed
+        from vptools import oracle_conv  # the conv2d oracle; imported only when needed
 
         planes = oracle_conv.apply_conv(planes, conv)
     if cfg["output_layout"] == "NCHW":
         return planes[None]
     return np.ascontiguousarray(planes.transpose(1, 2, 0))[None]
+
+
+def expected_stretch(bgr: np.ndarray, w: int, h: int, mean, std) -> np.ndarray:
+    """bgr8 -> RGB, stretch to w x h (cv2.resize INTER_LINEAR on float32), normalize, NCHW:
+    the node's output for `resize_mode: stretch` and the default pixel_scale, in a few lines
+    that do not go through `preprocess` (the ROS tests check the node with it)."""
+    rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB).astype(np.float32)
+    r = cv2.resize(rgb, (w, h), interpolation=cv2.INTER_LINEAR).astype(np.float64)
+    return ((r / 255.0 - np.array(mean)) / np.array(std)).transpose(2, 0, 1)[None]

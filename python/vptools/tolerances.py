@@ -2,11 +2,12 @@
 they are named, shared with the Rust tests)."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 
-_T = json.loads((Path(__file__).resolve().parents[1] / "tolerances.json").read_text())
+from vptools import ROOT
+
+_T = json.loads((ROOT / "test" / "tolerances.json").read_text())
 
 #: float32 outputs from 8-bit inputs: absolute error on normalized values.
 FLOAT32_ABS: float = _T["float32_abs"]

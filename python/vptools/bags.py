@@ -9,9 +9,9 @@ import numpy as np
 from rosbags.rosbag2 import Reader, StoragePlugin, Writer
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
-from sources import Frame
+from vptools import ROOT
+from vptools.sources import Frame
 
-ROOT = Path(__file__).resolve().parents[2]
 MSGS = ROOT / "msgs" / "vision_preproc_msgs" / "msg"
 
 

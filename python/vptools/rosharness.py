@@ -18,8 +18,14 @@ from typing import Callable
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-NODE_BIN = ROOT / "target" / "release" / "vision_preproc_node"
+from vptools import BIN_DIR, ROOT
+
+NODE_BIN = BIN_DIR / "vision_preproc_node"
+#: The node built with the test hooks (cargo feature `fault-injection`), which the product
+#: does not contain: scripts/test.sh puts it there (scripts/test_hooks_build.sh).
+FAULT_INJECTION_NODE = ROOT / "target" / "fault-injection" / "vision_preproc_node"
+#: The variable of the fault injection (src/pipeline/fault.rs).
+INJECT_FAULT_ENV = "VISION_PREPROC_INJECT_CUDA_FAULT"
 
 # One domain for this test run (set before rclpy is imported anywhere), loopback only.
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid() ^ int(time.time())).randint(1, 100)))
@@ -67,10 +73,16 @@ def stamp_ns(header) -> int:
 
 
 class NodeProcess:
-    """`vision_preproc_node` in its own process, with ROS arguments; stopped with SIGINT."""
+    """`vision_preproc_node` in its own process, with ROS arguments; stopped with SIGINT.
+    With INJECT_FAULT_ENV in `env`, the node with the test hooks runs instead of the product."""
 
     def __init__(self, ros_args: list[str], binary: Path = NODE_BIN, env: dict | None = None, log: Path | None = None,
                  unset: tuple[str, ...] = ()):
+        if INJECT_FAULT_ENV in (env or {}) and binary == NODE_BIN:
+            binary = FAULT_INJECTION_NODE
+            assert binary.exists() and INJECT_FAULT_ENV.encode() in binary.read_bytes(), (
+                f"{binary}: no node with the fault-injection feature; build it with "
+                "scripts/test_hooks_build.sh (scripts/test.sh does)")
         self.binary = binary
         self.cmd = [str(binary), "--ros-args", *ros_args]
         self.env = {k: v for k, v in dict(os.environ, **(env or {})).items() if k not in unset}

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import cv2
 import numpy as np
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+from vptools import DATA
+
 PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg")
 
 ALL_ENCODINGS = (
@@ -42,6 +42,14 @@ class Frame:
         args = ["--raw", "--encoding", self.encoding, "--width", str(self.width),
                 "--height", str(self.height), "--step", str(self.step)]
         return args + (["--big-endian"] if self.big_endian else [])
+
+
+@functools.lru_cache(maxsize=None)
+def photo_bgr(name: str) -> np.ndarray:
+    """(H, W, 3) uint8 BGR of a test photograph, as cv2.imread reads it."""
+    img = cv2.imread(str(DATA / name), cv2.IMREAD_COLOR)
+    assert img is not None, name
+    return img
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,3 +149,14 @@ def photo_frame(encoding: str, photo: str = "chelsea.png", size: tuple | None = 
     if is_grey:
         return make_frame(encoding, cv2.cvtColor(img, cv2.COLOR_GRAY2RGB), grey=img, **kw)
     return make_frame(encoding, img, **kw)
+
+
+def camera_frames_bgr8(w: int, h: int, n: int = len(PHOTOS)) -> list[Frame]:
+    """n camera-like bgr8 frames: the photographs of PHOTOS in turn, scaled to w x h with
+    INTER_CUBIC (the inputs of the soak, the node benchmarks and the GPU node runs)."""
+    frames = []
+    for i in range(n):
+        rgb = cv2.resize(photo_rgb(PHOTOS[i % len(PHOTOS)]), (w, h), interpolation=cv2.INTER_CUBIC)
+        bgr = np.ascontiguousarray(rgb[..., ::-1])
+        frames.append(Frame(bgr.tobytes(), "bgr8", w, h, w * 3))
+    return frames

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-import oracle
-from sources import Frame
-from tolerances import assert_close
+from vptools import BIN_DIR, oracle
+from vptools.sources import Frame
+from vptools.tolerances import assert_close
 
-ROOT = Path(__file__).resolve().parents[2]
-CLI = Path(os.environ.get("VISION_PREPROC_CLI", ROOT / "target" / "release" / "vision_preproc"))
+CLI = Path(os.environ.get("VISION_PREPROC_CLI", BIN_DIR / "vision_preproc"))
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:

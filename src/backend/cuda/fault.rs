@@ -1,0 +1,76 @@
+//! Test hooks of the CUDA backend (feature `fault-injection`, off in the product): real
+//! device faults for `Backend::inject_fault`, and poisoned outputs.
+
+use super::{drv_err, launch, launch_kernel, CudaBackend, CONV_SIZES};
+use crate::backend::FaultKind;
+use crate::config::{Border, DType, Layout};
+use crate::error::{CudaError, Error, Result};
+use cudarc::driver::sys::{self, CUdeviceptr};
+
+impl CudaBackend {
+    /// Fill every output and scratch buffer with NaN bytes (0xFF) before each frame, so
+    /// an element the kernels fail to write shows up as NaN.
+    pub fn set_poison_outputs(&mut self, on: bool) {
+        self.poison = on;
+    }
+}
+
+/// Fill `len` bytes at `ptr` with 0xFF (NaN as float32 and float16) on the stream.
+pub(super) fn memset(ptr: CUdeviceptr, len: usize, stream: sys::CUstream) -> Result<(), CudaError> {
+    // SAFETY: callers pass a device buffer of at least `len` bytes owned by the backend.
+    unsafe { sys::cuMemsetD8Async(ptr, 0xFF, len, stream) }
+        .result()
+        .map_err(|e| drv_err("poisoning an output buffer", e))
+}
+
+/// A real device fault. `Sticky`: `conv2d_tiled_k3` is launched on a
+/// null source and destination, so the kernel's first load traps with an illegal
+/// address, after which every call on this context fails, as after a real kernel
+/// fault. `Transient`: a 1 PiB device allocation, which fails with out-of-memory
+/// and leaves the context usable.
+pub(super) fn inject(b: &mut CudaBackend, kind: FaultKind) -> Error {
+    let call = format!("injected {kind:?} fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only)");
+    let fault = || -> Result<(), CudaError> {
+        b.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+        if kind == FaultKind::Transient {
+            let bytes = 1usize << 50;
+            // SAFETY: a plain allocation call; on success the memory is freed at once.
+            let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes) }
+                .map_err(|e| drv_err(format!("{call}: cuMemAlloc({bytes} bytes)"), e))?;
+            // SAFETY: ptr was just allocated above and is not used by anything.
+            unsafe { cudarc::driver::result::free_sync(ptr) }
+                .map_err(|e| drv_err("cuMemFree", e))?;
+            return Ok(());
+        }
+        let k = CONV_SIZES.iter().position(|&k| k == 3).unwrap_or(0);
+        let f = &b.conv_tiled[k];
+        let cp = launch::Conv2dParams {
+            width: 64,
+            height: 64,
+            channels: 1,
+            size: 3,
+            border: Border::Replicate,
+            layout: Layout::Nchw,
+            dtype: DType::Float32,
+        };
+        let null: CUdeviceptr = 0;
+        // (The macro's SAFETY note covers the argument list; the null pointers are the
+        // point: the device traps the access, no host memory is involved.)
+        launch_kernel!(
+            b.stream,
+            f,
+            "conv2d_tiled_k3",
+            launch::conv_tiled_cfg(64, 64),
+            &cp,
+            &null,
+            &null
+        )?;
+        b.stream
+            .synchronize()
+            .map_err(|e| drv_err(format!("{call}: conv2d_tiled_k3 on a null pointer"), e))
+    };
+    match fault() {
+        Err(e) => e.into(),
+        Ok(()) => drv_err(call, "the device did not fail (no error reported)").into(),
+    }
+}
