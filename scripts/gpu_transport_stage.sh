@@ -22,7 +22,8 @@ strip -o "$STAGE/ros/bin/old/vision_preproc" "$OLD/vision_preproc"
 tar cJf "$STAGE/ros.tar.xz" -C "$STAGE/ros" .
 rm -rf "$STAGE/ros"
 python3 scripts/gpu_node_bags.py "$STAGE"
+rm -f "$STAGE/vision_preproc" "$STAGE/gpu_remote.sh"  # not used there (the bundle has the CLI)
 cp config/default.yaml "$STAGE/default.yaml"
 git show "$OLD_COMMIT:config/default.yaml" >"$STAGE/default_old.yaml"
-cp config/fastdds_large_frames.xml scripts/gpu_transport_remote.sh "$STAGE/"
+cp config/fastdds_large_frames.xml scripts/gpu_transport_remote.sh bench/memcpy_rate.py "$STAGE/"
 du -sh "$STAGE"; ls -la "$STAGE"
