@@ -10,6 +10,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# shellcheck disable=SC1091
+source .ros/env.sh  # python3 with the vptools package (scripts/gpu_node_bags.py)
 STAGE="$(realpath -m "${1:-$ROOT/.device/transport}")"
 OLD="${OLD_TARGET:?set OLD_TARGET to the target/release folder of a build of the previous release (91daae3)}"
 OLD_COMMIT="${OLD_COMMIT:-91daae3}"

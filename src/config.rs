@@ -283,7 +283,11 @@ pub struct Config {
     /// QoS of the `image` and `camera_info` subscriptions: auto | sensor_data | default
     /// | system_default.
     pub input_qos: QosPreset,
-    /// History depth of the input subscriptions, 1..=100.
+    /// History depth of the input subscriptions, 1..=100. The node processes only the
+    /// newest frame whatever the depth; the depth is room in the DDS reader for frames
+    /// still arriving: a reliable subscription to large (fragmented) frames needs it for
+    /// the frames being repaired (1080p at 30 Hz from an rclpy camera: 47 of 360 frames
+    /// with depth 1, 360 of 360 with 10).
     pub input_qos_depth: u32,
     /// QoS of the published topics: sensor_data | default | system_default.
     pub output_qos: QosPreset,
@@ -317,7 +321,7 @@ impl Default for Config {
             memory_mode: MemoryMode::Auto,
             gpu_failure_policy: GpuFailurePolicy::Retry,
             input_qos: QosPreset::Auto,
-            input_qos_depth: 1,
+            input_qos_depth: 10,
             output_qos: QosPreset::Default,
             output_qos_depth: 1,
             debug_image_rate: 2.0,

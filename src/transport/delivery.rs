@@ -13,8 +13,14 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// How far back arrivals are kept.
+/// How far back arrivals are kept for the arrival and camera_info rates.
 pub const WINDOW: Duration = Duration::from_secs(15);
+/// Stamps kept for the period fit: the last [`STAMPS_KEPT`] images of at most this long
+/// ago (when nearly every frame is lost, a few arrive per minute: the fit needs
+/// [`MIN_GAPS`] gaps).
+pub const STAMP_WINDOW: Duration = Duration::from_secs(120);
+/// Images whose stamps are kept for the period fit.
+pub const STAMPS_KEPT: usize = 32;
 /// Samples at least this large travel as several UDP fragments when they do not fit
 /// the publisher's shared-memory segment; best-effort ones are then mostly lost.
 pub const LARGE_SAMPLE: usize = 64 * 1024;
@@ -27,10 +33,10 @@ const MIN_PERIOD_S: f64 = 1.0 / 240.0;
 /// A gap fits a period when it is within this fraction of a period of a whole multiple.
 const GAP_TOLERANCE: f64 = 0.1;
 /// Gaps needed before the stamps say anything.
-const MIN_GAPS: usize = 5;
+pub const MIN_GAPS: usize = 5;
 /// Gaps longer than this (or not positive: a looped recording, a clock jump) are not
 /// used.
-const MAX_GAP_S: f64 = 5.0;
+const MAX_GAP_S: f64 = 60.0;
 /// camera_info messages needed in the window to use their rate.
 const MIN_CAMERA_INFOS: usize = 10;
 /// Shortest observation before anything is said.
@@ -64,9 +70,12 @@ pub struct Delivery {
 #[derive(Debug, Default)]
 pub struct DeliveryMonitor {
     started: Option<Instant>,
-    /// (arrival, header stamp in ns, bytes of pixel data)
+    /// (arrival, header stamp in ns, bytes of pixel data) over [`WINDOW`]
     images: VecDeque<(Instant, i64, usize)>,
     infos: VecDeque<Instant>,
+    /// (arrival, header stamp in ns, bytes) of the last [`STAMPS_KEPT`] images within
+    /// [`STAMP_WINDOW`]
+    stamps: VecDeque<(Instant, i64, usize)>,
 }
 
 impl DeliveryMonitor {
@@ -74,6 +83,10 @@ impl DeliveryMonitor {
     pub fn image(&mut self, at: Instant, stamp_ns: i64, bytes: usize) {
         self.started.get_or_insert(at);
         self.images.push_back((at, stamp_ns, bytes));
+        self.stamps.push_back((at, stamp_ns, bytes));
+        if self.stamps.len() > STAMPS_KEPT {
+            self.stamps.pop_front();
+        }
         self.trim(at);
     }
 
@@ -90,6 +103,11 @@ impl DeliveryMonitor {
     }
 
     fn trim(&mut self, now: Instant) {
+        if let Some(from) = now.checked_sub(STAMP_WINDOW) {
+            while self.stamps.front().is_some_and(|i| i.0 < from) {
+                self.stamps.pop_front();
+            }
+        }
         let Some(from) = now.checked_sub(WINDOW) else {
             return;
         };
@@ -106,22 +124,37 @@ impl DeliveryMonitor {
         self.trim(now);
         let started = self.started?;
         let span = now.duration_since(started).min(WINDOW);
-        if span < MIN_SPAN || self.images.is_empty() {
+        if span < MIN_SPAN {
             return None;
         }
         let secs = span.as_secs_f64();
-        let arrived_hz = self.images.len() as f64 / secs;
-        let largest_bytes = self.images.iter().map(|i| i.2).max().unwrap_or(0);
-        let (camera_hz, fraction, basis) = if self.infos.len() >= MIN_CAMERA_INFOS {
+        if self.infos.len() >= MIN_CAMERA_INFOS {
+            // Nothing may arrive at all: then the camera_info says the camera runs.
+            let arrived_hz = self.images.len() as f64 / secs;
             let camera_hz = self.infos.len() as f64 / secs;
-            (camera_hz, (arrived_hz / camera_hz).min(1.0), Basis::CameraInfo)
-        } else {
-            let stamps: Vec<i64> = self.images.iter().map(|i| i.1).collect();
-            let (period, expected) = expected_frames(&stamps)?;
-            let fraction = (self.images.len() as f64 / expected).min(1.0);
-            (1.0 / period, fraction, Basis::Stamps)
-        };
-        Some(Delivery { arrived_hz, camera_hz, fraction, basis, largest_bytes })
+            let largest_bytes = self.images.iter().map(|i| i.2).max().unwrap_or(0);
+            let fraction = (arrived_hz / camera_hz).min(1.0);
+            return Some(Delivery {
+                arrived_hz,
+                camera_hz,
+                fraction,
+                basis: Basis::CameraInfo,
+                largest_bytes,
+            });
+        }
+        // From the stamps of the last images (over up to STAMP_WINDOW: when nearly all
+        // frames are lost, a few arrive per minute).
+        let stamps: Vec<i64> = self.stamps.iter().map(|i| i.1).collect();
+        let (period, expected) = expected_frames(&stamps)?;
+        let (first, last) = (self.stamps.front()?.0, self.stamps.back()?.0);
+        let seen = now.duration_since(first).max(last.duration_since(first)).as_secs_f64();
+        Some(Delivery {
+            arrived_hz: self.stamps.len() as f64 / seen.max(secs),
+            camera_hz: 1.0 / period,
+            fraction: (self.stamps.len() as f64 / expected).min(1.0),
+            basis: Basis::Stamps,
+            largest_bytes: self.stamps.iter().map(|i| i.2).max().unwrap_or(0),
+        })
     }
 }
 
@@ -248,6 +281,34 @@ mod tests {
     }
 
     #[test]
+    fn a_few_frames_a_minute_are_enough_over_the_stamp_window() {
+        // 0.1 % of a 30 Hz camera: 7 frames in 100 s (gaps of 9-20 s); each arrives when
+        // it is stamped. The 15 s window never holds 6 of them; the stamp window does.
+        let t0 = Instant::now();
+        let frames = [0u64, 301, 562, 1163, 1489, 2040, 2611];
+        let stamps = stamps(30.0, &frames, 1.0);
+        let mut m = DeliveryMonitor::default();
+        for (&f, &s) in frames.iter().zip(&stamps) {
+            m.image(t0 + Duration::from_millis(f * 1000 / 30), s, 6_220_800);
+        }
+        let d = m.assess(t0 + Duration::from_secs(90)).unwrap();
+        assert_eq!(d.basis, Basis::Stamps);
+        assert!((d.camera_hz - 30.0).abs() < 0.05, "{d:?}");
+        assert!(d.fraction < 0.01, "{d:?}");
+    }
+
+    #[test]
+    fn camera_info_without_any_image_is_total_loss() {
+        let t0 = Instant::now();
+        let mut m = DeliveryMonitor::default();
+        for i in 0..150u64 {
+            m.camera_info(t0 + Duration::from_millis(i * 1000 / 30));
+        }
+        let d = m.assess(t0 + Duration::from_secs(5)).unwrap();
+        assert_eq!((d.basis, d.fraction, d.largest_bytes), (Basis::CameraInfo, 0.0, 0));
+    }
+
+    #[test]
     fn the_window_forgets_old_arrivals() {
         let t0 = Instant::now();
         let mut m = DeliveryMonitor::default();
@@ -256,7 +317,8 @@ mod tests {
         }
         m.image(t0, 0, 10);
         let later = t0 + WINDOW + Duration::from_secs(5);
-        // Everything is older than the window: no image, nothing to say.
+        // The camera_infos are older than the window and one stamp fits no period:
+        // nothing to say.
         assert_eq!(m.assess(later), None);
     }
 }
