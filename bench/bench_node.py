@@ -196,6 +196,8 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
                     "--image-topic", f"{ns}/image", "--camera-info-topic", f"{ns}/camera_info",
                     "--wait-subscribers", "1", "--duration", str(seconds)]
         play_cmd += ["--max"] if rate == "max" else ["--rate", "1"]
+        if case == "stock-reliable":
+            play_cmd += ["--reliable"]
     else:
         play_cmd = [sys.executable, str(ROOT / "bench" / "rclpy_publisher.py"), "--width", str(w), "--height",
                     str(h), "--rate", "0" if rate == "max" else rate, "--seconds", str(seconds),
@@ -306,7 +308,7 @@ def delivery(args) -> int:
                     idx += 1
                     if args.only and args.only not in f"{kind} {case} {w}x{h}":
                         continue
-                    r = run_one(kind, w, h, "30", args.seconds, cache, idx, "rclpy", [], case=case)
+                    r = run_one(kind, w, h, "30", args.seconds, cache, idx, args.publisher, [], case=case)
                     r["run"] = run + 1
                     results.append(r)
                     print(json.dumps({k: v for k, v in r.items() if not k.startswith("publisher_")}), flush=True)
@@ -317,12 +319,12 @@ def delivery(args) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     print(f"\n{meta}\n")
-    print("| node | camera | size | sent | received by the node | tensors | delivered % | max diag level | "
+    print("| node | camera | publisher | size | sent | received by the node | tensors | delivered % | max diag level | "
           "WARN message | node RSS MB (anon + shmem) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         pct_ = 100 * r["tensors"] / r["sent"] if r["sent"] and r["sent"] > 0 else float("nan")
-        print(f"| {r['node']} | {r['case']} | {r['size']} | {r['sent']} | {r['node_received']} | {r['tensors']} | "
+        print(f"| {r['node']} | {r['case']} | {r['publisher']} | {r['size']} | {r['sent']} | {r['node_received']} | {r['tensors']} | "
               f"{pct_:.1f} | {r['diag_max_level']} | {'; '.join(r['diag_warn_messages'])[:80]} | "
               f"{r['node_VmRSS_max_mb']:.0f} ({r['node_RssAnon_max_mb']:.0f} + {r['node_RssShmem_max_mb']:.0f}) |")
     return 0

@@ -408,10 +408,12 @@ async fn publish_diagnostics(
 /// best-effort frames arrive at a fraction of the camera's rate, the warning (logged once
 /// when it is raised, once when it clears).
 fn input_report(shared: &Shared, warned: &mut bool) -> InputReport {
-    let (topic, qos, publishers, best_effort, delivery) = {
+    let (topic, qos, publishers, best_effort, delivery, images_recently) = {
         let mut st = lock(&shared.input);
-        let d = st.monitor.assess(Instant::now());
-        (st.topic.clone(), st.qos.clone(), st.publishers, st.best_effort, d)
+        let now = Instant::now();
+        let d = st.monitor.assess(now);
+        let recent = st.monitor.images_recently(now);
+        (st.topic.clone(), st.qos.clone(), st.publishers, st.best_effort, d, recent)
     };
     let mut values = vec![
         ("Input topic".to_string(), topic.clone()),
@@ -424,10 +426,19 @@ fn input_report(shared: &Shared, warned: &mut bool) -> InputReport {
             && (d.largest_bytes >= delivery::LARGE_SAMPLE || d.largest_bytes == 0)
     };
     let Some(d) = delivery else {
-        if std::mem::take(warned) {
-            r2r::log_info!(&shared.logger, "input: no longer enough arrivals to judge delivery");
+        // Not enough to judge this second (a late stamp in the fit): a raised warning
+        // stays until frames are seen arriving at the camera's rate, the subscription is
+        // no longer best effort, or no image came for STAMP_WINDOW (the camera is gone).
+        if *warned && (!best_effort || !images_recently) {
+            *warned = false;
+            r2r::log_info!(&shared.logger, "input: no image arrives any more; warning cleared");
         }
-        return InputReport { values, warning: None };
+        let warning = warned.then(|| {
+            "frames lost before the node (large best-effort images; run the camera with \
+             config/fastdds_large_frames.xml or reliable)"
+                .to_string()
+        });
+        return InputReport { values, warning };
     };
     let basis = match d.basis {
         Basis::CameraInfo => "camera_info",

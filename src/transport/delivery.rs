@@ -34,6 +34,10 @@ const MIN_PERIOD_S: f64 = 1.0 / 240.0;
 const GAP_TOLERANCE: f64 = 0.1;
 /// Gaps needed before the stamps say anything.
 pub const MIN_GAPS: usize = 5;
+/// The period is fitted to the last this many gaps: every one of them must fit, so a
+/// longer run of gaps would be more likely to hold one with a late stamp (the delivery
+/// of a very lossy camera is then unknown for a while, not judged wrong).
+pub const FIT_GAPS: usize = 8;
 /// Gaps longer than this (or not positive: a looped recording, a clock jump) are not
 /// used.
 const MAX_GAP_S: f64 = 60.0;
@@ -97,6 +101,11 @@ impl DeliveryMonitor {
         self.trim(at);
     }
 
+    /// True while an image arrived within [`STAMP_WINDOW`] (the camera is there).
+    pub fn images_recently(&self, now: Instant) -> bool {
+        self.stamps.back().is_some_and(|i| now.duration_since(i.0) < STAMP_WINDOW)
+    }
+
     /// Forget everything (e.g. when the subscription was recreated).
     pub fn reset(&mut self) {
         *self = DeliveryMonitor::default();
@@ -146,12 +155,14 @@ impl DeliveryMonitor {
         // frames are lost, a few arrive per minute).
         let stamps: Vec<i64> = self.stamps.iter().map(|i| i.1).collect();
         let (period, expected) = expected_frames(&stamps)?;
-        let (first, last) = (self.stamps.front()?.0, self.stamps.back()?.0);
-        let seen = now.duration_since(first).max(last.duration_since(first)).as_secs_f64();
+        // The frames the fit covered: the last FIT_GAPS + 1 (or all, if fewer).
+        let covered = self.stamps.len().min(FIT_GAPS + 1);
+        let first = self.stamps[self.stamps.len() - covered].0;
+        let seen = now.duration_since(first).as_secs_f64();
         Some(Delivery {
-            arrived_hz: self.stamps.len() as f64 / seen.max(secs),
+            arrived_hz: covered as f64 / seen.max(secs),
             camera_hz: 1.0 / period,
-            fraction: (self.stamps.len() as f64 / expected).min(1.0),
+            fraction: (covered as f64 / expected).min(1.0),
             basis: Basis::Stamps,
             largest_bytes: self.stamps.iter().map(|i| i.2).max().unwrap_or(0),
         })
@@ -166,8 +177,9 @@ fn expected_frames(stamps_ns: &[i64]) -> Option<(f64, f64)> {
         .map(|w| (w[1] - w[0]) as f64 * 1e-9)
         .filter(|&g| g > 0.0 && g <= MAX_GAP_S)
         .collect();
-    let period = fit_period(&gaps)?;
-    let multiples: f64 = gaps.iter().map(|g| (g / period).round()).sum();
+    let recent = &gaps[gaps.len().saturating_sub(FIT_GAPS)..];
+    let period = fit_period(recent)?;
+    let multiples: f64 = recent.iter().map(|g| (g / period).round()).sum();
     Some((period, multiples + 1.0))
 }
 
