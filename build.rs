@@ -13,6 +13,9 @@ fn main() {
     if env::var_os("CARGO_FEATURE_ROS").is_none() {
         return;
     }
+    // The /rosout handler's formatting of C varargs (see the file's comment).
+    println!("cargo:rerun-if-changed=src/node/vformat.c");
+    cc::Build::new().file("src/node/vformat.c").warnings(true).compile("vision_preproc_vformat");
     let prefixes = env::var("AMENT_PREFIX_PATH").unwrap_or_default();
     let mut dirs: Vec<PathBuf> = Vec::new();
     for prefix in prefixes.split(':').filter(|p| !p.is_empty()) {

@@ -334,9 +334,175 @@ pub const MAX_NETWORK_SIZE: u32 = 8192;
 /// Largest conv2d kernel size.
 pub const MAX_CONV_SIZE: u32 = 15;
 
+/// An inclusive integer range with a step from `from`, as a ROS `IntegerRange` states it
+/// (`ros2 param describe` shows it; rqt_reconfigure makes a slider of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntRange {
+    /// Smallest valid value.
+    pub from: i64,
+    /// Largest valid value.
+    pub to: i64,
+    /// Valid values are `from + k * step` (1: every integer).
+    pub step: u64,
+}
+
+impl IntRange {
+    /// Whether `v` is in the range and on a step.
+    pub fn contains(&self, v: i64) -> bool {
+        v >= self.from
+            && v <= self.to
+            && (self.step <= 1 || (v - self.from).unsigned_abs() % self.step == 0)
+    }
+
+    /// `Ok` if `v` is in the range, else the error naming `param` and the range.
+    pub fn check(&self, param: &str, v: i64) -> Result<()> {
+        if self.contains(v) {
+            Ok(())
+        } else {
+            Err(Error::Range {
+                param: param.to_string(),
+                value: v.to_string(),
+                range: self.to_string(),
+            })
+        }
+    }
+}
+
+impl std::fmt::Display for IntRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[{}, {}]", self.from, self.to)?;
+        if self.step > 1 {
+            write!(f, " with step {}", self.step)?;
+        }
+        Ok(())
+    }
+}
+
+/// An inclusive floating-point range, as a ROS `FloatingPointRange` states it (step 0).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FloatRange {
+    /// Smallest valid value.
+    pub from: f64,
+    /// Largest valid value.
+    pub to: f64,
+}
+
+impl FloatRange {
+    /// Whether `v` is in the range (NaN is not).
+    pub fn contains(&self, v: f64) -> bool {
+        (self.from..=self.to).contains(&v)
+    }
+}
+
+impl std::fmt::Display for FloatRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[{}, {}]", self.from, self.to)
+    }
+}
+
+/// `network_image_width` and `network_image_height`, in pixels.
+pub const NETWORK_SIZE_RANGE: IntRange = IntRange { from: 1, to: MAX_NETWORK_SIZE as i64, step: 1 };
+/// `conv.size`: odd sizes 1, 3, ..., 15.
+pub const CONV_SIZE_RANGE: IntRange = IntRange { from: 1, to: MAX_CONV_SIZE as i64, step: 2 };
+/// `output_channels`: 1 (grey) or 3 (colour).
+pub const OUTPUT_CHANNELS_RANGE: IntRange = IntRange { from: 1, to: 3, step: 2 };
+/// `input_qos_depth` and `output_qos_depth`.
+pub const QOS_DEPTH_RANGE: IntRange = IntRange { from: 1, to: 100, step: 1 };
+/// Each value of `pad_value`, in source 8-bit pixel units.
+pub const PAD_VALUE_RANGE: FloatRange = FloatRange { from: 0.0, to: 255.0 };
+
+/// Parameters every ROS node may be given that are not vision_preproc's own: accepted in
+/// parameter files (a shared `/**:` section has them) without a warning. `use_sim_time`
+/// is handled by the node itself (its clock); offline it has no meaning.
+pub fn is_ros_standard_parameter(name: &str) -> bool {
+    name == "use_sim_time"
+        || name == "start_type_description_service"
+        || name.starts_with("qos_overrides.")
+}
+
+/// A parameter given to vision_preproc that it does not have. rclcpp and rclpy nodes
+/// ignore parameters they did not declare, and robot stacks share one parameters file
+/// (`/**:` sections) between many nodes, so this is a warning, never an error: the value
+/// is ignored, and the warning names the closest parameter there is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownParameter {
+    /// The name as given (dotted for nested ones).
+    pub name: String,
+    /// The closest parameter name of vision_preproc, when one is close.
+    pub suggestion: Option<String>,
+    /// Where it was given (the file, `--set`, `parameters`).
+    pub source: String,
+}
+
+impl std::fmt::Display for UnknownParameter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` is not a parameter of vision_preproc (ignored)", self.name)?;
+        if let Some(s) = &self.suggestion {
+            write!(f, "; did you mean `{s}`?")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every parameter name of vision_preproc, dotted for nested ones (`conv.kernel`), in the
+/// order of [`Config`]'s fields.
+pub fn parameter_names() -> Vec<String> {
+    fn walk(v: &serde_yaml::Value, prefix: &str, out: &mut Vec<String>) {
+        if let Some(map) = v.as_mapping() {
+            for (k, v) in map {
+                let k = format!("{prefix}{}", k.as_str().unwrap_or(""));
+                if v.is_mapping() {
+                    walk(v, &format!("{k}."), out);
+                } else {
+                    out.push(k);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&config_doc(&Config::default()), "", &mut out);
+    out
+}
+
+/// The parameter name closest to `name`, if one is close: a known name that `name` ends
+/// with (`vision_preproc.backend`), else the most similar by Jaro-Winkler similarity (which
+/// favours a shared beginning: `network_width` -> `network_image_width`, `backnd` ->
+/// `backend`) when it is at least [`SUGGESTION_SIMILARITY`].
+pub fn closest_parameter(name: &str, names: &[String]) -> Option<String> {
+    if let Some(n) = names.iter().find(|n| name.ends_with(&format!(".{n}"))) {
+        return Some(n.clone());
+    }
+    names
+        .iter()
+        .map(|n| (strsim::jaro_winkler(name, n), n))
+        .filter(|(sim, _)| *sim >= SUGGESTION_SIMILARITY)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, n)| n.clone())
+}
+
+/// Least similarity for "did you mean".
+const SUGGESTION_SIMILARITY: f64 = 0.85;
+
+/// A configuration with the parameters that were ignored because vision_preproc does not
+/// have them (warn about each).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    /// The validated configuration.
+    pub config: Config,
+    /// Unknown parameters, in the order given.
+    pub unknown: Vec<UnknownParameter>,
+}
+
+fn config_doc(cfg: &Config) -> serde_yaml::Value {
+    // Serializing a plain struct of numbers, strings and vectors cannot fail.
+    serde_yaml::to_value(cfg).unwrap_or(serde_yaml::Value::Null)
+}
+
 impl Config {
-    /// Parse a YAML file in the ROS `<node>: ros__parameters: {...}` shape (the node name
-    /// may be anything, including `/**`), or a bare mapping of parameters. Validated.
+    /// Parse a YAML file in the ROS `<node>: ros__parameters: {...}` shape, or a bare
+    /// mapping of parameters, strictly: an unknown parameter is an error (for files this
+    /// project ships and programs that build a configuration; the CLI uses
+    /// [`Config::load_yaml_str`], which warns instead, as the node does). Validated.
     pub fn from_yaml_file(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
@@ -350,25 +516,90 @@ impl Config {
 
     /// [`Config::from_yaml_str`], then `overrides` applied in order before validation:
     /// each is `(dotted key, YAML value)`, e.g. `("conv.kernel", "box")` or
-    /// `("roi", "[0, 0, 64, 48]")` (the command line's `--set key=value`).
+    /// `("roi", "[0, 0, 64, 48]")` (the command line's `--set key=value`). Strict: an
+    /// unknown parameter is an error naming it and the closest known one.
     pub fn from_yaml_str_with_overrides(
         text: &str,
         context: &str,
         overrides: &[(String, String)],
     ) -> Result<Config> {
+        let loaded = Self::load_yaml_str(text, context, overrides)?;
+        match loaded.unknown.first() {
+            Some(u) => Err(Error::Yaml { context: u.source.clone(), message: u.to_string() }),
+            None => Ok(loaded.config),
+        }
+    }
+
+    /// Load a parameters file the way the node reads it, then `overrides` (see
+    /// [`Config::from_yaml_str_with_overrides`]).
+    ///
+    /// The file is a ROS parameters file: sections `<node name>: ros__parameters: {...}`;
+    /// the sections for this node are merged in file order: `/**`, `**`, `vision_preproc`
+    /// and `/vision_preproc` (as r2r matches them), or, when no section has one of those
+    /// names and there is exactly one section, that one (a file written for a renamed
+    /// node). A bare mapping of parameters is read as one section. Inside a section,
+    /// parameters may be nested (`conv: {kernel: box}`), written flat with dotted names
+    /// (`conv.kernel: box`, which rcl's parser reads the same way) or both. Parameters
+    /// vision_preproc does not have are ignored and returned in [`Loaded::unknown`];
+    /// ROS-wide ones (`use_sim_time`, `qos_overrides.*`) are ignored silently.
+    pub fn load_yaml_str(
+        text: &str,
+        context: &str,
+        overrides: &[(String, String)],
+    ) -> Result<Loaded> {
         let yaml_err = |e: serde_yaml::Error| Error::Yaml {
             context: context.to_string(),
             message: e.to_string(),
         };
         let doc: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_err)?;
-        let mut params = ros_parameters(&doc).unwrap_or(doc);
-        if params.is_null() {
-            params = serde_yaml::Value::Mapping(serde_yaml::Mapping::new());
+        let mut params = Vec::new();
+        for section in node_sections(&doc, context)? {
+            flatten_params(section, "", &mut params);
         }
+        let from_file: Vec<String> = params.iter().map(|p| p.0.clone()).collect();
         for (key, value) in overrides {
-            set_param(&mut params, key, value)?;
+            let parsed: serde_yaml::Value = serde_yaml::from_str(value).map_err(|e| {
+                Error::config(key, format!("{value:?}"), format!("give a YAML value ({e})"))
+            })?;
+            check_name(key)?;
+            params.push((key.clone(), parsed));
         }
-        Self::from_yaml_value(params, context)
+        let mut loaded = Self::from_params(params, context)?;
+        for u in &mut loaded.unknown {
+            if !from_file.contains(&u.name) {
+                u.source = "--set".to_string();
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// [`Config::load_yaml_str`] on a file.
+    pub fn load_yaml_file(path: &Path, overrides: &[(String, String)]) -> Result<Loaded> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        Self::load_yaml_str(&text, &path.display().to_string(), overrides)
+    }
+
+    /// The defaults overlaid with `params` (dotted name, value; later ones win), checked:
+    /// what the node does with its ROS parameters and the offline tools with a file.
+    /// Unknown names are returned, not applied.
+    pub fn from_params(
+        params: impl IntoIterator<Item = (String, serde_yaml::Value)>,
+        context: &str,
+    ) -> Result<Loaded> {
+        let names = parameter_names();
+        let mut doc = config_doc(&Config::default());
+        let mut unknown: Vec<UnknownParameter> = Vec::new();
+        for (name, value) in params {
+            if names.contains(&name) {
+                set_value(&mut doc, &name, value)?;
+            } else if !is_ros_standard_parameter(&name) && !unknown.iter().any(|u| u.name == name) {
+                let suggestion = closest_parameter(&name, &names);
+                unknown.push(UnknownParameter { name, suggestion, source: context.to_string() });
+            }
+        }
+        let config = Self::from_yaml_value(doc, context)?;
+        Ok(Loaded { config, unknown })
     }
 
     /// Deserialize and validate a mapping of parameters; errors name the parameter path
@@ -392,9 +623,7 @@ impl Config {
             ("network_image_width", self.network_image_width),
             ("network_image_height", self.network_image_height),
         ] {
-            if v == 0 || v > MAX_NETWORK_SIZE {
-                return Err(Error::config(param, v, format!("use 1..={MAX_NETWORK_SIZE} pixels")));
-            }
+            NETWORK_SIZE_RANGE.check(param, i64::from(v))?;
         }
         if !self.roi.is_empty() {
             if self.roi.len() != 4 {
@@ -420,12 +649,12 @@ impl Config {
             }
         }
         check_per_channel("pad_value", &self.pad_value, 3)?;
-        if self.pad_value.iter().any(|v| !(0.0..=255.0).contains(v)) {
-            return Err(Error::config(
-                "pad_value",
-                format!("{:?}", self.pad_value),
-                "each value is a source pixel value in 8-bit units, 0..=255",
-            ));
+        if self.pad_value.iter().any(|v| !PAD_VALUE_RANGE.contains(*v)) {
+            return Err(Error::Range {
+                param: "pad_value".to_string(),
+                value: format!("{:?}", self.pad_value),
+                range: format!("{PAD_VALUE_RANGE} for each value (source 8-bit pixel units)"),
+            });
         }
         if !self.pixel_scale.is_finite() || self.pixel_scale == 0.0 {
             return Err(Error::config(
@@ -434,13 +663,7 @@ impl Config {
                 "use a finite, non-zero factor (e.g. 0.00392156862745098 = 1/255)",
             ));
         }
-        if self.output_channels != 1 && self.output_channels != 3 {
-            return Err(Error::config(
-                "output_channels",
-                self.output_channels,
-                "use 1 (grey) or 3 (colour)",
-            ));
-        }
+        OUTPUT_CHANNELS_RANGE.check("output_channels", i64::from(self.output_channels))?;
         let c = self.output_channels as usize;
         check_per_channel("image_mean", &self.image_mean, c)?;
         check_per_channel("image_stddev", &self.image_stddev, c)?;
@@ -477,9 +700,7 @@ impl Config {
         for (param, v) in
             [("input_qos_depth", self.input_qos_depth), ("output_qos_depth", self.output_qos_depth)]
         {
-            if !(1..=100).contains(&v) {
-                return Err(Error::config(param, v, "use a history depth of 1..=100"));
-            }
+            QOS_DEPTH_RANGE.check(param, i64::from(v))?;
         }
         if !self.debug_image_rate.is_finite() || self.debug_image_rate < 0.0 {
             return Err(Error::config(
@@ -491,18 +712,28 @@ impl Config {
         Ok(())
     }
 
-    /// The `conv.*` checks of [`Config::validate`].
+    /// The `conv.*` checks of [`Config::validate`]. Each value is checked whatever the
+    /// kernel (so a value that is never valid is refused when it is set, not later when
+    /// another parameter changes); only the weight count depends on another parameter.
     pub(crate) fn validate_conv(&self) -> Result<()> {
         let conv = &self.conv;
-        if conv.kernel == ConvKernel::None {
-            return Ok(());
-        }
         let s = conv.size;
-        if s % 2 == 0 || s == 0 || s > MAX_CONV_SIZE {
+        CONV_SIZE_RANGE.check("conv.size", i64::from(s))?;
+        // Applied in float32: a finite f64 beyond f32::MAX would become inf.
+        if let Some((i, w)) =
+            conv.weights.iter().enumerate().find(|(_, w)| !(**w as f32).is_finite())
+        {
             return Err(Error::config(
-                "conv.size",
-                s,
-                format!("use an odd size 1..={MAX_CONV_SIZE}"),
+                "conv.weights",
+                format!("{w} at index {i}"),
+                "weights must be finite and within float32 range (|w| <= 3.4e38)",
+            ));
+        }
+        if !conv.sigma.is_finite() {
+            return Err(Error::config(
+                "conv.sigma",
+                conv.sigma,
+                "use a finite sigma; <= 0 derives it from conv.size",
             ));
         }
         if conv.kernel == ConvKernel::Custom {
@@ -511,26 +742,12 @@ impl Config {
                 return Err(Error::config(
                     "conv.weights",
                     format!("{} values", conv.weights.len()),
-                    format!("custom needs conv.size*conv.size = {n} values, row-major"),
+                    format!(
+                        "conv.kernel custom with conv.size {s} needs conv.size*conv.size = {n} \
+                         values, row-major (set conv.size and conv.weights together)"
+                    ),
                 ));
             }
-            // Applied in float32: a finite f64 beyond f32::MAX would become inf.
-            if let Some((i, w)) =
-                conv.weights.iter().enumerate().find(|(_, w)| !(**w as f32).is_finite())
-            {
-                return Err(Error::config(
-                    "conv.weights",
-                    format!("{w} at index {i}"),
-                    "weights must be finite and within float32 range (|w| <= 3.4e38)",
-                ));
-            }
-        }
-        if !conv.sigma.is_finite() {
-            return Err(Error::config(
-                "conv.sigma",
-                conv.sigma,
-                "use a finite sigma; <= 0 derives it from conv.size",
-            ));
         }
         Ok(())
     }
@@ -568,6 +785,18 @@ pub fn set_param(params: &mut serde_yaml::Value, key: &str, value: &str) -> Resu
     set_value(params, key, parsed)
 }
 
+/// An error unless `key` is a well-formed dotted parameter name.
+fn check_name(key: &str) -> Result<()> {
+    if key.split('.').any(|p| p.is_empty()) {
+        return Err(Error::config(
+            "--set",
+            format!("{key:?}"),
+            "give a parameter name, dotted for nested ones (e.g. conv.kernel)",
+        ));
+    }
+    Ok(())
+}
+
 /// Set the dotted parameter `key` of a parameter mapping to an already typed `value`
 /// (see [`set_param`]).
 pub fn set_value(
@@ -576,14 +805,8 @@ pub fn set_value(
     parsed: serde_yaml::Value,
 ) -> Result<()> {
     use serde_yaml::Value;
+    check_name(key)?;
     let parts: Vec<&str> = key.split('.').collect();
-    if parts.iter().any(|p| p.is_empty()) {
-        return Err(Error::config(
-            "--set",
-            format!("{key:?}"),
-            "give a parameter name, dotted for nested ones (e.g. conv.kernel)",
-        ));
-    }
     let mut node = params;
     for (i, part) in parts.iter().enumerate() {
         let Value::Mapping(map) = node else {
@@ -603,10 +826,63 @@ pub fn set_value(
     Ok(())
 }
 
-/// `doc[<any node name>]["ros__parameters"]`, if the document has that shape.
-fn ros_parameters(doc: &serde_yaml::Value) -> Option<serde_yaml::Value> {
-    let map = doc.as_mapping()?;
-    map.values().find_map(|node| node.as_mapping()?.get("ros__parameters").cloned())
+/// The node names whose sections apply to vision_preproc, as r2r matches them.
+const OUR_SECTIONS: [&str; 4] = ["/**", "**", "vision_preproc", "/vision_preproc"];
+
+/// The parameter mappings of `doc` that apply to vision_preproc (see
+/// [`Config::load_yaml_str`]), in file order.
+fn node_sections<'a>(
+    doc: &'a serde_yaml::Value,
+    context: &str,
+) -> Result<Vec<&'a serde_yaml::Value>> {
+    use serde_yaml::Value;
+    let Some(map) = doc.as_mapping() else {
+        return Ok(Vec::new()); // empty file (null)
+    };
+    let sections: Vec<(String, &Value)> = map
+        .iter()
+        .filter_map(|(k, v)| {
+            let params = v.as_mapping()?.get("ros__parameters")?;
+            Some((k.as_str().unwrap_or("").to_string(), params))
+        })
+        .collect();
+    if sections.is_empty() {
+        return Ok(vec![doc]); // a bare mapping of parameters
+    }
+    let ours: Vec<&Value> =
+        sections.iter().filter(|(n, _)| OUR_SECTIONS.contains(&n.as_str())).map(|s| s.1).collect();
+    match (ours.is_empty(), sections.len()) {
+        (false, _) => Ok(ours),
+        (true, 1) => Ok(vec![sections[0].1]),
+        (true, _) => Err(Error::Yaml {
+            context: context.to_string(),
+            message: format!(
+                "none of the sections {:?} is for vision_preproc; name one `vision_preproc:` \
+                 or `/**:` (sections for other nodes are ignored)",
+                sections.iter().map(|s| s.0.as_str()).collect::<Vec<_>>()
+            ),
+        }),
+    }
+}
+
+/// `(dotted name, value)` of every parameter in a section, nested groups and dotted
+/// names alike (`conv: {kernel: box}` and `conv.kernel: box` both give `conv.kernel`).
+fn flatten_params(v: &serde_yaml::Value, prefix: &str, out: &mut Vec<(String, serde_yaml::Value)>) {
+    let Some(map) = v.as_mapping() else {
+        return;
+    };
+    for (k, v) in map {
+        let key = match k {
+            serde_yaml::Value::String(s) => s.clone(),
+            other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+        };
+        let name = format!("{prefix}{key}");
+        if v.is_mapping() {
+            flatten_params(v, &format!("{name}."), out);
+        } else {
+            out.push((name, v.clone()));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -642,8 +918,87 @@ mod tests {
     fn unknown_parameter_is_named() {
         let e = Config::from_yaml_str("n:\n  ros__parameters:\n    network_width: 3\n", "f.yaml")
             .unwrap_err();
-        let msg = e.to_string();
-        assert!(msg.contains("f.yaml") && msg.contains("unknown field `network_width`"), "{msg}");
+        assert_eq!(
+            e.to_string(),
+            "f.yaml: `network_width` is not a parameter of vision_preproc (ignored); did you \
+             mean `network_image_width`?"
+        );
+    }
+
+    #[test]
+    fn suggestions_are_close_names_only() {
+        let names = parameter_names();
+        let s = |n: &str| closest_parameter(n, &names);
+        assert_eq!(s("network_width").as_deref(), Some("network_image_width"));
+        assert_eq!(s("network_image_widht").as_deref(), Some("network_image_width"));
+        assert_eq!(s("backnd").as_deref(), Some("backend"));
+        assert_eq!(s("conv.kernal").as_deref(), Some("conv.kernel"));
+        assert_eq!(s("conv.kernl").as_deref(), Some("conv.kernel"));
+        assert_eq!(s("vision_preproc.backend").as_deref(), Some("backend"));
+        assert_eq!(s("input_qos_dept").as_deref(), Some("input_qos_depth"));
+        for far in ["robot_frame", "frame_rate", "exposure", "camera_name", "use_sim"] {
+            assert_eq!(s(far), None, "{far}");
+        }
+    }
+
+    /// The node reads flat dotted names, nested groups and a mix the same way (rcl's
+    /// parser does); so does the offline loader.
+    #[test]
+    fn flat_dotted_nested_and_mixed_files_mean_the_same() {
+        let nested = "vision_preproc:\n  ros__parameters:\n    conv:\n      kernel: gaussian\n      size: 5\n    network_image_width: 320\n";
+        let flat = "vision_preproc:\n  ros__parameters:\n    conv.kernel: gaussian\n    conv.size: 5\n    network_image_width: 320\n";
+        let mixed = "vision_preproc:\n  ros__parameters:\n    conv.kernel: gaussian\n    conv:\n      size: 5\n    network_image_width: 320\n";
+        let a = Config::from_yaml_str(nested, "nested").unwrap();
+        assert_eq!(
+            (a.conv.kernel, a.conv.size, a.network_image_width),
+            (ConvKernel::Gaussian, 5, 320)
+        );
+        assert_eq!(Config::from_yaml_str(flat, "flat").unwrap(), a);
+        assert_eq!(Config::from_yaml_str(mixed, "mixed").unwrap(), a);
+        // A flat name for a field that is not a group is unknown, by its full name.
+        let e = Config::from_yaml_str("tensor_name.x: a\n", "f").unwrap_err().to_string();
+        assert!(e.contains("`tensor_name.x` is not a parameter"), "{e}");
+    }
+
+    /// A parameters file shared by a robot stack: `/**` for every node, a section for
+    /// another node, one for ours. Ours and `/**` apply (in file order); the other node's
+    /// section does not; unknown keys in the sections that apply are reported, not fatal;
+    /// ROS-wide ones (use_sim_time) are accepted silently.
+    #[test]
+    fn shared_parameter_files_warn_about_unknown_keys() {
+        let text = "/**:\n  ros__parameters:\n    use_sim_time: true\n    frame_rate: 30\n    network_image_height: 200\n\
+                    camera_driver:\n  ros__parameters:\n    network_image_width: 7\n    exposure: 3\n\
+                    vision_preproc:\n  ros__parameters:\n    network_image_width: 320\n    backnd: cpu\n    qos_overrides./tensor.publisher.depth: 3\n";
+        let loaded = Config::load_yaml_str(text, "shared.yaml", &[]).unwrap();
+        assert_eq!(
+            (loaded.config.network_image_width, loaded.config.network_image_height),
+            (320, 200)
+        );
+        let unknown: Vec<String> = loaded.unknown.iter().map(|u| u.to_string()).collect();
+        assert_eq!(
+            unknown,
+            [
+                "`frame_rate` is not a parameter of vision_preproc (ignored)",
+                "`backnd` is not a parameter of vision_preproc (ignored); did you mean `backend`?",
+            ]
+        );
+        // Known values stay strictly validated.
+        let bad = text.replace("network_image_width: 320", "network_image_width: 0");
+        let e = Config::load_yaml_str(&bad, "shared.yaml", &[]).unwrap_err().to_string();
+        assert_eq!(e, "network_image_width must be in [1, 8192] (got 0)");
+        // --set follows the same rules.
+        let loaded =
+            Config::load_yaml_str("", "defaults", &[("conv.kernal".into(), "box".into())]).unwrap();
+        assert_eq!(loaded.unknown[0].suggestion.as_deref(), Some("conv.kernel"));
+        // Only other nodes' sections: an error that says which sections apply.
+        let e = Config::load_yaml_str(
+            "a:\n  ros__parameters: {x: 1}\nb:\n  ros__parameters: {y: 1}\n",
+            "t",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("none of the sections [\"a\", \"b\"] is for vision_preproc"), "{e}");
     }
 
     #[test]
@@ -651,14 +1006,13 @@ mod tests {
         let mut c = Config { network_image_width: 0, ..Config::default() };
         assert_eq!(
             c.validate().unwrap_err().to_string(),
-            "parameter `network_image_width`: 0 is invalid; use 1..=8192 pixels"
+            "network_image_width must be in [1, 8192] (got 0)"
         );
         c = Config::default();
-        c.conv.kernel = ConvKernel::Gaussian;
         c.conv.size = 4;
         assert_eq!(
             c.validate().unwrap_err().to_string(),
-            "parameter `conv.size`: 4 is invalid; use an odd size 1..=15"
+            "conv.size must be in [1, 15] with step 2 (got 4)"
         );
         c = Config { image_stddev: vec![0.5, 0.0, 0.5], ..Config::default() };
         assert!(c.validate().unwrap_err().to_string().starts_with("parameter `image_stddev`"));

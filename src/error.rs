@@ -20,6 +20,26 @@ pub enum Error {
         /// The valid range or set, phrased as a fix.
         expected: String,
     },
+    /// A numeric parameter outside its range (the range its ROS descriptor states).
+    #[error("{param} must be in {range} (got {value})")]
+    Range {
+        /// The ROS parameter name (dotted for nested ones, e.g. `conv.size`).
+        param: String,
+        /// The offending value, as given.
+        value: String,
+        /// The valid range, e.g. `[1, 8192]` or `[1, 15] with step 2`.
+        range: String,
+    },
+    /// A parameter given a value of another type (ROS parameters are statically typed).
+    #[error("parameter {param} is of type {expected}; setting it to {got} is not allowed")]
+    ParameterType {
+        /// The ROS parameter name.
+        param: String,
+        /// Its type (`integer`, `double`, `string`, `integer array`, ...).
+        expected: String,
+        /// The type given.
+        got: String,
+    },
     /// An input image that cannot be processed (the frame is rejected, the node goes on).
     /// (The inner error is in the message, not a `source`, so error chains do not print
     /// it twice.)

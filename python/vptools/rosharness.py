@@ -37,6 +37,7 @@ os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(ROOT / "config" / "fa
 import rclpy  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, qos_profile_sensor_data  # noqa: E402
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
 
@@ -185,3 +186,32 @@ class Peer:
         self.executor.shutdown()
         self.node.destroy_node()
         rclpy.shutdown(context=self.context)
+
+
+def call(peer: Peer, srv_type, name: str, request, timeout: float = 10.0):
+    """Call service `name` of type `srv_type` from the peer and return the reply (every
+    wait with a timeout)."""
+    client = peer.node.create_client(srv_type, name)
+    peer.spin_until(lambda: client.service_is_ready(), timeout, f"service {name}")
+    future = client.call_async(request)
+    peer.spin_until(future.done, timeout, f"reply from {name}")
+    return future.result()
+
+
+def param(name: str, value) -> Parameter:
+    """An rcl_interfaces/Parameter typed from the Python value: str, float, int, bool,
+    a list (double array) or None (not set: what `ros2 param delete` sends)."""
+    v = ParameterValue()
+    if value is None:
+        v.type = ParameterType.PARAMETER_NOT_SET
+    elif isinstance(value, str):
+        v.type, v.string_value = ParameterType.PARAMETER_STRING, value
+    elif isinstance(value, bool):
+        v.type, v.bool_value = ParameterType.PARAMETER_BOOL, value
+    elif isinstance(value, float):
+        v.type, v.double_value = ParameterType.PARAMETER_DOUBLE, value
+    elif isinstance(value, int):
+        v.type, v.integer_value = ParameterType.PARAMETER_INTEGER, value
+    elif isinstance(value, list):
+        v.type, v.double_array_value = ParameterType.PARAMETER_DOUBLE_ARRAY, [float(x) for x in value]
+    return Parameter(name=name, value=v)

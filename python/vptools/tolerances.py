@@ -16,6 +16,8 @@ FLOAT16_REL: float = _T["float16_rel"]
 FLOAT16_ABS: float = _T["float16_abs"]
 #: Preview images (8-bit, de-normalized and rounded): absolute error in levels.
 PREVIEW_U8_ABS: int = _T["preview_u8_abs"]
+#: FrameTiming.age_us against a /clock that stands still: microseconds.
+AGE_US_ABS: float = _T["age_us_abs"]
 
 
 def assert_preview_close(actual: np.ndarray, expected: np.ndarray, what: str = "") -> None:

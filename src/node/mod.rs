@@ -6,20 +6,23 @@
 //! keep-latest slot, which counts what it replaces, and with `input_qos: auto` adapts
 //! the subscriptions to the publishers; one processing thread that owns the pipeline
 //! (and so the backend and its stream), reads each frame in place and publishes the
-//! `Tensor` the pipeline serialized in place (`publish_raw`); a parameter handler and a
-//! 1 Hz diagnostics task on the runtime. Ctrl-C / SIGTERM stop ingest, let the frame in
-//! flight finish, and exit 0.
+//! `Tensor` the pipeline serialized in place (`publish_raw`); the parameter services and
+//! a 1 Hz diagnostics task on the runtime. Ctrl-C / SIGTERM stop ingest, let the frame in
+//! flight finish, and exit 0. Log records go to `/rosout` too ([`rosout`]); times
+//! relative to the world follow the node's ROS clock ([`clock`], `use_sim_time`).
 
+mod clock;
 mod input;
 mod native;
+mod param_services;
 mod params;
 mod play;
 mod record;
+mod rosout;
 mod stats;
 
 use crate::pipeline::{frame_timing, select_backend, Geometry, Pipeline};
 use crate::transport::{dds, delivery, Basis, Latest};
-use futures::StreamExt;
 use native::{ros_header, NativeImage, RosArgs};
 use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus};
 use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
@@ -27,11 +30,12 @@ use r2r::QosProfile;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 pub use crate::bag::{PlayOptions, PlayStats, RecordOptions, RecordStats};
-pub use params::{config_from_params, NodeParams, PARAMETERS};
+pub use clock::NodeClock;
+pub use params::{descriptor, NodeParams, Spec, PARAMETERS, USE_SIM_TIME};
 pub use play::play;
 pub use record::record;
 pub use stats::{BackendInfo, Counts, InputReport, Stats};
@@ -42,12 +46,18 @@ pub const NODE_NAME: &str = "vision_preproc";
 /// Seconds between two logs of rejected frames (the count in between is logged).
 const REJECT_LOG_PERIOD: Duration = Duration::from_secs(2);
 
+/// The node's logger name once the node exists (`ns.vision_preproc` in a namespace).
+static LOGGER: OnceLock<String> = OnceLock::new();
+
 /// Entry point of `vision_preproc_node`.
 pub fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("[FATAL] [{NODE_NAME}]: {e:#}");
+            // Through rcutils, like every other line: `[FATAL] [<time>] [<logger>]: ...`
+            // (RCUTILS_CONSOLE_OUTPUT_FORMAT applies).
+            let logger = LOGGER.get().map(String::as_str).unwrap_or(NODE_NAME);
+            r2r::log_fatal!(logger, "{e:#}");
             ExitCode::FAILURE
         }
     }
@@ -168,6 +178,8 @@ struct Shared {
     params: Arc<Mutex<NodeParams>>,
     camera_info: Mutex<Option<CameraInfo>>,
     logger: String,
+    /// The node's clock (ROS time; `/clock` with `use_sim_time`).
+    clock: NodeClock,
     /// What diagnostics say about the backend (changes when `gpu_failure_policy` acts).
     backend: Mutex<BackendInfo>,
     /// Set by the processing thread when the node must exit with an error
@@ -182,13 +194,21 @@ fn run() -> anyhow::Result<()> {
     let ctx = r2r::Context::create()?;
     let mut node = r2r::Node::create(ctx, NODE_NAME, "")?;
     let logger = node.logger().to_string();
+    let _ = LOGGER.set(logger.clone());
+    // Before anything logs from another thread (the handler swap is not synchronized).
+    let rosout = rosout::Rosout::install(&mut node, &logger)?;
     let status_name = node.fully_qualified_name()?.trim_start_matches('/').to_string();
 
-    // Parameters: command line / params file over the defaults, validated.
-    let config = {
-        let params = lock(&node.params);
-        config_from_params(params.iter().map(|(k, p)| (k.as_str(), &p.value)))?
+    // Parameters: command line / params file over the defaults, validated; names the
+    // node does not have (a shared `/**` file) are ignored with a warning.
+    let (node_params, unknown) = {
+        let overrides = lock(&node.params);
+        NodeParams::from_overrides(overrides.iter().map(|(k, p)| (k.as_str(), &p.value)))?
     };
+    for u in &unknown {
+        r2r::log_warn!(&logger, "parameter {u}");
+    }
+    let config = node_params.config.clone();
     match &dds_setup {
         DdsSetup::User(how) => r2r::log_info!(&logger, "Fast DDS transports: {how}"),
         DdsSetup::Sized { segment, largest, .. } => {
@@ -211,8 +231,11 @@ fn run() -> anyhow::Result<()> {
             }
         }
     }
-    let params = Arc::new(Mutex::new(NodeParams::new(config.clone())));
-    let (param_handler, param_events) = node.make_derived_parameter_handler(params.clone())?;
+    let clock = NodeClock::of(&node);
+    clock.request_sim_time(node_params.use_sim_time);
+    let params = Arc::new(Mutex::new(node_params));
+    let param_server =
+        param_services::start(&mut node, params.clone(), clock.clone(), logger.clone())?;
 
     let (backend, fallback) = select_backend(&config)?;
     if let Some(reason) = &fallback {
@@ -256,6 +279,7 @@ fn run() -> anyhow::Result<()> {
         params,
         camera_info: Mutex::new(None),
         logger: logger.clone(),
+        clock: clock.clone(),
         backend: Mutex::new(backend_info),
         fatal: Mutex::new(None),
         fatal_signal: tokio::sync::Notify::new(),
@@ -283,7 +307,14 @@ fn run() -> anyhow::Result<()> {
                     return node;
                 }
             };
+        let mut sim_time = false;
         while !shared.latest.is_stopped() {
+            // use_sim_time as set (start-up, `ros2 param set`): the /clock subscription
+            // belongs to the node, so it is made here.
+            if let Err(e) = shared.clock.apply(&mut node, &mut sim_time) {
+                r2r::log_error!(&shared.logger, "use_sim_time: {e}");
+                sim_time = shared.clock.sim_time();
+            }
             node.spin_once(Duration::from_millis(20));
             input.drain(&shared);
             if let Err(e) = input.adapt(&mut node, &shared) {
@@ -306,8 +337,7 @@ fn run() -> anyhow::Result<()> {
 
     rt.block_on(async {
         let tasks = [
-            tokio::spawn(param_handler),
-            tokio::spawn(log_param_changes(param_events, logger.clone())),
+            tokio::spawn(param_server),
             tokio::spawn(publish_diagnostics(
                 diagnostics.clone(),
                 shared.clone(),
@@ -343,14 +373,17 @@ fn run() -> anyhow::Result<()> {
         status.level = DiagnosticStatus::ERROR as u8;
         status.message = format!("exiting: {reason}");
         let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
-        msg.header.stamp = now_stamp();
+        msg.header.stamp = shared.clock.stamp();
         if let Err(e) = diagnostics.publish(&msg) {
             r2r::log_warn!(&logger, "publishing /diagnostics: {e}");
         }
         linger();
+        drop(rosout);
+        drop(dds_setup);
         anyhow::bail!("{reason}");
     }
     linger();
+    drop(rosout);
     drop(dds_setup);
     Ok(())
 }
@@ -367,37 +400,47 @@ fn linger() {
     std::thread::sleep(SHUTDOWN_LINGER);
 }
 
-async fn log_param_changes(
-    mut events: impl futures::Stream<Item = (String, r2r::ParameterValue)> + Unpin,
-    logger: String,
-) {
-    while let Some((name, value)) = events.next().await {
-        r2r::log_info!(&logger, "parameter {name} set to {value:?}; applies from the next frame");
-    }
-}
+/// Seconds of the node's clock between two `/diagnostics` statuses.
+const DIAGNOSTICS_PERIOD: Duration = Duration::from_secs(1);
 
+/// How often the diagnostics task looks at the node's clock (steady time).
+const CLOCK_POLL: Duration = Duration::from_millis(20);
+
+/// One status per [`DIAGNOSTICS_PERIOD`] of the node's clock (with sim time: per
+/// simulated second; none while `/clock` stands still), rates over that clock's seconds.
 async fn publish_diagnostics(
     publisher: r2r::Publisher<DiagnosticArray>,
     shared: Arc<Shared>,
     name: String,
 ) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
+    let mut poll = tokio::time::interval(CLOCK_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut previous = Counts::default();
-    let mut last = Instant::now();
+    let mut last: Option<Duration> = None;
     let mut warned = false;
     loop {
-        tick.tick().await;
-        let seconds = last.elapsed().as_secs_f64();
-        last = Instant::now();
+        poll.tick().await;
+        let Some(now) = shared.clock.now() else {
+            continue;
+        };
+        let Some(start) = last.filter(|&l| l <= now) else {
+            // First time, or the clock went back (a looped bag): start a new window.
+            last = Some(now);
+            previous = shared.stats.counts();
+            continue;
+        };
+        let seconds = (now - start).as_secs_f64();
+        if seconds < DIAGNOSTICS_PERIOD.as_secs_f64() {
+            continue;
+        }
+        last = Some(now);
         let report = input_report(&shared, &mut warned);
         *lock(&shared.stats.input) = report;
         let backend = lock(&shared.backend).clone();
-        let (status, now) = shared.stats.status(&name, previous, seconds, &backend);
-        previous = now;
+        let (status, counts) = shared.stats.status(&name, previous, seconds, &backend);
+        previous = counts;
         let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
-        msg.header.stamp = now_stamp();
+        msg.header.stamp = clock::to_stamp(now);
         if let Err(e) = publisher.publish(&msg) {
             r2r::log_warn!(&shared.logger, "publishing /diagnostics: {e}");
         }
@@ -499,15 +542,17 @@ async fn shutdown_signal() {
     }
 }
 
-/// Logs rejected frames at most once per [`REJECT_LOG_PERIOD`], with the count between.
+/// Logs rejected frames at most once per [`REJECT_LOG_PERIOD`] of the node's clock, with
+/// the count between.
 struct RateLimitedLog {
-    last: Option<Instant>,
+    throttle: clock::Throttle,
+    clock: NodeClock,
     suppressed: u64,
 }
 
 impl RateLimitedLog {
     fn error(&mut self, logger: &str, what: &str) {
-        if self.last.is_some_and(|t| t.elapsed() < REJECT_LOG_PERIOD) {
+        if !self.throttle.ready(self.clock.now()) {
             self.suppressed += 1;
             return;
         }
@@ -516,7 +561,6 @@ impl RateLimitedLog {
         } else {
             r2r::log_error!(logger, "{what}");
         }
-        self.last = Some(Instant::now());
         self.suppressed = 0;
     }
 }
@@ -526,8 +570,12 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
     let mut sequence = 0u64;
     let mut dropped_reported = 0u64;
     let mut generation = 0u64;
-    let mut reject_log = RateLimitedLog { last: None, suppressed: 0 };
-    let mut last_debug: Option<Instant> = None;
+    let mut reject_log = RateLimitedLog {
+        throttle: clock::Throttle::new(REJECT_LOG_PERIOD),
+        clock: shared.clock.clone(),
+        suppressed: 0,
+    };
+    let mut debug_throttle = clock::Throttle::new(Duration::ZERO);
     while let Some(frame) = shared.latest.take() {
         // Parameters set at run time apply from this frame (validated when set).
         {
@@ -595,7 +643,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
         }
         let total_us = frame.at.elapsed().as_secs_f32() * 1e6;
         shared.stats.published(total_us / 1000.0);
-        publish_debug_image(&pipeline, &ros_header, &out.debug_image, &mut last_debug, logger);
+        publish_debug_image(&pipeline, &ros_header, &out.debug_image, &mut debug_throttle, shared);
         let dropped = shared.stats.dropped.load(Ordering::Relaxed);
         let timing = frame_timing(
             &header,
@@ -603,7 +651,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
             pipeline.backend().name(),
             &info.times,
             total_us,
-            age_us(&ros_header.stamp),
+            clock::age_us(shared.clock.now(), &ros_header.stamp),
             u32::try_from(dropped - dropped_reported).unwrap_or(u32::MAX),
         );
         dropped_reported = dropped;
@@ -615,19 +663,22 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
 }
 
 /// `debug_image`: what the network sees, de-normalized to rgb8 (grey tensors as mono8),
-/// computed only while someone subscribes and at most `debug_image_rate` times a second.
+/// computed only while someone subscribes and at most `debug_image_rate` times a second
+/// of the node's clock.
 fn publish_debug_image(
     pipeline: &Pipeline,
     header: &r2r::std_msgs::msg::Header,
     publisher: &r2r::Publisher<Image>,
-    last: &mut Option<Instant>,
-    logger: &str,
+    throttle: &mut clock::Throttle,
+    shared: &Shared,
 ) {
+    let logger = shared.logger.as_str();
     let rate = pipeline.config().debug_image_rate;
-    if rate <= 0.0 || last.is_some_and(|t| t.elapsed().as_secs_f64() < 1.0 / rate) {
+    if rate <= 0.0 || publisher.get_inter_process_subscription_count().unwrap_or(0) == 0 {
         return;
     }
-    if publisher.get_inter_process_subscription_count().unwrap_or(0) == 0 {
+    throttle.set_period(Duration::try_from_secs_f64(1.0 / rate).unwrap_or(Duration::MAX));
+    if !throttle.ready(shared.clock.now()) {
         return;
     }
     let preview = match pipeline.preview_image() {
@@ -646,7 +697,6 @@ fn publish_debug_image(
         step: preview.width * preview.channels,
         data: preview.data,
     };
-    *last = Some(Instant::now());
     if let Err(e) = publisher.publish(&msg) {
         r2r::log_warn!(logger, "publishing debug_image: {e}");
     }
@@ -680,19 +730,4 @@ fn scaled_camera_info(
     out.binning_y = 0;
     out.roi = RegionOfInterest::default();
     out
-}
-
-fn now_stamp() -> r2r::builtin_interfaces::msg::Time {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    r2r::builtin_interfaces::msg::Time {
-        sec: i32::try_from(now.as_secs()).unwrap_or(i32::MAX),
-        nanosec: now.subsec_nanos(),
-    }
-}
-
-/// Now (system clock) minus the stamp, in microseconds.
-fn age_us(stamp: &r2r::builtin_interfaces::msg::Time) -> f32 {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let stamp_s = f64::from(stamp.sec) + f64::from(stamp.nanosec) * 1e-9;
-    ((now.as_secs_f64() - stamp_s) * 1e6) as f32
 }

@@ -1,19 +1,36 @@
 //! ROS parameters <-> [`Config`]. The node's parameters are exactly the fields of
-//! `Config` (nested ones dotted, e.g. `conv.kernel`), declared with descriptions so that
-//! `ros2 param list/get/describe` and rqt show them. Values are converted through a YAML
-//! value so that serde does the typing and `Config::validate` the range checks: a bad
-//! value at start-up stops the node with an error naming the parameter; a bad value set
-//! at run time is refused (`ros2 param set` prints the reason) and the old one stays.
+//! `Config` (nested ones dotted, e.g. `conv.kernel`) plus `use_sim_time`, each described by
+//! a [`Spec`]: type, whether it is read-only (start-up only), description, range and
+//! constraints, served as full `rcl_interfaces/ParameterDescriptor`s (`ros2 param
+//! describe`, rqt_reconfigure's sliders).
+//!
+//! A value is checked as rclcpp checks one (declared? read-only? type? range?), then the
+//! configuration it makes is validated as a whole (`Config::validate`), so rules between
+//! parameters (`conv.weights` vs `conv.size` for `custom`, `image_mean` vs
+//! `output_channels`) are checked on the resulting configuration whatever the order of
+//! the changes. Refusals are in ROS words (`network_image_width must be in [1, 8192] (got
+//! 0)`). One deliberate difference from rclcpp: an integer is accepted for a double
+//! parameter (and an integer array for a double array), converted, and reported and
+//! logged as the double (`ros2 param set /vision_preproc debug_image_rate 5` sets 5.0;
+//! rclcpp refuses it with "Wrong parameter type", see ros2/rclcpp#979).
 
-use crate::config::{set_value, Config};
-use crate::error::Result;
-use indexmap::IndexMap;
-use r2r::{Parameter, ParameterValue, RosParams};
+use crate::config::{
+    self, Config, FloatRange, IntRange, UnknownParameter, CONV_SIZE_RANGE, NETWORK_SIZE_RANGE,
+    OUTPUT_CHANNELS_RANGE, PAD_VALUE_RANGE, QOS_DEPTH_RANGE,
+};
+use crate::error::{Error, Result};
+use r2r::rcl_interfaces::msg::{
+    FloatingPointRange, IntegerRange, ListParametersResult, ParameterDescriptor,
+    ParameterType as T, ParameterValue as ValueMsg,
+};
+use r2r::ParameterValue;
 use serde_yaml::Value;
 
 /// The ROS type of a parameter (arrays keep their type when empty).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// `bool`.
+    Bool,
     /// `integer`.
     Integer,
     /// `double`.
@@ -26,142 +43,422 @@ pub enum Kind {
     DoubleArray,
 }
 
-/// Every parameter: name, type, whether it can change while running, description.
-/// A test checks this table lists exactly the fields of `Config`.
-pub const PARAMETERS: &[(&str, Kind, bool, &str)] = &[
-    ("network_image_width", Kind::Integer, true, "Network input width in pixels, 1..8192"),
-    ("network_image_height", Kind::Integer, true, "Network input height in pixels, 1..8192"),
-    (
+impl Kind {
+    /// `rcl_interfaces/ParameterType` of this kind.
+    pub fn ros_type(self) -> u8 {
+        match self {
+            Kind::Bool => T::PARAMETER_BOOL as u8,
+            Kind::Integer => T::PARAMETER_INTEGER as u8,
+            Kind::Double => T::PARAMETER_DOUBLE as u8,
+            Kind::Str => T::PARAMETER_STRING as u8,
+            Kind::IntegerArray => T::PARAMETER_INTEGER_ARRAY as u8,
+            Kind::DoubleArray => T::PARAMETER_DOUBLE_ARRAY as u8,
+        }
+    }
+
+    /// The name `ros2 param describe` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Bool => "boolean",
+            Kind::Integer => "integer",
+            Kind::Double => "double",
+            Kind::Str => "string",
+            Kind::IntegerArray => "integer array",
+            Kind::DoubleArray => "double array",
+        }
+    }
+}
+
+/// The range a descriptor states.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Range {
+    /// No numeric range.
+    None,
+    /// `integer_range`.
+    Int(IntRange),
+    /// `floating_point_range` (for a double array: each value).
+    Float(FloatRange),
+}
+
+/// One parameter of the node: what `ros2 param describe` shows of it.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// The name (dotted for nested ones).
+    pub name: &'static str,
+    /// The type.
+    pub kind: Kind,
+    /// Start-up only (`ParameterDescriptor.read_only`).
+    pub read_only: bool,
+    /// `ParameterDescriptor.description`.
+    pub description: &'static str,
+    /// `integer_range` / `floating_point_range`.
+    pub range: Range,
+    /// `ParameterDescriptor.additional_constraints`: the rules a range cannot state.
+    pub constraints: &'static str,
+}
+
+const fn spec(
+    name: &'static str,
+    kind: Kind,
+    read_only: bool,
+    description: &'static str,
+    range: Range,
+    constraints: &'static str,
+) -> Spec {
+    Spec { name, kind, read_only, description, range, constraints }
+}
+
+/// `use_sim_time`: every ROS node has it.
+pub const USE_SIM_TIME: Spec = spec(
+    "use_sim_time",
+    Kind::Bool,
+    false,
+    "Use the time published on /clock (ros2 bag play --clock, a simulator) as the node's clock",
+    Range::None,
+    "age_us, the /diagnostics period and rates, the debug_image rate limit and the stamps the \
+     node makes follow the node's clock",
+);
+
+use Kind::*;
+use Range::{Float, Int, None as NoRange};
+
+/// Every parameter of `Config`, in field order (a test checks this table lists exactly the
+/// fields of `Config`, with their types).
+pub const PARAMETERS: &[Spec] = &[
+    spec("network_image_width", Integer, false, "Network input width in pixels", Int(NETWORK_SIZE_RANGE), ""),
+    spec("network_image_height", Integer, false, "Network input height in pixels", Int(NETWORK_SIZE_RANGE), ""),
+    spec(
         "roi",
-        Kind::IntegerArray,
-        true,
+        IntegerArray,
+        false,
         "[x, y, width, height] of the source to use, applied first; [] = whole image",
+        NoRange,
+        "[] or 4 values: x >= 0, y >= 0, width >= 1, height >= 1 (frames it does not fit are rejected)",
     ),
-    (
+    spec(
         "interpolation",
-        Kind::Str,
-        true,
-        "linear (= cv2.INTER_LINEAR) | nearest (= cv2.INTER_NEAREST)",
+        Str,
+        false,
+        "Resampling: linear (= cv2.INTER_LINEAR) or nearest (= cv2.INTER_NEAREST)",
+        NoRange,
+        "one of: linear, nearest",
     ),
-    (
+    spec(
         "resize_mode",
-        Kind::Str,
-        true,
-        "stretch | letterbox (aspect kept, padded) | center_crop (aspect kept, cropped)",
+        Str,
+        false,
+        "stretch, letterbox (aspect kept, padded) or center_crop (aspect kept, cropped)",
+        NoRange,
+        "one of: stretch, letterbox, center_crop",
     ),
-    (
+    spec(
         "pad_value",
-        Kind::DoubleArray,
-        true,
+        DoubleArray,
+        false,
         "Letterbox padding [R, G, B] in source 8-bit units (normalized like a pixel)",
+        Float(PAD_VALUE_RANGE),
+        "1 value (all channels) or 3; the range applies to each value",
     ),
-    ("letterbox_anchor", Kind::Str, true, "center | top_left"),
-    (
+    spec("letterbox_anchor", Str, false, "Where a letterboxed image sits", NoRange, "one of: center, top_left"),
+    spec(
         "pixel_scale",
-        Kind::Double,
-        true,
+        Double,
+        false,
         "Factor from 8-bit pixel units (16-bit sources are divided by 257 first)",
+        NoRange,
+        "finite and non-zero",
     ),
-    (
+    spec(
         "image_mean",
-        Kind::DoubleArray,
-        true,
-        "Per output channel mean, subtracted after scaling (1 or C values)",
+        DoubleArray,
+        false,
+        "Per output channel mean, subtracted after scaling",
+        NoRange,
+        "1 value or output_channels values, finite",
     ),
-    (
+    spec(
         "image_stddev",
-        Kind::DoubleArray,
-        true,
-        "Per output channel standard deviation (1 or C values, non-zero)",
+        DoubleArray,
+        false,
+        "Per output channel standard deviation, divided by",
+        NoRange,
+        "1 value or output_channels values, finite and non-zero",
     ),
-    ("channel_order", Kind::Str, true, "rgb | bgr"),
-    ("output_channels", Kind::Integer, true, "3 (colour; grey replicated) | 1 (grey)"),
-    ("output_layout", Kind::Str, true, "NCHW | NHWC"),
-    ("output_dtype", Kind::Str, true, "float32 | float16"),
-    (
+    spec("channel_order", Str, false, "Output channel order", NoRange, "one of: rgb, bgr"),
+    spec(
+        "output_channels",
+        Integer,
+        false,
+        "3 (colour; grey sources replicated) or 1 (grey)",
+        Int(OUTPUT_CHANNELS_RANGE),
+        "image_mean and image_stddev need 1 value or this many",
+    ),
+    spec("output_layout", Str, false, "Output memory layout", NoRange, "one of: NCHW, NHWC"),
+    spec("output_dtype", Str, false, "Output element type", NoRange, "one of: float32, float16"),
+    spec(
         "conv.kernel",
-        Kind::Str,
-        true,
-        "none | box | gaussian | sharpen | sobel_x | sobel_y | laplacian | custom",
+        Str,
+        false,
+        "conv2d after normalization",
+        NoRange,
+        "one of: none, box, gaussian, sharpen, sobel_x, sobel_y, laplacian, custom; custom needs \
+         conv.size*conv.size conv.weights",
     ),
-    ("conv.size", Kind::Integer, true, "Kernel size, odd, 1..15"),
-    (
+    spec(
+        "conv.size",
+        Integer,
+        false,
+        "Kernel size (odd); sobel_x, sobel_y and laplacian take 1 as OpenCV's ksize=1",
+        Int(CONV_SIZE_RANGE),
+        "",
+    ),
+    spec(
         "conv.sigma",
-        Kind::Double,
-        true,
-        "Gaussian sigma in network pixels; <= 0 derives it from conv.size",
+        Double,
+        false,
+        "Gaussian sigma in network pixels (gaussian, sharpen)",
+        NoRange,
+        "finite; <= 0 derives it from conv.size as OpenCV does",
     ),
-    ("conv.weights", Kind::DoubleArray, true, "size*size weights, row-major, for custom"),
-    ("conv.border", Kind::Str, true, "replicate | constant (0) | reflect101"),
-    ("tensor_name", Kind::Str, true, "Tensor.name of the published tensor"),
-    ("backend", Kind::Str, false, "auto | cuda | cpu (start-up only)"),
-    ("device_id", Kind::Integer, false, "CUDA device ordinal (start-up only)"),
-    ("memory_mode", Kind::Str, false, "auto | upload | mapped (start-up only)"),
-    (
+    spec(
+        "conv.weights",
+        DoubleArray,
+        false,
+        "Weights, row-major, for conv.kernel custom",
+        NoRange,
+        "finite, within float32 range; conv.size*conv.size values when conv.kernel is custom",
+    ),
+    spec("conv.border", Str, false, "How conv2d reads outside the image", NoRange, "one of: replicate, constant, reflect101"),
+    spec("tensor_name", Str, false, "Tensor.name of the published tensor", NoRange, "not empty"),
+    spec(
+        "backend",
+        Str,
+        true,
+        "auto (CUDA when usable, else CPU with a warning), cuda or cpu",
+        NoRange,
+        "one of: auto, cuda, cpu",
+    ),
+    spec(
+        "device_id",
+        Integer,
+        true,
+        "CUDA device ordinal",
+        Int(IntRange { from: 0, to: i32::MAX as i64, step: 1 }),
+        "an existing device (nvidia-smi -L)",
+    ),
+    spec(
+        "memory_mode",
+        Str,
+        true,
+        "How frames reach the GPU: auto (mapped on integrated GPUs), upload or mapped",
+        NoRange,
+        "one of: auto, upload, mapped",
+    ),
+    spec(
         "gpu_failure_policy",
-        Kind::Str,
-        false,
-        "On a CUDA failure: fallback (CPU) | retry (rebuild, then CPU) | exit (start-up only)",
-    ),
-    (
-        "input_qos",
-        Kind::Str,
-        false,
-        "auto (publishers' QoS) | sensor_data | default | system_default (start-up only)",
-    ),
-    (
-        "input_qos_depth",
-        Kind::Integer,
-        false,
-        "History depth of the inputs, 1..100 (start-up only)",
-    ),
-    ("output_qos", Kind::Str, false, "sensor_data | default | system_default (start-up only)"),
-    (
-        "output_qos_depth",
-        Kind::Integer,
-        false,
-        "History depth of the outputs, 1..100 (start-up only)",
-    ),
-    (
-        "debug_image_rate",
-        Kind::Double,
+        Str,
         true,
-        "Highest debug_image rate in Hz, computed only while subscribed; 0 = off",
+        "On a CUDA failure while running: fallback (CPU), retry (rebuild, then CPU) or exit",
+        NoRange,
+        "one of: fallback, retry, exit",
+    ),
+    spec(
+        "input_qos",
+        Str,
+        true,
+        "QoS of image and camera_info: auto (what the publishers offer, re-chosen as they come and go), sensor_data, default or system_default",
+        NoRange,
+        "one of: auto, sensor_data, default, system_default",
+    ),
+    spec("input_qos_depth", Integer, true, "History depth of the inputs", Int(QOS_DEPTH_RANGE), ""),
+    spec("output_qos", Str, true, "QoS of the published topics", NoRange, "one of: sensor_data, default, system_default"),
+    spec("output_qos_depth", Integer, true, "History depth of the outputs", Int(QOS_DEPTH_RANGE), ""),
+    spec(
+        "debug_image_rate",
+        Double,
+        false,
+        "Highest debug_image rate in Hz (on the node's clock), computed only while subscribed",
+        NoRange,
+        "finite, >= 0; 0 disables debug_image",
     ),
 ];
 
-/// Parameters every node has that are not ours (left alone).
-fn is_foreign(name: &str) -> bool {
-    name == "use_sim_time" || name.starts_with("qos_overrides.")
+/// The spec of `name`, `use_sim_time` included.
+pub fn spec_of(name: &str) -> Option<&'static Spec> {
+    PARAMETERS.iter().chain([&USE_SIM_TIME]).find(|s| s.name == name)
 }
 
-fn declared(name: &str) -> Option<(Kind, bool, &'static str)> {
-    PARAMETERS.iter().find(|p| p.0 == name).map(|p| (p.1, p.2, p.3))
-}
-
-/// Build a validated configuration from the defaults overlaid with `params`.
-pub fn config_from_params<'a>(
-    params: impl IntoIterator<Item = (&'a str, &'a ParameterValue)>,
-) -> Result<Config> {
-    let mut doc = config_doc(&Config::default());
-    for (name, value) in params {
-        if !is_foreign(name) {
-            set_value(&mut doc, name, yaml_of(value))?;
+/// The full descriptor of a parameter.
+pub fn descriptor(s: &Spec) -> ParameterDescriptor {
+    let (integer_range, floating_point_range) = match s.range {
+        Range::None => (vec![], vec![]),
+        Range::Int(r) => {
+            (vec![IntegerRange { from_value: r.from, to_value: r.to, step: r.step }], vec![])
         }
+        Range::Float(r) => {
+            (vec![], vec![FloatingPointRange { from_value: r.from, to_value: r.to, step: 0.0 }])
+        }
+    };
+    let constraints = if s.read_only && s.constraints.is_empty() {
+        "read-only: set it at start-up (parameters file, -p)".to_string()
+    } else if s.read_only {
+        format!("{}; read-only: set it at start-up (parameters file, -p)", s.constraints)
+    } else {
+        s.constraints.to_string()
+    };
+    ParameterDescriptor {
+        name: s.name.to_string(),
+        type_: s.kind.ros_type(),
+        description: s.description.to_string(),
+        additional_constraints: constraints,
+        read_only: s.read_only,
+        dynamic_typing: false,
+        floating_point_range,
+        integer_range,
     }
-    Config::from_yaml_value(doc, "ROS parameters")
 }
 
-fn config_doc(cfg: &Config) -> Value {
-    // Serializing a plain struct of numbers, strings and vectors cannot fail.
-    serde_yaml::to_value(cfg).unwrap_or(Value::Null)
+/// A `rcl_interfaces/ParameterValue` as r2r's value (an unknown type is "not set").
+pub fn value_from_msg(m: &ValueMsg) -> ParameterValue {
+    match i32::from(m.type_) {
+        x if x == T::PARAMETER_BOOL as i32 => ParameterValue::Bool(m.bool_value),
+        x if x == T::PARAMETER_INTEGER as i32 => ParameterValue::Integer(m.integer_value),
+        x if x == T::PARAMETER_DOUBLE as i32 => ParameterValue::Double(m.double_value),
+        x if x == T::PARAMETER_STRING as i32 => ParameterValue::String(m.string_value.clone()),
+        x if x == T::PARAMETER_BYTE_ARRAY as i32 => {
+            ParameterValue::ByteArray(m.byte_array_value.clone())
+        }
+        x if x == T::PARAMETER_BOOL_ARRAY as i32 => {
+            ParameterValue::BoolArray(m.bool_array_value.clone())
+        }
+        x if x == T::PARAMETER_INTEGER_ARRAY as i32 => {
+            ParameterValue::IntegerArray(m.integer_array_value.clone())
+        }
+        x if x == T::PARAMETER_DOUBLE_ARRAY as i32 => {
+            ParameterValue::DoubleArray(m.double_array_value.clone())
+        }
+        x if x == T::PARAMETER_STRING_ARRAY as i32 => {
+            ParameterValue::StringArray(m.string_array_value.clone())
+        }
+        _ => ParameterValue::NotSet,
+    }
+}
+
+/// r2r's value as a `rcl_interfaces/ParameterValue`.
+pub fn value_to_msg(v: &ParameterValue) -> ValueMsg {
+    let mut m = ValueMsg::default();
+    let t = match v {
+        ParameterValue::NotSet => T::PARAMETER_NOT_SET as u8,
+        ParameterValue::Bool(b) => {
+            m.bool_value = *b;
+            T::PARAMETER_BOOL as u8
+        }
+        ParameterValue::Integer(i) => {
+            m.integer_value = *i;
+            T::PARAMETER_INTEGER as u8
+        }
+        ParameterValue::Double(d) => {
+            m.double_value = *d;
+            T::PARAMETER_DOUBLE as u8
+        }
+        ParameterValue::String(s) => {
+            m.string_value = s.clone();
+            T::PARAMETER_STRING as u8
+        }
+        ParameterValue::ByteArray(a) => {
+            m.byte_array_value = a.clone();
+            T::PARAMETER_BYTE_ARRAY as u8
+        }
+        ParameterValue::BoolArray(a) => {
+            m.bool_array_value = a.clone();
+            T::PARAMETER_BOOL_ARRAY as u8
+        }
+        ParameterValue::IntegerArray(a) => {
+            m.integer_array_value = a.clone();
+            T::PARAMETER_INTEGER_ARRAY as u8
+        }
+        ParameterValue::DoubleArray(a) => {
+            m.double_array_value = a.clone();
+            T::PARAMETER_DOUBLE_ARRAY as u8
+        }
+        ParameterValue::StringArray(a) => {
+            m.string_array_value = a.clone();
+            T::PARAMETER_STRING_ARRAY as u8
+        }
+    };
+    m.type_ = t;
+    m
+}
+
+/// A value as a log line shows it: doubles always with a decimal point (`5.0`), strings
+/// quoted.
+pub fn show(v: &ParameterValue) -> String {
+    let list = |items: Vec<String>| format!("[{}]", items.join(", "));
+    match v {
+        ParameterValue::NotSet => "not set".into(),
+        ParameterValue::Bool(b) => b.to_string(),
+        ParameterValue::Integer(i) => i.to_string(),
+        ParameterValue::Double(d) => format!("{d:?}"),
+        ParameterValue::String(s) => format!("{s:?}"),
+        ParameterValue::ByteArray(a) => list(a.iter().map(|x| x.to_string()).collect()),
+        ParameterValue::BoolArray(a) => list(a.iter().map(|x| x.to_string()).collect()),
+        ParameterValue::IntegerArray(a) => list(a.iter().map(|x| x.to_string()).collect()),
+        ParameterValue::DoubleArray(a) => list(a.iter().map(|x| format!("{x:?}")).collect()),
+        ParameterValue::StringArray(a) => list(a.iter().map(|x| format!("{x:?}")).collect()),
+    }
+}
+
+/// The ROS type name of a value, as `ros2 param` prints it.
+fn type_name(v: &ParameterValue) -> &'static str {
+    match v {
+        ParameterValue::NotSet => "not set",
+        ParameterValue::Bool(_) => "boolean",
+        ParameterValue::Integer(_) => "integer",
+        ParameterValue::Double(_) => "double",
+        ParameterValue::String(_) => "string",
+        ParameterValue::ByteArray(_) => "byte array",
+        ParameterValue::BoolArray(_) => "boolean array",
+        ParameterValue::IntegerArray(_) => "integer array",
+        ParameterValue::DoubleArray(_) => "double array",
+        ParameterValue::StringArray(_) => "string array",
+    }
+}
+
+/// `v` as a value of `s`'s type: integers for doubles are converted (see the module
+/// comment); at start-up, "not set" for an array is `[]` (rcl's YAML parser cannot type
+/// an empty array, so `roi: []` in a file arrives that way). Then the integer range.
+fn coerce(s: &Spec, v: &ParameterValue, at_startup: bool) -> Result<ParameterValue> {
+    use ParameterValue as V;
+    let typed = match (s.kind, v) {
+        (Kind::Bool, V::Bool(_))
+        | (Kind::Integer, V::Integer(_))
+        | (Kind::Double, V::Double(_))
+        | (Kind::Str, V::String(_))
+        | (Kind::IntegerArray, V::IntegerArray(_))
+        | (Kind::DoubleArray, V::DoubleArray(_)) => v.clone(),
+        (Kind::Double, V::Integer(i)) => V::Double(*i as f64),
+        (Kind::DoubleArray, V::IntegerArray(a)) => {
+            V::DoubleArray(a.iter().map(|i| *i as f64).collect())
+        }
+        (Kind::IntegerArray, V::NotSet) if at_startup => V::IntegerArray(vec![]),
+        (Kind::DoubleArray, V::NotSet) if at_startup => V::DoubleArray(vec![]),
+        _ => {
+            return Err(Error::ParameterType {
+                param: s.name.to_string(),
+                expected: s.kind.name().to_string(),
+                got: type_name(v).to_string(),
+            })
+        }
+    };
+    if let (Range::Int(r), V::Integer(i)) = (s.range, &typed) {
+        r.check(s.name, *i)?;
+    }
+    Ok(typed)
 }
 
 fn yaml_of(v: &ParameterValue) -> Value {
     let seq = |it: Vec<Value>| Value::Sequence(it);
     match v {
-        // rcl's YAML parser gives an empty array (`roi: []`) no type: it arrives as "not
-        // set". Every parameter that can be empty is an array, so read it as `[]`.
         ParameterValue::NotSet => seq(Vec::new()),
         ParameterValue::Bool(b) => Value::Bool(*b),
         ParameterValue::Integer(i) => Value::Number((*i).into()),
@@ -179,15 +476,21 @@ fn yaml_of(v: &ParameterValue) -> Value {
     }
 }
 
-/// The ROS value of `name` in `cfg`, typed by the table.
-fn value_of(cfg: &Config, name: &str, kind: Kind) -> ParameterValue {
+fn config_doc(cfg: &Config) -> Value {
+    // Serializing a plain struct of numbers, strings and vectors cannot fail.
+    serde_yaml::to_value(cfg).unwrap_or(Value::Null)
+}
+
+/// The ROS value of `name` in `cfg`, typed by its spec.
+fn value_of(cfg: &Config, s: &Spec) -> ParameterValue {
     let doc = config_doc(cfg);
     let mut v = &doc;
-    for part in name.split('.') {
+    for part in s.name.split('.') {
         v = v.get(part).unwrap_or(&Value::Null);
     }
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
-    match kind {
+    match s.kind {
+        Kind::Bool => ParameterValue::Bool(v.as_bool().unwrap_or(false)),
         Kind::Integer => ParameterValue::Integer(v.as_i64().unwrap_or(0)),
         Kind::Double => ParameterValue::Double(f(v)),
         Kind::Str => ParameterValue::String(v.as_str().unwrap_or("").to_string()),
@@ -202,182 +505,555 @@ fn value_of(cfg: &Config, name: &str, kind: Kind) -> ParameterValue {
     }
 }
 
-/// The node's live configuration, served to `ros2 param` by r2r's parameter handler.
-/// `generation` counts accepted changes so the processing thread can pick them up.
+/// The parameter an error is about, if it names one.
+fn error_param(e: &Error) -> Option<&str> {
+    match e {
+        Error::Config { param, .. }
+        | Error::Range { param, .. }
+        | Error::ParameterType { param, .. } => Some(param),
+        _ => None,
+    }
+}
+
+/// The node's parameters: the configuration in force and `use_sim_time`. `generation`
+/// counts accepted changes of the configuration so the processing thread picks them up.
 #[derive(Debug, Clone)]
 pub struct NodeParams {
     /// The configuration in force.
     pub config: Config,
-    /// Incremented by every accepted run-time change.
+    /// `use_sim_time`.
+    pub use_sim_time: bool,
+    /// Incremented by every accepted change of `config`.
     pub generation: u64,
 }
+
+/// One accepted change: the name and the value as stored (converted to the parameter's
+/// type).
+pub type Change = (String, ParameterValue);
 
 impl NodeParams {
     /// Wrap a validated configuration.
     pub fn new(config: Config) -> Self {
-        NodeParams { config, generation: 0 }
+        NodeParams { config, use_sim_time: false, generation: 0 }
     }
 
-    /// The configuration with `name` set to `value`, validated; the error says why not.
-    fn with(&self, name: &str, value: &ParameterValue) -> std::result::Result<Config, String> {
-        let Some((kind, runtime, _)) = declared(name) else {
-            return Err(format!("`{name}` is not a parameter of vision_preproc"));
+    /// The parameters the node was started with (`--params-file`, `-p`; r2r gives them
+    /// merged) over the defaults: each value typed and range-checked, the configuration
+    /// validated; unknown names are returned (the node warns and ignores them).
+    pub fn from_overrides<'a>(
+        params: impl IntoIterator<Item = (&'a str, &'a ParameterValue)>,
+    ) -> Result<(NodeParams, Vec<UnknownParameter>)> {
+        let mut use_sim_time = false;
+        let mut values = Vec::new();
+        for (name, value) in params {
+            match spec_of(name) {
+                Some(s) if s.name == USE_SIM_TIME.name => {
+                    use_sim_time = matches!(coerce(s, value, true)?, ParameterValue::Bool(true));
+                }
+                Some(s) => values.push((name.to_string(), yaml_of(&coerce(s, value, true)?))),
+                None => values.push((name.to_string(), yaml_of(value))),
+            }
+        }
+        let loaded = Config::from_params(values, "parameters")?;
+        Ok((NodeParams { config: loaded.config, use_sim_time, generation: 0 }, loaded.unknown))
+    }
+
+    /// The value of a parameter, `None` if the node has no such parameter.
+    pub fn get(&self, name: &str) -> Option<ParameterValue> {
+        let s = spec_of(name)?;
+        Some(if s.name == USE_SIM_TIME.name {
+            ParameterValue::Bool(self.use_sim_time)
+        } else {
+            value_of(&self.config, s)
+        })
+    }
+
+    /// `(config, use_sim_time)` with `name` set to `value` on top of the given ones, and the
+    /// value as stored; the refusal in ROS words.
+    fn with(
+        &self,
+        base: &(Config, bool),
+        name: &str,
+        value: &ParameterValue,
+    ) -> std::result::Result<((Config, bool), ParameterValue), String> {
+        let Some(s) = spec_of(name) else {
+            let names: Vec<String> = all_names().iter().map(|n| n.to_string()).collect();
+            let hint = config::closest_parameter(name, &names)
+                .map(|c| format!("; did you mean '{c}'?"))
+                .unwrap_or_default();
+            return Err(format!("parameter '{name}' is not declared by vision_preproc{hint}"));
         };
-        if !runtime {
+        if s.read_only {
             return Err(format!(
-                "`{name}` can only be set at start-up (restart the node with the new value)"
+                "parameter '{name}' cannot be set because it is read-only (start-up only: \
+                 restart the node with the new value)"
             ));
         }
-        let ok_type = matches!(
-            (kind, value),
-            (Kind::Integer, ParameterValue::Integer(_))
-                | (Kind::Double, ParameterValue::Double(_) | ParameterValue::Integer(_))
-                | (Kind::Str, ParameterValue::String(_))
-                | (Kind::IntegerArray, ParameterValue::IntegerArray(_) | ParameterValue::NotSet)
-                | (
-                    Kind::DoubleArray,
-                    ParameterValue::DoubleArray(_)
-                        | ParameterValue::IntegerArray(_)
-                        | ParameterValue::NotSet
-                )
-        );
-        if !ok_type {
-            return Err(format!("`{name}` must be of type {kind:?}, got {}", value.type_name()));
+        if matches!(value, ParameterValue::NotSet) {
+            return Err(format!(
+                "parameter '{name}' cannot be undeclared (deleted): it is statically typed ({}); \
+                 set a value instead",
+                s.kind.name()
+            ));
         }
-        let mut doc = config_doc(&self.config);
-        set_value(&mut doc, name, yaml_of(value)).map_err(|e| e.to_string())?;
-        Config::from_yaml_value(doc, "parameter").map_err(|e| e.to_string())
-    }
-}
-
-fn refuse(name: &str, msg: String) -> r2r::Error {
-    r2r::Error::ParameterValueConv { name: name.to_string(), msg }
-}
-
-impl RosParams for NodeParams {
-    fn register_parameters(
-        &mut self,
-        _prefix: &str,
-        _param: Option<Parameter>,
-        params: &mut IndexMap<String, Parameter>,
-    ) -> r2r::Result<()> {
-        for (name, kind, _, description) in PARAMETERS {
-            params.shift_remove(*name);
-            params.insert(
-                (*name).to_string(),
-                Parameter { value: value_of(&self.config, name, *kind), description },
-            );
+        let typed = coerce(s, value, false).map_err(|e| e.to_string())?;
+        if s.name == USE_SIM_TIME.name {
+            return Ok(((base.0.clone(), matches!(typed, ParameterValue::Bool(true))), typed));
         }
-        Ok(())
+        let mut doc = config_doc(&base.0);
+        config::set_value(&mut doc, name, yaml_of(&typed)).map_err(|e| e.to_string())?;
+        match Config::from_yaml_value(doc, "parameters") {
+            Ok(cfg) => Ok(((cfg, base.1), typed)),
+            Err(e) if error_param(&e).is_some_and(|p| p != name) => Err(format!(
+                "{name} = {} conflicts with the other parameters: {e} (set them in one \
+                 request: ros2 param load, or set_parameters_atomically)",
+                show(&typed)
+            )),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
-    fn get_parameter(&mut self, name: &str) -> r2r::Result<ParameterValue> {
-        let (kind, _, _) = declared(name)
-            .ok_or_else(|| r2r::Error::InvalidParameterName { name: name.to_string() })?;
-        Ok(value_of(&self.config, name, kind))
-    }
-
-    fn set_parameter(&mut self, name: &str, value: &ParameterValue) -> r2r::Result<()> {
-        let config = self.with(name, value).map_err(|m| refuse(name, m))?;
-        if config != self.config {
-            self.config = config;
+    fn commit(&mut self, next: (Config, bool)) {
+        if next.0 != self.config {
+            self.config = next.0;
             self.generation += 1;
         }
-        Ok(())
+        self.use_sim_time = next.1;
     }
 
-    fn check_parameter(&self, name: &str, value: &ParameterValue) -> r2r::Result<()> {
-        self.with(name, value).map(|_| ()).map_err(|m| refuse(name, m))
+    /// `SetParameters`: each parameter accepted or refused on its own, as rclcpp does, but
+    /// whatever their order: a parameter refused only because of one set later in the same
+    /// request (`conv.kernel: custom` before its `conv.weights`) is tried again after the
+    /// others, until nothing changes, and the ones still refused are tried once more all
+    /// together (`conv.size` and `conv.weights` that only fit each other). One result per
+    /// parameter, in request order.
+    pub fn set(&mut self, changes: &[Change]) -> Vec<std::result::Result<ParameterValue, String>> {
+        let mut results: Vec<Option<std::result::Result<ParameterValue, String>>> =
+            vec![None; changes.len()];
+        loop {
+            let mut progressed = false;
+            for (i, (name, value)) in changes.iter().enumerate() {
+                if matches!(results[i], Some(Ok(_))) {
+                    continue;
+                }
+                let base = (self.config.clone(), self.use_sim_time);
+                match self.with(&base, name, value) {
+                    Ok((next, typed)) => {
+                        self.commit(next);
+                        results[i] = Some(Ok(typed));
+                        progressed = true;
+                    }
+                    Err(reason) => results[i] = Some(Err(reason)),
+                }
+            }
+            if !progressed || results.iter().all(|r| matches!(r, Some(Ok(_)))) {
+                break;
+            }
+        }
+        // Parameters that only fit together (conv.size and conv.weights of a custom
+        // kernel): the refused ones, as one atomic change.
+        let refused: Vec<usize> =
+            (0..changes.len()).filter(|&i| !matches!(results[i], Some(Ok(_)))).collect();
+        if refused.len() > 1 {
+            let group: Vec<Change> = refused.iter().map(|&i| changes[i].clone()).collect();
+            if let Ok(values) = self.set_atomically(&group) {
+                for (&i, v) in refused.iter().zip(values) {
+                    results[i] = Some(Ok(v));
+                }
+            }
+        }
+        results.into_iter().map(|r| r.unwrap_or_else(|| Err("not processed".into()))).collect()
     }
+
+    /// `SetParametersAtomically`: all of them or none; the configuration is checked once,
+    /// with every change applied.
+    pub fn set_atomically(
+        &mut self,
+        changes: &[Change],
+    ) -> std::result::Result<Vec<ParameterValue>, String> {
+        let mut next = (self.config.clone(), self.use_sim_time);
+        let mut typed = Vec::new();
+        // Each value on its own first (type, range), then the whole.
+        for (name, value) in changes {
+            let Some(s) = spec_of(name) else {
+                return Err(self.with(&next, name, value).err().unwrap_or_default());
+            };
+            if s.read_only || matches!(value, ParameterValue::NotSet) {
+                return Err(self.with(&next, name, value).err().unwrap_or_default());
+            }
+            let v = coerce(s, value, false).map_err(|e| e.to_string())?;
+            if s.name == USE_SIM_TIME.name {
+                next.1 = matches!(v, ParameterValue::Bool(true));
+            }
+            typed.push(v);
+        }
+        let mut doc = config_doc(&next.0);
+        for ((name, _), v) in changes.iter().zip(&typed) {
+            if name != USE_SIM_TIME.name {
+                config::set_value(&mut doc, name, yaml_of(v)).map_err(|e| e.to_string())?;
+            }
+        }
+        next.0 = Config::from_yaml_value(doc, "parameters").map_err(|e| e.to_string())?;
+        self.commit(next);
+        Ok(typed)
+    }
+
+    /// `ListParameters`, as rclcpp answers it (names sorted; `depth` counts dots below a
+    /// prefix; 0 = unlimited).
+    pub fn list(prefixes: &[String], depth: u64) -> ListParametersResult {
+        let dots_below = |s: &str| (s.matches('.').count() as u64) < depth;
+        let recursive = prefixes.is_empty() && depth == 0;
+        let mut result = ListParametersResult::default();
+        for name in all_names() {
+            if !recursive {
+                let all = prefixes.is_empty() && dots_below(name);
+                let by_prefix = prefixes.iter().any(|p| {
+                    name == p
+                        || name
+                            .strip_prefix(p.as_str())
+                            .and_then(|rest| rest.strip_prefix('.'))
+                            .is_some_and(|rest| depth == 0 || dots_below(rest))
+                });
+                if !all && !by_prefix {
+                    continue;
+                }
+            }
+            result.names.push(name.to_string());
+            if let Some((prefix, _)) = name.rsplit_once('.') {
+                if !result.prefixes.iter().any(|p| p == prefix) {
+                    result.prefixes.push(prefix.to_string());
+                }
+            }
+        }
+        result
+    }
+}
+
+/// Every parameter name, sorted (as rclcpp lists them).
+pub fn all_names() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> =
+        PARAMETERS.iter().chain([&USE_SIM_TIME]).map(|s| s.name).collect();
+    names.sort_unstable();
+    names
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn flat_keys(v: &Value, prefix: &str, out: &mut Vec<String>) {
-        if let Some(map) = v.as_mapping() {
-            for (k, v) in map {
-                let k = format!("{prefix}{}", k.as_str().unwrap_or(""));
-                if v.is_mapping() {
-                    flat_keys(v, &format!("{k}."), out);
-                } else {
-                    out.push(k);
-                }
-            }
-        }
+    fn set1(
+        p: &mut NodeParams,
+        name: &str,
+        v: ParameterValue,
+    ) -> std::result::Result<ParameterValue, String> {
+        p.set(&[(name.to_string(), v)]).remove(0)
     }
 
     #[test]
     fn the_table_lists_exactly_the_config_fields_with_their_types() {
-        let mut keys = Vec::new();
-        flat_keys(&config_doc(&Config::default()), "", &mut keys);
-        let table: Vec<&str> = PARAMETERS.iter().map(|p| p.0).collect();
-        assert_eq!(keys, table, "PARAMETERS must follow Config's fields, in order");
-        // Round trip: typed values of the defaults rebuild the defaults.
-        let values: Vec<(&str, ParameterValue)> = PARAMETERS
-            .iter()
-            .map(|(n, k, _, _)| (*n, value_of(&Config::default(), n, *k)))
-            .collect();
-        let cfg = config_from_params(values.iter().map(|(n, v)| (*n, v))).unwrap();
-        assert_eq!(cfg, Config::default());
+        let table: Vec<&str> = PARAMETERS.iter().map(|p| p.name).collect();
         assert_eq!(
-            value_of(&Config::default(), "roi", Kind::IntegerArray),
-            ParameterValue::IntegerArray(vec![])
+            config::parameter_names(),
+            table,
+            "PARAMETERS must follow Config's fields, in order"
+        );
+        // Round trip: typed values of the defaults rebuild the defaults.
+        let values: Vec<(&str, ParameterValue)> =
+            PARAMETERS.iter().map(|s| (s.name, value_of(&Config::default(), s))).collect();
+        let (p, unknown) = NodeParams::from_overrides(values.iter().map(|(n, v)| (*n, v))).unwrap();
+        assert_eq!((p.config, unknown), (Config::default(), vec![]));
+        assert_eq!(
+            NodeParams::new(Config::default()).get("roi"),
+            Some(ParameterValue::IntegerArray(vec![]))
         );
         assert_eq!(
-            value_of(&Config::default(), "conv.kernel", Kind::Str),
-            ParameterValue::String("none".into())
+            NodeParams::new(Config::default()).get("conv.kernel"),
+            Some(ParameterValue::String("none".into()))
+        );
+        assert_eq!(
+            NodeParams::new(Config::default()).get("use_sim_time"),
+            Some(ParameterValue::Bool(false))
         );
     }
 
+    /// The "one of:" lists are the values serde accepts, no more, no fewer.
     #[test]
-    fn dotted_and_typed_parameters_build_the_config() {
+    fn string_constraints_list_exactly_the_accepted_values() {
+        for s in PARAMETERS
+            .iter()
+            .filter(|s| s.kind == Kind::Str && s.constraints.starts_with("one of: "))
+        {
+            let mut listed: Vec<&str> = s.constraints["one of: ".len()..]
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .split(", ")
+                .collect();
+            let e = Config::from_params([(s.name.to_string(), Value::String("__x__".into()))], "t")
+                .unwrap_err()
+                .to_string();
+            // serde: "expected `a` or `b`" / "expected one of `a`, `b`, `c`".
+            let tail = e.split("expected ").nth(1).unwrap_or_else(|| panic!("{}: {e}", s.name));
+            let mut accepted: Vec<&str> = tail
+                .trim_start_matches("one of ")
+                .split([',', ' '])
+                .filter(|v| v.starts_with('`'))
+                .map(|v| v.trim_matches('`'))
+                .collect();
+            listed.sort_unstable();
+            accepted.sort_unstable();
+            assert_eq!(listed, accepted, "{}", s.name);
+        }
+    }
+
+    #[test]
+    fn descriptors_carry_ranges_read_only_and_constraints() {
+        let d = descriptor(spec_of("network_image_width").unwrap());
+        assert_eq!(d.type_, T::PARAMETER_INTEGER as u8);
+        assert_eq!(
+            (d.integer_range[0].from_value, d.integer_range[0].to_value, d.integer_range[0].step),
+            (1, 8192, 1)
+        );
+        assert!(!d.read_only && d.floating_point_range.is_empty());
+        let d = descriptor(spec_of("conv.size").unwrap());
+        assert_eq!(
+            (d.integer_range[0].from_value, d.integer_range[0].to_value, d.integer_range[0].step),
+            (1, 15, 2)
+        );
+        let d = descriptor(spec_of("pad_value").unwrap());
+        assert_eq!(
+            (d.floating_point_range[0].from_value, d.floating_point_range[0].to_value),
+            (0.0, 255.0)
+        );
+        for name in [
+            "backend",
+            "device_id",
+            "memory_mode",
+            "gpu_failure_policy",
+            "input_qos",
+            "input_qos_depth",
+            "output_qos",
+            "output_qos_depth",
+        ] {
+            let d = descriptor(spec_of(name).unwrap());
+            assert!(d.read_only && d.additional_constraints.contains("read-only"), "{name}");
+        }
+        let read_only: Vec<&str> =
+            PARAMETERS.iter().filter(|s| s.read_only).map(|s| s.name).collect();
+        assert_eq!(read_only.len(), 8, "{read_only:?}");
+    }
+
+    #[test]
+    fn dotted_typed_and_unknown_start_up_parameters() {
         let p = [
             ("network_image_width", ParameterValue::Integer(320)),
             ("conv.kernel", ParameterValue::String("none".into())),
             ("image_mean", ParameterValue::DoubleArray(vec![0.485, 0.456, 0.406])),
             ("pad_value", ParameterValue::IntegerArray(vec![114, 114, 114])),
-            ("use_sim_time", ParameterValue::Bool(false)),
+            ("pixel_scale", ParameterValue::Integer(1)),
+            ("use_sim_time", ParameterValue::Bool(true)),
             ("roi", ParameterValue::NotSet),
+            ("network_width", ParameterValue::Integer(3)),
+            ("qos_overrides./tensor.publisher.depth", ParameterValue::Integer(3)),
         ];
-        let cfg = config_from_params(p.iter().map(|(n, v)| (*n, v))).unwrap();
-        assert_eq!(cfg.network_image_width, 320);
-        assert_eq!(cfg.image_mean, vec![0.485, 0.456, 0.406]);
-        assert_eq!(cfg.pad_value, vec![114.0, 114.0, 114.0]);
+        let (np, unknown) = NodeParams::from_overrides(p.iter().map(|(n, v)| (*n, v))).unwrap();
+        assert_eq!(np.config.network_image_width, 320);
+        assert_eq!(np.config.pad_value, vec![114.0, 114.0, 114.0]);
+        assert_eq!(np.config.pixel_scale, 1.0);
+        assert!(np.use_sim_time);
+        assert_eq!(
+            unknown.iter().map(|u| u.to_string()).collect::<Vec<_>>(),
+            ["`network_width` is not a parameter of vision_preproc (ignored); did you mean `network_image_width`?"]
+        );
+        let e = |p: &[(&str, ParameterValue)]| {
+            NodeParams::from_overrides(p.iter().map(|(n, v)| (*n, v))).unwrap_err().to_string()
+        };
+        assert_eq!(
+            e(&[("network_image_width", ParameterValue::Integer(-3))]),
+            "network_image_width must be in [1, 8192] (got -3)"
+        );
+        assert_eq!(
+            e(&[("pixel_scale", ParameterValue::String("x".into()))]),
+            "parameter pixel_scale is of type double; setting it to string is not allowed"
+        );
+        assert_eq!(
+            e(&[("use_sim_time", ParameterValue::Integer(1))]),
+            "parameter use_sim_time is of type boolean; setting it to integer is not allowed"
+        );
+        let out = e(&[("output_layout", ParameterValue::String("CHW".into()))]);
+        assert!(out.contains("output_layout") && out.contains("CHW"), "{out}");
     }
 
     #[test]
-    fn unknown_and_mistyped_parameters_are_named() {
-        let p = [("network_width", ParameterValue::Integer(3))];
-        let e = config_from_params(p.iter().map(|(n, v)| (*n, v))).unwrap_err().to_string();
-        assert!(e.contains("unknown field `network_width`"), "{e}");
-        let p = [("output_layout", ParameterValue::String("CHW".into()))];
-        let e = config_from_params(p.iter().map(|(n, v)| (*n, v))).unwrap_err().to_string();
-        assert!(e.contains("output_layout") && e.contains("CHW"), "{e}");
-    }
-
-    #[test]
-    fn run_time_changes_are_validated_and_counted() {
+    fn run_time_changes_are_validated_in_ros_words() {
         let mut p = NodeParams::new(Config::default());
-        p.set_parameter("image_mean", &ParameterValue::DoubleArray(vec![0.1, 0.2, 0.3])).unwrap();
+        set1(&mut p, "image_mean", ParameterValue::DoubleArray(vec![0.1, 0.2, 0.3])).unwrap();
         assert_eq!((p.generation, p.config.image_mean.clone()), (1, vec![0.1, 0.2, 0.3]));
-        // Same value again: no new generation.
-        p.set_parameter("image_mean", &ParameterValue::DoubleArray(vec![0.1, 0.2, 0.3])).unwrap();
+        // Same value again: accepted, no new generation.
+        set1(&mut p, "image_mean", ParameterValue::DoubleArray(vec![0.1, 0.2, 0.3])).unwrap();
         assert_eq!(p.generation, 1);
-        p.set_parameter("conv.kernel", &ParameterValue::String("box".into())).unwrap();
-        let e = p.set_parameter("conv.size", &ParameterValue::Integer(4)).unwrap_err();
-        assert!(e.to_string().contains("odd size"), "{e}");
+        let r = |p: &mut NodeParams, n: &str, v| set1(p, n, v).unwrap_err();
+        assert_eq!(
+            r(&mut p, "network_image_width", ParameterValue::Integer(0)),
+            "network_image_width must be in [1, 8192] (got 0)"
+        );
+        // conv.size is refused when invalid whatever conv.kernel is.
+        assert_eq!(
+            r(&mut p, "conv.size", ParameterValue::Integer(4)),
+            "conv.size must be in [1, 15] with step 2 (got 4)"
+        );
+        set1(&mut p, "conv.kernel", ParameterValue::String("box".into())).unwrap();
+        assert_eq!(
+            r(&mut p, "conv.size", ParameterValue::Integer(4)),
+            "conv.size must be in [1, 15] with step 2 (got 4)"
+        );
         assert_eq!((p.config.conv.size, p.generation), (3, 2));
-        let e = p.set_parameter("network_image_width", &ParameterValue::Integer(0)).unwrap_err();
-        assert!(e.to_string().contains("use 1..=8192 pixels"), "{e}");
-        let e = p.set_parameter("backend", &ParameterValue::String("cpu".into())).unwrap_err();
-        assert!(e.to_string().contains("only be set at start-up"), "{e}");
-        let e = p.set_parameter("pixel_scale", &ParameterValue::String("x".into())).unwrap_err();
-        assert!(e.to_string().contains("must be of type Double"), "{e}");
-        // An integer for a double parameter is taken (ros2 param set x 1).
-        p.set_parameter("pixel_scale", &ParameterValue::Integer(1)).unwrap();
-        assert_eq!(p.config.pixel_scale, 1.0);
+        assert_eq!(
+            r(&mut p, "backend", ParameterValue::String("cpu".into())),
+            "parameter 'backend' cannot be set because it is read-only (start-up only: restart the node with the new value)"
+        );
+        assert_eq!(
+            r(&mut p, "pixel_scale", ParameterValue::String("x".into())),
+            "parameter pixel_scale is of type double; setting it to string is not allowed"
+        );
+        assert_eq!(
+            r(&mut p, "tensor_name", ParameterValue::NotSet),
+            "parameter 'tensor_name' cannot be undeclared (deleted): it is statically typed (string); set a value instead"
+        );
+        assert_eq!(
+            r(&mut p, "network_width", ParameterValue::Integer(3)),
+            "parameter 'network_width' is not declared by vision_preproc; did you mean 'network_image_width'?"
+        );
+        // An integer for a double is taken and stored as the double.
+        assert_eq!(
+            set1(&mut p, "debug_image_rate", ParameterValue::Integer(5)),
+            Ok(ParameterValue::Double(5.0))
+        );
+        assert_eq!(p.get("debug_image_rate"), Some(ParameterValue::Double(5.0)));
         assert_eq!(p.generation, 3);
+        assert_eq!(
+            set1(&mut p, "use_sim_time", ParameterValue::Bool(true)),
+            Ok(ParameterValue::Bool(true))
+        );
+        assert!(p.use_sim_time && p.generation == 3);
+    }
+
+    /// Rules between parameters are checked on the resulting configuration: in one
+    /// request, in any order; in separate requests, the refusal says what conflicts.
+    #[test]
+    fn cross_parameter_rules_in_both_orders() {
+        let weights = ParameterValue::DoubleArray(vec![1.0 / 25.0; 25]);
+        let custom5 = [
+            ("conv.kernel".to_string(), ParameterValue::String("custom".into())),
+            ("conv.size".to_string(), ParameterValue::Integer(5)),
+            ("conv.weights".to_string(), weights.clone()),
+        ];
+        for order in [[0, 1, 2], [2, 1, 0], [1, 0, 2], [0, 2, 1]] {
+            let mut p = NodeParams::new(Config::default());
+            let changes: Vec<Change> = order.iter().map(|&i| custom5[i].clone()).collect();
+            let results = p.set(&changes);
+            assert!(results.iter().all(|r| r.is_ok()), "{order:?}: {results:?}");
+            assert_eq!((p.config.conv.kernel, p.config.conv.size), (config::ConvKernel::Custom, 5));
+            let mut q = NodeParams::new(Config::default());
+            q.set_atomically(&changes).unwrap();
+            assert_eq!(q.config, p.config);
+        }
+        // One at a time: the first that breaks the rule is refused, naming both.
+        let mut p = NodeParams::new(Config::default());
+        let e = set1(&mut p, "conv.kernel", ParameterValue::String("custom".into())).unwrap_err();
+        assert!(e.starts_with("conv.kernel = \"custom\" conflicts with the other parameters: parameter `conv.weights`: 0 values is invalid; conv.kernel custom with conv.size 3 needs"), "{e}");
+        // Weights first (valid while the kernel is not custom), then the kernel: accepted.
+        set1(&mut p, "conv.weights", ParameterValue::DoubleArray(vec![0.0; 9])).unwrap();
+        set1(&mut p, "conv.kernel", ParameterValue::String("custom".into())).unwrap();
+        // Now conv.size alone cannot change (9 weights), neither order works alone ...
+        assert!(set1(&mut p, "conv.size", ParameterValue::Integer(5))
+            .unwrap_err()
+            .contains("conflicts"));
+        assert!(set1(&mut p, "conv.weights", weights.clone())
+            .unwrap_err()
+            .contains("set conv.size and conv.weights together"));
+        // ... and atomically both do; a bad atomic request changes nothing.
+        let gen = p.generation;
+        assert!(p
+            .set_atomically(&[
+                ("conv.size".into(), ParameterValue::Integer(7)),
+                ("conv.weights".into(), weights.clone())
+            ])
+            .is_err());
+        assert_eq!(p.generation, gen);
+        p.set_atomically(&[
+            ("conv.weights".into(), weights),
+            ("conv.size".into(), ParameterValue::Integer(5)),
+        ])
+        .unwrap();
+        assert_eq!(p.config.conv.size, 5);
+        // ... and in one SetParameters request, in either order.
+        for order in [false, true] {
+            let mut q = p.clone();
+            let mut ch = vec![
+                ("conv.size".to_string(), ParameterValue::Integer(7)),
+                ("conv.weights".to_string(), ParameterValue::DoubleArray(vec![0.0; 49])),
+            ];
+            if order {
+                ch.reverse();
+            }
+            assert!(q.set(&ch).iter().all(|r| r.is_ok()));
+            assert_eq!((q.config.conv.size, q.config.conv.weights.len()), (7, 49));
+        }
+        // A refused group stays refused, each with its reason.
+        let r = p.clone().set(&[
+            ("conv.size".to_string(), ParameterValue::Integer(7)),
+            ("conv.weights".to_string(), ParameterValue::DoubleArray(vec![0.0; 48])),
+        ]);
+        assert!(r.iter().all(|r| r.is_err()), "{r:?}");
+        // output_channels vs image_mean, both orders in one request.
+        for rev in [false, true] {
+            let mut p = NodeParams::new(Config::default());
+            let mut ch = vec![
+                ("output_channels".to_string(), ParameterValue::Integer(1)),
+                ("image_mean".to_string(), ParameterValue::DoubleArray(vec![0.5])),
+                ("image_stddev".to_string(), ParameterValue::DoubleArray(vec![0.25])),
+            ];
+            if rev {
+                ch.reverse();
+            }
+            assert!(p.set(&ch).iter().all(|r| r.is_ok()));
+            assert_eq!(p.config.output_channels, 1);
+        }
+    }
+
+    #[test]
+    fn list_follows_rclcpp() {
+        let all = NodeParams::list(&[], 0);
+        assert_eq!(all.names.len(), PARAMETERS.len() + 1);
+        assert!(all.names.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(all.prefixes, ["conv"]);
+        let top = NodeParams::list(&[], 1);
+        assert!(
+            !top.names.iter().any(|n| n.contains('.'))
+                && top.names.contains(&"backend".to_string())
+        );
+        let conv = NodeParams::list(&["conv".into()], 0);
+        assert_eq!(
+            conv.names,
+            ["conv.border", "conv.kernel", "conv.sigma", "conv.size", "conv.weights"]
+        );
+    }
+
+    #[test]
+    fn values_convert_to_messages_and_back_and_show_doubles_as_doubles() {
+        for v in [
+            ParameterValue::Bool(true),
+            ParameterValue::Integer(-3),
+            ParameterValue::Double(5.0),
+            ParameterValue::String("box".into()),
+            ParameterValue::IntegerArray(vec![1, 2]),
+            ParameterValue::DoubleArray(vec![0.5]),
+            ParameterValue::NotSet,
+        ] {
+            assert_eq!(value_from_msg(&value_to_msg(&v)), v);
+        }
+        assert_eq!(show(&ParameterValue::Double(5.0)), "5.0");
+        assert_eq!(show(&ParameterValue::DoubleArray(vec![114.0, 0.5])), "[114.0, 0.5]");
     }
 }

@@ -53,9 +53,8 @@ pub fn conv_op(cfg: &Config) -> Result<Option<Conv2dOp>> {
 /// `none`. An invalid size is an error, never a panic.
 pub fn kernel_f64(conv: &ConvConfig) -> Result<Option<KernelF64>> {
     let n = conv.size as usize;
-    let max = crate::config::MAX_CONV_SIZE;
-    if conv.kernel != ConvKernel::None && (n % 2 == 0 || n > max as usize) {
-        return Err(Error::config("conv.size", n, format!("use an odd size 1..={max}")));
+    if conv.kernel != ConvKernel::None {
+        crate::config::CONV_SIZE_RANGE.check("conv.size", i64::from(conv.size))?;
     }
     Ok(Some(match conv.kernel {
         ConvKernel::None => return Ok(None),
@@ -392,15 +391,18 @@ mod tests {
     fn config_errors_name_parameter_value_and_range() {
         let check = |conv: ConvConfig, want: &str| {
             let e = Config { conv, ..Config::default() }.validate().unwrap_err();
-            assert!(matches!(e, Error::Config { .. }), "{e:?}");
+            assert!(matches!(e, Error::Config { .. } | Error::Range { .. }), "{e:?}");
             assert_eq!(e.to_string(), want);
         };
-        for (size, kernel) in
-            [(0, ConvKernel::Box), (4, ConvKernel::Gaussian), (17, ConvKernel::SobelX)]
-        {
+        for (size, kernel) in [
+            (0, ConvKernel::Box),
+            (4, ConvKernel::Gaussian),
+            (17, ConvKernel::SobelX),
+            (4, ConvKernel::None),
+        ] {
             check(
                 conv(kernel, size, 0.0),
-                &format!("parameter `conv.size`: {size} is invalid; use an odd size 1..=15"),
+                &format!("conv.size must be in [1, 15] with step 2 (got {size})"),
             );
         }
         let custom = |size, weights| ConvConfig {
@@ -411,8 +413,9 @@ mod tests {
         };
         check(
             custom(3, vec![1.0; 8]),
-            "parameter `conv.weights`: 8 values is invalid; custom needs conv.size*conv.size = 9 \
-             values, row-major",
+            "parameter `conv.weights`: 8 values is invalid; conv.kernel custom with conv.size 3 \
+             needs conv.size*conv.size = 9 values, row-major (set conv.size and conv.weights \
+             together)",
         );
         for (bad, shown) in [
             (f64::NAN, "NaN"),
@@ -451,10 +454,16 @@ mod tests {
                 assert_eq!(op.size, size.max(3));
             }
         }
-        // `none` ignores the other conv parameters.
-        Config { conv: conv(ConvKernel::None, 4, f64::NAN), ..Config::default() }
-            .validate()
-            .unwrap();
+        // Each value is checked whatever the kernel (a NaN sigma is refused with `none`
+        // too); only the weight count depends on the kernel.
+        check(
+            conv(ConvKernel::None, 3, f64::NAN),
+            "parameter `conv.sigma`: NaN is invalid; use a finite sigma; <= 0 derives it from \
+             conv.size",
+        );
+        let mut none = conv(ConvKernel::None, 5, 0.0);
+        none.weights = vec![1.0; 8];
+        Config { conv: none, ..Config::default() }.validate().unwrap();
     }
 
     #[test]
@@ -462,10 +471,10 @@ mod tests {
         let cfg = Config { conv: conv(ConvKernel::Gaussian, 4, 0.0), ..Config::default() };
         assert_eq!(
             conv_op(&cfg).unwrap_err().to_string(),
-            "parameter `conv.size`: 4 is invalid; use an odd size 1..=15"
+            "conv.size must be in [1, 15] with step 2 (got 4)"
         );
         let e = kernel_f64(&conv(ConvKernel::Box, 17, 0.0)).unwrap_err();
-        assert!(matches!(e, Error::Config { ref param, .. } if param == "conv.size"), "{e}");
+        assert!(matches!(e, Error::Range { ref param, .. } if param == "conv.size"), "{e}");
         let c = ConvConfig {
             kernel: ConvKernel::Custom,
             size: 3,

@@ -199,11 +199,12 @@ def test_conv_tolerance_scales_with_the_kernel_gain():
 @pytest.mark.parametrize(
     "set_args,message",
     [
-        (["conv.kernel=gaussian", "conv.size=4"], "parameter `conv.size`: 4 is invalid; use an odd size 1..=15"),
-        (["conv.kernel=box", "conv.size=17"], "parameter `conv.size`: 17 is invalid; use an odd size 1..=15"),
+        (["conv.kernel=gaussian", "conv.size=4"], "conv.size must be in [1, 15] with step 2 (got 4)"),
+        (["conv.kernel=box", "conv.size=17"], "conv.size must be in [1, 15] with step 2 (got 17)"),
         (
             ["conv.kernel=custom", "conv.size=3", "conv.weights=[1, 2]"],
-            "parameter `conv.weights`: 2 values is invalid; custom needs conv.size*conv.size = 9 values, row-major",
+            "parameter `conv.weights`: 2 values is invalid; conv.kernel custom with conv.size 3 needs "
+            "conv.size*conv.size = 9 values, row-major",
         ),
         (["conv.kernel=gaussian", "conv.sigma=.nan"], "parameter `conv.sigma`: NaN is invalid; use a finite sigma"),
         (["conv.kernel=ridge"], "parameter `conv.kernel`: unknown variant `ridge`"),

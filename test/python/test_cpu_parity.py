@@ -296,9 +296,8 @@ CLI_ERRORS = [
       "{raw24}"], "roi [x 2, y 0, width 3, height 2] is not inside the 4x2 image"),
     (["--raw", "--width", "4", "--height", "2", "{raw24}"],
      "--raw needs --encoding, --width and --height"),
-    (["--set", "network_width=3", "{png}"], "parameter `network_width`: unknown field"),
     (["--set", "resize_mode=fit", "{png}"], "parameter `resize_mode`: unknown variant `fit`"),
-    (["--set", "output_channels=2", "{png}"], "parameter `output_channels`: 2 is invalid"),
+    (["--set", "output_channels=2", "{png}"], "output_channels must be in [1, 3] with step 2 (got 2)"),
     (["--set", "image_stddev=[0.5, 0]", "{png}"], "parameter `image_stddev`: [0.5, 0.0] is invalid"),
     (["--set", "pad_value", "{png}"], "--set \"pad_value\": write KEY=VALUE"),
     (["{missing}"], "opening"),
@@ -320,6 +319,29 @@ def test_cli_errors_are_clear_and_never_panics(tmp: Path, args: list, message: s
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, p.stderr
     assert last.count(message) == 1, f"message repeated: {last}"
+
+
+def test_unknown_parameters_are_warned_about_and_ignored(tmp: Path) -> None:
+    """As the node does with its parameters: a name vision_preproc does not have (a typo,
+    a key for another node in a shared file) is a warning naming the closest parameter;
+    the run goes on with the rest, whose values stay strictly checked."""
+    png = tmp / "tiny.png"
+    cv2.imwrite(str(png), np.zeros((2, 4, 3), np.uint8))
+    shared = tmp / "shared.yaml"
+    shared.write_text("/**:\n  ros__parameters:\n    use_sim_time: true\n    robot_frame: base\n"
+                      "other_node:\n  ros__parameters:\n    exposure: 3\n"
+                      "vision_preproc:\n  ros__parameters:\n    network_image_width: 8\n    conv.kernel: box\n")
+    p = runner.cli("run-file", "--config", str(shared), "--set", "network_width=3", "--set", "network_image_height=6",
+                   str(png), "-o", str(tmp / "o.npy"))
+    warnings = [line for line in p.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: {shared}: `robot_frame` is not a parameter of vision_preproc (ignored)",
+        "warning: --set: `network_width` is not a parameter of vision_preproc (ignored); did you mean "
+        "`network_image_width`?",
+    ], p.stderr
+    assert np.load(tmp / "o.npy").shape == (1, 3, 6, 8)
+    p = runner.cli("check-config", str(shared), check=False)
+    assert p.returncode == 0 and "robot_frame" in p.stderr and "conv:\n  kernel: box" in p.stdout, p.stderr
 
 
 def test_bench_cpu_reports_percentiles(tmp: Path) -> None:

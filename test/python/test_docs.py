@@ -1,5 +1,7 @@
 """The README stays true to the code: its parameter table lists exactly the node's
-parameters (the fields of Config, as the CLI prints the resolved configuration)."""
+parameters (the fields of Config, as the CLI prints the resolved configuration, and
+use_sim_time). test/ros/test_citizen.py ties its ranges and read-only marks to the node's
+parameter descriptors."""
 
 import re
 import subprocess
@@ -30,7 +32,9 @@ def readme_parameters() -> list[str]:
 def test_readme_parameter_table_matches_config() -> None:
     out = subprocess.run([str(CLI), "check-config", str(ROOT / "config" / "default.yaml")],
                          capture_output=True, text=True, check=True).stdout
-    code = list(flatten(yaml.safe_load(out)))
+    # The fields of Config, and use_sim_time: the node's one parameter that is not a field
+    # (its clock; src/node/params.rs USE_SIM_TIME).
+    code = list(flatten(yaml.safe_load(out))) + ["use_sim_time"]
     documented = readme_parameters()
     assert len(documented) == len(set(documented)), "duplicate rows in the README table"
     assert sorted(documented) == sorted(code), (

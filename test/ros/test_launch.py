@@ -1,26 +1,38 @@
-"""The launch files pass only parameters and remappings the node has, and the node
-started exactly as they would start it (same executable from the colcon install, same
-parameters file, same parameter overrides, same remappings) works. `ros2 launch` itself
-is not installable here, so the launch files are read, not executed."""
+"""The launch files: both declare the same arguments (names, defaults, descriptions), the
+XML one includes the Python one with all of them, the Python one passes a parameter
+argument only when it is given (so the `config:=` file's value holds otherwise) and only
+parameters and remappings the node has; and the node started exactly as the Python file
+starts it (same executable from the colcon install, parameters files in the same order,
+remappings, log level) has the parameters it should.
+
+`ros2 launch` (launch, launch_ros) is not installable here, so preprocess.launch.py is
+executed with small stand-ins for the launch classes it uses (below: argument defaults,
+`LaunchConfiguration.perform`, `OpaqueFunction`, `FindPackageShare`, and a `Node` that
+records its arguments), and the node's command line is built from those arguments the way
+launch_ros builds it (`--ros-args`, the ROS arguments, `-r __node:=`, `-r __ns:=`, one
+`--params-file` per entry of `parameters` in order, a dict written as a file keyed by the
+node's full name, `-r from:=to`)."""
 
 from __future__ import annotations
 
-import ast
+import sys
+import types
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import cv2
 import yaml
+from rcl_interfaces.srv import GetParameters
 from sensor_msgs.msg import Image
 
 from vptools.rosharness import ROOT, NodeProcess, Peer, image_msg
+from vptools.sources import photo_bgr
 
 LAUNCH = ROOT / "launch"
 
 
 def node_parameters() -> set[str]:
-    """The node's parameters, from the shipped default parameters file (a Rust test
-    asserts it equals the code's defaults)."""
+    """The node's parameters: the shipped default parameters file (a Rust test asserts it
+    equals the code's defaults) and use_sim_time."""
     doc = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
     params = doc["vision_preproc"]["ros__parameters"]
 
@@ -31,82 +43,216 @@ def node_parameters() -> set[str]:
             else:
                 yield f"{prefix}{k}"
 
-    return set(flat(params))
+    return set(flat(params)) | {"use_sim_time"}
 
 
-def python_launch() -> dict:
-    """Executable, name, default config, parameter names and remapped topics of the Node
-    action in preprocess.launch.py (read with ast)."""
-    tree = ast.parse((LAUNCH / "preprocess.launch.py").read_text())
-    out = {"params": set(), "remaps": set(), "args": {}}
-    for call in ast.walk(tree):
-        if not isinstance(call, ast.Call):
-            continue
-        fn = getattr(call.func, "id", getattr(call.func, "attr", ""))
-        kw = {k.arg: k.value for k in call.keywords}
-        if fn == "DeclareLaunchArgument":
-            out["args"][ast.literal_eval(call.args[0])] = kw.get("default_value")
-        if fn == "Node":
-            out["executable"] = ast.literal_eval(kw["executable"])
-            out["package"] = ast.literal_eval(kw["package"])
-            out["name"] = ast.literal_eval(kw["name"])
-            for item in kw["parameters"].elts:
-                if isinstance(item, ast.Dict):
-                    out["params"] |= {ast.literal_eval(k) for k in item.keys}
-            for pair in kw["remappings"].elts:
-                out["remaps"].add(ast.literal_eval(pair.elts[0]))
+# ---------------------------------------------------------------- stand-ins for launch
+
+class _Subst:
+    def perform(self, context) -> str:
+        raise NotImplementedError
+
+
+def _perform(value, context) -> str:
+    return value.perform(context) if isinstance(value, _Subst) else str(value)
+
+
+class LaunchConfiguration(_Subst):
+    def __init__(self, name: str):
+        self.name = name
+
+    def perform(self, context) -> str:
+        return context["args"][self.name]
+
+
+class FindPackageShare(_Subst):
+    def __init__(self, package: str):
+        self.package = package
+
+    def perform(self, context) -> str:
+        return context["share"]
+
+    def __str__(self) -> str:  # how launch XML writes it
+        return f"$(find-pkg-share {self.package})"
+
+
+class PathJoinSubstitution(_Subst):
+    def __init__(self, parts):
+        self.parts = parts
+
+    def perform(self, context) -> str:
+        return "/".join(_perform(p, context) for p in self.parts)
+
+    def __str__(self) -> str:
+        return "/".join(str(p) for p in self.parts)
+
+
+class EnvironmentVariable(_Subst):
+    def __init__(self, name, default_value=""):
+        self.name, self.default_value = name, default_value
+
+
+class _Action:
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+
+def _stub_modules() -> dict:
+    mods = {name: types.ModuleType(name) for name in
+            ["launch", "launch.actions", "launch.substitutions", "launch_ros", "launch_ros.actions",
+             "launch_ros.substitutions"]}
+    mods["launch"].LaunchDescription = lambda entities: list(entities)
+    for name in ["DeclareLaunchArgument", "OpaqueFunction", "SetEnvironmentVariable"]:
+        setattr(mods["launch.actions"], name, type(name, (_Action,), {}))
+    for cls in [LaunchConfiguration, PathJoinSubstitution, EnvironmentVariable]:
+        setattr(mods["launch.substitutions"], cls.__name__, cls)
+    mods["launch_ros.actions"].Node = type("Node", (_Action,), {})
+    mods["launch_ros.substitutions"].FindPackageShare = FindPackageShare
+    return mods
+
+
+def load_python_launch():
+    """preprocess.launch.py as a module, with the stand-ins."""
+    saved = {k: sys.modules.get(k) for k in _stub_modules()}
+    sys.modules.update(_stub_modules())
+    try:
+        module = types.ModuleType("preprocess_launch")
+        source = (LAUNCH / "preprocess.launch.py").read_text()
+        exec(compile(source, str(LAUNCH / "preprocess.launch.py"), "exec"), module.__dict__)
+        return module
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+
+def python_arguments() -> list[tuple[str, str, str]]:
+    """(name, default as launch XML writes it, description) of each declared argument."""
+    ld = load_python_launch().generate_launch_description()
+    declared = [a for a in ld if type(a).__name__ == "DeclareLaunchArgument"]
+    return [(a.args[0], str(a.kwargs["default_value"]), a.kwargs["description"]) for a in declared]
+
+
+def run_python_launch(args: dict[str, str], share: Path) -> dict:
+    """Run preprocess.launch.py with launch arguments `args` (name:=value); return the
+    keyword arguments of the Node it starts."""
+    ld = load_python_launch().generate_launch_description()
+    context = {"args": {}, "share": str(share)}
+    for a in ld:
+        if type(a).__name__ == "DeclareLaunchArgument":
+            context["args"][a.args[0]] = _perform(a.kwargs["default_value"], context)
+    unknown = set(args) - set(context["args"])
+    assert not unknown, f"not arguments of the launch file: {unknown}"
+    context["args"].update(args)
+    nodes = []
+    for a in ld:
+        if type(a).__name__ == "OpaqueFunction":
+            nodes += a.kwargs["function"](context)
+    assert len(nodes) == 1 and type(nodes[0]).__name__ == "Node", nodes
+    return nodes[0].kwargs
+
+
+def ros_arguments(node: dict, tmp: Path) -> list[str]:
+    """The arguments after `--ros-args` that launch_ros gives the node's process."""
+    ns = "/" + node["namespace"].strip("/") if node["namespace"] else ""
+    fqn = f"{ns}/{node['name']}"
+    out = list(node["ros_arguments"]) + ["-r", f"__node:={node['name']}"]
+    if ns:
+        out += ["-r", f"__ns:={ns}"]
+    for i, p in enumerate(node["parameters"]):
+        if isinstance(p, dict):
+            path = tmp / f"launch_params_{i}.yaml"
+            path.write_text(yaml.dump({fqn: {"ros__parameters": p}}))
+            p = path
+        out += ["--params-file", str(p)]
+    for a, b in node["remappings"]:
+        out += ["-r", f"{a}:={b}"]
     return out
 
 
 def xml_launch() -> dict:
     root = ET.parse(LAUNCH / "preprocess.launch.xml").getroot()
-    node = root.find("node")
+    includes = root.findall("include")
     return {
-        "executable": node.get("exec"),
-        "package": node.get("pkg"),
-        "name": node.get("name"),
-        "params": {p.get("name") for p in node.findall("param") if p.get("name")},
-        "param_files": [p.get("from") for p in node.findall("param") if p.get("from")],
-        "remaps": {r.get("from") for r in node.findall("remap")},
-        "args": {a.get("name"): a.get("default") for a in root.findall("arg")},
+        "args": [(a.get("name"), a.get("default"), a.get("description")) for a in root.findall("arg")],
+        "include": [i.get("file") for i in includes],
+        "forwarded": {a.get("name"): a.get("value") for i in includes for a in i.findall("arg")},
+        "others": [e.tag for e in root if e.tag not in ("arg", "include")],
     }
 
 
-def test_launch_files_pass_only_what_the_node_has() -> None:
-    params = node_parameters()
-    for launch in [python_launch(), xml_launch()]:
-        assert (launch["package"], launch["executable"], launch["name"]) == (
-            "vision_preproc", "vision_preproc_node", "vision_preproc")
-        assert launch["params"] <= params, f"unknown parameters: {launch['params'] - params}"
-        assert launch["remaps"] == {"image", "camera_info"}, launch["remaps"]
-        assert {"namespace", "config", "image", "camera_info", "backend"} <= set(launch["args"])
-    assert xml_launch()["param_files"] == ["$(var config)"]
-    assert "default.yaml" in xml_launch()["args"]["config"]
+# ---------------------------------------------------------------- tests
+
+def test_xml_and_python_launch_files_declare_the_same_arguments() -> None:
+    py, xml = python_arguments(), xml_launch()
+    assert xml["args"] == py, f"\nXML:    {xml['args']}\nPython: {py}"
+    names = [a[0] for a in py]
+    assert {"namespace", "config", "image", "camera_info", "backend", "use_sim_time", "log_level",
+            "respawn", "respawn_delay"} <= set(names)
+    # The XML file starts the node through the Python file, with every argument.
+    assert xml["include"] == ["$(find-pkg-share vision_preproc)/launch/preprocess.launch.py"]
+    assert xml["forwarded"] == {n: f"$(var {n})" for n in names}
+    assert xml["others"] == []
+    defaults = {a[0]: a[1] for a in py}
+    assert defaults["config"] == "$(find-pkg-share vision_preproc)/config/default.yaml"
+    assert (defaults["backend"], defaults["use_sim_time"]) == ("", "")
 
 
-def test_node_started_as_the_launch_files_start_it(tmp_path: Path, colcon_install: Path) -> None:
-    """namespace:=lf image:=/lf_cam/image_raw config:=<installed yolo preset> backend:=cpu"""
+def test_parameter_arguments_are_passed_only_when_given(tmp_path: Path) -> None:
+    share = ROOT  # config/ is where the installed share/vision_preproc/config/ comes from
+    node = run_python_launch({}, share)
+    assert (node["package"], node["executable"], node["name"]) == ("vision_preproc", "vision_preproc_node",
+                                                                   "vision_preproc")
+    # Nothing given: the config file only (the node's defaults for what it does not set).
+    assert node["parameters"] == [f"{ROOT}/config/default.yaml"]
+    assert (node["respawn"], node["respawn_delay"], node["ros_arguments"]) == (False, 2.0, ["--log-level", "info"])
+    assert node["remappings"] == [("image", "image"), ("camera_info", "camera_info")]
+    # Given: after the file, typed as YAML types them.
+    node = run_python_launch({"backend": "cpu", "use_sim_time": "true", "log_level": "debug", "respawn": "true",
+                              "respawn_delay": "0.5", "config": "/x.yaml"}, share)
+    assert node["parameters"] == ["/x.yaml", {"backend": "cpu", "use_sim_time": True}]
+    assert (node["respawn"], node["respawn_delay"], node["ros_arguments"]) == (True, 0.5, ["--log-level", "debug"])
+    # Every parameter a launch file can pass exists in the node.
+    module = load_python_launch()
+    assert set(module.PARAMETER_ARGUMENTS) <= node_parameters()
+    assert set(module.PARAMETER_ARGUMENTS) <= {a[0] for a in python_arguments()}
+
+
+def get_params(peer: Peer, node: str, names: list[str]) -> list:
+    client = peer.node.create_client(GetParameters, f"{node}/get_parameters")
+    peer.spin_until(client.service_is_ready, 10, "get_parameters")
+    future = client.call_async(GetParameters.Request(names=names))
+    peer.spin_until(future.done, 10, "get_parameters reply")
+    return future.result().values
+
+
+def test_node_started_as_the_launch_file_starts_it(tmp_path: Path, colcon_install: Path) -> None:
+    """namespace:=lf image:=/lf_cam/image_raw config:=<installed yolo preset + backend: cpu>:
+    the file's backend holds (no backend argument); then with the file saying `backend:
+    cuda` and backend:=cpu given, the argument wins (on this GPU-less machine the node
+    would exit otherwise)."""
     share = colcon_install / "vision_preproc" / "share" / "vision_preproc"
     exe = colcon_install / "vision_preproc" / "lib" / "vision_preproc" / "vision_preproc_node"
-    config = share / "config" / "yolo_640_letterbox.yaml"
-    assert config.exists()
-    args = ["-r", "__node:=vision_preproc", "-r", "__ns:=/lf", "--params-file", str(config),
-            "-p", "backend:=cpu", "-r", "image:=/lf_cam/image_raw", "-r", "camera_info:=/lf_cam/camera_info"]
-    with NodeProcess(args, binary=exe, log=tmp_path / "node.log") as node:
-        peer = Peer("/lf")
-        # Publish on the remapped input topic instead of /lf/image.
-        peer.pub = peer.node.create_publisher(Image, "/lf_cam/image_raw", peer.image_qos)
-        try:
-            peer.wait_connected()
-            # The graph learns the node's name a little after its endpoints match.
-            peer.spin_until(lambda: ("vision_preproc", "/lf") in peer.node.get_node_names_and_namespaces(),
-                            10, "the node's name in the ROS graph")
-            subs: dict = {}
-            peer.spin_until(lambda: subs.update(peer.node.get_subscriber_names_and_types_by_node(
-                "vision_preproc", "/lf")) or {"/lf_cam/image_raw", "/lf_cam/camera_info"} <= set(subs),
-                10, "the node's remapped subscriptions")
-            t = peer.send_until_received(image_msg(cv2.imread(str(ROOT / "test/data/chelsea.png")), "bgr8", 5_000_000_001, "cam"))
-            assert list(t.shape) == [1, 3, 640, 640] and t.name == "images"
-        finally:
-            peer.close()
-        assert node.stop() == 0
+    preset = (share / "config" / "yolo_640_letterbox.yaml").read_text()
+    for case, (file_backend, launch_args) in enumerate([("cpu", {}), ("cuda", {"backend": "cpu"})]):
+        config = tmp_path / f"config{case}.yaml"
+        config.write_text(preset.replace("ros__parameters:", f"ros__parameters:\n    backend: {file_backend}", 1))
+        node = run_python_launch({"namespace": "lf", "image": "/lf_cam/image_raw",
+                                  "camera_info": "/lf_cam/camera_info", "config": str(config), **launch_args}, share)
+        with NodeProcess(ros_arguments(node, tmp_path), binary=exe, log=tmp_path / f"node{case}.log") as proc:
+            peer = Peer("/lf")
+            # Publish on the remapped input topic instead of /lf/image.
+            peer.pub = peer.node.create_publisher(Image, "/lf_cam/image_raw", peer.image_qos)
+            try:
+                peer.wait_connected()
+                values = get_params(peer, "/lf/vision_preproc", ["backend", "tensor_name", "network_image_width"])
+                assert (values[0].string_value, values[1].string_value, values[2].integer_value) == \
+                    ("cpu", "images", 640), (case, proc.output())
+                t = peer.send_until_received(image_msg(photo_bgr("chelsea.png"), "bgr8",
+                                                       5_000_000_001 + case, "cam"))
+                assert list(t.shape) == [1, 3, 640, 640] and t.name == "images"
+            finally:
+                peer.close()
+            assert proc.stop() == 0, proc.output()

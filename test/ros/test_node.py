@@ -20,7 +20,7 @@ from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import DescribeParameters, GetParameters, ListParameters, SetParameters
 from sensor_msgs.msg import CameraInfo
 
-from vptools.rosharness import RELIABLE, NodeProcess, Peer, image_msg, stamp_ns, tensor_array
+from vptools.rosharness import RELIABLE, NodeProcess, Peer, call, image_msg, param, stamp_ns, tensor_array
 from vptools.tolerances import assert_close
 from vision_preproc_msgs.msg import Tensor
 
@@ -30,27 +30,6 @@ from vptools.soak import HEAVY
 from vptools.sources import photo_bgr
 
 CHELSEA = photo_bgr("chelsea.png")  # 451x300
-
-
-def call(peer: Peer, srv_type, name: str, request, timeout: float = 10.0):
-    client = peer.node.create_client(srv_type, name)
-    peer.spin_until(lambda: client.service_is_ready(), timeout, f"service {name}")
-    future = client.call_async(request)
-    peer.spin_until(future.done, timeout, f"reply from {name}")
-    return future.result()
-
-
-def param(name: str, value) -> Parameter:
-    v = ParameterValue()
-    if isinstance(value, str):
-        v.type, v.string_value = ParameterType.PARAMETER_STRING, value
-    elif isinstance(value, float):
-        v.type, v.double_value = ParameterType.PARAMETER_DOUBLE, value
-    elif isinstance(value, int):
-        v.type, v.integer_value = ParameterType.PARAMETER_INTEGER, value
-    elif isinstance(value, list):
-        v.type, v.double_array_value = ParameterType.PARAMETER_DOUBLE_ARRAY, [float(x) for x in value]
-    return Parameter(name=name, value=v)
 
 
 def test_parameters_from_file_command_line_and_run_time(tmp_path: Path) -> None:
@@ -82,7 +61,7 @@ def test_parameters_from_file_command_line_and_run_time(tmp_path: Path) -> None:
             assert got[2].string_value == "stretch"
             desc = call(peer, DescribeParameters, f"{srv}/describe_parameters",
                         DescribeParameters.Request(names=["network_image_width"])).descriptors
-            assert "1..8192" in desc[0].description
+            assert (desc[0].integer_range[0].from_value, desc[0].integer_range[0].to_value) == (1, 8192)
 
             # A valid run-time change applies to the next tensor.
             res = call(peer, SetParameters, f"{srv}/set_parameters",
@@ -101,7 +80,7 @@ def test_parameters_from_file_command_line_and_run_time(tmp_path: Path) -> None:
             res = call(peer, SetParameters, f"{srv}/set_parameters",
                        SetParameters.Request(parameters=[param("network_image_width", 0),
                                                          param("backend", "cuda")])).results
-            assert not res[0].successful and "1..=8192" in res[0].reason, res[0].reason
+            assert not res[0].successful and res[0].reason == "network_image_width must be in [1, 8192] (got 0)", res[0].reason
             assert not res[1].successful and "start-up" in res[1].reason, res[1].reason
             got = call(peer, GetParameters, f"{srv}/get_parameters",
                        GetParameters.Request(names=["network_image_width"])).values
@@ -117,6 +96,8 @@ def test_invalid_parameters_stop_the_node_with_the_name(tmp_path: Path) -> None:
     out = node.output()
     assert rc == 1, out
     assert "output_dtype" in out and "float64" in out and "float32" in out, out
+    # Through rcutils like every log line: severity, time stamp, logger name.
+    assert re.search(r"^\[FATAL\] \[\d+\.\d+\] \[vision_preproc\]: .*output_dtype", out, re.M), out
 
 
 def test_diagnostics_and_frame_accounting_with_invalid_frames(tmp_path: Path) -> None:

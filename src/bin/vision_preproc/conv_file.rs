@@ -80,15 +80,18 @@ pub fn run(args: ConvFileArgs) -> Result<()> {
     Ok(())
 }
 
-/// `Config::default()` with `KEY=VALUE` overrides (dotted keys, YAML values), validated.
+/// `Config::default()` with `KEY=VALUE` overrides (dotted keys, YAML values), validated
+/// (the loader of run-file and replay: unknown keys are warned about).
 fn config_with_overrides(sets: &[String]) -> Result<Config> {
-    let mut doc = serde_yaml::to_value(Config::default()).context("serializing the defaults")?;
-    for set in sets {
-        let (key, text) =
-            set.split_once('=').with_context(|| format!("--set {set}: use KEY=VALUE"))?;
-        vision_preproc::config::set_param(&mut doc, key, text)?;
-    }
-    Ok(Config::from_yaml_value(doc, "--set")?)
+    let overrides = sets
+        .iter()
+        .map(|set| {
+            let (key, text) =
+                set.split_once('=').with_context(|| format!("--set {set}: use KEY=VALUE"))?;
+            Ok((key.to_string(), text.to_string()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(crate::input::with_warnings(Config::load_yaml_str("", "--set", &overrides)?))
 }
 
 /// A float32 (C, H, W) array in C order.

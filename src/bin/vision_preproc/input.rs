@@ -5,13 +5,16 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
+use vision_preproc::config::Loaded;
 use vision_preproc::{Config, Encoding, ImageView};
 
 /// `--config FILE` and `--set key=value`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct ConfigArgs {
-    /// Parameters file (ROS `ros__parameters` shape or a bare mapping); defaults to
-    /// the built-in defaults (config/default.yaml).
+    /// Parameters file (ROS `ros__parameters` shape or a bare mapping), read as the node
+    /// reads it: the `/**` and `vision_preproc` sections, nested or dotted names; unknown
+    /// parameters are warned about and ignored. Defaults to the built-in defaults
+    /// (config/default.yaml).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Override one parameter, dotted for nested ones, the value typed as YAML:
@@ -40,8 +43,17 @@ impl ConfigArgs {
             ),
             None => (String::new(), "defaults".to_string()),
         };
-        Ok(Config::from_yaml_str_with_overrides(&text, &context, &overrides)?)
+        Ok(with_warnings(Config::load_yaml_str(&text, &context, &overrides)?))
     }
+}
+
+/// The configuration, after a warning on stderr for each parameter that was ignored
+/// because vision_preproc does not have it (as the node logs them).
+pub fn with_warnings(loaded: Loaded) -> Config {
+    for u in &loaded.unknown {
+        eprintln!("warning: {}: {u}", u.source);
+    }
+    loaded.config
 }
 
 /// How to read the image file: decoded by the `image` crate, or raw bytes.

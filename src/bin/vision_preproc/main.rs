@@ -30,8 +30,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Parse and validate a parameters file (ROS `ros__parameters` shape) and print the
-    /// resolved configuration.
+    /// Parse and validate a parameters file (ROS `ros__parameters` shape, read as the node
+    /// reads it) and print the resolved configuration; parameters vision_preproc does not
+    /// have are warned about on stderr.
     CheckConfig {
         /// The YAML file.
         file: PathBuf,
@@ -76,7 +77,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::CheckConfig { file } => {
-            let cfg = Config::from_yaml_file(&file)?;
+            let cfg = input::with_warnings(Config::load_yaml_file(&file, &[])?);
             print!("{}", serde_yaml::to_string(&cfg).context("printing the configuration")?);
         }
         Command::Info => {
