@@ -25,9 +25,19 @@ every 0.5 s; the load average before and after. --runs N repeats everything N ti
 (interleaved). Writes JSON (every run) and prints a Markdown table (median over runs,
 min-max in brackets).
 
+Issue 12 additions: `--old-bin DIR` adds the node kind `vision_preproc_old` (the previous
+release, built into another target dir; same frames, same peers, same run); `--network WxH`
+sets the network size of every node (default 640x480; the issue's benchmark is 640x640);
+`--delivery` runs the delivery cases instead (a stock camera = no Fast DDS profile in the
+camera process: reliable, best effort; and a best-effort camera with the profile), each
+node with its defaults and no profile of its own (`FASTDDS_DEFAULT_PROFILES_FILE` unset in
+the node's process), recording frames sent, received, published, tensors and the
+/diagnostics levels the node reported.
+
 Usage: python3 bench/bench_node.py [--runs 3] [--seconds 20] [--out bench/results/node.json]
        [--only "vision_preproc 1920x1080 30"] [--publisher rclpy|rust] [--segment-mb 64]
        [--nodes vision_preproc,reference] [--sizes 1280x720,1920x1080] [--rates 30,max]
+       [--old-bin DIR] [--network 640x640] [--delivery]
 """
 
 from __future__ import annotations
@@ -70,6 +80,8 @@ def use_profile(segment_mb: int | None) -> str:
 import numpy as np  # noqa: E402
 
 BIN = ROOT / "target" / "release"
+OLD_BIN: Path | None = None  # --old-bin
+NETWORK = (640, 480)  # --network
 
 
 def bag_for(w: int, h: int, cache: Path) -> Path:
@@ -109,22 +121,41 @@ def pct(v: list[float], q: float) -> float:
     return float(np.percentile(v, q)) if v else float("nan")
 
 
+def without_profile(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k != "FASTDDS_DEFAULT_PROFILES_FILE"}
+
+
 def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, idx: int,
-            publisher: str = "rclpy", node_params: list[str] | None = None) -> dict:
+            publisher: str = "rclpy", node_params: list[str] | None = None, case: str = "") -> dict:
+    """One run. `case` (--delivery): "stock-reliable", "stock-best-effort" or
+    "profile-best-effort": the camera's QoS and profile; the node then runs with its
+    defaults and without a profile of its own."""
     import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from vision_preproc_msgs.msg import FrameTiming, Tensor
 
     ns = f"/bench{idx}"
     load0 = os.getloadavg()
-    if kind == "vision_preproc":
-        cmd = [str(BIN / "vision_preproc_node"), "--ros-args", "-r", f"__ns:={ns}",
-               "--params-file", str(ROOT / "config" / "default.yaml"), "-p", "backend:=cpu"]
+    nw, nh = NETWORK
+    node_env = without_profile(dict(os.environ)) if case else dict(os.environ)
+    if kind in ("vision_preproc", "vision_preproc_old"):
+        binary = (OLD_BIN if kind == "vision_preproc_old" else BIN) / "vision_preproc_node"
+        cmd = [str(binary), "--ros-args", "-r", f"__ns:={ns}", "--params-file", str(ROOT / "config" / "default.yaml"),
+               "-p", "backend:=cpu", "-p", f"network_image_width:={nw}", "-p", f"network_image_height:={nh}"]
+        if kind == "vision_preproc_old":
+            # This config/default.yaml says auto, which the old release does not know; its
+            # own default was sensor_data: each node gets its own release's default.
+            cmd += ["-p", "input_qos:=sensor_data"]
         for p in node_params or []:
             cmd += ["-p", p]
     else:
-        cmd = [sys.executable, str(ROOT / "bench" / "reference_node.py"), "--ros-args", "-r", f"__ns:={ns}"]
-    node = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cmd = [sys.executable, str(ROOT / "bench" / "reference_node.py"), "--width", str(nw), "--height", str(nh),
+               "--ros-args", "-r", f"__ns:={ns}"]
+    node = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=node_env, text=True)
+    node_log: list[str] = []
+    log_reader = threading.Thread(target=lambda: node_log.extend(node.stdout), daemon=True)
+    log_reader.start()
     rclpy.init()
     peer = rclpy.create_node(f"bench_peer_{idx}", namespace=ns)
     reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
@@ -148,6 +179,15 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
 
     peer.create_subscription(Tensor, "tensor", on_tensor, reliable)
     peer.create_subscription(FrameTiming, "timing", on_timing, reliable)
+    diag: list[tuple[int, str, dict]] = []  # (level, message, values) of the node's statuses
+
+    def on_diag(a: DiagnosticArray) -> None:
+        for st in a.status:
+            if st.name.startswith(ns.strip("/")):
+                diag.append((st.level[0] if isinstance(st.level, bytes) else int(st.level), st.message,
+                             {v.key: v.value for v in st.values}))
+
+    peer.create_subscription(DiagnosticArray, "/diagnostics", on_diag, reliable)
     stop = threading.Event()
     spinner = threading.Thread(target=lambda: [rclpy.spin_once(peer, timeout_sec=0.05) for _ in iter(stop.is_set, True)])
     spinner.start()
@@ -156,12 +196,19 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
                     "--image-topic", f"{ns}/image", "--camera-info-topic", f"{ns}/camera_info",
                     "--wait-subscribers", "1", "--duration", str(seconds)]
         play_cmd += ["--max"] if rate == "max" else ["--rate", "1"]
+        if case == "stock-reliable":
+            play_cmd += ["--reliable"]
     else:
         play_cmd = [sys.executable, str(ROOT / "bench" / "rclpy_publisher.py"), "--width", str(w), "--height",
                     str(h), "--rate", "0" if rate == "max" else rate, "--seconds", str(seconds),
                     "--topic", f"{ns}/image", "--wait-subscribers", "1"]
+        if case == "stock-reliable":
+            play_cmd += ["--reliable"]
+    camera_env = without_profile(dict(os.environ)) if case.startswith("stock") else dict(os.environ)
+    if case == "profile-best-effort":
+        camera_env["FASTDDS_DEFAULT_PROFILES_FILE"] = str(PROFILE)
     samples = []
-    player = subprocess.Popen(play_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    player = subprocess.Popen(play_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=camera_env)
     while player.poll() is None:
         s = proc_sample(node.pid)
         if s:
@@ -176,6 +223,8 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
         node.wait(timeout=10)
     except subprocess.TimeoutExpired:
         node.kill()
+    log_reader.join(timeout=2)
+    stopped = next((line.split("stopped: ")[1].strip() for line in node_log if "stopped: " in line), "")
     peer.destroy_node()
     rclpy.shutdown()
     sent = int(out.split("play: ")[1].split(" images")[0]) if "play: " in out else -1
@@ -186,8 +235,14 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
     rss = {f"{k}_max": max((s[2].get(k, float("nan")) for s in samples), default=float("nan"))
            for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem", "Pss", "Pss_Shmem")}
     fps = (len(t_recv) - 1) / (t_recv[-1] - t_recv[0]) if len(t_recv) >= 2 else 0.0
+    received = int(stopped.split(" frames received")[0]) if stopped else None
     return {
         "node": kind, "publisher": publisher, "size": f"{w}x{h}", "rate": rate, "seconds": seconds,
+        "case": case, "network": f"{nw}x{nh}", "node_stopped": stopped, "node_received": received,
+        "diag_max_level": max((d[0] for d in diag), default=None),
+        "diag_warn_messages": sorted({d[1] for d in diag if d[0] == 1}),
+        "diag_last_values": diag[-1][2] if diag else {},
+        "node_log_warnings": [line.strip()[:400] for line in node_log if "WARN" in line][:5],
         "domain": int(os.environ["ROS_DOMAIN_ID"]), "load_before": load0, "load_after": os.getloadavg(),
         "sent": sent, "tensors": tensors, "dropped": sent - tensors if sent >= 0 else None,
         "lost_before_node": sent - processed - node_dropped[0] if sent >= 0 and seqs else None,
@@ -238,6 +293,43 @@ def table(results: list[dict]) -> list[str]:
     return rows
 
 
+def delivery(args) -> int:
+    """The delivery cases, each node kind, one run each (interleaved), JSON + a table."""
+    cache = ROOT / "bench" / ".cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    results = []
+    idx = 500
+    cases = ["stock-reliable", "stock-best-effort", "profile-best-effort"]
+    for run in range(args.runs):
+        for case in cases:
+            for size in args.sizes.split(","):
+                w, h = map(int, size.split("x"))
+                for kind in args.nodes.split(","):
+                    idx += 1
+                    if args.only and args.only not in f"{kind} {case} {w}x{h}":
+                        continue
+                    r = run_one(kind, w, h, "30", args.seconds, cache, idx, args.publisher, [], case=case)
+                    r["run"] = run + 1
+                    results.append(r)
+                    print(json.dumps({k: v for k, v in r.items() if not k.startswith("publisher_")}), flush=True)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "cpus": os.cpu_count(),
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                     text=True).stdout.strip(),
+            "old_bin": str(OLD_BIN), "network": args.network, "seconds": args.seconds, "runs": args.runs}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    print(f"\n{meta}\n")
+    print("| node | camera | publisher | size | sent | received by the node | tensors | delivered % | max diag level | "
+          "WARN message | node RSS MB (anon + shmem) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        pct_ = 100 * r["tensors"] / r["sent"] if r["sent"] and r["sent"] > 0 else float("nan")
+        print(f"| {r['node']} | {r['case']} | {r['publisher']} | {r['size']} | {r['sent']} | {r['node_received']} | {r['tensors']} | "
+              f"{pct_:.1f} | {r['diag_max_level']} | {'; '.join(r['diag_warn_messages'])[:80]} | "
+              f"{r['node_VmRSS_max_mb']:.0f} ({r['node_RssAnon_max_mb']:.0f} + {r['node_RssShmem_max_mb']:.0f}) |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -250,7 +342,16 @@ def main() -> int:
     ap.add_argument("--rates", default="30,max")
     ap.add_argument("--node-params", default="", help="extra vision_preproc_node parameters, name:=value,...")
     ap.add_argument("--segment-mb", type=int, help="use a copy of the profile with this SHM segment size")
+    ap.add_argument("--old-bin", help="target/release of the previous release: adds node kind vision_preproc_old")
+    ap.add_argument("--network", default="640x480", help="network size WxH of every node")
+    ap.add_argument("--delivery", action="store_true",
+                    help="the delivery cases (stock reliable / stock best-effort / profile best-effort camera)")
     args = ap.parse_args()
+    global OLD_BIN, NETWORK
+    OLD_BIN = Path(args.old_bin) if args.old_bin else None
+    NETWORK = tuple(int(x) for x in args.network.split("x"))
+    if args.delivery:
+        return delivery(args)
     transport = use_profile(args.segment_mb)
     cache = ROOT / "bench" / ".cache"
     cache.mkdir(parents=True, exist_ok=True)

@@ -16,8 +16,8 @@ that both declare the same arguments, and what this file starts).
 
 import yaml
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction, SetEnvironmentVariable
-from launch.substitutions import EnvironmentVariable, LaunchConfiguration, PathJoinSubstitution
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
@@ -69,11 +69,8 @@ def generate_launch_description():
     return LaunchDescription([
         *[DeclareLaunchArgument(name, default_value=default, description=description)
           for name, default, description in ARGUMENTS],
-        # Large best-effort frames need a large shared-memory segment (see the README).
-        SetEnvironmentVariable(
-            "FASTDDS_DEFAULT_PROFILES_FILE",
-            EnvironmentVariable("FASTDDS_DEFAULT_PROFILES_FILE",
-                                default_value=PathJoinSubstitution([SHARE, "config", "fastdds_large_frames.xml"])),
-        ),
+        # No Fast DDS profile is set here: the node sizes its own shared-memory segment from
+        # its output unless FASTDDS_DEFAULT_PROFILES_FILE is set. The camera driver is the
+        # one that needs config/fastdds_large_frames.xml (see the README).
         OpaqueFunction(function=launch_node),
     ])

@@ -14,7 +14,10 @@
 //! ```
 //!
 //! [`config`] and [`image`] are the shared vocabulary (the parameters; a validated view
-//! of an input image). `backend/` never imports r2r and `node/` never imports cudarc.
+//! of an input image). [`transport`] holds the message path's decisions without ROS
+//! types (keep-latest slot, input QoS rule, delivery monitor, Fast DDS segment size), and
+//! [`pipeline::message`] the CDR of the output messages. `backend/` never imports r2r
+//! and `node/` never imports cudarc.
 
 pub mod backend;
 pub mod bag;
@@ -29,6 +32,7 @@ pub mod node;
 pub mod percentile;
 pub mod pipeline;
 pub mod rng;
+pub mod transport;
 
 pub use config::Config;
 pub use error::{Error, ImageError, Result};

@@ -487,10 +487,29 @@ fn main() -> ExitCode {
                     return;
                 }
             };
+            // The destination rotates: a heap Vec (the backend's own pinned buffer, then a
+            // CPU copy), pinned memory from alloc_host with the tensor 64-byte aligned (the
+            // direct path: the download, or in mapped mode the kernel, writes it there), and
+            // the same 4 bytes off (mapped mode then takes its own buffer, upload mode
+            // downloads to the unaligned address), as inside a serialized message.
             let mut out = vec![0xA5u8; 7];
-            let result = gpu
-                .process(&frame.view(), &op, conv, &mut out)
-                .map_err(|e| format!("CUDA backend: {e}"));
+            let result = match st.case_no % 3 {
+                0 => gpu.process(&frame.view(), &op, conv, &mut out),
+                k => {
+                    let len = op.params.tensor_desc().byte_len();
+                    gpu.alloc_host(len + 128)
+                        .and_then(|mut buf| {
+                            let base = buf.as_slice().as_ptr() as usize;
+                            let at = (64 - base % 64) % 64 + if k == 2 { 4 } else { 0 };
+                            let dst = &mut buf.as_mut_slice()[at..at + len];
+                            gpu.process_into(&frame.view(), &op, conv, dst)?;
+                            out = buf.as_slice()[at..at + len].to_vec();
+                            Ok(())
+                        })
+                        .map(|_| Default::default())
+                }
+            }
+            .map_err(|e| format!("CUDA backend: {e}"));
             let outcome = result
                 .and_then(|_| {
                     compare(&out, &exp, cfg.output_dtype, &tol, conv.map(|c| c.l1_norm()))
@@ -714,6 +733,13 @@ fn main() -> ExitCode {
                     &mut st,
                 );
             }
+        }
+        // The direct path ran (a third of the cases in upload mode; in mapped mode only
+        // the aligned third can).
+        println!("[{mode:?} {path:?}] {} frames straight into pinned memory", gpu.direct_frames());
+        if stride == 1 && filter.is_empty() && gpu.direct_frames() == 0 {
+            st.failed += 1;
+            println!("FAIL [{mode:?} {path:?}] no frame took the direct path into pinned memory");
         }
         // 4. Two frames in flight through the ring (submit, submit, finish, finish).
         if stride == 1 && filter.is_empty() {

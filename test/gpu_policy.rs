@@ -45,12 +45,12 @@ impl Backend for FakeGpu {
     fn device_description(&self) -> String {
         "fake GPU (CPU backend inside)".into()
     }
-    fn process(
+    fn process_into(
         &mut self,
         image: &ImageView<'_>,
         op: &PreprocessOp,
         conv: Option<&Conv2dOp>,
-        out: &mut Vec<u8>,
+        out: &mut [u8],
     ) -> vision_preproc::Result<StageTimes> {
         self.calls += 1;
         if self.fail_on_call == Some(self.calls) {
@@ -59,7 +59,7 @@ impl Backend for FakeGpu {
         if self.broken {
             return Err(self.error("fake kernel"));
         }
-        self.cpu.process(image, op, conv, out)
+        self.cpu.process_into(image, op, conv, out)
     }
     fn inject_fault(&mut self, _kind: FaultKind) -> Error {
         self.broken = true;

@@ -77,7 +77,8 @@ class NodeProcess:
     """`vision_preproc_node` in its own process, with ROS arguments; stopped with SIGINT.
     With INJECT_FAULT_ENV in `env`, the node with the test hooks runs instead of the product."""
 
-    def __init__(self, ros_args: list[str], binary: Path = NODE_BIN, env: dict | None = None, log: Path | None = None):
+    def __init__(self, ros_args: list[str], binary: Path = NODE_BIN, env: dict | None = None, log: Path | None = None,
+                 unset: tuple[str, ...] = ()):
         if INJECT_FAULT_ENV in (env or {}) and binary == NODE_BIN:
             binary = FAULT_INJECTION_NODE
             assert binary.exists() and INJECT_FAULT_ENV.encode() in binary.read_bytes(), (
@@ -85,7 +86,7 @@ class NodeProcess:
                 "scripts/test_hooks_build.sh (scripts/test.sh does)")
         self.binary = binary
         self.cmd = [str(binary), "--ros-args", *ros_args]
-        self.env = dict(os.environ, **(env or {}))
+        self.env = {k: v for k, v in dict(os.environ, **(env or {})).items() if k not in unset}
         self.log_path = log
         self.proc: subprocess.Popen | None = None
 
@@ -123,12 +124,14 @@ class Peer:
     ns: str
     image_qos: QoSProfile = field(default_factory=lambda: BEST_EFFORT)
     output_qos: QoSProfile = field(default_factory=lambda: RELIABLE)
+    # False: no image publisher (for tests whose cameras run elsewhere).
+    publish_images: bool = True
 
     def __post_init__(self) -> None:
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
         self.node = Node(f"peer_{os.getpid()}", namespace=self.ns, context=self.context)
-        self.pub = self.node.create_publisher(Image, "image", self.image_qos)
+        self.pub = self.node.create_publisher(Image, "image", self.image_qos) if self.publish_images else None
         self.tensors: list[Tensor] = []
         self.timings: list[FrameTiming] = []
         self.node.create_subscription(Tensor, "tensor", self.tensors.append, self.output_qos)

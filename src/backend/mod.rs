@@ -10,9 +10,9 @@ pub mod cuda;
 pub mod cuda;
 pub mod ops;
 
-use crate::error::Result;
 #[cfg(feature = "fault-injection")]
-use crate::error::{CudaError, Error};
+use crate::error::CudaError;
+use crate::error::{Error, Result};
 use crate::image::ImageView;
 pub use ops::{
     read_element, read_elements, write_element, AxisMap, Conv2dOp, PreprocessOp, PreprocessParams,
@@ -48,15 +48,43 @@ pub trait Backend: Send {
     }
 
     /// Run the preprocessing (and conv2d, when given) on `image`, writing the finished
-    /// tensor's bytes (`op.params.tensor_desc()`, little-endian) into `out`, which is
-    /// resized to fit.
+    /// tensor's bytes (`op.params.tensor_desc()`, little-endian) into `out`, which must
+    /// be exactly `op.params.tensor_desc().byte_len()` bytes (an error otherwise).
+    ///
+    /// `out` may lie anywhere, e.g. inside the serialized message that will be
+    /// published. The CUDA backend copies the tensor straight into `out` when `out` is
+    /// pinned memory of its own context ([`Backend::alloc_host`]: in `mapped` mode the
+    /// kernel writes it there), else through its own pinned buffer and one CPU copy.
+    /// Nothing writes `out` after the call returns, error or not.
+    fn process_into(
+        &mut self,
+        image: &ImageView<'_>,
+        op: &PreprocessOp,
+        conv: Option<&Conv2dOp>,
+        out: &mut [u8],
+    ) -> Result<StageTimes>;
+
+    /// [`Backend::process_into`] a `Vec`, resized to fit.
     fn process(
         &mut self,
         image: &ImageView<'_>,
         op: &PreprocessOp,
         conv: Option<&Conv2dOp>,
         out: &mut Vec<u8>,
-    ) -> Result<StageTimes>;
+    ) -> Result<StageTimes> {
+        out.resize(op.params.tensor_desc().byte_len(), 0);
+        self.process_into(image, op, conv, out)
+    }
+
+    /// Host memory of at least `len` bytes (zeroed) for [`Backend::process_into`] to
+    /// write into at full speed: page-locked memory of the device's context for the
+    /// CUDA backend (device-mapped in `mapped` mode), the heap for the CPU backend. A
+    /// buffer of a CUDA backend keeps that backend's context alive: drop it before
+    /// the backend when replacing one (a faulted context is reset only when its last
+    /// user goes).
+    fn alloc_host(&mut self, len: usize) -> Result<HostBuffer> {
+        Ok(HostBuffer::heap(len))
+    }
 
     /// Test hook (feature `fault-injection`; `VISION_PREPROC_INJECT_CUDA_FAULT`, see
     /// `pipeline::FaultPlan`): make the device fail the way a real fault of `kind` does
@@ -70,6 +98,78 @@ pub trait Backend: Send {
             message: format!("simulated on the {} backend, which has no device", self.name()),
         })
     }
+}
+
+/// Bytes in host memory that a backend may have special access to (see
+/// [`Backend::alloc_host`]).
+pub trait HostMemory: Send {
+    /// The bytes.
+    fn bytes(&self) -> &[u8];
+    /// The bytes, to write.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl HostMemory for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+/// A host buffer from [`Backend::alloc_host`]: heap or page-locked memory.
+pub struct HostBuffer(Box<dyn HostMemory>);
+
+impl HostBuffer {
+    /// `len` zeroed bytes on the heap.
+    pub fn heap(len: usize) -> Self {
+        HostBuffer(Box::new(vec![0u8; len]))
+    }
+
+    /// Wrap memory a backend allocated.
+    pub fn new(memory: Box<dyn HostMemory>) -> Self {
+        HostBuffer(memory)
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.bytes().len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        self.0.bytes()
+    }
+
+    /// The bytes, to write.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.0.bytes_mut()
+    }
+}
+
+impl std::fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostBuffer({} bytes)", self.len())
+    }
+}
+
+/// The error of a tensor destination of the wrong size.
+pub(crate) fn check_out_len(op: &PreprocessOp, out: &[u8]) -> Result<()> {
+    let want = op.params.tensor_desc().byte_len();
+    if out.len() == want {
+        return Ok(());
+    }
+    Err(Error::Operation(format!(
+        "the output buffer holds {} bytes but the tensor is {want}; pass a buffer of \
+         op.params.tensor_desc().byte_len() bytes",
+        out.len()
+    )))
 }
 
 /// Test hook (feature `fault-injection`): which real device failure

@@ -111,6 +111,28 @@ impl<'a> Reader<'a> {
             .map_err(|e| CdrError { field, what: format!("not UTF-8: {e}") })
     }
 
+    /// `string`, borrowed from the message.
+    pub fn str(&mut self, field: &'static str) -> Res<&'a str> {
+        let n = self.u32(field)? as usize;
+        let b = self.take(field, n, 1)?;
+        let Some((0, text)) = b.split_last() else {
+            return Err(CdrError { field, what: "string without its terminating NUL".into() });
+        };
+        std::str::from_utf8(text).map_err(|e| CdrError { field, what: format!("not UTF-8: {e}") })
+    }
+
+    /// `uint32[]`.
+    pub fn u32_seq(&mut self, field: &'static str) -> Res<Vec<u32>> {
+        let n = self.u32(field)? as usize;
+        if n > self.body.len() / 4 {
+            return Err(CdrError {
+                field,
+                what: format!("claims {n} uint32 in a {}-byte message", self.body.len()),
+            });
+        }
+        (0..n).map(|_| self.u32(field)).collect()
+    }
+
     /// `uint8[]`, borrowed from the message.
     pub fn bytes(&mut self, field: &'static str) -> Res<&'a [u8]> {
         let n = self.u32(field)? as usize;
@@ -142,6 +164,11 @@ impl<'a> Reader<'a> {
 /// Writes CDR little-endian with the encapsulation header.
 pub struct Writer {
     buf: Vec<u8>,
+    /// Bytes of `buf` before the body: 4 (the encapsulation header) or 0 (a
+    /// continuation, see [`Writer::continuing`]).
+    header: usize,
+    /// Body offset of the first body byte of `buf` (0, or where a continuation starts).
+    base: usize,
 }
 
 impl Default for Writer {
@@ -153,11 +180,21 @@ impl Default for Writer {
 impl Writer {
     /// A buffer holding the CDR_LE encapsulation header.
     pub fn new() -> Self {
-        Writer { buf: vec![0, 1, 0, 0] }
+        Writer { buf: vec![0, 1, 0, 0], header: 4, base: 0 }
+    }
+    /// The bytes of a message that continue after `body_offset` body bytes written
+    /// elsewhere (no encapsulation header; alignment counted from the message's body
+    /// start), e.g. the fields after a large `uint8[]` that is written in place.
+    pub fn continuing(body_offset: usize) -> Self {
+        Writer { buf: Vec::new(), header: 0, base: body_offset }
     }
     fn align(&mut self, n: usize) {
-        let body = self.buf.len() - 4;
-        self.buf.resize(4 + body.next_multiple_of(n), 0);
+        let pos = self.base + self.buf.len() - self.header;
+        self.buf.resize(self.buf.len() + (pos.next_multiple_of(n) - pos), 0);
+    }
+    /// Body bytes written so far, counting those before a continuation's start.
+    pub fn body_len(&self) -> usize {
+        self.base + self.buf.len() - self.header
     }
     /// `uint8`.
     pub fn u8(&mut self, v: u8) {
@@ -194,6 +231,10 @@ impl Writer {
         self.u32(b.len() as u32);
         self.buf.extend_from_slice(b);
     }
+    /// The length of a `uint8[]` whose `len` bytes the caller writes after these bytes.
+    pub fn bytes_len(&mut self, len: usize) {
+        self.u32(len as u32);
+    }
     /// `uint32[]`.
     pub fn u32_seq(&mut self, v: &[u32]) {
         self.u32(v.len() as u32);
@@ -229,6 +270,27 @@ mod tests {
         assert_eq!(r.string("c").unwrap(), "abc");
         assert_eq!(r.f64("d").unwrap().to_bits(), 1 << 40);
         assert_eq!(r.bytes("e").unwrap(), &[1, 2, 3]);
+    }
+
+    #[test]
+    fn a_continuation_aligns_like_one_writer() {
+        // One writer: u8, 5 data bytes, then a u32 (aligned to 4 in the body) and a u64.
+        let mut one = Writer::new();
+        one.u8(9);
+        one.bytes(&[1, 2, 3, 4, 5]);
+        one.u32(7);
+        one.u64(8);
+        let one = one.finish();
+        // The same message in three parts: prefix with the length, data, continuation.
+        let mut prefix = Writer::new();
+        prefix.u8(9);
+        prefix.bytes_len(5);
+        let body = prefix.body_len() + 5;
+        let mut rest = Writer::continuing(body);
+        rest.u32(7);
+        rest.u64(8);
+        let joined = [prefix.finish(), vec![1, 2, 3, 4, 5], rest.finish()].concat();
+        assert_eq!(joined, one);
     }
 
     #[test]

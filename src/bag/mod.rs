@@ -39,6 +39,8 @@ pub struct PlayOptions {
     pub restamp: bool,
     /// Stop after this long (with `repeat`, the only way to end besides a signal).
     pub duration: Option<std::time::Duration>,
+    /// Publish reliable instead of best effort.
+    pub reliable: bool,
 }
 
 /// What was played.
@@ -132,6 +134,8 @@ pub struct RecordStats {
     pub e2e_ms: Vec<f64>,
     /// Per timing: `total_us` in ms (node-added latency: frame received -> published).
     pub node_ms: Vec<f64>,
+    /// Per timing: the stages `upload_us`, `preprocess_us`, `conv_us`, `download_us`.
+    pub stages_us: Vec<[f32; 4]>,
     /// Receive times (ns since the epoch) of the first and last tensor.
     pub first_last_ns: Option<(u64, u64)>,
 }

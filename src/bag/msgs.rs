@@ -22,7 +22,8 @@ impl Header {
             frame_id: r.string("header.frame_id")?,
         })
     }
-    fn write(&self, w: &mut Writer) {
+    /// Write as the first field of a message.
+    pub fn write(&self, w: &mut Writer) {
         w.i32(self.sec);
         w.u32(self.nanosec);
         w.string(&self.frame_id);
@@ -115,7 +116,8 @@ impl CameraInfo {
     }
 }
 
-/// `vision_preproc_msgs/Tensor`.
+/// `vision_preproc_msgs/Tensor`, decoded with `data` borrowed from the message. (The
+/// node and `replay` write it with [`crate::pipeline::TensorCdr`].)
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tensor<'a> {
     /// `header`.
@@ -127,7 +129,7 @@ pub struct Tensor<'a> {
     /// `dtype`.
     pub dtype: &'a str,
     /// `shape`.
-    pub shape: [u32; 4],
+    pub shape: Vec<u32>,
     /// `data`.
     pub data: &'a [u8],
     /// `scale_x`, `scale_y`, `offset_x`, `offset_y`.
@@ -140,23 +142,32 @@ pub struct Tensor<'a> {
     pub source_encoding: &'a str,
 }
 
-impl Tensor<'_> {
-    /// Encode as CDR.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new();
-        self.header.write(&mut w);
-        w.string(self.name);
-        w.string(self.layout);
-        w.string(self.dtype);
-        w.u32_seq(&self.shape);
-        w.bytes(self.data);
-        for g in self.geometry {
-            w.f32(g);
+impl<'a> Tensor<'a> {
+    /// Decode a CDR `vision_preproc_msgs/Tensor`.
+    pub fn decode(cdr: &'a [u8]) -> Result<Self, CdrError> {
+        let mut r = Reader::new(cdr)?;
+        let header = Header::read(&mut r)?;
+        let name = r.str("name")?;
+        let layout = r.str("layout")?;
+        let dtype = r.str("dtype")?;
+        let shape = r.u32_seq("shape")?;
+        let data = r.bytes("data")?;
+        let mut geometry = [0f32; 4];
+        for (g, field) in geometry.iter_mut().zip(["scale_x", "scale_y", "offset_x", "offset_y"]) {
+            *g = r.f32(field)?;
         }
-        w.u32(self.source_width);
-        w.u32(self.source_height);
-        w.string(self.source_encoding);
-        w.finish()
+        Ok(Tensor {
+            header,
+            name,
+            layout,
+            dtype,
+            shape,
+            data,
+            geometry,
+            source_width: r.u32("source_width")?,
+            source_height: r.u32("source_height")?,
+            source_encoding: r.str("source_encoding")?,
+        })
     }
 }
 

@@ -1,14 +1,19 @@
 //! The ROS 2 node: subscribes to `image` (and, optionally, `camera_info`), publishes
 //! `tensor`, `timing`, `tensor/camera_info` and `/diagnostics`.
 //!
-//! Shape (r2r + tokio): a blocking spin loop; an ingest task that keeps only the newest
-//! frame and counts what it replaces; one processing thread that owns the pipeline (and
-//! so the backend and its stream) and publishes; the parameter services and a 1 Hz
-//! diagnostics task on the runtime. Ctrl-C / SIGTERM stop ingest, let the frame in
+//! Shape (r2r + tokio): a spin thread that owns the node's subscriptions: after each
+//! `spin_once` it hands the images that arrived (native C messages, not copied) to the
+//! keep-latest slot, which counts what it replaces, and with `input_qos: auto` adapts
+//! the subscriptions to the publishers; one processing thread that owns the pipeline
+//! (and so the backend and its stream), reads each frame in place and publishes the
+//! `Tensor` the pipeline serialized in place (`publish_raw`); the parameter services and
+//! a 1 Hz diagnostics task on the runtime. Ctrl-C / SIGTERM stop ingest, let the frame in
 //! flight finish, and exit 0. Log records go to `/rosout` too ([`rosout`]); times
 //! relative to the world follow the node's ROS clock ([`clock`], `use_sim_time`).
 
 mod clock;
+mod input;
+mod native;
 mod param_services;
 mod params;
 mod play;
@@ -16,17 +21,16 @@ mod record;
 mod rosout;
 mod stats;
 
-use crate::pipeline::{select_backend, FrameInfo, Geometry, Pipeline};
-use crate::ImageView;
-use futures::StreamExt;
+use crate::pipeline::{frame_timing, select_backend, Geometry, Pipeline};
+use crate::transport::{dds, delivery, Basis, Latest};
+use native::{ros_header, NativeImage, RosArgs};
 use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus};
 use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
-use r2r::vision_preproc_msgs::msg::{FrameTiming, Tensor};
 use r2r::QosProfile;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 pub use crate::bag::{PlayOptions, PlayStats, RecordOptions, RecordStats};
@@ -34,7 +38,7 @@ pub use clock::NodeClock;
 pub use params::{descriptor, NodeParams, Spec, PARAMETERS, USE_SIM_TIME};
 pub use play::play;
 pub use record::record;
-pub use stats::{BackendInfo, Counts, Stats};
+pub use stats::{BackendInfo, Counts, InputReport, Stats};
 
 /// The node's name (`ros2 node list` shows `/vision_preproc` unless remapped).
 pub const NODE_NAME: &str = "vision_preproc";
@@ -63,65 +67,71 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A frame as received, with the instant it arrived.
+/// A frame as received (the C message rmw deserialized into), with the instant it
+/// arrived.
 struct Received {
-    msg: Image,
+    msg: NativeImage,
     at: Instant,
 }
 
-/// Keep-latest hand-over between ingest and processing.
-#[derive(Default)]
-struct Latest {
-    slot: Mutex<Option<Received>>,
-    ready: Condvar,
-    shutdown: AtomicBool,
-}
-
-impl Latest {
-    fn put(&self, r: Received, stats: &Stats) {
-        stats.received.fetch_add(1, Ordering::Relaxed);
-        if lock(&self.slot).replace(r).is_some() {
-            stats.dropped.fetch_add(1, Ordering::Relaxed);
-        }
-        self.ready.notify_one();
-    }
-
-    /// The next frame, or `None` once shut down.
-    fn take(&self) -> Option<Received> {
-        let mut slot = lock(&self.slot);
-        loop {
-            if self.shutdown.load(Ordering::Acquire) {
-                return None;
-            }
-            if let Some(r) = slot.take() {
-                return Some(r);
-            }
-            slot = self
-                .ready
-                .wait_timeout(slot, Duration::from_millis(100))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-    }
-
-    /// Stop: the frame in flight finishes; a frame still waiting is counted as dropped.
-    fn stop(&self, stats: &Stats) {
-        self.shutdown.store(true, Ordering::Release);
-        if lock(&self.slot).take().is_some() {
-            stats.dropped.fetch_add(1, Ordering::Relaxed);
-        }
-        self.ready.notify_all();
-    }
-}
-
-fn qos(profile: crate::config::QosProfile, depth: u32) -> QosProfile {
-    use crate::config::QosProfile as P;
+/// The QoS of the outputs.
+fn qos(profile: crate::config::QosPreset, depth: u32) -> QosProfile {
+    use crate::config::QosPreset as P;
     let base = match profile {
         P::SensorData => QosProfile::sensor_data(),
-        P::Default => QosProfile::default(),
+        // `auto` is refused for the outputs by `Config::validate`.
+        P::Default | P::Auto => QosProfile::default(),
         P::SystemDefault => QosProfile::system_default(),
     };
     base.keep_last(depth as usize)
+}
+
+/// The Fast DDS transports of this process: the user's, or the node's own with its
+/// shared-memory segment sized from its largest output.
+enum DdsSetup {
+    /// `FASTDDS_DEFAULT_PROFILES_FILE` (or `FASTDDS_BUILTIN_TRANSPORTS`) was given.
+    User(String),
+    /// The node wrote its own profile to this file, for outputs up to `largest` bytes.
+    Sized { file: PathBuf, segment: usize, largest: usize },
+}
+
+impl DdsSetup {
+    /// Before the DDS participant exists, while this process has one thread.
+    fn configure(args: Option<&RosArgs>) -> anyhow::Result<DdsSetup> {
+        // (An empty value counts as unset.)
+        for var in [
+            "FASTDDS_DEFAULT_PROFILES_FILE",
+            "FASTRTPS_DEFAULT_PROFILES_FILE",
+            "FASTDDS_BUILTIN_TRANSPORTS",
+        ] {
+            if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+                return Ok(DdsSetup::User(format!("{var}={}", v.to_string_lossy())));
+            }
+        }
+        let bound = args.map(RosArgs::output_bound).unwrap_or_default();
+        let largest = dds::largest_output(&bound);
+        let segment = dds::segment_size(largest);
+        let udp = dds::socket_buffer_limit().map_or(dds::UDP_BUFFER, |l| l.min(dds::UDP_BUFFER));
+        let file =
+            std::env::temp_dir().join(format!("vision_preproc_fastdds_{}.xml", std::process::id()));
+        std::fs::write(&file, dds::profile_xml(segment, udp)).map_err(|e| {
+            anyhow::anyhow!(
+                "writing the node's Fast DDS profile {}: {e}; set FASTDDS_DEFAULT_PROFILES_FILE \
+                 to a profile of your own (e.g. config/fastdds_large_frames.xml) instead",
+                file.display()
+            )
+        })?;
+        std::env::set_var("FASTDDS_DEFAULT_PROFILES_FILE", &file);
+        Ok(DdsSetup::Sized { file, segment, largest })
+    }
+}
+
+impl Drop for DdsSetup {
+    fn drop(&mut self) {
+        if let DdsSetup::Sized { file, .. } = self {
+            let _ = std::fs::remove_file(file);
+        }
+    }
 }
 
 /// The Fast DDS profile for camera-sized samples shipped with the package, if
@@ -132,6 +142,12 @@ fn default_dds_profile() -> Option<PathBuf> {
     if std::env::var_os("FASTDDS_DEFAULT_PROFILES_FILE").is_some() {
         return None;
     }
+    shipped_dds_profile()
+}
+
+/// The shipped camera profile `fastdds_large_frames.xml` (installed, or in the source
+/// tree), whatever the environment says.
+fn shipped_dds_profile() -> Option<PathBuf> {
     let name = "fastdds_large_frames.xml";
     let installed = std::env::current_exe().ok().and_then(|exe| {
         Some(exe.parent()?.parent()?.parent()?.join("share/vision_preproc/config").join(name))
@@ -140,18 +156,25 @@ fn default_dds_profile() -> Option<PathBuf> {
     installed.into_iter().chain([source]).find(|p| p.is_file())
 }
 
-/// Publishers the processing thread uses.
+/// Publishers the processing thread uses. `tensor` and `timing` publish the serialized
+/// messages the pipeline and [`frame_timing`] write (`publish_raw`).
 struct Outputs {
-    tensor: r2r::Publisher<Tensor>,
-    timing: r2r::Publisher<FrameTiming>,
+    tensor: r2r::PublisherUntyped,
+    timing: r2r::PublisherUntyped,
     camera_info: r2r::Publisher<CameraInfo>,
     debug_image: r2r::Publisher<Image>,
 }
 
+/// The ROS type names of the raw-published outputs.
+const TENSOR_TYPE: &str = "vision_preproc_msgs/msg/Tensor";
+const TIMING_TYPE: &str = "vision_preproc_msgs/msg/FrameTiming";
+
 /// State shared between the tasks and the processing thread.
 struct Shared {
-    latest: Latest,
+    latest: Latest<Received>,
     stats: Stats,
+    /// The input as the spin thread sees it (topic, QoS, publishers, arrivals).
+    input: Mutex<input::InputState>,
     params: Arc<Mutex<NodeParams>>,
     camera_info: Mutex<Option<CameraInfo>>,
     logger: String,
@@ -166,11 +189,8 @@ struct Shared {
 }
 
 fn run() -> anyhow::Result<()> {
-    // Before the DDS participant exists, while this process has one thread.
-    let dds_profile = default_dds_profile();
-    if let Some(p) = &dds_profile {
-        std::env::set_var("FASTDDS_DEFAULT_PROFILES_FILE", p);
-    }
+    let ros_args = RosArgs::parse();
+    let dds_setup = DdsSetup::configure(ros_args.as_ref())?;
     let ctx = r2r::Context::create()?;
     let mut node = r2r::Node::create(ctx, NODE_NAME, "")?;
     let logger = node.logger().to_string();
@@ -178,9 +198,6 @@ fn run() -> anyhow::Result<()> {
     // Before anything logs from another thread (the handler swap is not synchronized).
     let rosout = rosout::Rosout::install(&mut node, &logger)?;
     let status_name = node.fully_qualified_name()?.trim_start_matches('/').to_string();
-    if let Some(p) = &dds_profile {
-        r2r::log_info!(&logger, "Fast DDS profile for large samples: {}", p.display());
-    }
 
     // Parameters: command line / params file over the defaults, validated; names the
     // node does not have (a shared `/**` file) are ignored with a warning.
@@ -192,6 +209,28 @@ fn run() -> anyhow::Result<()> {
         r2r::log_warn!(&logger, "parameter {u}");
     }
     let config = node_params.config.clone();
+    match &dds_setup {
+        DdsSetup::User(how) => r2r::log_info!(&logger, "Fast DDS transports: {how}"),
+        DdsSetup::Sized { segment, largest, .. } => {
+            r2r::log_info!(
+                &logger,
+                "Fast DDS: own shared-memory segment of {} MiB ({} samples of the largest \
+                 output, {} bytes; FASTDDS_DEFAULT_PROFILES_FILE unset)",
+                segment >> 20,
+                dds::SEGMENT_SAMPLES,
+                largest
+            );
+            let need = dds::largest_output(&config);
+            if need > *largest {
+                r2r::log_warn!(
+                    &logger,
+                    "the output ({need} bytes) is larger than the samples the shared-memory \
+                     segment was sized for ({largest} bytes): tensors will travel over UDP; \
+                     set FASTDDS_DEFAULT_PROFILES_FILE to a profile with a larger segment"
+                );
+            }
+        }
+    }
     let clock = NodeClock::of(&node);
     clock.request_sim_time(node_params.use_sim_time);
     let params = Arc::new(Mutex::new(node_params));
@@ -220,23 +259,23 @@ fn run() -> anyhow::Result<()> {
         config.output_dtype.name(),
         config.resize_mode
     );
-    let in_qos = qos(config.input_qos, config.input_qos_depth);
-    let images = node.subscribe::<Image>("image", in_qos.clone())?;
-    let camera_infos = node.subscribe::<CameraInfo>("camera_info", in_qos)?;
     let out_qos = qos(config.output_qos, config.output_qos_depth);
     let outputs = Outputs {
-        tensor: node.create_publisher::<Tensor>("tensor", out_qos.clone())?,
-        timing: node.create_publisher::<FrameTiming>("timing", out_qos.clone())?,
+        tensor: node.create_publisher_untyped("tensor", TENSOR_TYPE, out_qos.clone())?,
+        timing: node.create_publisher_untyped("timing", TIMING_TYPE, out_qos.clone())?,
         camera_info: node.create_publisher::<CameraInfo>("tensor/camera_info", out_qos.clone())?,
         debug_image: node.create_publisher::<Image>("debug_image", out_qos)?,
     };
     let diagnostics =
         node.create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())?;
+    let (preset, depth) = (config.input_qos, config.input_qos_depth);
     let pipeline = Pipeline::new(config, backend)?;
 
+    let stats = Stats::default();
     let shared = Arc::new(Shared {
-        latest: Latest::default(),
-        stats: Stats::default(),
+        latest: Latest::with_counters(stats.received.clone(), stats.dropped.clone()),
+        stats,
+        input: Mutex::new(input::InputState::default()),
         params,
         camera_info: Mutex::new(None),
         logger: logger.clone(),
@@ -247,24 +286,48 @@ fn run() -> anyhow::Result<()> {
     });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
 
-    // Spin: r2r delivers subscription messages and service requests from spin_once.
+    // Spin: r2r delivers subscription messages and service requests from spin_once;
+    // the input subscriptions live on this thread (their native messages are not Send
+    // until wrapped), made there and reported back before anything else starts.
     let spin_shared = shared.clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     // The node is handed back when spinning stops, and kept until the end of `run`:
     // dropping it invalidates every publisher, and the frame in flight, the last
     // /diagnostics status and the final log still need them.
     let spinner = std::thread::Builder::new().name("spin".into()).spawn(move || {
+        let shared = spin_shared;
+        let mut input =
+            match input::Input::new(&mut node, ros_args.as_ref(), preset, depth, &shared) {
+                Ok(i) => {
+                    let _ = ready_tx.send(Ok(()));
+                    i
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("subscribing to the input: {e}")));
+                    return node;
+                }
+            };
         let mut sim_time = false;
-        while !spin_shared.latest.shutdown.load(Ordering::Acquire) {
+        while !shared.latest.is_stopped() {
             // use_sim_time as set (start-up, `ros2 param set`): the /clock subscription
             // belongs to the node, so it is made here.
-            if let Err(e) = spin_shared.clock.apply(&mut node, &mut sim_time) {
-                r2r::log_error!(&spin_shared.logger, "use_sim_time: {e}");
-                sim_time = spin_shared.clock.sim_time();
+            if let Err(e) = shared.clock.apply(&mut node, &mut sim_time) {
+                r2r::log_error!(&shared.logger, "use_sim_time: {e}");
+                sim_time = shared.clock.sim_time();
             }
             node.spin_once(Duration::from_millis(20));
+            input.drain(&shared);
+            if let Err(e) = input.adapt(&mut node, &shared) {
+                r2r::log_error!(&shared.logger, "input_qos auto: resubscribing: {e}");
+            }
         }
         node
     })?;
+    if let Ok(Err(e)) | Err(e) = ready_rx.recv().map_err(|e| e.to_string()) {
+        shared.latest.stop();
+        let _ = spinner.join();
+        anyhow::bail!("{e}");
+    }
 
     // Processing: owns the pipeline.
     let proc_shared = shared.clone();
@@ -274,8 +337,6 @@ fn run() -> anyhow::Result<()> {
 
     rt.block_on(async {
         let tasks = [
-            tokio::spawn(ingest(images, shared.clone())),
-            tokio::spawn(keep_camera_info(camera_infos, shared.clone())),
             tokio::spawn(param_server),
             tokio::spawn(publish_diagnostics(
                 diagnostics.clone(),
@@ -288,7 +349,7 @@ fn run() -> anyhow::Result<()> {
             _ = shared.fatal_signal.notified() => {}
         }
         r2r::log_info!(&logger, "shutting down");
-        shared.latest.stop(&shared.stats);
+        shared.latest.stop();
         for t in tasks {
             t.abort();
         }
@@ -318,10 +379,12 @@ fn run() -> anyhow::Result<()> {
         }
         linger();
         drop(rosout);
+        drop(dds_setup);
         anyhow::bail!("{reason}");
     }
     linger();
     drop(rosout);
+    drop(dds_setup);
     Ok(())
 }
 
@@ -335,22 +398,6 @@ const SHUTDOWN_LINGER: Duration = Duration::from_millis(300);
 
 fn linger() {
     std::thread::sleep(SHUTDOWN_LINGER);
-}
-
-async fn ingest(mut images: impl futures::Stream<Item = Image> + Unpin, shared: Arc<Shared>) {
-    while let Some(msg) = images.next().await {
-        shared.latest.put(Received { msg, at: Instant::now() }, &shared.stats);
-    }
-}
-
-/// Keep the newest camera_info; it is read, never waited for, on the hot path.
-async fn keep_camera_info(
-    mut infos: impl futures::Stream<Item = CameraInfo> + Unpin,
-    shared: Arc<Shared>,
-) {
-    while let Some(info) = infos.next().await {
-        *lock(&shared.camera_info) = Some(info);
-    }
 }
 
 /// Seconds of the node's clock between two `/diagnostics` statuses.
@@ -370,6 +417,7 @@ async fn publish_diagnostics(
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut previous = Counts::default();
     let mut last: Option<Duration> = None;
+    let mut warned = false;
     loop {
         poll.tick().await;
         let Some(now) = shared.clock.now() else {
@@ -386,6 +434,8 @@ async fn publish_diagnostics(
             continue;
         }
         last = Some(now);
+        let report = input_report(&shared, &mut warned);
+        *lock(&shared.stats.input) = report;
         let backend = lock(&shared.backend).clone();
         let (status, counts) = shared.stats.status(&name, previous, seconds, &backend);
         previous = counts;
@@ -395,6 +445,87 @@ async fn publish_diagnostics(
             r2r::log_warn!(&shared.logger, "publishing /diagnostics: {e}");
         }
     }
+}
+
+/// The input part of `/diagnostics`: topic, QoS, publishers, delivery; and, while large
+/// best-effort frames arrive at a fraction of the camera's rate, the warning (logged once
+/// when it is raised, once when it clears).
+fn input_report(shared: &Shared, warned: &mut bool) -> InputReport {
+    let (topic, qos, publishers, best_effort, delivery, images_recently) = {
+        let mut st = lock(&shared.input);
+        let now = Instant::now();
+        let d = st.monitor.assess(now);
+        let recent = st.monitor.images_recently(now);
+        (st.topic.clone(), st.qos.clone(), st.publishers, st.best_effort, d, recent)
+    };
+    let mut values = vec![
+        ("Input topic".to_string(), topic.clone()),
+        ("Input QoS".to_string(), qos),
+        ("Input publishers".to_string(), publishers.to_string()),
+    ];
+    let losing = |d: &crate::transport::Delivery| {
+        best_effort
+            && d.fraction < delivery::RAISE_BELOW
+            && (d.largest_bytes >= delivery::LARGE_SAMPLE || d.largest_bytes == 0)
+    };
+    let Some(d) = delivery else {
+        // Not enough to judge this second (a late stamp in the fit): a raised warning
+        // stays until frames are seen arriving at the camera's rate, the subscription is
+        // no longer best effort, or no image came for STAMP_WINDOW (the camera is gone).
+        if *warned && (!best_effort || !images_recently) {
+            *warned = false;
+            r2r::log_info!(&shared.logger, "input: no image arrives any more; warning cleared");
+        }
+        let warning = warned.then(|| {
+            "frames lost before the node (large best-effort images; run the camera with \
+             config/fastdds_large_frames.xml or reliable)"
+                .to_string()
+        });
+        return InputReport { values, warning };
+    };
+    let basis = match d.basis {
+        Basis::CameraInfo => "camera_info",
+        Basis::Stamps => "image stamps",
+    };
+    values.push((
+        "Input delivery".to_string(),
+        format!(
+            "{:.1} of {:.1} frames/s arrive ({:.0} %; camera rate from {basis})",
+            d.arrived_hz,
+            d.camera_hz,
+            100.0 * d.fraction
+        ),
+    ));
+    if !*warned && losing(&d) {
+        *warned = true;
+        let profile = shipped_dds_profile().map_or_else(
+            || "config/fastdds_large_frames.xml".to_string(),
+            |p| p.display().to_string(),
+        );
+        r2r::log_warn!(
+            &shared.logger,
+            "frames are lost before they reach the node: {:.1} of the camera's ~{:.1} \
+             frames/s arrive on {topic} ({:.1} MB best-effort images, camera rate from \
+             {basis}). Large best-effort samples that do not fit the camera's Fast DDS \
+             shared-memory segment go as UDP fragments, and one lost fragment loses the \
+             frame. Fix: start the camera driver with FASTDDS_DEFAULT_PROFILES_FILE={profile}, \
+             or make it publish reliable (input_qos auto then subscribes reliable)",
+            d.arrived_hz,
+            d.camera_hz,
+            d.largest_bytes as f64 / 1e6
+        );
+    } else if *warned && (d.fraction >= delivery::CLEAR_ABOVE || !best_effort) {
+        *warned = false;
+        r2r::log_info!(&shared.logger, "input: frames arrive at the camera's rate again");
+    }
+    let warning = warned.then(|| {
+        format!(
+            "frames lost before the node: {:.1} of ~{:.1} frames/s arrive (large best-effort \
+             images; run the camera with config/fastdds_large_frames.xml or reliable)",
+            d.arrived_hz, d.camera_hz
+        )
+    });
+    InputReport { values, warning }
 }
 
 async fn shutdown_signal() {
@@ -457,15 +588,12 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
             }
         }
         let msg = &frame.msg;
-        let view = ImageView::new(
-            msg.width,
-            msg.height,
-            msg.step,
-            &msg.encoding,
-            msg.is_bigendian != 0,
-            &msg.data,
-        );
-        let info = match view.map_err(crate::Error::from).and_then(|v| pipeline.process(&v)) {
+        let header = msg.header();
+        let info = match msg
+            .view()
+            .map_err(crate::Error::from)
+            .and_then(|v| pipeline.process_message(&v, &header, msg.encoding()))
+        {
             Ok(info) => info,
             Err(crate::Error::Image(e)) => {
                 let reason = e.to_string();
@@ -479,7 +607,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
                 r2r::log_fatal!(logger, "{reason}; the node exits");
                 shared.stats.failed(reason.clone());
                 *lock(&shared.fatal) = Some(reason);
-                shared.latest.stop(&shared.stats);
+                shared.latest.stop();
                 shared.fatal_signal.notify_one();
                 break;
             }
@@ -500,41 +628,34 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
             b.details = backend.diagnostics();
             b.gpu_failure = Some((failure.reason.clone(), failure.to_string()));
         }
-        let tensor = tensor_message(
-            msg,
-            &info,
-            pipeline.config().tensor_name.clone(),
-            pipeline.tensor_bytes(),
-        );
-        if let Err(e) = out.tensor.publish(&tensor) {
+        // The pipeline wrote the whole serialized message in place: publish it as is.
+        if let Err(e) = out.tensor.publish_raw(pipeline.message()) {
             reject_log.error(logger, &format!("publishing tensor: {e}"));
             shared.stats.failed(format!("publishing tensor: {e}"));
             continue;
         }
+        let ros_header = ros_header(&header);
         if let Some(info_msg) = lock(&shared.camera_info).as_ref() {
-            let scaled = scaled_camera_info(info_msg, &info.geometry, msg);
+            let scaled = scaled_camera_info(info_msg, &info.geometry, &ros_header);
             if let Err(e) = out.camera_info.publish(&scaled) {
                 r2r::log_warn!(logger, "publishing tensor/camera_info: {e}");
             }
         }
         let total_us = frame.at.elapsed().as_secs_f32() * 1e6;
         shared.stats.published(total_us / 1000.0);
-        publish_debug_image(&pipeline, msg, &out.debug_image, &mut debug_throttle, shared);
+        publish_debug_image(&pipeline, &ros_header, &out.debug_image, &mut debug_throttle, shared);
         let dropped = shared.stats.dropped.load(Ordering::Relaxed);
-        let timing = FrameTiming {
-            header: msg.header.clone(),
+        let timing = frame_timing(
+            &header,
             sequence,
-            backend: pipeline.backend().name().to_string(),
-            upload_us: info.times.upload_us,
-            preprocess_us: info.times.preprocess_us,
-            conv_us: info.times.conv_us,
-            download_us: info.times.download_us,
+            pipeline.backend().name(),
+            &info.times,
             total_us,
-            age_us: clock::age_us(shared.clock.now(), &msg.header.stamp),
-            dropped_since_last: u32::try_from(dropped - dropped_reported).unwrap_or(u32::MAX),
-        };
+            clock::age_us(shared.clock.now(), &ros_header.stamp),
+            u32::try_from(dropped - dropped_reported).unwrap_or(u32::MAX),
+        );
         dropped_reported = dropped;
-        if let Err(e) = out.timing.publish(&timing) {
+        if let Err(e) = out.timing.publish_raw(&timing.encode()) {
             r2r::log_warn!(logger, "publishing timing: {e}");
         }
         sequence += 1;
@@ -546,7 +667,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
 /// of the node's clock.
 fn publish_debug_image(
     pipeline: &Pipeline,
-    src: &Image,
+    header: &r2r::std_msgs::msg::Header,
     publisher: &r2r::Publisher<Image>,
     throttle: &mut clock::Throttle,
     shared: &Shared,
@@ -568,7 +689,7 @@ fn publish_debug_image(
         }
     };
     let msg = Image {
-        header: src.header.clone(),
+        header: header.clone(),
         height: preview.height,
         width: preview.width,
         encoding: if preview.channels == 3 { "rgb8" } else { "mono8" }.to_string(),
@@ -581,30 +702,15 @@ fn publish_debug_image(
     }
 }
 
-fn tensor_message(src: &Image, info: &FrameInfo, name: String, bytes: &[u8]) -> Tensor {
-    let g = &info.geometry;
-    Tensor {
-        header: src.header.clone(),
-        name,
-        layout: info.desc.layout.name().to_string(),
-        dtype: info.desc.dtype.name().to_string(),
-        shape: info.desc.shape().to_vec(),
-        data: bytes.to_vec(),
-        scale_x: g.scale_x as f32,
-        scale_y: g.scale_y as f32,
-        offset_x: g.offset_x as f32,
-        offset_y: g.offset_y as f32,
-        source_width: g.source_width,
-        source_height: g.source_height,
-        source_encoding: src.encoding.clone(),
-    }
-}
-
 /// The camera_info of the network image: the source's, scaled and offset exactly like
 /// the image (see [`Geometry::scale_intrinsics`]), stamped like the tensor.
-fn scaled_camera_info(src: &CameraInfo, g: &Geometry, image: &Image) -> CameraInfo {
+fn scaled_camera_info(
+    src: &CameraInfo,
+    g: &Geometry,
+    image: &r2r::std_msgs::msg::Header,
+) -> CameraInfo {
     let mut out = src.clone();
-    out.header = image.header.clone();
+    out.header = image.clone();
     if !src.header.frame_id.is_empty() {
         out.header.frame_id = src.header.frame_id.clone();
     }

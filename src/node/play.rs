@@ -39,8 +39,10 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     let ctx = r2r::Context::create().map_err(|e| ros_err("creating the ROS context", e))?;
     let mut node = r2r::Node::create(ctx, "vision_preproc_player", "")
         .map_err(|e| ros_err("creating the node", e))?;
-    // Camera drivers publish best effort (sensor data QoS); so does the player.
-    let qos = QosProfile::sensor_data().keep_last(5);
+    // Camera drivers publish best effort (sensor data QoS); so does the player, unless
+    // asked to publish reliable (as `ros2 bag play` does for a reliable recording).
+    let qos = if opts.reliable { QosProfile::default() } else { QosProfile::sensor_data() };
+    let qos = qos.keep_last(5);
     let image_pub = node
         .create_publisher_untyped(&opts.image_topic, IMAGE_TYPE, qos.clone())
         .map_err(|e| ros_err("creating the image publisher", e))?;

@@ -7,17 +7,19 @@
 
 use r2r::diagnostic_msgs::msg::{DiagnosticStatus, KeyValue};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Counters shared by the ingest task, the processing thread and the diagnostics timer.
 #[derive(Default)]
 pub struct Stats {
-    /// Frames taken from the subscription.
-    pub received: AtomicU64,
+    /// Frames taken from the subscription (counted by the keep-latest slot, which
+    /// shares it).
+    pub received: Arc<AtomicU64>,
     /// Tensors published.
     pub published: AtomicU64,
-    /// Frames replaced by a newer one before processing (keep-latest queue).
-    pub dropped: AtomicU64,
+    /// Frames replaced by a newer one before processing (keep-latest queue; shared with
+    /// it).
+    pub dropped: Arc<AtomicU64>,
     /// Frames rejected as invalid (bad header, unsupported encoding, roi outside, ...).
     pub rejected: AtomicU64,
     /// Frames lost to a backend or publish error.
@@ -27,6 +29,18 @@ pub struct Stats {
     pub gpu_failures: AtomicU64,
     /// Window since the last diagnostics report.
     window: Mutex<Window>,
+    /// What the input looks like (topic, QoS, delivery), set before each report.
+    pub input: Mutex<InputReport>,
+}
+
+/// The input part of the status: key/values, and a warning when frames are lost before
+/// they reach the node.
+#[derive(Debug, Clone, Default)]
+pub struct InputReport {
+    /// Extra key/values (input topic, QoS, publishers, delivery).
+    pub values: Vec<(String, String)>,
+    /// Set while frames are being lost before the node: the status message (WARN).
+    pub warning: Option<String>,
 }
 
 #[derive(Default)]
@@ -104,6 +118,10 @@ impl Stats {
         self.window.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn input_report(&self) -> InputReport {
+        self.input.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// The diagnostics status for the window since `previous` (`seconds` long), and the
     /// counts to pass as `previous` next time.
     pub fn status(
@@ -126,6 +144,7 @@ impl Stats {
             d(now.gpu_failures, previous.gpu_failures),
         );
         let warn = DiagnosticStatus::WARN as u8;
+        let input = self.input_report();
         let (level, message) = if rejected > 0 {
             (
                 DiagnosticStatus::ERROR as u8,
@@ -145,6 +164,8 @@ impl Stats {
                     "dropping frames: {dropped} replaced by newer ones in the last {seconds:.0} s"
                 ),
             )
+        } else if let Some(w) = &input.warning {
+            (warn, w.clone())
         } else if let (Some((_, action)), "cpu") = (&backend.gpu_failure, backend.name.as_str()) {
             (warn, format!("running on the CPU after a GPU failure: {action}"))
         } else if backend.fallback.is_some() {
@@ -168,6 +189,7 @@ impl Stats {
             kv("Device", backend.device.clone()),
         ];
         values.extend(backend.details.iter().map(|(k, v)| kv(k, v.clone())));
+        values.extend(input.values.iter().map(|(k, v)| kv(k, v.clone())));
         if let Some(reason) = &backend.fallback {
             values.push(kv("Backend fallback reason", reason.clone()));
         }
@@ -244,6 +266,20 @@ mod tests {
         let (s, _) = stats.status("vp", prev, 1.0, &info);
         assert_eq!(s.level, DiagnosticStatus::OK as u8);
         assert_eq!(value(&s, "Frames rejected (invalid)"), "1");
+        // Frames lost before the node: WARN with the reason, keys listed.
+        *stats.input.lock().unwrap() = InputReport {
+            values: vec![("Input delivery".into(), "0.7 of 30.0 frames/s".into())],
+            warning: Some("frames lost before the node".into()),
+        };
+        let (s, prev) = stats.status("vp", prev, 1.0, &info);
+        assert_eq!(
+            (s.level, s.message.as_str()),
+            (DiagnosticStatus::WARN as u8, "frames lost before the node")
+        );
+        assert_eq!(value(&s, "Input delivery"), "0.7 of 30.0 frames/s");
+        *stats.input.lock().unwrap() = InputReport::default();
+        let (s, _) = stats.status("vp", prev, 1.0, &info);
+        assert_eq!(s.level, DiagnosticStatus::OK as u8);
         let fallback = BackendInfo { fallback: Some("no GPU".into()), ..info.clone() };
         let (s, _) = stats.status("vp", stats.counts(), 1.0, &fallback);
         assert_eq!(s.level, DiagnosticStatus::WARN as u8);

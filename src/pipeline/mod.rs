@@ -8,10 +8,12 @@ pub mod failure;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod geometry;
+pub mod message;
 
 use crate::backend::{
-    self, Backend, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes, TensorDesc,
+    self, Backend, Conv2dOp, HostBuffer, PreprocessOp, PreprocessParams, StageTimes, TensorDesc,
 };
+use crate::bag::msgs::Header;
 use crate::config::{BackendChoice, ChannelOrder, Config};
 use crate::error::{Error, Result};
 use crate::image::ImageView;
@@ -23,8 +25,66 @@ pub use failure::{
 #[cfg(feature = "fault-injection")]
 pub use fault::{FaultKind, FaultPlan, INJECT_FAULT_ENV};
 pub use geometry::{Geometry, Rect};
+pub use message::{frame_timing, TensorCdr, TensorFields};
 
-/// One processed frame: the tensor bytes live in the [`Pipeline`]'s output buffer.
+/// Alignment of the tensor data inside the message buffer (the CUDA kernels' vector
+/// stores need 16 bytes when they write it directly; 64 keeps it on a cache line).
+pub const TENSOR_ALIGN: usize = 64;
+
+/// Spare bytes allocated with the message buffer, so that small changes of the message
+/// (a longer frame_id) do not reallocate it.
+const MESSAGE_SLACK: usize = 4096;
+
+/// The serialized `Tensor` of the last frame, in a buffer from the backend
+/// ([`Backend::alloc_host`]: pinned memory for CUDA), reused from frame to frame.
+#[derive(Default)]
+struct MessageBuf {
+    buf: Option<HostBuffer>,
+    /// Offset of the message in `buf` (so that its data is [`TENSOR_ALIGN`]ed).
+    start: usize,
+    /// The message's layout around its data.
+    cdr: TensorCdr,
+}
+
+impl MessageBuf {
+    /// Make room for the message `cdr` describes (allocating from `backend` if needed)
+    /// and write everything but the data; returns the data's bytes.
+    fn prepare(&mut self, backend: &mut dyn Backend) -> Result<&mut [u8]> {
+        let (need, prefix_len) = (self.cdr.len(), self.cdr.prefix.len());
+        let offset = |buf: &HostBuffer| {
+            let data_at = buf.as_slice().as_ptr() as usize + prefix_len;
+            (TENSOR_ALIGN - data_at % TENSOR_ALIGN) % TENSOR_ALIGN
+        };
+        let fits = |buf: &HostBuffer| offset(buf) + need <= buf.len();
+        if !self.buf.as_ref().is_some_and(fits) {
+            self.buf = None;
+            self.buf = Some(backend.alloc_host(need + TENSOR_ALIGN + MESSAGE_SLACK)?);
+        }
+        let Some(buf) = self.buf.as_mut() else {
+            return Err(Error::Operation("message buffer missing after allocation".into()));
+        };
+        self.start = offset(buf);
+        let message = &mut buf.as_mut_slice()[self.start..self.start + need];
+        self.cdr.write_around(message);
+        Ok(&mut message[self.cdr.data_range()])
+    }
+
+    fn message(&self) -> &[u8] {
+        match &self.buf {
+            Some(buf) => &buf.as_slice()[self.start..self.start + self.cdr.len()],
+            None => &[],
+        }
+    }
+
+    fn tensor(&self) -> &[u8] {
+        let r = self.cdr.data_range();
+        let m = self.message();
+        m.get(r).unwrap_or(&[])
+    }
+}
+
+/// One processed frame: the tensor bytes (and the serialized `Tensor` message around
+/// them) live in the [`Pipeline`]'s message buffer.
 #[derive(Debug, Clone)]
 pub struct FrameInfo {
     /// Shape and type of the tensor.
@@ -45,7 +105,7 @@ pub struct Pipeline {
     /// Operation for the last frame size: (width, height) -> (geometry, op).
     cached: Option<((u32, u32), Geometry, PreprocessOp)>,
     conv: Option<Conv2dOp>,
-    output: Vec<u8>,
+    message: MessageBuf,
     recovery: Recovery,
 }
 
@@ -60,7 +120,14 @@ impl Pipeline {
         #[cfg(feature = "fault-injection")]
         let recovery =
             Recovery { injection: fault::Injection::new(FaultPlan::from_env()?), ..recovery };
-        Ok(Pipeline { config, backend, cached: None, conv, output: Vec::new(), recovery })
+        Ok(Pipeline {
+            config,
+            backend,
+            cached: None,
+            conv,
+            message: MessageBuf::default(),
+            recovery,
+        })
     }
 
     /// Test hook (feature `fault-injection`): make the backend fail as `plan` says (what
@@ -98,8 +165,21 @@ impl Pipeline {
     }
 
     /// Process one frame. The tensor's bytes are in [`Pipeline::tensor_bytes`] until the
-    /// next call.
+    /// next call (and in [`Pipeline::message`], with an empty header).
     pub fn process(&mut self, image: &ImageView<'_>) -> Result<FrameInfo> {
+        self.process_message(image, &Header::default(), image.encoding().name())
+    }
+
+    /// Process one frame into the serialized `vision_preproc_msgs/Tensor` of it, with
+    /// `header` and `source_encoding` (the encoding as it arrived): until the next call,
+    /// [`Pipeline::message`] holds the message, ready to publish or write to a bag, and
+    /// [`Pipeline::tensor_bytes`] its data. The backend writes the tensor in place.
+    pub fn process_message(
+        &mut self,
+        image: &ImageView<'_>,
+        header: &Header,
+        source_encoding: &str,
+    ) -> Result<FrameInfo> {
         let key = (image.width(), image.height());
         let entry = match self.cached.take() {
             Some(cached) if cached.0 == key => cached,
@@ -115,6 +195,16 @@ impl Pipeline {
         op.params.encoding = image.encoding() as u32;
         op.params.big_endian = u32::from(image.big_endian());
         let (desc, geometry) = (op.params.tensor_desc(), geometry.clone());
+        let cdr = TensorCdr::new(&TensorFields {
+            header,
+            name: &self.config.tensor_name,
+            desc,
+            geometry: &geometry,
+            source_encoding,
+        });
+        // The layout is kept in the message buffer; run_backend writes it around the
+        // tensor (again after a backend was replaced).
+        self.message.cdr = cdr;
         self.recovery.frame += 1;
         let (times, gpu_failure) = match self.run_backend(image) {
             Ok(times) => {
@@ -130,7 +220,8 @@ impl Pipeline {
         Ok(FrameInfo { desc, geometry, times, gpu_failure })
     }
 
-    /// Run the cached operation on the current backend (or fail as injected).
+    /// Run the cached operation on the current backend (or fail as injected), the
+    /// tensor landing inside the message buffer.
     fn run_backend(&mut self, image: &ImageView<'_>) -> Result<StageTimes> {
         #[cfg(feature = "fault-injection")]
         if let Some(kind) =
@@ -141,7 +232,15 @@ impl Pipeline {
         let Some((_, _, op)) = &self.cached else {
             return Err(Error::Operation("no operation for this frame size".into()));
         };
-        self.backend.process(image, op, self.conv.as_ref(), &mut self.output)
+        let out = self.message.prepare(self.backend.as_mut())?;
+        self.backend.process_into(image, op, self.conv.as_ref(), out)
+    }
+
+    /// Replace the backend. The message buffer goes first: it may be pinned memory that
+    /// keeps the old backend's CUDA context alive.
+    fn replace_backend(&mut self, backend: Box<dyn Backend>) {
+        self.message.buf = None;
+        self.backend = backend;
     }
 
     /// `gpu_failure_policy` after the backend failed on `image` with `reason`: rebuild
@@ -167,9 +266,9 @@ impl Pipeline {
                     // Drop the failed backend first: its context must be released before
                     // a new one can be made (a faulted CUDA context is reset when its last
                     // reference goes).
-                    self.backend = Box::new(backend::cpu::CpuBackend::new());
+                    self.replace_backend(Box::new(backend::cpu::CpuBackend::new()));
                     match (self.recovery.opener)(&self.config) {
-                        Ok(b) => self.backend = b,
+                        Ok(b) => self.replace_backend(b),
                         Err(e) => {
                             last_error = format!("opening a new backend: {e}");
                             continue;
@@ -191,7 +290,7 @@ impl Pipeline {
                 FailureAction::RetriesExhausted { attempts, last_error }
             }
         };
-        self.backend = Box::new(backend::cpu::CpuBackend::new());
+        self.replace_backend(Box::new(backend::cpu::CpuBackend::new()));
         self.recovery.fell_back = true;
         let times = self.run_backend(image)?;
         Ok((times, GpuFailure { reason, action, backend: self.backend.name() }))
@@ -199,14 +298,20 @@ impl Pipeline {
 
     /// The bytes of the last tensor (little-endian, dense in its layout).
     pub fn tensor_bytes(&self) -> &[u8] {
-        &self.output
+        self.message.tensor()
+    }
+
+    /// The serialized `vision_preproc_msgs/Tensor` of the last frame (CDR, what the
+    /// typed publisher would send), see [`Pipeline::process_message`].
+    pub fn message(&self) -> &[u8] {
+        self.message.message()
     }
 
     /// The last tensor de-normalized to an 8-bit image (see [`preview`]).
     pub fn preview_image(&self) -> Result<PreviewImage> {
         match &self.cached {
-            Some((_, _, op)) if self.output.len() == op.params.tensor_desc().byte_len() => {
-                Ok(preview(&op.params, &self.output))
+            Some((_, _, op)) if self.tensor_bytes().len() == op.params.tensor_desc().byte_len() => {
+                Ok(preview(&op.params, self.tensor_bytes()))
             }
             _ => Err(Error::Operation("no frame has been processed yet".into())),
         }

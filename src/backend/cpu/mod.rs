@@ -83,9 +83,20 @@ impl CpuBackend {
         op: &PreprocessOp,
         out: &mut Vec<u8>,
     ) -> Result<()> {
+        out.resize(op.params.tensor_desc().byte_len(), 0);
+        self.preprocess_into(image, op, out)
+    }
+
+    /// [`CpuBackend::preprocess`] into `out` of exactly the tensor's byte length.
+    pub fn preprocess_into(
+        &mut self,
+        image: &ImageView<'_>,
+        op: &PreprocessOp,
+        out: &mut [u8],
+    ) -> Result<()> {
         check_op(image, op)?;
+        crate::backend::check_out_len(op, out)?;
         let desc = op.params.tensor_desc();
-        out.resize(desc.byte_len(), 0);
         let store = match desc.dtype {
             DType::Float32 => Store::F32Le,
             DType::Float16 => Store::F16Le,
@@ -110,10 +121,10 @@ impl CpuBackend {
     }
 }
 
-/// Store f32 values as little-endian bytes of `dtype` into `out` (resized to fit).
-pub fn store(src: &[f32], dtype: DType, out: &mut Vec<u8>) {
+/// Store f32 values as little-endian bytes of `dtype` into `out` (`src.len()` elements
+/// of `dtype`; a shorter `out` stores fewer).
+pub fn store(src: &[f32], dtype: DType, out: &mut [u8]) {
     let es = dtype.size();
-    out.resize(src.len() * es, 0);
     let store = match dtype {
         DType::Float32 => Store::F32Le,
         DType::Float16 => Store::F16Le,
@@ -191,17 +202,18 @@ impl Backend for CpuBackend {
         format!("CPU, {} threads, {:?}", rayon::current_num_threads(), self.simd)
     }
 
-    fn process(
+    fn process_into(
         &mut self,
         image: &ImageView<'_>,
         op: &PreprocessOp,
         conv: Option<&Conv2dOp>,
-        out: &mut Vec<u8>,
+        out: &mut [u8],
     ) -> Result<StageTimes> {
         let start = Instant::now();
+        crate::backend::check_out_len(op, out)?;
         let Some(conv) = conv else {
             // No conv2d: one fused pass straight into the output dtype.
-            self.preprocess(image, op, out)?;
+            self.preprocess_into(image, op, out)?;
             return Ok(StageTimes {
                 preprocess_us: start.elapsed().as_secs_f32() * 1e6,
                 ..StageTimes::default()

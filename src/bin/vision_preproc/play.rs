@@ -39,6 +39,10 @@ pub struct PlayArgs {
     /// Stop after this many seconds (e.g. with --loop).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Publish reliable (what `ros2 bag play` does for a topic recorded from a reliable
+    /// publisher) instead of best effort (a camera driver's sensor-data QoS).
+    #[arg(long)]
+    pub reliable: bool,
 }
 
 pub fn run(a: PlayArgs) -> Result<()> {
@@ -55,6 +59,7 @@ pub fn run(a: PlayArgs) -> Result<()> {
         camera_info_topic: a.camera_info_topic,
         wait_subscribers: a.wait_subscribers,
         restamp: a.restamp,
+        reliable: a.reliable,
         duration: match a.duration {
             Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
             Some(s) => bail!("--duration {s}: use a positive number of seconds"),

@@ -76,6 +76,17 @@ pub fn run(a: RecordArgs) -> Result<()> {
         percentile(&node, 99.0),
     );
     if let Some(path) = &a.json {
+        let stages_p50: serde_json::Map<String, serde_json::Value> =
+            ["upload", "preprocess", "conv", "download"]
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    let mut v: Vec<f64> =
+                        stats.stages_us.iter().map(|s| f64::from(s[i]) / 1e3).collect();
+                    v.sort_by(f64::total_cmp);
+                    (name.to_string(), serde_json::json!(percentile(&v, 50.0)))
+                })
+                .collect();
         let doc = serde_json::json!({
             "tensors": stats.tensors,
             "timings": stats.timings,
@@ -85,6 +96,8 @@ pub fn run(a: RecordArgs) -> Result<()> {
             "e2e_ms_p99": percentile(&e2e, 99.0),
             "added_ms_p50": percentile(&node, 50.0),
             "added_ms_p99": percentile(&node, 99.0),
+            // FrameTiming stages, p50 in ms: what of node-added the backend reports.
+            "stages_ms_p50": stages_p50,
             "e2e_ms": stats.e2e_ms,
             "added_ms": stats.node_ms,
         });

@@ -8,11 +8,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
-use vision_preproc::bag::msgs::{FrameTiming, Image, Tensor};
+use vision_preproc::bag::msgs::Image;
 use vision_preproc::bag::{Bag, BagWriter, IMAGE_TYPE};
 use vision_preproc::config::BackendChoice;
 use vision_preproc::percentile::nearest_rank;
-use vision_preproc::pipeline::select_backend;
+use vision_preproc::pipeline::{frame_timing, select_backend};
 use vision_preproc::{Error, ImageView, Pipeline};
 
 /// Arguments of `replay`.
@@ -92,7 +92,6 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         backend_name,
         backend.device_description()
     );
-    let tensor_name = cfg.tensor_name.clone();
     let mut pipeline = Pipeline::new(cfg, backend)?;
 
     let mut out = BagWriter::create(&output)?;
@@ -129,7 +128,10 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             img.is_bigendian != 0,
             img.data,
         );
-        let info = match view.map_err(Error::from).and_then(|v| pipeline.process(&v)) {
+        let info = match view
+            .map_err(Error::from)
+            .and_then(|v| pipeline.process_message(&v, &img.header, &img.encoding))
+        {
             Ok(info) => info,
             Err(Error::Image(e)) => {
                 *rejected.entry(e.to_string()).or_default() += 1;
@@ -137,30 +139,11 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             }
             Err(e) => return Err(e),
         };
-        let g = &info.geometry;
-        let tensor = Tensor {
-            header: img.header.clone(),
-            name: &tensor_name,
-            layout: info.desc.layout.name(),
-            dtype: info.desc.dtype.name(),
-            shape: info.desc.shape(),
-            data: pipeline.tensor_bytes(),
-            geometry: [g.scale_x as f32, g.scale_y as f32, g.offset_x as f32, g.offset_y as f32],
-            source_width: g.source_width,
-            source_height: g.source_height,
-            source_encoding: &img.encoding,
-        };
-        out.write(t_tensor, m.log_time, &tensor.encode())?;
+        out.write(t_tensor, m.log_time, pipeline.message())?;
         let total = t0.elapsed().as_secs_f32() * 1e6;
         let t = info.times;
-        let timing = FrameTiming {
-            header: img.header.clone(),
-            sequence: published,
-            backend: backend_name.clone(),
-            // age_us: not meaningful offline (the stamps are from the recording), 0.
-            stages_us: [t.upload_us, t.preprocess_us, t.conv_us, t.download_us, total, 0.0],
-            dropped_since_last: 0,
-        };
+        // age_us: not meaningful offline (the stamps are from the recording), 0.
+        let timing = frame_timing(&img.header, published, &backend_name, &t, total, 0.0, 0);
         out.write(t_timing, m.log_time, &timing.encode())?;
         stages.upload.push(t.upload_us);
         stages.preprocess.push(t.preprocess_us);

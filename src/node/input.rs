@@ -1,0 +1,238 @@
+//! The node's input, run on the spin thread: the `image` subscription (native messages,
+//! read in place) and `camera_info`, drained right after each `spin_once` into the
+//! keep-latest slot; with `input_qos: auto`, the subscriptions follow what the
+//! publishers offer (`transport::adapt_to_offers`): best effort until a publisher
+//! appears, recreated when the answer changes.
+
+use super::native::{NativeImage, RosArgs};
+use super::{lock, Received, Shared};
+use crate::config::QosPreset;
+use crate::transport::{
+    adapt_to_offers, before_publishers, Adapted, DeliveryMonitor, Durability, Offer, Reliability,
+};
+use futures::{FutureExt, Stream, StreamExt};
+use r2r::qos::{DurabilityPolicy, ReliabilityPolicy};
+use r2r::sensor_msgs::msg::{CameraInfo, Image};
+use r2r::QosProfile;
+use std::time::{Duration, Instant};
+
+/// How often `input_qos: auto` looks at the publishers again.
+pub const QOS_CHECK_PERIOD: Duration = Duration::from_millis(250);
+
+type Images = Box<dyn Stream<Item = r2r::NativeMsg<Image>> + Unpin>;
+type CameraInfos = Box<dyn Stream<Item = CameraInfo> + Unpin>;
+
+/// What `/diagnostics` says about the input (written by the spin thread, read by the
+/// diagnostics task).
+#[derive(Debug, Default)]
+pub struct InputState {
+    /// The image topic, fully qualified (after remapping).
+    pub topic: String,
+    /// The subscription's QoS and why it was chosen.
+    pub qos: String,
+    /// Image publishers matched in the graph.
+    pub publishers: usize,
+    /// The subscription is best effort (lost fragments of large frames are not
+    /// repaired).
+    pub best_effort: bool,
+    /// Arrivals, for frames lost before the node.
+    pub monitor: DeliveryMonitor,
+}
+
+/// The r2r QoS of an input subscription: the preset, or for `auto` what `adapted` says.
+pub fn qos_profile(preset: QosPreset, depth: u32, adapted: Option<&Adapted>) -> QosProfile {
+    let base = match (preset, adapted) {
+        (QosPreset::Auto, Some(a)) => {
+            let p = match a.reliability {
+                Reliability::Reliable => QosProfile::default(),
+                Reliability::BestEffort => QosProfile::sensor_data(),
+            };
+            match a.durability {
+                Durability::TransientLocal => p.transient_local(),
+                Durability::Volatile => p.volatile(),
+            }
+        }
+        (QosPreset::Auto | QosPreset::SensorData, _) => QosProfile::sensor_data(),
+        (QosPreset::Default, _) => QosProfile::default(),
+        (QosPreset::SystemDefault, _) => QosProfile::system_default(),
+    };
+    base.keep_last(depth as usize)
+}
+
+/// What the publishers of `topic` offer (none when the graph cannot be read).
+fn offers(node: &r2r::Node, topic: &str) -> Vec<Offer> {
+    node.get_publishers_info_by_topic(topic, false)
+        .map(|infos| {
+            infos
+                .iter()
+                .map(|i| Offer {
+                    reliability: if i.qos_profile.reliability == ReliabilityPolicy::Reliable {
+                        Reliability::Reliable
+                    } else {
+                        Reliability::BestEffort
+                    },
+                    durability: if i.qos_profile.durability == DurabilityPolicy::TransientLocal {
+                        Durability::TransientLocal
+                    } else {
+                        Durability::Volatile
+                    },
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One input topic: its names and the QoS its subscription was made with.
+struct Topic {
+    relative: &'static str,
+    resolved: String,
+    chosen: Option<Adapted>,
+}
+
+/// The input subscriptions, owned by the spin thread.
+pub struct Input {
+    preset: QosPreset,
+    depth: u32,
+    image: Topic,
+    info: Topic,
+    images: Option<Images>,
+    infos: Option<CameraInfos>,
+    next_check: Instant,
+}
+
+impl Input {
+    /// Subscribe to `image` and `camera_info` (relative names: namespaces and remaps
+    /// apply). `args` resolves the names for the graph queries of `auto`.
+    pub fn new(
+        node: &mut r2r::Node,
+        args: Option<&RosArgs>,
+        preset: QosPreset,
+        depth: u32,
+        shared: &Shared,
+    ) -> r2r::Result<Input> {
+        let (name, namespace) = (node.name()?, node.namespace()?);
+        let resolve = |t: &'static str| {
+            args.and_then(|a| a.resolve_topic(t, &name, &namespace))
+                .unwrap_or_else(|| format!("{}/{t}", namespace.trim_end_matches('/')))
+        };
+        let mut input = Input {
+            preset,
+            depth,
+            image: Topic { relative: "image", resolved: resolve("image"), chosen: None },
+            info: Topic { relative: "camera_info", resolved: resolve("camera_info"), chosen: None },
+            images: None,
+            infos: None,
+            next_check: Instant::now(),
+        };
+        // The topics exist from the start: `auto` subscribes with what matches any
+        // publisher until the publishers say otherwise.
+        let first = before_publishers();
+        let qos = qos_profile(preset, depth, Some(&first));
+        input.images = Some(Box::new(node.subscribe_native::<Image>("image", qos.clone())?));
+        input.infos = Some(Box::new(node.subscribe::<CameraInfo>("camera_info", qos)?));
+        let mut st = lock(&shared.input);
+        st.topic = input.image.resolved.clone();
+        if preset == QosPreset::Auto {
+            for topic in [&input.image.resolved, &input.info.resolved] {
+                r2r::log_info!(&shared.logger, "input_qos auto: {topic} {first}");
+            }
+            st.qos = format!("auto: {first}");
+            st.best_effort = true;
+            input.image.chosen = Some(first.clone());
+            input.info.chosen = Some(first);
+        } else {
+            st.qos = format!("input_qos {}", preset_name(preset));
+            st.best_effort = preset == QosPreset::SensorData;
+        }
+        drop(st);
+        input.adapt(node, shared)?;
+        Ok(input)
+    }
+
+    /// Hand over what the last `spin_once` delivered: images to the keep-latest slot,
+    /// the newest camera_info to the processing thread; both to the delivery monitor.
+    pub fn drain(&mut self, shared: &Shared) {
+        let at = Instant::now();
+        if let Some(images) = self.images.as_mut() {
+            while let Some(Some(msg)) = images.next().now_or_never() {
+                let msg = NativeImage::new(msg);
+                lock(&shared.input).monitor.image(at, msg.stamp_ns(), msg.data().len());
+                shared.latest.put(Received { msg, at });
+            }
+        }
+        if let Some(infos) = self.infos.as_mut() {
+            while let Some(Some(info)) = infos.next().now_or_never() {
+                lock(&shared.input).monitor.camera_info(at);
+                *lock(&shared.camera_info) = Some(info);
+            }
+        }
+    }
+
+    /// Every [`QOS_CHECK_PERIOD`]: count the image publishers and, with `auto`, choose
+    /// the QoS again from what they offer; a subscription whose answer changed is
+    /// recreated (and the change logged).
+    pub fn adapt(&mut self, node: &mut r2r::Node, shared: &Shared) -> r2r::Result<()> {
+        let now = Instant::now();
+        if now < self.next_check {
+            return Ok(());
+        }
+        self.next_check = now + QOS_CHECK_PERIOD;
+        let image_offers = offers(node, &self.image.resolved);
+        lock(&shared.input).publishers = image_offers.len();
+        if self.preset != QosPreset::Auto {
+            return Ok(());
+        }
+        // No publisher: nothing to adapt to; the subscription made so far stays.
+        if let Some(adapted) = adapt_to_offers(&image_offers) {
+            let recreate = changed(&self.image.chosen, &adapted);
+            if recreate {
+                let qos = qos_profile(self.preset, self.depth, Some(&adapted));
+                self.images = None; // r2r drops the old subscription at its next message
+                self.images =
+                    Some(Box::new(node.subscribe_native::<Image>(self.image.relative, qos)?));
+                let mut st = lock(&shared.input);
+                st.best_effort = adapted.reliability == Reliability::BestEffort;
+                st.monitor.reset();
+            }
+            if self.image.chosen.as_ref() != Some(&adapted) {
+                log_choice(shared, &self.image.resolved, &adapted, recreate);
+                lock(&shared.input).qos = format!("auto: {adapted}");
+            }
+            self.image.chosen = Some(adapted);
+        }
+        if let Some(adapted) = adapt_to_offers(&offers(node, &self.info.resolved)) {
+            let recreate = changed(&self.info.chosen, &adapted);
+            if recreate {
+                let qos = qos_profile(self.preset, self.depth, Some(&adapted));
+                self.infos = None;
+                self.infos = Some(Box::new(node.subscribe::<CameraInfo>(self.info.relative, qos)?));
+            }
+            if self.info.chosen.as_ref() != Some(&adapted) {
+                log_choice(shared, &self.info.resolved, &adapted, recreate);
+            }
+            self.info.chosen = Some(adapted);
+        }
+        Ok(())
+    }
+}
+
+fn changed(chosen: &Option<Adapted>, now: &Adapted) -> bool {
+    match chosen {
+        Some(c) => c.differs(now),
+        None => true,
+    }
+}
+
+fn preset_name(p: QosPreset) -> &'static str {
+    match p {
+        QosPreset::Auto => "auto",
+        QosPreset::SensorData => "sensor_data (best effort)",
+        QosPreset::Default => "default (reliable)",
+        QosPreset::SystemDefault => "system_default",
+    }
+}
+
+fn log_choice(shared: &Shared, topic: &str, adapted: &Adapted, recreated: bool) {
+    let what = if recreated { "subscription recreated" } else { "subscription kept" };
+    r2r::log_info!(&shared.logger, "input_qos auto: {topic} {adapted} ({what})");
+}

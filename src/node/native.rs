@@ -1,0 +1,255 @@
+//! r2r native (C) messages read in place, and the ROS command line read with rcl before
+//! the node exists.
+//!
+//! `subscribe_native` hands over the C message rmw deserialized into: the pixel bytes
+//! are read where rmw put them (no copy into a Rust `Image`). The command line is parsed
+//! by rcl itself (`rcl_parse_arguments`, what `rcl_init` does with the same `argv`): for
+//! the remapped name of the input topic (rclcpp's `get_publishers_info_by_topic` expands
+//! and remaps the same way) and for the parameters that size the Fast DDS segment,
+//! which has to be configured before the node's DDS participant is created.
+
+use crate::bag::msgs::Header;
+use crate::config::Config;
+use crate::image::ImageView;
+use r2r::sensor_msgs::msg::Image;
+use r2r::WrappedTypesupport;
+use r2r_rcl as rcl;
+use std::ffi::{c_char, CStr, CString};
+
+/// A received image: the C message rmw deserialized into, owned.
+pub struct NativeImage(r2r::NativeMsg<Image>);
+
+// SAFETY: the wrapped C message is heap memory created by the type support
+// (`create_msg`) and freed by its `destroy_msg` (the default allocator: malloc/free,
+// thread-safe), owned by this value alone, with no thread affinity. Loaned messages,
+// whose release goes back to the subscription, are never wrapped (see `new`).
+unsafe impl Send for NativeImage {}
+
+impl NativeImage {
+    /// Take ownership of a received message. A loaned one (Fast DDS loans only plain
+    /// types, which `sensor_msgs/Image` is not, so this does not happen with it) is
+    /// copied into an owned message first, and its loan is returned here, on the
+    /// subscription's thread.
+    pub fn new(msg: r2r::NativeMsg<Image>) -> Self {
+        if !msg.is_loaned {
+            return NativeImage(msg);
+        }
+        NativeImage(r2r::NativeMsg::from(&Image::from_native(&msg)))
+    }
+
+    /// The pixel bytes, in place.
+    pub fn data(&self) -> &[u8] {
+        let d = &self.0.data;
+        if d.data.is_null() || d.size == 0 {
+            return &[];
+        }
+        // SAFETY: a rosidl sequence holds `size` initialized elements at `data`, owned
+        // by the message, which lives as long as `self` (the borrow ties them).
+        unsafe { std::slice::from_raw_parts(d.data, d.size) }
+    }
+
+    /// `encoding` (an encoding that is not UTF-8 reads as one that no table knows, and
+    /// is rejected by name).
+    pub fn encoding(&self) -> &str {
+        std::str::from_utf8(c_string(&self.0.encoding)).unwrap_or("<not UTF-8>")
+    }
+
+    /// The header, as the ROS-free type of the output messages.
+    pub fn header(&self) -> Header {
+        let h = &self.0.header;
+        Header {
+            sec: h.stamp.sec,
+            nanosec: h.stamp.nanosec,
+            frame_id: String::from_utf8_lossy(c_string(&h.frame_id)).into_owned(),
+        }
+    }
+
+    /// The header stamp in ns since the epoch.
+    pub fn stamp_ns(&self) -> i64 {
+        let s = &self.0.header.stamp;
+        i64::from(s.sec) * 1_000_000_000 + i64::from(s.nanosec)
+    }
+
+    /// The image, validated (step, size, encoding), borrowing the pixel bytes.
+    pub fn view(&self) -> Result<ImageView<'_>, crate::ImageError> {
+        let m = &*self.0;
+        ImageView::new(m.width, m.height, m.step, self.encoding(), m.is_bigendian != 0, self.data())
+    }
+}
+
+/// The bytes of a rosidl string (without its NUL).
+fn c_string(s: &rcl::rosidl_runtime_c__String) -> &[u8] {
+    if s.data.is_null() || s.size == 0 {
+        return &[];
+    }
+    // SAFETY: a rosidl string holds `size` bytes at `data` (plus a NUL), owned by the
+    // message the borrow of `s` comes from.
+    unsafe { std::slice::from_raw_parts(s.data.cast::<u8>(), s.size) }
+}
+
+/// An r2r header from the ROS-free one.
+pub fn ros_header(h: &Header) -> r2r::std_msgs::msg::Header {
+    r2r::std_msgs::msg::Header {
+        stamp: r2r::builtin_interfaces::msg::Time { sec: h.sec, nanosec: h.nanosec },
+        frame_id: h.frame_id.clone(),
+    }
+}
+
+extern "C" {
+    // rcl/remap.h (librcl, linked through r2r_rcl; not in its generated bindings).
+    fn rcl_remap_topic_name(
+        local_arguments: *const rcl::rcl_arguments_t,
+        global_arguments: *const rcl::rcl_arguments_t,
+        topic_name: *const c_char,
+        node_name: *const c_char,
+        node_namespace: *const c_char,
+        allocator: rcl::rcl_allocator_t,
+        output_name: *mut *mut c_char,
+    ) -> rcl::rcl_ret_t;
+}
+
+/// This process's ROS arguments, parsed by rcl.
+pub struct RosArgs {
+    args: rcl::rcl_arguments_t,
+}
+
+// SAFETY: the parsed arguments are heap data owned by this value alone (rcl allocates
+// them with the default, thread-safe allocator); they are read by one thread at a time
+// (the value is moved, never shared) and finalized once, in `drop`.
+unsafe impl Send for RosArgs {}
+
+impl RosArgs {
+    /// Parse `std::env::args()` as `rcl_init` does; `None` if rcl refuses them (the
+    /// node's own start then reports the error).
+    pub fn parse() -> Option<RosArgs> {
+        let owned: Vec<CString> = std::env::args().filter_map(|a| CString::new(a).ok()).collect();
+        let argv: Vec<*const c_char> = owned.iter().map(|a| a.as_ptr()).collect();
+        // SAFETY: plain constructor of a zeroed struct.
+        let mut args = unsafe { rcl::rcl_get_zero_initialized_arguments() };
+        // SAFETY: argv holds argc valid NUL-terminated strings that outlive the call; the
+        // output is zero-initialized as rcl requires; the default allocator is valid.
+        let ret = unsafe {
+            rcl::rcl_parse_arguments(
+                argv.len() as i32,
+                argv.as_ptr(),
+                rcl::rcutils_get_default_allocator(),
+                &mut args,
+            )
+        };
+        if ret != rcl::RCL_RET_OK as i32 {
+            // SAFETY: resets rcl's thread-local error state, set by the failed call.
+            unsafe { rcl::rcutils_reset_error() };
+            return None;
+        }
+        Some(RosArgs { args })
+    }
+
+    /// The fully qualified name of the relative topic `topic` of node `name` in
+    /// `namespace`, after this command line's remapping rules (`-r image:=/cam/raw`,
+    /// `-r vision_preproc:image:=...`). `None` if rcl cannot say.
+    pub fn resolve_topic(&self, topic: &str, name: &str, namespace: &str) -> Option<String> {
+        let expanded = if namespace.ends_with('/') {
+            format!("{namespace}{topic}")
+        } else {
+            format!("{namespace}/{topic}")
+        };
+        let (t, n, ns) = (
+            CString::new(expanded.clone()).ok()?,
+            CString::new(name).ok()?,
+            CString::new(namespace).ok()?,
+        );
+        let mut out: *mut c_char = std::ptr::null_mut();
+        // SAFETY: valid argument struct (parsed above, alive), NUL-terminated strings
+        // that outlive the call, a valid out pointer; no local arguments (r2r creates
+        // the node with the default options, which have none).
+        let allocator = unsafe { rcl::rcutils_get_default_allocator() };
+        let ret = unsafe {
+            rcl_remap_topic_name(
+                std::ptr::null(),
+                &self.args,
+                t.as_ptr(),
+                n.as_ptr(),
+                ns.as_ptr(),
+                allocator,
+                &mut out,
+            )
+        };
+        if ret != rcl::RCL_RET_OK as i32 {
+            // SAFETY: as in `parse`.
+            unsafe { rcl::rcutils_reset_error() };
+            return None;
+        }
+        if out.is_null() {
+            return Some(expanded);
+        }
+        // SAFETY: rcl returned a NUL-terminated string allocated with `allocator`; it is
+        // copied, then freed once with the same allocator.
+        let remapped = unsafe { CStr::from_ptr(out) }.to_string_lossy().into_owned();
+        if let Some(free) = allocator.deallocate {
+            // SAFETY: see above.
+            unsafe { free(out.cast(), allocator.state) };
+        }
+        Some(remapped)
+    }
+
+    /// An upper bound of the configuration's output size over every parameter this
+    /// command line gives (`--params-file`, `-p`), for any node: the largest network
+    /// width and height found, over the defaults (whose 3 channels of float32 are the
+    /// widest element).
+    /// Errs on the large side (another node's entries count too) so that the segment
+    /// sized from it holds the node's real output; the node checks that afterwards.
+    pub fn output_bound(&self) -> Config {
+        let mut cfg = Config::default();
+        let mut params: *mut rcl::rcl_params_t = std::ptr::null_mut();
+        // SAFETY: valid arguments; a null-initialized out pointer that rcl fills with
+        // a copy it allocates (freed below), or leaves null when there are none.
+        let ret = unsafe { rcl::rcl_arguments_get_param_overrides(&self.args, &mut params) };
+        if ret != rcl::RCL_RET_OK as i32 || params.is_null() {
+            return cfg;
+        }
+        // SAFETY: `params` points to a valid rcl_params_t (see above); its arrays hold
+        // `num_nodes` entries, each with `num_params` names and values; strings are
+        // NUL-terminated; only read here, before the fini below.
+        unsafe {
+            let p = &*params;
+            if !p.params.is_null() {
+                for np in std::slice::from_raw_parts(p.params, p.num_nodes) {
+                    if np.parameter_names.is_null() || np.parameter_values.is_null() {
+                        continue;
+                    }
+                    let names = std::slice::from_raw_parts(np.parameter_names, np.num_params);
+                    let values = std::slice::from_raw_parts(np.parameter_values, np.num_params);
+                    for (&n, v) in names.iter().zip(values) {
+                        if n.is_null() {
+                            continue;
+                        }
+                        if v.integer_value.is_null() {
+                            continue;
+                        }
+                        let Ok(i) = u32::try_from(*v.integer_value) else {
+                            continue;
+                        };
+                        match CStr::from_ptr(n).to_bytes() {
+                            b"network_image_width" => {
+                                cfg.network_image_width = cfg.network_image_width.max(i)
+                            }
+                            b"network_image_height" => {
+                                cfg.network_image_height = cfg.network_image_height.max(i)
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            rcl::rcl_yaml_node_struct_fini(params);
+        }
+        cfg
+    }
+}
+
+impl Drop for RosArgs {
+    fn drop(&mut self) {
+        // SAFETY: `args` came from a successful rcl_parse_arguments and is finalized once.
+        unsafe { rcl::rcl_arguments_fini(&mut self.args) };
+    }
+}

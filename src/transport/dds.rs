@@ -1,0 +1,121 @@
+//! The node's own Fast DDS transports: a shared-memory segment sized from the largest
+//! sample the node publishes, instead of a fixed large one (Fast DDS writes its whole
+//! segment when it creates it, so the segment is resident memory from the start), and a
+//! UDP transport with socket buffers as large as the kernel allows (what a reader can do
+//! for large samples that do not come through shared memory).
+//!
+//! Used only when the user gave no profile (`FASTDDS_DEFAULT_PROFILES_FILE` unset).
+//! Camera drivers need the shipped `config/fastdds_large_frames.xml`: a best-effort
+//! frame travels through shared memory only when it fits the **publisher's** segment.
+
+use crate::config::Config;
+
+/// Samples of the largest output the segment holds at once (a reliable writer keeps a
+/// sample until every reader has it; a few in flight keep the writer from waiting).
+pub const SEGMENT_SAMPLES: usize = 4;
+/// Smallest segment (camera_info, timing and diagnostics need little; 16 MB also holds
+/// one 1080p bgr8 frame for a node that receives through shared memory).
+pub const MIN_SEGMENT: usize = 16 << 20;
+/// Bytes a `Tensor` or `Image` message carries besides its data (header, names,
+/// shape, geometry), rounded up generously.
+const MESSAGE_OVERHEAD: usize = 4096;
+/// Socket buffers asked for the UDP transport; the kernel caps them at
+/// `net.core.rmem_max` / `wmem_max`.
+pub const UDP_BUFFER: usize = 8 << 20;
+
+/// Bytes of the largest sample a node with `cfg` publishes: the tensor, or the
+/// `debug_image` (rgb8 or mono8 of the network size) when that is larger.
+pub fn largest_output(cfg: &Config) -> usize {
+    let pixels = cfg.network_image_width as usize * cfg.network_image_height as usize;
+    let channels = cfg.output_channels as usize;
+    let tensor = pixels * channels * cfg.output_dtype.size();
+    let debug = pixels * if channels == 1 { 1 } else { 3 };
+    tensor.max(debug) + MESSAGE_OVERHEAD
+}
+
+/// The segment for samples of at most `largest` bytes: [`SEGMENT_SAMPLES`] of them, at
+/// least [`MIN_SEGMENT`], in whole MiB.
+pub fn segment_size(largest: usize) -> usize {
+    (largest.saturating_mul(SEGMENT_SAMPLES)).max(MIN_SEGMENT).next_multiple_of(1 << 20)
+}
+
+/// A Fast DDS XML profile (default participant profile) with a shared-memory transport
+/// of `segment` bytes and a UDPv4 transport with `udp_buffer`-byte socket buffers.
+pub fn profile_xml(segment: usize, udp_buffer: usize) -> String {
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8" ?>
+<!-- Written by vision_preproc_node for itself (no FASTDDS_DEFAULT_PROFILES_FILE was
+     given): shared-memory segment sized from its largest output, {segment} bytes. -->
+<dds xmlns="http://www.eprosima.com">
+  <profiles>
+    <transport_descriptors>
+      <transport_descriptor>
+        <transport_id>shm_sized</transport_id>
+        <type>SHM</type>
+        <segment_size>{segment}</segment_size>
+      </transport_descriptor>
+      <transport_descriptor>
+        <transport_id>udp_buffers</transport_id>
+        <type>UDPv4</type>
+        <sendBufferSize>{udp_buffer}</sendBufferSize>
+        <receiveBufferSize>{udp_buffer}</receiveBufferSize>
+      </transport_descriptor>
+    </transport_descriptors>
+    <participant profile_name="vision_preproc_sized" is_default_profile="true">
+      <rtps>
+        <userTransports>
+          <transport_id>shm_sized</transport_id>
+          <transport_id>udp_buffers</transport_id>
+        </userTransports>
+        <useBuiltinTransports>false</useBuiltinTransports>
+      </rtps>
+    </participant>
+  </profiles>
+</dds>
+"#
+    )
+}
+
+/// The kernel's limit for socket buffers (`/proc/sys/net/core/{rmem,wmem}_max`, the
+/// smaller), if readable.
+pub fn socket_buffer_limit() -> Option<usize> {
+    let read = |p: &str| std::fs::read_to_string(p).ok()?.trim().parse::<usize>().ok();
+    Some(read("/proc/sys/net/core/rmem_max")?.min(read("/proc/sys/net/core/wmem_max")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DType;
+
+    #[test]
+    fn the_segment_follows_the_largest_output() {
+        // 640x640x3 float32 = 4,915,200 bytes + 4096 overhead; 4 samples = 19,677,184
+        // bytes = 18.8 MiB, rounded up to whole MiB: 19 MiB.
+        let cfg =
+            Config { network_image_width: 640, network_image_height: 640, ..Default::default() };
+        assert_eq!(largest_output(&cfg), 4_915_200 + 4096);
+        assert_eq!(segment_size(largest_output(&cfg)), 19 << 20);
+        // The default 640x480: 3.7 MB tensors, 4 of them = 14.8 MB -> the 16 MB floor.
+        assert_eq!(segment_size(largest_output(&Config::default())), MIN_SEGMENT);
+        // 1 channel float16: the mono8 debug image (w*h) is smaller than the tensor
+        // (2*w*h).
+        let grey = Config { output_channels: 1, output_dtype: DType::Float16, ..cfg.clone() };
+        assert_eq!(largest_output(&grey), 640 * 640 * 2 + 4096);
+        // 4K float32 output: 99.5 MB tensors -> 380 MiB segment.
+        let big = Config { network_image_width: 3840, network_image_height: 2160, ..cfg };
+        assert_eq!(
+            segment_size(largest_output(&big)),
+            (4 * (99_532_800usize + 4096)).next_multiple_of(1 << 20)
+        );
+    }
+
+    #[test]
+    fn the_profile_names_both_transports() {
+        let xml = profile_xml(20 << 20, 4 << 20);
+        assert!(xml.contains("<segment_size>20971520</segment_size>"), "{xml}");
+        assert!(xml.contains("<receiveBufferSize>4194304</receiveBufferSize>"), "{xml}");
+        assert!(xml.contains("<useBuiltinTransports>false</useBuiltinTransports>"));
+        assert!(xml.contains(r#"is_default_profile="true""#));
+    }
+}

@@ -1,0 +1,336 @@
+//! Frames lost before they reach the node: from what a subscriber can see (the sizes
+//! and header stamps of the images that arrive, and the camera_info messages, which are
+//! small enough to arrive whole), estimate the rate the camera publishes at and compare
+//! it with the rate images arrive at.
+//!
+//! The camera's rate comes from `camera_info` when it arrives (drivers publish one per
+//! frame, with the frame's stamp), else from the image stamps: the frames that arrive
+//! are a subset of the camera's, so the gaps between their stamps are whole multiples
+//! of its frame period; the largest period that fits every gap, with at least two
+//! different multiples (a steady slow camera fits with all gaps = 1 period), is taken.
+//! A slow camera whose frames all arrive is never flagged: its gaps are one period.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// How far back arrivals are kept for the arrival and camera_info rates.
+pub const WINDOW: Duration = Duration::from_secs(15);
+/// Stamps kept for the period fit: the last [`STAMPS_KEPT`] images of at most this long
+/// ago (when nearly every frame is lost, a few arrive per minute: the fit needs
+/// [`MIN_GAPS`] gaps).
+pub const STAMP_WINDOW: Duration = Duration::from_secs(120);
+/// Images whose stamps are kept for the period fit.
+pub const STAMPS_KEPT: usize = 32;
+/// Samples at least this large travel as several UDP fragments when they do not fit
+/// the publisher's shared-memory segment; best-effort ones are then mostly lost.
+pub const LARGE_SAMPLE: usize = 64 * 1024;
+/// Raise the warning when fewer than this fraction of the camera's frames arrive...
+pub const RAISE_BELOW: f64 = 0.5;
+/// ...and clear it when at least this fraction arrives again.
+pub const CLEAR_ABOVE: f64 = 0.8;
+/// Fastest camera considered (a shorter fitted period is noise).
+const MIN_PERIOD_S: f64 = 1.0 / 240.0;
+/// A gap fits a period when it is within this fraction of a period of a whole multiple.
+const GAP_TOLERANCE: f64 = 0.1;
+/// Gaps needed before the stamps say anything.
+pub const MIN_GAPS: usize = 5;
+/// The period is fitted to the last this many gaps: every one of them must fit, so a
+/// longer run of gaps would be more likely to hold one with a late stamp (the delivery
+/// of a very lossy camera is then unknown for a while, not judged wrong).
+pub const FIT_GAPS: usize = 8;
+/// Gaps longer than this (or not positive: a looped recording, a clock jump) are not
+/// used.
+const MAX_GAP_S: f64 = 60.0;
+/// camera_info messages needed in the window to use their rate.
+const MIN_CAMERA_INFOS: usize = 10;
+/// Shortest observation before anything is said.
+const MIN_SPAN: Duration = Duration::from_secs(3);
+
+/// Where the camera's rate came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Basis {
+    /// The rate of `camera_info` messages.
+    CameraInfo,
+    /// The period fitted to the image stamps.
+    Stamps,
+}
+
+/// Arrival against the camera's rate, over the window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Delivery {
+    /// Images that arrived per second.
+    pub arrived_hz: f64,
+    /// Frames the camera published per second (estimated).
+    pub camera_hz: f64,
+    /// Fraction of the camera's frames that arrived (0..=1).
+    pub fraction: f64,
+    /// Where `camera_hz` came from.
+    pub basis: Basis,
+    /// Largest image that arrived, bytes.
+    pub largest_bytes: usize,
+}
+
+/// Arrivals of images and camera_infos over the last [`WINDOW`].
+#[derive(Debug, Default)]
+pub struct DeliveryMonitor {
+    started: Option<Instant>,
+    /// (arrival, header stamp in ns, bytes of pixel data) over [`WINDOW`]
+    images: VecDeque<(Instant, i64, usize)>,
+    infos: VecDeque<Instant>,
+    /// (arrival, header stamp in ns, bytes) of the last [`STAMPS_KEPT`] images within
+    /// [`STAMP_WINDOW`]
+    stamps: VecDeque<(Instant, i64, usize)>,
+}
+
+impl DeliveryMonitor {
+    /// An image arrived.
+    pub fn image(&mut self, at: Instant, stamp_ns: i64, bytes: usize) {
+        self.started.get_or_insert(at);
+        self.images.push_back((at, stamp_ns, bytes));
+        self.stamps.push_back((at, stamp_ns, bytes));
+        if self.stamps.len() > STAMPS_KEPT {
+            self.stamps.pop_front();
+        }
+        self.trim(at);
+    }
+
+    /// A camera_info arrived.
+    pub fn camera_info(&mut self, at: Instant) {
+        self.started.get_or_insert(at);
+        self.infos.push_back(at);
+        self.trim(at);
+    }
+
+    /// True while an image arrived within [`STAMP_WINDOW`] (the camera is there).
+    pub fn images_recently(&self, now: Instant) -> bool {
+        self.stamps.back().is_some_and(|i| now.duration_since(i.0) < STAMP_WINDOW)
+    }
+
+    /// Forget everything (e.g. when the subscription was recreated).
+    pub fn reset(&mut self) {
+        *self = DeliveryMonitor::default();
+    }
+
+    fn trim(&mut self, now: Instant) {
+        if let Some(from) = now.checked_sub(STAMP_WINDOW) {
+            while self.stamps.front().is_some_and(|i| i.0 < from) {
+                self.stamps.pop_front();
+            }
+        }
+        let Some(from) = now.checked_sub(WINDOW) else {
+            return;
+        };
+        while self.images.front().is_some_and(|i| i.0 < from) {
+            self.images.pop_front();
+        }
+        while self.infos.front().is_some_and(|&t| t < from) {
+            self.infos.pop_front();
+        }
+    }
+
+    /// Arrival against the camera's rate, or `None` while there is not enough to say.
+    pub fn assess(&mut self, now: Instant) -> Option<Delivery> {
+        self.trim(now);
+        let started = self.started?;
+        let span = now.duration_since(started).min(WINDOW);
+        if span < MIN_SPAN {
+            return None;
+        }
+        let secs = span.as_secs_f64();
+        if self.infos.len() >= MIN_CAMERA_INFOS {
+            // Nothing may arrive at all: then the camera_info says the camera runs.
+            let arrived_hz = self.images.len() as f64 / secs;
+            let camera_hz = self.infos.len() as f64 / secs;
+            let largest_bytes = self.images.iter().map(|i| i.2).max().unwrap_or(0);
+            let fraction = (arrived_hz / camera_hz).min(1.0);
+            return Some(Delivery {
+                arrived_hz,
+                camera_hz,
+                fraction,
+                basis: Basis::CameraInfo,
+                largest_bytes,
+            });
+        }
+        // From the stamps of the last images (over up to STAMP_WINDOW: when nearly all
+        // frames are lost, a few arrive per minute).
+        let stamps: Vec<i64> = self.stamps.iter().map(|i| i.1).collect();
+        let (period, expected) = expected_frames(&stamps)?;
+        // The frames the fit covered: the last FIT_GAPS + 1 (or all, if fewer).
+        let covered = self.stamps.len().min(FIT_GAPS + 1);
+        let first = self.stamps[self.stamps.len() - covered].0;
+        let seen = now.duration_since(first).as_secs_f64();
+        Some(Delivery {
+            arrived_hz: covered as f64 / seen.max(secs),
+            camera_hz: 1.0 / period,
+            fraction: (covered as f64 / expected).min(1.0),
+            basis: Basis::Stamps,
+            largest_bytes: self.stamps.iter().map(|i| i.2).max().unwrap_or(0),
+        })
+    }
+}
+
+/// The camera's period (s) fitted to the stamps (in arrival order) and how many frames
+/// it published from the first to the last of them.
+fn expected_frames(stamps_ns: &[i64]) -> Option<(f64, f64)> {
+    let gaps: Vec<f64> = stamps_ns
+        .windows(2)
+        .map(|w| (w[1] - w[0]) as f64 * 1e-9)
+        .filter(|&g| g > 0.0 && g <= MAX_GAP_S)
+        .collect();
+    let recent = &gaps[gaps.len().saturating_sub(FIT_GAPS)..];
+    let period = fit_period(recent)?;
+    let multiples: f64 = recent.iter().map(|g| (g / period).round()).sum();
+    Some((period, multiples + 1.0))
+}
+
+/// The largest period `p >= MIN_PERIOD_S` such that every gap is `k * p` (whole `k >=
+/// 1`) within [`GAP_TOLERANCE`]` * p`, with at least two different `k`; `None` if none
+/// fits or there are fewer than [`MIN_GAPS`] gaps. Candidates are the smallest gap
+/// divided by 1, 2, 3, ...; each is refined over the gaps in increasing order (`p =
+/// sum of gaps / sum of multiples`), so that rounding the long gaps uses a period the
+/// short ones have already pinned down.
+pub fn fit_period(gaps_s: &[f64]) -> Option<f64> {
+    if gaps_s.len() < MIN_GAPS {
+        return None;
+    }
+    let mut gaps = gaps_s.to_vec();
+    gaps.sort_by(f64::total_cmp);
+    let smallest = gaps[0];
+    let most = (smallest / MIN_PERIOD_S).floor() as u32;
+    'candidates: for m in 1..=most {
+        let mut p = smallest / f64::from(m);
+        let (mut sum_gap, mut sum_k) = (0.0, 0.0);
+        let (mut k_min, mut k_max) = (f64::MAX, 0.0f64);
+        for &g in &gaps {
+            let k = (g / p).round();
+            if k < 1.0 || (g - k * p).abs() > GAP_TOLERANCE * p {
+                continue 'candidates;
+            }
+            sum_gap += g;
+            sum_k += k;
+            p = sum_gap / sum_k;
+            k_min = k_min.min(k);
+            k_max = k_max.max(k);
+        }
+        if p < MIN_PERIOD_S {
+            return None;
+        }
+        // One multiple only: a steady camera at p * k, not a lossy one at p.
+        return (k_max > k_min).then_some(p);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stamps of the frames of a `hz` camera that arrive, with a deterministic jitter of
+    /// up to `jitter_ms`.
+    fn stamps(hz: f64, frames: &[u64], jitter_ms: f64) -> Vec<i64> {
+        frames
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| {
+                let j = jitter_ms * 1e-3 * (((i * 7919) % 13) as f64 / 6.0 - 1.0);
+                ((f as f64 / hz + j) * 1e9) as i64 + 1_700_000_000_000_000_000
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_lossy_30hz_camera_is_found_from_its_stamps() {
+        // 9 of 450 frames of a 30 Hz camera arrived (2 %), stamps with +-1 ms jitter.
+        let frames = [3, 51, 97, 140, 201, 246, 300, 377, 449];
+        let (p, expected) = expected_frames(&stamps(30.0, &frames, 1.0)).unwrap();
+        assert!((p - 1.0 / 30.0).abs() < 2e-4, "period {p}");
+        assert_eq!(expected, 447.0);
+    }
+
+    #[test]
+    fn a_slow_camera_whose_frames_all_arrive_is_not_lossy() {
+        // Every frame of a 2 Hz camera: all gaps are one period, so no period is fitted
+        // at all (not even p / 2, which has only the multiple 2).
+        let all: Vec<u64> = (0..20).collect();
+        assert_eq!(expected_frames(&stamps(2.0, &all, 2.0)), None);
+        // Half the frames of a 2 Hz camera: found, and 50 % arrived.
+        let half = [0, 1, 3, 4, 6, 8, 9, 11];
+        let (p, expected) = expected_frames(&stamps(2.0, &half, 2.0)).unwrap();
+        assert!((p - 0.5).abs() < 1e-3, "period {p}");
+        assert_eq!(expected, 12.0);
+    }
+
+    #[test]
+    fn irregular_gaps_fit_no_period() {
+        // Gaps of a source publishing on events: no common period.
+        let gaps = [0.213, 0.377, 0.291, 0.458, 0.333, 0.527, 0.241];
+        assert_eq!(fit_period(&gaps), None);
+        assert_eq!(fit_period(&[0.1, 0.2, 0.3]), None, "too few gaps");
+    }
+
+    #[test]
+    fn camera_info_gives_the_rate_when_it_arrives() {
+        let t0 = Instant::now();
+        let mut m = DeliveryMonitor::default();
+        // 4 s: camera_info at 30 Hz, images at 1 Hz (6 MB each).
+        for i in 0..120u32 {
+            let at = t0 + Duration::from_millis(u64::from(i) * 1000 / 30);
+            m.camera_info(at);
+            if i % 30 == 0 {
+                m.image(at, i64::from(i), 6_220_800);
+            }
+        }
+        let d = m.assess(t0 + Duration::from_secs(4)).unwrap();
+        assert_eq!(d.basis, Basis::CameraInfo);
+        assert!((d.camera_hz - 30.0).abs() < 0.5 && (d.arrived_hz - 1.0).abs() < 0.1, "{d:?}");
+        assert!((d.fraction - 1.0 / 30.0).abs() < 0.01, "{d:?}");
+        assert_eq!(d.largest_bytes, 6_220_800);
+        // Too early: nothing said.
+        let mut early = DeliveryMonitor::default();
+        early.camera_info(t0);
+        early.image(t0, 0, 10);
+        assert_eq!(early.assess(t0 + Duration::from_secs(1)), None);
+    }
+
+    #[test]
+    fn a_few_frames_a_minute_are_enough_over_the_stamp_window() {
+        // 0.1 % of a 30 Hz camera: 7 frames in 100 s (gaps of 9-20 s); each arrives when
+        // it is stamped. The 15 s window never holds 6 of them; the stamp window does.
+        let t0 = Instant::now();
+        let frames = [0u64, 301, 562, 1163, 1489, 2040, 2611];
+        let stamps = stamps(30.0, &frames, 1.0);
+        let mut m = DeliveryMonitor::default();
+        for (&f, &s) in frames.iter().zip(&stamps) {
+            m.image(t0 + Duration::from_millis(f * 1000 / 30), s, 6_220_800);
+        }
+        let d = m.assess(t0 + Duration::from_secs(90)).unwrap();
+        assert_eq!(d.basis, Basis::Stamps);
+        assert!((d.camera_hz - 30.0).abs() < 0.05, "{d:?}");
+        assert!(d.fraction < 0.01, "{d:?}");
+    }
+
+    #[test]
+    fn camera_info_without_any_image_is_total_loss() {
+        let t0 = Instant::now();
+        let mut m = DeliveryMonitor::default();
+        for i in 0..150u64 {
+            m.camera_info(t0 + Duration::from_millis(i * 1000 / 30));
+        }
+        let d = m.assess(t0 + Duration::from_secs(5)).unwrap();
+        assert_eq!((d.basis, d.fraction, d.largest_bytes), (Basis::CameraInfo, 0.0, 0));
+    }
+
+    #[test]
+    fn the_window_forgets_old_arrivals() {
+        let t0 = Instant::now();
+        let mut m = DeliveryMonitor::default();
+        for i in 0..40u32 {
+            m.camera_info(t0 + Duration::from_millis(u64::from(i) * 100));
+        }
+        m.image(t0, 0, 10);
+        let later = t0 + WINDOW + Duration::from_secs(5);
+        // The camera_infos are older than the window and one stamp fits no period:
+        // nothing to say.
+        assert_eq!(m.assess(later), None);
+    }
+}

@@ -1,0 +1,13 @@
+//! The message path's decisions, without ROS types (the node applies them with r2r):
+//! the keep-latest hand-over of received frames ([`Latest`]), the input QoS chosen from
+//! what publishers offer ([`adapt_to_offers`]), frames lost before they reach the node
+//! ([`DeliveryMonitor`]) and the node's own Fast DDS transports ([`dds`]).
+
+pub mod dds;
+pub mod delivery;
+pub mod latest;
+pub mod qos;
+
+pub use delivery::{Basis, Delivery, DeliveryMonitor};
+pub use latest::Latest;
+pub use qos::{adapt_to_offers, before_publishers, Adapted, Durability, Offer, Reliability};

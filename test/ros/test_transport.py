@@ -1,0 +1,278 @@
+"""The message path through real DDS (issue 12): raw-published tensors, `input_qos: auto`,
+and the warning for frames lost before the node.
+
+- The `Tensor` and `FrameTiming` the node publishes as bytes it wrote itself
+  (`publish_raw`) are exactly what a typed rclpy publisher sends for the same message
+  (byte for byte, as received: the peer republishes each typed message it got and
+  receives that raw too; inter-process delivery pads a sample to 4 bytes with zeros,
+  in-process delivery does not, so the node's copy may carry up to 3 more zero bytes at
+  the end), and decode to the same fields (r2r's typed side: test/ros_typed.rs).
+- `input_qos: auto` (the default): best effort before any publisher exists; a reliable
+  camera that appears after the node gets a reliable subscription, and its 1 MB frames,
+  sent once each by a camera without any Fast DDS profile, all arrive; a best-effort
+  camera gets best effort; a best-effort and a reliable one at once get best effort and
+  both are received. Read from /diagnostics ("Input QoS"), the log and the tensors.
+- A stock best-effort 1080p camera (no profile) raises the WARN in /diagnostics and one
+  log line naming the profile; a slow camera whose frames all arrive does not.
+
+The cameras are bench/rclpy_publisher.py in their own processes, started without
+FASTDDS_DEFAULT_PROFILES_FILE ("stock") unless a test says otherwise; the node runs without
+it too (it then sizes its own shared-memory segment).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from vptools.rosharness import ROOT, RELIABLE, NodeProcess, Peer, image_msg, stamp_ns
+
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
+from rclpy.serialization import deserialize_message  # noqa: E402
+from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
+
+PUBLISHER = ROOT / "bench" / "rclpy_publisher.py"
+PROFILE = ROOT / "config" / "fastdds_large_frames.xml"
+
+
+def stock_env(profile: bool = False) -> dict:
+    """This process's environment for a camera or node: without a Fast DDS profile unless
+    `profile` (then the shipped camera profile)."""
+    env = {k: v for k, v in os.environ.items() if k != "FASTDDS_DEFAULT_PROFILES_FILE"}
+    if profile:
+        env["FASTDDS_DEFAULT_PROFILES_FILE"] = str(PROFILE)
+    return env
+
+
+class Camera:
+    """bench/rclpy_publisher.py in its own process."""
+
+    def __init__(self, ns: str, *args: str, profile: bool = False, frame_id: str = "camera"):
+        self.cmd = [sys.executable, str(PUBLISHER), "--topic", f"{ns}/image", "--frame-id", frame_id, *args]
+        self.proc = subprocess.Popen(self.cmd, env=stock_env(profile), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+
+    def sent(self, timeout: float = 60.0) -> int:
+        out, _ = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, out
+        assert "play: " in out, out
+        return int(out.split("play: ")[1].split(" images")[0])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+class Diagnostics:
+    """The node's /diagnostics status, as received by `peer`."""
+
+    def __init__(self, peer: Peer, name: str):
+        self.peer, self.name = peer, name
+        self.statuses: list[DiagnosticStatus] = []
+        peer.node.create_subscription(DiagnosticArray, "/diagnostics", self._on, RELIABLE)
+
+    def _on(self, msg: DiagnosticArray) -> None:
+        self.statuses += [s for s in msg.status if s.name == self.name]
+
+    def value(self, s: DiagnosticStatus, key: str) -> str:
+        return next((v.value for v in s.values if v.key == key), "<missing>")
+
+    def wait_for(self, cond, timeout: float, what: str) -> DiagnosticStatus:
+        start = len(self.statuses)
+        found: list[DiagnosticStatus] = []
+
+        def have() -> bool:
+            found[:] = [s for s in self.statuses[start:] if cond(s)]
+            return bool(found)
+
+        try:
+            self.peer.spin_until(have, timeout, what)
+        except AssertionError:
+            last = self.statuses[-1] if self.statuses else None
+            raise AssertionError(f"{what}; last status: {last}")
+        return found[0]
+
+
+def same_bytes(node_raw: bytes, typed_wire: bytes, what: str) -> None:
+    """`node_raw` (received from the node's process) is `typed_wire` (a typed publisher's
+    sample received in this process) plus the zero padding to 4 bytes that inter-process
+    delivery adds."""
+    n = len(typed_wire)
+    assert node_raw[:n] == typed_wire, (
+        f"{what}: differs from the typed publisher's bytes at byte "
+        f"{next(i for i in range(n) if node_raw[i] != typed_wire[i]) if len(node_raw) >= n else 'end'}")
+    assert len(node_raw) == (n + 3) // 4 * 4 and node_raw[n:] == bytes(len(node_raw) - n), (what, len(node_raw), n)
+
+
+def test_raw_tensor_bytes_are_what_a_typed_publisher_sends(tmp_path: Path) -> None:
+    """Byte for byte and field by field, for odd sizes and alignments (float16 NHWC 61x37,
+    a 7-byte frame_id, yuv422_yuy2 spelled as the camera spells it)."""
+    ns = "/transport_raw"
+    params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "network_image_width:=61",
+              "-p", "network_image_height:=37", "-p", "output_layout:=NHWC", "-p", "output_dtype:=float16",
+              "-p", "tensor_name:=images"]
+    bgr = cv2.imread(str(ROOT / "test" / "data" / "chelsea.png"))
+    h, w = bgr.shape[:2]
+    yuv = cv2.cvtColor(bgr[:, : w // 2 * 2], cv2.COLOR_BGR2YUV_YUY2)  # (h, w, 2) yuyv
+    with NodeProcess(params, log=tmp_path / "node.log"):
+        peer = Peer(ns)
+        raw_tensors: list[bytes] = []
+        raw_timings: list[bytes] = []
+        peer.node.create_subscription(Tensor, "tensor", raw_tensors.append, RELIABLE, raw=True)
+        peer.node.create_subscription(FrameTiming, "timing", raw_timings.append, RELIABLE, raw=True)
+        # The typed publisher: the peer republishes what it received, typed.
+        typed_pub = {T: peer.node.create_publisher(T, f"{name}_typed", RELIABLE)
+                     for T, name in [(Tensor, "tensor"), (FrameTiming, "timing")]}
+        typed_wire: dict = {Tensor: [], FrameTiming: []}
+        for T, name in [(Tensor, "tensor"), (FrameTiming, "timing")]:
+            peer.node.create_subscription(T, f"{name}_typed", typed_wire[T].append, RELIABLE, raw=True)
+
+        def typed_bytes(msg) -> bytes:
+            T = type(msg)
+            n = len(typed_wire[T])
+            typed_pub[T].publish(msg)
+            peer.spin_until(lambda: len(typed_wire[T]) > n, 5.0, f"the typed {T.__name__} back")
+            return typed_wire[T][n]
+        try:
+            peer.wait_connected()
+            for i, (pixels, enc) in enumerate([(bgr, "bgr8"), (yuv, "yuv422_yuy2")]):
+                msg = image_msg(pixels, enc, 1_700_000_000_000_000_000 + i, "cam_odd")
+                tensor = peer.send_until_received(msg)
+                peer.spin_until(lambda: len(raw_tensors) >= len(peer.tensors) and len(raw_timings) >= len(peer.timings)
+                                and len(peer.timings) >= len(peer.tensors), 5.0, "raw copies of every message")
+                raw = raw_tensors[peer.tensors.index(tensor)]
+                same_bytes(raw, typed_bytes(tensor), f"{enc} Tensor")
+                back = deserialize_message(raw, Tensor)
+                assert back == tensor  # every field, data included
+                assert (tensor.name, tensor.layout, tensor.dtype, list(tensor.shape)) == ("images", "NHWC", "float16", [1, 37, 61, 3])
+                assert tensor.source_encoding == enc and tensor.header.frame_id == "cam_odd"
+                assert stamp_ns(tensor.header) == stamp_ns(msg.header)
+                assert len(tensor.data) == 61 * 37 * 3 * 2
+                assert np.isfinite(np.frombuffer(bytes(tensor.data), "<f2")).all()
+            for timing, raw in zip(peer.timings, raw_timings):
+                same_bytes(raw, typed_bytes(timing), "FrameTiming")
+                assert deserialize_message(raw, FrameTiming) == timing
+                assert timing.backend == "cpu" and timing.total_us >= timing.preprocess_us > 0
+        finally:
+            peer.close()
+
+
+def test_input_qos_auto_follows_the_publishers(tmp_path: Path) -> None:
+    ns = "/transport_auto"
+    log = tmp_path / "node.log"
+    params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "network_image_width:=64",
+              "-p", "network_image_height:=48", "-p", "output_qos_depth:=20"]
+    with NodeProcess(params, unset=("FASTDDS_DEFAULT_PROFILES_FILE",), log=log) as node:
+        peer = Peer(ns, publish_images=False)
+        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+        cams: list[Camera] = []
+        try:
+            qos = lambda s: diag.value(s, "Input QoS")  # noqa: E731
+            # No publisher yet: best effort (matches any).
+            s = diag.wait_for(lambda s: True, 10.0, "a /diagnostics status")
+            assert qos(s).startswith("auto: best effort, volatile: no publisher yet"), qos(s)
+            assert diag.value(s, "Input topic") == f"{ns}/image"
+            assert "own shared-memory segment of 16 MiB" in node.output()
+
+            # A reliable camera without a profile appears: 12 frames of 600x600 bgr8 (1.08 MB),
+            # each sent once, from when the node's reliable subscription exists; every one
+            # becomes a tensor.
+            cams.append(Camera(ns, "--reliable", "--width", "600", "--height", "600", "--rate", "4",
+                               "--count", "12", "--wait-reliable-subscriber", frame_id="reliable"))
+            s = diag.wait_for(lambda s: qos(s).startswith("auto: reliable"), 20.0, "a reliable subscription")
+            assert "the publisher offers reliable" in qos(s), qos(s)
+            peer.spin_until(lambda: cams[-1].proc.poll() is not None, 40.0, "the reliable camera to finish")
+            sent = cams[-1].sent()
+            peer.spin_until(lambda: sum(t.header.frame_id == "reliable" for t in peer.tensors) >= sent, 10.0,
+                            f"all {sent} tensors of the reliable camera")
+            got = [t for t in peer.tensors if t.header.frame_id == "reliable"]
+            assert sent == 12 and len(got) == 12, (sent, len(got))
+            assert len({stamp_ns(t.header) for t in got}) == 12
+
+            # A best-effort camera alone (320x240: fits Fast DDS's default 512 KB segment).
+            cams.append(Camera(ns, "--width", "320", "--height", "240", "--rate", "15", "--seconds", "12",
+                               frame_id="best_effort"))
+            s = diag.wait_for(lambda s: qos(s).startswith("auto: best effort"), 20.0, "best effort for it")
+            assert "the publisher offers best effort" in qos(s), qos(s)
+            assert "subscription recreated" in node.output()
+            # ...and a reliable one with it: best effort (a reliable subscription would not
+            # match the best-effort camera); frames of both arrive.
+            cams.append(Camera(ns, "--reliable", "--width", "320", "--height", "240", "--rate", "15",
+                               "--seconds", "8", frame_id="reliable2"))
+            s = diag.wait_for(lambda s: diag.value(s, "Input publishers") == "2", 20.0, "two publishers")
+            assert qos(s).startswith("auto: best effort") and "1 of 2 publishers offers best effort" in qos(s), qos(s)
+            peer.spin_until(lambda: {"best_effort", "reliable2"} <= {t.header.frame_id for t in peer.tensors[-20:]},
+                            10.0, "tensors from both cameras")
+        finally:
+            for c in cams:
+                c.stop()
+            peer.close()
+        assert node.stop() == 0
+    text = log.read_text()
+    for want in [f"input_qos auto: {ns}/image best effort, volatile: no publisher yet",
+                 f"input_qos auto: {ns}/image reliable, volatile: the publisher offers reliable; volatile "
+                 "(subscription recreated)",
+                 f"input_qos auto: {ns}/image best effort, volatile: 1 of 2 publishers offers best effort"]:
+        assert want in text, (want, text[-3000:])
+
+
+def test_frames_lost_before_the_node_raise_a_warning(tmp_path: Path) -> None:
+    """A stock best-effort 1080p camera: large frames are lost in Fast DDS before the node
+    (the camera's samples do not fit its default 512 KB segment); /diagnostics says WARN
+    with the cause and the node logs the fix once."""
+    ns = "/transport_loss"
+    log = tmp_path / "node.log"
+    params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu"]
+    with NodeProcess(params, unset=("FASTDDS_DEFAULT_PROFILES_FILE",), log=log) as node:
+        peer = Peer(ns, publish_images=False)
+        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+        # With camera_info, as camera drivers publish it: the camera's rate is known from
+        # it within seconds (the image stamps alone need 6 frames: tests of
+        # transport::delivery, and docs/BENCHMARKS.md for a 60 s run without it).
+        cam = Camera(ns, "--width", "1920", "--height", "1080", "--rate", "30", "--seconds", "25",
+                     "--camera-info", f"{ns}/camera_info", "--wait-subscribers", "1")
+        try:
+            s = diag.wait_for(lambda s: s.level == DiagnosticStatus.WARN, 30.0, "the WARN for lost frames")
+            assert s.message.startswith("frames lost before the node"), s.message
+            assert "camera rate from camera_info" in diag.value(s, "Input delivery"), diag.value(s, "Input delivery")
+        finally:
+            cam.stop()
+            peer.close()
+        assert node.stop() == 0
+    text = log.read_text()
+    assert text.count("frames are lost before they reach the node") == 1, text[-3000:]
+    assert f"FASTDDS_DEFAULT_PROFILES_FILE={PROFILE}" in text or "fastdds_large_frames.xml" in text
+
+
+def test_a_slow_camera_raises_no_warning(tmp_path: Path) -> None:
+    """1080p best effort at 3 Hz with the camera profile and camera_info: every frame
+    arrives; the delivery is measured (from camera_info) and no warning is raised."""
+    ns = "/transport_slow"
+    params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu"]
+    with NodeProcess(params, unset=("FASTDDS_DEFAULT_PROFILES_FILE",), log=tmp_path / "node.log") as node:
+        peer = Peer(ns, publish_images=False)
+        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+        cam = Camera(ns, "--width", "1920", "--height", "1080", "--rate", "3", "--seconds", "6",
+                     "--camera-info", f"{ns}/camera_info", "--wait-subscribers", "1", profile=True)
+        try:
+            peer.spin_until(lambda: cam.proc.poll() is not None, 40.0, "the camera to finish")
+            sent = cam.sent()
+            peer.spin_until(lambda: len(peer.tensors) >= sent, 5.0, f"{sent} tensors")
+            measured = [s for s in diag.statuses if "frames/s arrive" in diag.value(s, "Input delivery")]
+            assert measured, [diag.value(s, "Input delivery") for s in diag.statuses]
+            assert "camera_info" in diag.value(measured[-1], "Input delivery")
+            assert all(s.level != DiagnosticStatus.WARN for s in diag.statuses), \
+                [(s.level, s.message) for s in diag.statuses]
+        finally:
+            cam.stop()
+            peer.close()
+        assert node.stop() == 0
+        assert "frames are lost" not in node.output()
