@@ -200,6 +200,27 @@ pub enum QosPreset {
     SystemDefault,
 }
 
+/// How the frames of several cameras are grouped into one batch (`batch_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchPolicyChoice {
+    /// The newest frame of every camera, once each live camera has a new one or
+    /// `batch_timeout_ms` after the first new one.
+    Latest,
+    /// message_filters' ApproximateTime rule over header stamps, with `max_interval_ms`.
+    ApproximateTime,
+}
+
+impl BatchPolicyChoice {
+    /// The parameter value.
+    pub fn name(self) -> &'static str {
+        match self {
+            BatchPolicyChoice::Latest => "latest",
+            BatchPolicyChoice::ApproximateTime => "approximate_time",
+        }
+    }
+}
+
 /// The conv2d parameters (`conv.*`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -295,6 +316,23 @@ pub struct Config {
     pub output_qos_depth: u32,
     /// Highest rate of `debug_image` in Hz (only computed while subscribed); 0 disables it.
     pub debug_image_rate: f64,
+    /// Input image topics (relative names, e.g. `front/image`), at most 16, no duplicates:
+    /// `[]` = the single input `image`; 2 or more = one `TensorBatch` of N items on
+    /// `tensor`, item i from `inputs[i]`. One topic behaves exactly like `[]` on that topic.
+    pub inputs: Vec<String>,
+    /// How a batch is formed (2+ inputs): latest | approximate_time.
+    pub batch_policy: BatchPolicyChoice,
+    /// `latest`: longest wait in ms after the first new frame before a batch is published
+    /// without the cameras that have no new frame (they repeat their last), [1, 10000].
+    pub batch_timeout_ms: u32,
+    /// `approximate_time`: largest spread in ms of the header stamps within a batch,
+    /// [0, 10000].
+    pub max_interval_ms: u32,
+    /// A camera without a frame for this long (ms) is stale: batches stop waiting for it and
+    /// its slot is padded and flagged invalid until its next frame, [1, 600000].
+    pub stale_after_ms: u32,
+    /// `approximate_time`: frames kept per camera while looking for a set, [1, 100].
+    pub batch_queue_size: u32,
 }
 
 impl Default for Config {
@@ -325,6 +363,12 @@ impl Default for Config {
             output_qos: QosPreset::Default,
             output_qos_depth: 1,
             debug_image_rate: 2.0,
+            inputs: Vec::new(),
+            batch_policy: BatchPolicyChoice::Latest,
+            batch_timeout_ms: 50,
+            max_interval_ms: 20,
+            stale_after_ms: 1000,
+            batch_queue_size: 5,
         }
     }
 }
@@ -408,8 +452,31 @@ pub const CONV_SIZE_RANGE: IntRange = IntRange { from: 1, to: MAX_CONV_SIZE as i
 pub const OUTPUT_CHANNELS_RANGE: IntRange = IntRange { from: 1, to: 3, step: 2 };
 /// `input_qos_depth` and `output_qos_depth`.
 pub const QOS_DEPTH_RANGE: IntRange = IntRange { from: 1, to: 100, step: 1 };
+/// Most cameras in one batch (`inputs`).
+pub const MAX_INPUTS: usize = 16;
+/// `batch_timeout_ms`.
+pub const BATCH_TIMEOUT_RANGE: IntRange = IntRange { from: 1, to: 10_000, step: 1 };
+/// `max_interval_ms`.
+pub const MAX_INTERVAL_RANGE: IntRange = IntRange { from: 0, to: 10_000, step: 1 };
+/// `stale_after_ms`.
+pub const STALE_AFTER_RANGE: IntRange = IntRange { from: 1, to: 600_000, step: 1 };
+/// `batch_queue_size`.
+pub const BATCH_QUEUE_RANGE: IntRange = IntRange { from: 1, to: 100, step: 1 };
 /// Each value of `pad_value`, in source 8-bit pixel units.
 pub const PAD_VALUE_RANGE: FloatRange = FloatRange { from: 0.0, to: 255.0 };
+
+/// A ROS topic name as rcl accepts it (relative, absolute or `~`-private): tokens of
+/// letters, digits and `_` separated by single `/`, none starting with a digit, no
+/// trailing `/`.
+pub fn valid_topic_name(t: &str) -> bool {
+    let body = t.strip_prefix("~/").or_else(|| t.strip_prefix('/')).unwrap_or(t);
+    !body.is_empty()
+        && body.split('/').all(|tok| {
+            !tok.is_empty()
+                && !tok.starts_with(|c: char| c.is_ascii_digit())
+                && tok.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
 
 /// Parameters every ROS node may be given that are not vision_preproc's own: accepted in
 /// parameter files (a shared `/**:` section has them) without a warning. `use_sim_time`
@@ -709,7 +776,54 @@ impl Config {
                 "use a rate in Hz >= 0 (0 disables debug_image)",
             ));
         }
+        self.validate_batch()
+    }
+
+    /// The `inputs` and batching checks of [`Config::validate`].
+    fn validate_batch(&self) -> Result<()> {
+        if self.inputs.len() > MAX_INPUTS {
+            return Err(Error::config(
+                "inputs",
+                format!("{} topics", self.inputs.len()),
+                format!("list at most {MAX_INPUTS} image topics"),
+            ));
+        }
+        for (i, t) in self.inputs.iter().enumerate() {
+            if !valid_topic_name(t) {
+                return Err(Error::config(
+                    "inputs",
+                    format!("{t:?} (item {i})"),
+                    "give ROS topic names: letters, digits, `_`, `/` and `~`, no empty \
+                     token, a token not starting with a digit (e.g. front/image)",
+                ));
+            }
+            if self.inputs[..i].contains(t) {
+                return Err(Error::config(
+                    "inputs",
+                    format!("{t:?} (items {} and {i})", self.inputs[..i].iter().position(|x| x == t).unwrap_or(0)),
+                    "list each topic once (batch index = position in inputs)",
+                ));
+            }
+        }
+        BATCH_TIMEOUT_RANGE.check("batch_timeout_ms", i64::from(self.batch_timeout_ms))?;
+        MAX_INTERVAL_RANGE.check("max_interval_ms", i64::from(self.max_interval_ms))?;
+        STALE_AFTER_RANGE.check("stale_after_ms", i64::from(self.stale_after_ms))?;
+        BATCH_QUEUE_RANGE.check("batch_queue_size", i64::from(self.batch_queue_size))?;
         Ok(())
+    }
+
+    /// The image topics the node subscribes to: `inputs`, or `["image"]` when empty.
+    pub fn input_topics(&self) -> Vec<String> {
+        if self.inputs.is_empty() {
+            vec!["image".to_string()]
+        } else {
+            self.inputs.clone()
+        }
+    }
+
+    /// True when the node publishes `TensorBatch` (2 or more inputs).
+    pub fn is_batch(&self) -> bool {
+        self.inputs.len() >= 2
     }
 
     /// The `conv.*` checks of [`Config::validate`]. Each value is checked whatever the

@@ -64,6 +64,35 @@ pub trait Backend: Send {
         out: &mut [u8],
     ) -> Result<StageTimes>;
 
+    /// A batch: slot i of `out` (`out.len() / slots.len()` bytes each, every slot's
+    /// `op.params.tensor_desc()` the same) gets what [`Backend::process_into`] writes for
+    /// `slots[i]`, or, for a slot without an image, the normalized pad value
+    /// (`op.params.pad`) everywhere (no conv2d: a padded slot is constant). The stage
+    /// times are the batch's. This default runs the slots one after the other; the CPU
+    /// backend runs them in parallel, the CUDA backend in one launch.
+    fn process_batch_into(
+        &mut self,
+        slots: &[BatchSlot<'_, '_>],
+        conv: Option<&Conv2dOp>,
+        out: &mut [u8],
+    ) -> Result<StageTimes> {
+        let item_len = check_batch(slots, out)?;
+        let mut total = StageTimes::default();
+        for (slot, chunk) in slots.iter().zip(out.chunks_mut(item_len)) {
+            match slot.image {
+                Some(image) => {
+                    let t = self.process_into(image, slot.op, conv, chunk)?;
+                    total.upload_us += t.upload_us;
+                    total.preprocess_us += t.preprocess_us;
+                    total.conv_us += t.conv_us;
+                    total.download_us += t.download_us;
+                }
+                None => fill_pad(&slot.op.params, chunk),
+            }
+        }
+        Ok(total)
+    }
+
     /// [`Backend::process_into`] a `Vec`, resized to fit.
     fn process(
         &mut self,
@@ -156,6 +185,70 @@ impl HostBuffer {
 impl std::fmt::Debug for HostBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "HostBuffer({} bytes)", self.len())
+    }
+}
+
+/// One slot of a batch ([`Backend::process_batch_into`]): a frame and its operation, or
+/// no frame (the slot is padded; `op` gives the tensor's shape and pad value).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSlot<'a, 'b> {
+    /// The frame, `None` for a padded slot.
+    pub image: Option<&'b ImageView<'a>>,
+    /// The operation for this frame's size (for a padded slot: any of the batch's).
+    pub op: &'b PreprocessOp,
+}
+
+/// Check a batch: at least one slot, the same tensor in every slot, `out` exactly
+/// `slots.len()` tensors. Returns the bytes of one slot.
+pub(crate) fn check_batch(slots: &[BatchSlot<'_, '_>], out: &[u8]) -> Result<usize> {
+    let Some(first) = slots.first() else {
+        return Err(Error::Operation("a batch needs at least one slot".into()));
+    };
+    let desc = first.op.params.tensor_desc();
+    if let Some(i) = slots.iter().position(|s| s.op.params.tensor_desc() != desc) {
+        return Err(Error::Operation(format!(
+            "batch slot {i} has tensor {:?}, slot 0 {desc:?}; build every slot's operation \
+             from one configuration",
+            slots[i].op.params.tensor_desc()
+        )));
+    }
+    let item_len = desc.byte_len();
+    if out.len() != item_len * slots.len() {
+        return Err(Error::Operation(format!(
+            "the batch output buffer holds {} bytes but {} tensors of {item_len} bytes need {}; \
+             pass a buffer of slots * op.params.tensor_desc().byte_len() bytes",
+            out.len(),
+            slots.len(),
+            item_len * slots.len()
+        )));
+    }
+    Ok(item_len)
+}
+
+/// Fill a tensor of `params` with its normalized pad value (`pad[c]` in channel c): what
+/// a padded batch slot holds, on every backend.
+pub fn fill_pad(params: &PreprocessParams, out: &mut [u8]) {
+    let desc = params.tensor_desc();
+    let ch = desc.channels as usize;
+    let size = desc.dtype.size();
+    let mut pixel = vec![0u8; ch * size];
+    for c in 0..ch {
+        write_element(desc.dtype, &mut pixel, c, params.pad[c]);
+    }
+    match desc.layout {
+        crate::config::Layout::Nhwc => {
+            for px in out.chunks_exact_mut(ch * size) {
+                px.copy_from_slice(&pixel);
+            }
+        }
+        crate::config::Layout::Nchw => {
+            let plane = desc.width as usize * desc.height as usize * size;
+            for (c, p) in out.chunks_exact_mut(plane).enumerate() {
+                for e in p.chunks_exact_mut(size) {
+                    e.copy_from_slice(&pixel[c * size..(c + 1) * size]);
+                }
+            }
+        }
     }
 }
 

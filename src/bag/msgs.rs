@@ -171,6 +171,89 @@ impl<'a> Tensor<'a> {
     }
 }
 
+/// One `vision_preproc_msgs/BatchItem`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchItem<'a> {
+    /// `topic`.
+    pub topic: &'a str,
+    /// `valid`.
+    pub valid: bool,
+    /// `repeated`.
+    pub repeated: bool,
+    /// `header`.
+    pub header: Header,
+    /// `source_encoding`.
+    pub source_encoding: &'a str,
+    /// `source_width`.
+    pub source_width: u32,
+    /// `source_height`.
+    pub source_height: u32,
+    /// `scale_x`, `scale_y`, `offset_x`, `offset_y`.
+    pub geometry: [f32; 4],
+    /// `age_us`.
+    pub age_us: f32,
+}
+
+/// `vision_preproc_msgs/TensorBatch`, decoded with `data` borrowed from the message.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TensorBatch<'a> {
+    /// `header`.
+    pub header: Header,
+    /// `name`.
+    pub name: &'a str,
+    /// `layout`.
+    pub layout: &'a str,
+    /// `dtype`.
+    pub dtype: &'a str,
+    /// `shape`.
+    pub shape: Vec<u32>,
+    /// `data`.
+    pub data: &'a [u8],
+    /// `items`.
+    pub items: Vec<BatchItem<'a>>,
+}
+
+impl<'a> TensorBatch<'a> {
+    /// Decode a CDR `vision_preproc_msgs/TensorBatch`.
+    pub fn decode(cdr: &'a [u8]) -> Result<Self, CdrError> {
+        let mut r = Reader::new(cdr)?;
+        let header = Header::read(&mut r)?;
+        let name = r.str("name")?;
+        let layout = r.str("layout")?;
+        let dtype = r.str("dtype")?;
+        let shape = r.u32_seq("shape")?;
+        let data = r.bytes("data")?;
+        let n = r.u32("items")?;
+        let mut items = Vec::new();
+        for _ in 0..n {
+            let topic = r.str("items.topic")?;
+            let valid = r.u8("items.valid")? != 0;
+            let repeated = r.u8("items.repeated")? != 0;
+            let header = Header::read(&mut r)?;
+            let source_encoding = r.str("items.source_encoding")?;
+            let source_width = r.u32("items.source_width")?;
+            let source_height = r.u32("items.source_height")?;
+            let mut geometry = [0f32; 4];
+            for g in geometry.iter_mut() {
+                *g = r.f32("items.geometry")?;
+            }
+            let age_us = r.f32("items.age_us")?;
+            items.push(BatchItem {
+                topic,
+                valid,
+                repeated,
+                header,
+                source_encoding,
+                source_width,
+                source_height,
+                geometry,
+                age_us,
+            });
+        }
+        Ok(TensorBatch { header, name, layout, dtype, shape, data, items })
+    }
+}
+
 /// The header stamp (ns since the epoch) of any message that starts with a
 /// `std_msgs/Header` (Image, Tensor, FrameTiming, ...), without decoding the rest.
 pub fn header_stamp_ns(cdr: &[u8]) -> Result<i64, CdrError> {

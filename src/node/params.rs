@@ -15,8 +15,9 @@
 //! rclcpp refuses it with "Wrong parameter type", see ros2/rclcpp#979).
 
 use crate::config::{
-    self, Config, FloatRange, IntRange, UnknownParameter, CONV_SIZE_RANGE, NETWORK_SIZE_RANGE,
-    OUTPUT_CHANNELS_RANGE, PAD_VALUE_RANGE, QOS_DEPTH_RANGE,
+    self, Config, FloatRange, IntRange, UnknownParameter, BATCH_QUEUE_RANGE, BATCH_TIMEOUT_RANGE,
+    CONV_SIZE_RANGE, MAX_INTERVAL_RANGE, NETWORK_SIZE_RANGE, OUTPUT_CHANNELS_RANGE,
+    PAD_VALUE_RANGE, QOS_DEPTH_RANGE, STALE_AFTER_RANGE,
 };
 use crate::error::{Error, Result};
 use r2r::rcl_interfaces::msg::{
@@ -41,6 +42,8 @@ pub enum Kind {
     IntegerArray,
     /// `double array`.
     DoubleArray,
+    /// `string array`.
+    StrArray,
 }
 
 impl Kind {
@@ -53,6 +56,7 @@ impl Kind {
             Kind::Str => T::PARAMETER_STRING as u8,
             Kind::IntegerArray => T::PARAMETER_INTEGER_ARRAY as u8,
             Kind::DoubleArray => T::PARAMETER_DOUBLE_ARRAY as u8,
+            Kind::StrArray => T::PARAMETER_STRING_ARRAY as u8,
         }
     }
 
@@ -65,6 +69,7 @@ impl Kind {
             Kind::Str => "string",
             Kind::IntegerArray => "integer array",
             Kind::DoubleArray => "double array",
+            Kind::StrArray => "string array",
         }
     }
 }
@@ -281,6 +286,54 @@ pub const PARAMETERS: &[Spec] = &[
         NoRange,
         "finite, >= 0; 0 disables debug_image",
     ),
+    spec(
+        "inputs",
+        StrArray,
+        true,
+        "Image topics (relative names); [] = the single input image; 2 or more: one TensorBatch on tensor, item i from inputs[i]",
+        NoRange,
+        "at most 16 valid topic names, each once",
+    ),
+    spec(
+        "batch_policy",
+        Str,
+        true,
+        "How a batch is formed (2+ inputs): latest (newest frame of each camera) or approximate_time (message_filters' rule over header stamps)",
+        NoRange,
+        "one of: latest, approximate_time",
+    ),
+    spec(
+        "batch_timeout_ms",
+        Integer,
+        true,
+        "latest: ms after the first new frame before a batch goes out without the cameras that have no new frame (they repeat their last)",
+        Int(BATCH_TIMEOUT_RANGE),
+        "",
+    ),
+    spec(
+        "max_interval_ms",
+        Integer,
+        true,
+        "approximate_time: largest spread of header stamps in one batch, ms",
+        Int(MAX_INTERVAL_RANGE),
+        "",
+    ),
+    spec(
+        "stale_after_ms",
+        Integer,
+        true,
+        "A camera without a frame for this many ms is stale: not waited for, its slot padded and flagged invalid until its next frame",
+        Int(STALE_AFTER_RANGE),
+        "",
+    ),
+    spec(
+        "batch_queue_size",
+        Integer,
+        true,
+        "approximate_time: frames kept per camera while looking for a set",
+        Int(BATCH_QUEUE_RANGE),
+        "",
+    ),
 ];
 
 /// The spec of `name`, `use_sim_time` included.
@@ -435,13 +488,15 @@ fn coerce(s: &Spec, v: &ParameterValue, at_startup: bool) -> Result<ParameterVal
         | (Kind::Double, V::Double(_))
         | (Kind::Str, V::String(_))
         | (Kind::IntegerArray, V::IntegerArray(_))
-        | (Kind::DoubleArray, V::DoubleArray(_)) => v.clone(),
+        | (Kind::DoubleArray, V::DoubleArray(_))
+        | (Kind::StrArray, V::StringArray(_)) => v.clone(),
         (Kind::Double, V::Integer(i)) => V::Double(*i as f64),
         (Kind::DoubleArray, V::IntegerArray(a)) => {
             V::DoubleArray(a.iter().map(|i| *i as f64).collect())
         }
         (Kind::IntegerArray, V::NotSet) if at_startup => V::IntegerArray(vec![]),
         (Kind::DoubleArray, V::NotSet) if at_startup => V::DoubleArray(vec![]),
+        (Kind::StrArray, V::NotSet) if at_startup => V::StringArray(vec![]),
         _ => {
             return Err(Error::ParameterType {
                 param: s.name.to_string(),
@@ -501,6 +556,11 @@ fn value_of(cfg: &Config, s: &Spec) -> ParameterValue {
         ),
         Kind::DoubleArray => ParameterValue::DoubleArray(
             v.as_sequence().map(|s| s.iter().map(f).collect()).unwrap_or_default(),
+        ),
+        Kind::StrArray => ParameterValue::StringArray(
+            v.as_sequence()
+                .map(|s| s.iter().map(|x| x.as_str().unwrap_or("").to_string()).collect())
+                .unwrap_or_default(),
         ),
     }
 }

@@ -92,6 +92,86 @@ impl TensorCdr {
     }
 }
 
+/// One item of a `vision_preproc_msgs/TensorBatch` (`BatchItem.msg`).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchItemFields<'a> {
+    /// The input topic of this slot, fully resolved.
+    pub topic: &'a str,
+    /// The slot holds this camera's frame (false: padded, camera stale or frame rejected).
+    pub valid: bool,
+    /// The frame was already in an earlier batch.
+    pub repeated: bool,
+    /// Header of the source image (empty when not valid).
+    pub header: &'a Header,
+    /// Encoding as it arrived ("" when not valid).
+    pub source_encoding: &'a str,
+    /// Scale, offset and source size (`None` when not valid: zeros).
+    pub geometry: Option<&'a Geometry>,
+    /// Publish time minus the header stamp, µs (0 when not valid).
+    pub age_us: f32,
+}
+
+/// What a `TensorBatch` holds besides its data.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorBatchFields<'a> {
+    /// Stamp of the newest valid item, empty frame_id.
+    pub header: &'a Header,
+    /// `tensor_name`.
+    pub name: &'a str,
+    /// Shape, layout and dtype of ONE item (the data is `items.len()` of them).
+    pub desc: TensorDesc,
+    /// One per slot, in batch order.
+    pub items: &'a [BatchItemFields<'a>],
+}
+
+impl TensorCdr {
+    /// The layout of the `TensorBatch` message `f` describes: the same three parts as a
+    /// `Tensor` (prefix, data written in place, suffix = the items).
+    pub fn batch(f: &TensorBatchFields<'_>) -> Self {
+        let n = f.items.len();
+        let data_len = n * f.desc.byte_len();
+        let mut w = Writer::new();
+        f.header.write(&mut w);
+        w.string(f.name);
+        w.string(f.desc.layout.name());
+        w.string(f.desc.dtype.name());
+        let mut shape = f.desc.shape();
+        shape[0] = n as u32;
+        w.u32_seq(&shape);
+        w.bytes_len(data_len);
+        TensorCdr { suffix: batch_items_cdr(w.body_len() + data_len, f.items), prefix: w.finish(), data_len }
+    }
+}
+
+/// The `items` sequence of a `TensorBatch`, continuing at `body_offset` (its length
+/// depends only on the strings, so ages can be rewritten in place of an earlier suffix).
+pub fn batch_items_cdr(body_offset: usize, items: &[BatchItemFields<'_>]) -> Vec<u8> {
+    let mut w = Writer::continuing(body_offset);
+    w.u32(items.len() as u32);
+    for it in items {
+        w.string(it.topic);
+        w.u8(u8::from(it.valid));
+        w.u8(u8::from(it.repeated));
+        it.header.write(&mut w);
+        w.string(it.source_encoding);
+        let (sw, sh, g) = match it.geometry {
+            Some(g) => (
+                g.source_width,
+                g.source_height,
+                [g.scale_x as f32, g.scale_y as f32, g.offset_x as f32, g.offset_y as f32],
+            ),
+            None => (0, 0, [0.0; 4]),
+        };
+        w.u32(sw);
+        w.u32(sh);
+        for v in g {
+            w.f32(v);
+        }
+        w.f32(it.age_us);
+    }
+    w.finish()
+}
+
 /// The `FrameTiming` of a processed frame: the stage times of the backend, `total_us`
 /// (receive -> publish, measured by the caller), `age_us` (0 offline) and the frames
 /// replaced since the previous one.

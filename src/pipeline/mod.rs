@@ -25,7 +25,9 @@ pub use failure::{
 #[cfg(feature = "fault-injection")]
 pub use fault::{FaultKind, FaultPlan, INJECT_FAULT_ENV};
 pub use geometry::{Geometry, Rect};
-pub use message::{frame_timing, TensorCdr, TensorFields};
+pub use message::{
+    batch_items_cdr, frame_timing, BatchItemFields, TensorBatchFields, TensorCdr, TensorFields,
+};
 
 /// Alignment of the tensor data inside the message buffer (the CUDA kernels' vector
 /// stores need 16 bytes when they write it directly; 64 keeps it on a cache line).
@@ -69,6 +71,24 @@ impl MessageBuf {
         Ok(&mut message[self.cdr.data_range()])
     }
 
+    /// Replace the suffix of the message in the buffer by `suffix`, of the same length
+    /// (the `TensorBatch` items with the ages known at publish time).
+    fn rewrite_suffix(&mut self, suffix: Vec<u8>) -> Result<()> {
+        if suffix.len() != self.cdr.suffix.len() {
+            return Err(Error::Operation(format!(
+                "message suffix of {} bytes cannot replace one of {}",
+                suffix.len(),
+                self.cdr.suffix.len()
+            )));
+        }
+        let at = self.start + self.cdr.prefix.len() + self.cdr.data_len;
+        if let Some(buf) = self.buf.as_mut() {
+            buf.as_mut_slice()[at..at + suffix.len()].copy_from_slice(&suffix);
+        }
+        self.cdr.suffix = suffix;
+        Ok(())
+    }
+
     fn message(&self) -> &[u8] {
         match &self.buf {
             Some(buf) => &buf.as_slice()[self.start..self.start + self.cdr.len()],
@@ -98,12 +118,61 @@ pub struct FrameInfo {
     pub gpu_failure: Option<GpuFailure>,
 }
 
+/// One slot of a batch for [`Pipeline::process_batch`].
+#[derive(Debug, Clone, Copy)]
+pub struct BatchInput<'a, 'b> {
+    /// The input topic of the slot (resolved).
+    pub topic: &'b str,
+    /// The frame, or `None` (camera stale, frame invalid): the slot is padded.
+    pub image: Option<&'b ImageView<'a>>,
+    /// Header of the frame.
+    pub header: &'b Header,
+    /// Encoding as it arrived.
+    pub source_encoding: &'b str,
+    /// The frame was in an earlier batch.
+    pub repeated: bool,
+}
+
+/// One processed batch: the `TensorBatch` message is in the [`Pipeline`]'s buffer.
+#[derive(Debug, Clone)]
+pub struct BatchInfo {
+    /// Shape and type of ONE item's tensor.
+    pub desc: TensorDesc,
+    /// Per slot, the geometry used (`None`: padded).
+    pub geometries: Vec<Option<Geometry>>,
+    /// Slots whose frame was refused (its roi does not fit, ...): (slot, reason); they are
+    /// padded and flagged invalid.
+    pub rejected: Vec<(usize, String)>,
+    /// Stage times of the whole batch.
+    pub times: StageTimes,
+    /// As [`FrameInfo::gpu_failure`].
+    pub gpu_failure: Option<GpuFailure>,
+}
+
+/// The fields of a batch's items kept until the ages are known
+/// ([`Pipeline::set_batch_ages`]).
+#[derive(Debug, Clone, Default)]
+struct KeptItem {
+    topic: String,
+    valid: bool,
+    repeated: bool,
+    header: Header,
+    source_encoding: String,
+    geometry: Option<Geometry>,
+}
+
+type CachedOp = ((u32, u32), Geometry, PreprocessOp);
+
 /// Builds the operations for each frame size and runs them on a backend.
 pub struct Pipeline {
     config: Config,
     backend: Box<dyn Backend>,
     /// Operation for the last frame size: (width, height) -> (geometry, op).
-    cached: Option<((u32, u32), Geometry, PreprocessOp)>,
+    cached: Option<CachedOp>,
+    /// Batches: the operation of each slot's last frame size, and the one padded slots use.
+    batch_cached: Vec<Option<CachedOp>>,
+    pad_op: Option<PreprocessOp>,
+    batch_items: Vec<KeptItem>,
     conv: Option<Conv2dOp>,
     message: MessageBuf,
     recovery: Recovery,
@@ -124,6 +193,9 @@ impl Pipeline {
             config,
             backend,
             cached: None,
+            batch_cached: Vec::new(),
+            pad_op: None,
+            batch_items: Vec::new(),
             conv,
             message: MessageBuf::default(),
             recovery,
@@ -161,6 +233,8 @@ impl Pipeline {
         self.conv = conv_op(&config)?;
         self.config = config;
         self.cached = None;
+        self.batch_cached.clear();
+        self.pad_op = None;
         Ok(())
     }
 
@@ -212,12 +286,148 @@ impl Pipeline {
                 (times, None)
             }
             Err(e @ Error::Cuda(_)) if !self.recovery.fell_back => {
-                let (times, failure) = self.recover(image, e.to_string())?;
+                let (times, failure) = self.recover(e.to_string(), &mut |p| p.run_backend(image))?;
                 (times, Some(failure))
             }
             Err(e) => return Err(e),
         };
         Ok(FrameInfo { desc, geometry, times, gpu_failure })
+    }
+
+    /// Process one batch into the serialized `vision_preproc_msgs/TensorBatch` of it:
+    /// slot i from `items[i]`, each exactly as [`Pipeline::process_message`] computes a
+    /// single frame, a slot without an image (or whose frame does not fit the
+    /// configuration, e.g. the roi) padded and flagged invalid. `header` is the batch's.
+    /// Until the next call [`Pipeline::message`] holds the message (with ages 0 until
+    /// [`Pipeline::set_batch_ages`]) and [`Pipeline::tensor_bytes`] the N tensors.
+    pub fn process_batch(
+        &mut self,
+        items: &[BatchInput<'_, '_>],
+        header: &Header,
+    ) -> Result<BatchInfo> {
+        if self.batch_cached.len() != items.len() {
+            self.batch_cached = (0..items.len()).map(|_| None).collect();
+        }
+        if self.pad_op.is_none() {
+            self.pad_op = Some(pad_op(&self.config)?);
+        }
+        let mut geometries = Vec::with_capacity(items.len());
+        let mut rejected = Vec::new();
+        let mut images: Vec<Option<&ImageView<'_>>> = Vec::with_capacity(items.len());
+        for (i, it) in items.iter().enumerate() {
+            let Some(image) = it.image else {
+                geometries.push(None);
+                images.push(None);
+                continue;
+            };
+            let key = (image.width(), image.height());
+            let entry = match self.batch_cached[i].take() {
+                Some(c) if c.0 == key => c,
+                _ => match Geometry::resolve(&self.config, key.0, key.1) {
+                    Ok(g) => {
+                        let op = preprocess_op(&self.config, &g);
+                        (key, g, op)
+                    }
+                    Err(e) => {
+                        rejected.push((i, e.to_string()));
+                        geometries.push(None);
+                        images.push(None);
+                        continue;
+                    }
+                },
+            };
+            let (_, g, op) = self.batch_cached[i].insert(entry);
+            op.params.src_step = image.step();
+            op.params.encoding = image.encoding() as u32;
+            op.params.big_endian = u32::from(image.big_endian());
+            geometries.push(Some(g.clone()));
+            images.push(Some(image));
+        }
+        let desc = self.pad_op.as_ref().map(|p| p.params.tensor_desc()).ok_or_else(|| {
+            Error::Operation("no pad operation".into())
+        })?;
+        self.batch_items = items
+            .iter()
+            .zip(&geometries)
+            .map(|(it, g)| {
+                let valid = g.is_some();
+                KeptItem {
+                    topic: it.topic.to_string(),
+                    valid,
+                    repeated: valid && it.repeated,
+                    header: if valid { it.header.clone() } else { Header::default() },
+                    source_encoding: if valid { it.source_encoding.to_string() } else { String::new() },
+                    geometry: g.clone(),
+                }
+            })
+            .collect();
+        let fields = self.batch_fields(&vec![0.0; items.len()]);
+        self.message.cdr = TensorCdr::batch(&TensorBatchFields {
+            header,
+            name: &self.config.tensor_name,
+            desc,
+            items: &fields,
+        });
+        self.recovery.frame += 1;
+        let (times, gpu_failure) = match self.run_batch(&images) {
+            Ok(times) => {
+                self.recovery.good_frame();
+                (times, None)
+            }
+            Err(e @ Error::Cuda(_)) if !self.recovery.fell_back => {
+                let (times, failure) = self.recover(e.to_string(), &mut |p| p.run_batch(&images))?;
+                (times, Some(failure))
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(BatchInfo { desc, geometries, rejected, times, gpu_failure })
+    }
+
+    fn batch_fields(&self, ages: &[f32]) -> Vec<BatchItemFields<'_>> {
+        self.batch_items
+            .iter()
+            .zip(ages)
+            .map(|(k, &age_us)| BatchItemFields {
+                topic: &k.topic,
+                valid: k.valid,
+                repeated: k.repeated,
+                header: &k.header,
+                source_encoding: &k.source_encoding,
+                geometry: k.geometry.as_ref(),
+                age_us: if k.valid { age_us } else { 0.0 },
+            })
+            .collect()
+    }
+
+    /// Write each item's `age_us` (publish time minus its stamp) into the last batch's
+    /// message; `ages[i]` for slot i (ignored for invalid slots).
+    pub fn set_batch_ages(&mut self, ages: &[f32]) -> Result<()> {
+        let body_offset = self.message.cdr.prefix.len() - 4 + self.message.cdr.data_len;
+        let suffix = batch_items_cdr(body_offset, &self.batch_fields(ages));
+        self.message.rewrite_suffix(suffix)
+    }
+
+    /// Run the batch on the current backend (or fail as injected), into the message.
+    fn run_batch(&mut self, images: &[Option<&ImageView<'_>>]) -> Result<StageTimes> {
+        #[cfg(feature = "fault-injection")]
+        if let Some(kind) =
+            self.recovery.injection.due(self.recovery.frame, self.recovery.fell_back)
+        {
+            return Err(self.backend.inject_fault(kind));
+        }
+        let Some(pad) = self.pad_op.as_ref() else {
+            return Err(Error::Operation("no pad operation".into()));
+        };
+        let mut slots = Vec::with_capacity(images.len());
+        for (i, image) in images.iter().enumerate() {
+            let op = match (image, self.batch_cached.get(i)) {
+                (Some(_), Some(Some((_, _, op)))) => op,
+                _ => pad,
+            };
+            slots.push(backend::BatchSlot { image: *image, op });
+        }
+        let out = self.message.prepare(self.backend.as_mut())?;
+        self.backend.process_batch_into(&slots, self.conv.as_ref(), out)
     }
 
     /// Run the cached operation on the current backend (or fail as injected), the
@@ -247,8 +457,8 @@ impl Pipeline {
     /// or replace the backend and run the frame again, or give up (`exit`).
     fn recover(
         &mut self,
-        image: &ImageView<'_>,
         reason: String,
+        run: &mut dyn FnMut(&mut Self) -> Result<StageTimes>,
     ) -> Result<(StageTimes, GpuFailure)> {
         use crate::config::GpuFailurePolicy as P;
         self.recovery.good_frames = 0;
@@ -274,7 +484,7 @@ impl Pipeline {
                             continue;
                         }
                     }
-                    match self.run_backend(image) {
+                    match run(self) {
                         Ok(times) => {
                             let failure = GpuFailure {
                                 reason,
@@ -292,7 +502,7 @@ impl Pipeline {
         };
         self.replace_backend(Box::new(backend::cpu::CpuBackend::new()));
         self.recovery.fell_back = true;
-        let times = self.run_backend(image)?;
+        let times = run(self)?;
         Ok((times, GpuFailure { reason, action, backend: self.backend.name() }))
     }
 
@@ -398,6 +608,19 @@ pub fn preprocess_op(cfg: &Config, g: &Geometry) -> PreprocessOp {
         pad,
     };
     PreprocessOp { params, x_map: g.x_map(cfg.interpolation), y_map: g.y_map(cfg.interpolation) }
+}
+
+/// The operation a padded batch slot is given: the configuration's tensor and pad value
+/// (its source size is any that the configuration accepts).
+fn pad_op(cfg: &Config) -> Result<PreprocessOp> {
+    let (w, h) = if cfg.roi.len() == 4 {
+        let c = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
+        (c(cfg.roi[0] + cfg.roi[2]), c(cfg.roi[1] + cfg.roi[3]))
+    } else {
+        (cfg.network_image_width, cfg.network_image_height)
+    };
+    let g = Geometry::resolve(cfg, w, h)?;
+    Ok(preprocess_op(cfg, &g))
 }
 
 /// The conv2d operation of a configuration, or `None` for `conv.kernel: none`.

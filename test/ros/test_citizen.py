@@ -30,7 +30,8 @@ ROSOUT_QOS = QoSProfile(reliability=ReliabilityPolicy.RELIABLE, durability=Durab
 
 README_TYPES = {"int": ParameterType.PARAMETER_INTEGER, "double": ParameterType.PARAMETER_DOUBLE,
                 "string": ParameterType.PARAMETER_STRING, "bool": ParameterType.PARAMETER_BOOL,
-                "int[]": ParameterType.PARAMETER_INTEGER_ARRAY, "double[]": ParameterType.PARAMETER_DOUBLE_ARRAY}
+                "int[]": ParameterType.PARAMETER_INTEGER_ARRAY, "double[]": ParameterType.PARAMETER_DOUBLE_ARRAY,
+                "string[]": ParameterType.PARAMETER_STRING_ARRAY}
 
 
 def readme_rows() -> dict[str, list[str]]:
