@@ -800,7 +800,10 @@ impl Config {
             if self.inputs[..i].contains(t) {
                 return Err(Error::config(
                     "inputs",
-                    format!("{t:?} (items {} and {i})", self.inputs[..i].iter().position(|x| x == t).unwrap_or(0)),
+                    format!(
+                        "{t:?} (items {} and {i})",
+                        self.inputs[..i].iter().position(|x| x == t).unwrap_or(0)
+                    ),
                     "list each topic once (batch index = position in inputs)",
                 ));
             }

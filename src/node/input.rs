@@ -84,13 +84,15 @@ fn offers(node: &r2r::Node, topic: &str) -> Vec<Offer> {
 
 /// One input topic: its names and the QoS its subscription was made with.
 struct Topic {
-    relative: &'static str,
+    relative: String,
     resolved: String,
     chosen: Option<Adapted>,
 }
 
 /// The input subscriptions, owned by the spin thread.
 pub struct Input {
+    /// Index of this input in `Shared::inputs` (batch slot).
+    index: usize,
     preset: QosPreset,
     depth: u32,
     image: Topic,
@@ -101,25 +103,34 @@ pub struct Input {
 }
 
 impl Input {
-    /// Subscribe to `image` and `camera_info` (relative names: namespaces and remaps
-    /// apply). `args` resolves the names for the graph queries of `auto`.
+    /// Subscribe to the image topic `image` (input `index`; `image` for a single
+    /// camera) and its `camera_info` ([`camera_info_topic`]); relative names: namespaces
+    /// and remaps apply. `args` resolves the names for the graph queries of `auto`.
     pub fn new(
         node: &mut r2r::Node,
         args: Option<&RosArgs>,
+        (index, image): (usize, &str),
         preset: QosPreset,
         depth: u32,
         shared: &Shared,
     ) -> r2r::Result<Input> {
         let (name, namespace) = (node.name()?, node.namespace()?);
-        let resolve = |t: &'static str| {
-            args.and_then(|a| a.resolve_topic(t, &name, &namespace))
-                .unwrap_or_else(|| format!("{}/{t}", namespace.trim_end_matches('/')))
+        let resolve = |t: &str| {
+            args.and_then(|a| a.resolve_topic(t, &name, &namespace)).unwrap_or_else(|| {
+                if t.starts_with('/') {
+                    t.to_string()
+                } else {
+                    format!("{}/{t}", namespace.trim_end_matches('/'))
+                }
+            })
         };
+        let info = camera_info_topic(image);
         let mut input = Input {
+            index,
             preset,
             depth,
-            image: Topic { relative: "image", resolved: resolve("image"), chosen: None },
-            info: Topic { relative: "camera_info", resolved: resolve("camera_info"), chosen: None },
+            image: Topic { relative: image.to_string(), resolved: resolve(image), chosen: None },
+            info: Topic { resolved: resolve(&info), relative: info, chosen: None },
             images: None,
             infos: None,
             next_check: Instant::now(),
@@ -128,9 +139,9 @@ impl Input {
         // publisher until the publishers say otherwise.
         let first = before_publishers();
         let qos = qos_profile(preset, depth, Some(&first));
-        input.images = Some(Box::new(node.subscribe_native::<Image>("image", qos.clone())?));
-        input.infos = Some(Box::new(node.subscribe::<CameraInfo>("camera_info", qos)?));
-        let mut st = lock(&shared.input);
+        input.images = Some(Box::new(node.subscribe_native::<Image>(image, qos.clone())?));
+        input.infos = Some(Box::new(node.subscribe::<CameraInfo>(&input.info.relative, qos)?));
+        let mut st = lock(&shared.inputs[index]);
         st.topic = input.image.resolved.clone();
         if preset == QosPreset::Auto {
             for topic in [&input.image.resolved, &input.info.resolved] {
@@ -149,23 +160,32 @@ impl Input {
         Ok(input)
     }
 
-    /// Hand over what the last `spin_once` delivered: images to the keep-latest slot,
-    /// the newest camera_info to the processing thread; both to the delivery monitor.
-    pub fn drain(&mut self, shared: &Shared) {
+    /// The resolved image topic.
+    pub fn topic(&self) -> &str {
+        &self.image.resolved
+    }
+
+    /// Hand over what the last `spin_once` delivered: the images (oldest first) to the
+    /// caller, the newest camera_info to the processing thread; both to the delivery
+    /// monitor.
+    pub fn drain(&mut self, shared: &Shared) -> Vec<Received> {
         let at = Instant::now();
+        let mut out = Vec::new();
+        let state = &shared.inputs[self.index];
         if let Some(images) = self.images.as_mut() {
             while let Some(Some(msg)) = images.next().now_or_never() {
                 let msg = NativeImage::new(msg);
-                lock(&shared.input).monitor.image(at, msg.stamp_ns(), msg.data().len());
-                shared.latest.put(Received { msg, at });
+                lock(state).monitor.image(at, msg.stamp_ns(), msg.data().len());
+                out.push(Received { msg, at });
             }
         }
         if let Some(infos) = self.infos.as_mut() {
             while let Some(Some(info)) = infos.next().now_or_never() {
-                lock(&shared.input).monitor.camera_info(at);
-                *lock(&shared.camera_info) = Some(info);
+                lock(state).monitor.camera_info(at);
+                *lock(&shared.camera_infos[self.index]) = Some(info);
             }
         }
+        out
     }
 
     /// Every [`QOS_CHECK_PERIOD`]: count the image publishers and, with `auto`, choose
@@ -178,7 +198,8 @@ impl Input {
         }
         self.next_check = now + QOS_CHECK_PERIOD;
         let image_offers = offers(node, &self.image.resolved);
-        lock(&shared.input).publishers = image_offers.len();
+        let state = &shared.inputs[self.index];
+        lock(state).publishers = image_offers.len();
         if self.preset != QosPreset::Auto {
             return Ok(());
         }
@@ -189,14 +210,14 @@ impl Input {
                 let qos = qos_profile(self.preset, self.depth, Some(&adapted));
                 self.images = None; // r2r drops the old subscription at its next message
                 self.images =
-                    Some(Box::new(node.subscribe_native::<Image>(self.image.relative, qos)?));
-                let mut st = lock(&shared.input);
+                    Some(Box::new(node.subscribe_native::<Image>(&self.image.relative, qos)?));
+                let mut st = lock(state);
                 st.best_effort = adapted.reliability == Reliability::BestEffort;
                 st.monitor.reset();
             }
             if self.image.chosen.as_ref() != Some(&adapted) {
                 log_choice(shared, &self.image.resolved, &adapted, recreate);
-                lock(&shared.input).qos = format!("auto: {adapted}");
+                lock(state).qos = format!("auto: {adapted}");
             }
             self.image.chosen = Some(adapted);
         }
@@ -205,7 +226,8 @@ impl Input {
             if recreate {
                 let qos = qos_profile(self.preset, self.depth, Some(&adapted));
                 self.infos = None;
-                self.infos = Some(Box::new(node.subscribe::<CameraInfo>(self.info.relative, qos)?));
+                self.infos =
+                    Some(Box::new(node.subscribe::<CameraInfo>(&self.info.relative, qos)?));
             }
             if self.info.chosen.as_ref() != Some(&adapted) {
                 log_choice(shared, &self.info.resolved, &adapted, recreate);
@@ -213,6 +235,15 @@ impl Input {
             self.info.chosen = Some(adapted);
         }
         Ok(())
+    }
+}
+
+/// The camera_info topic of an image topic, by image_transport's rule: `camera_info` next
+/// to the image (`front/image_raw` -> `front/camera_info`, `image` -> `camera_info`).
+pub fn camera_info_topic(image: &str) -> String {
+    match image.rsplit_once('/') {
+        Some((dir, _)) => format!("{dir}/camera_info"),
+        None => "camera_info".to_string(),
     }
 }
 

@@ -11,6 +11,7 @@
 //! flight finish, and exit 0. Log records go to `/rosout` too ([`rosout`]); times
 //! relative to the world follow the node's ROS clock ([`clock`], `use_sim_time`).
 
+mod batch;
 mod clock;
 mod input;
 mod native;
@@ -163,20 +164,29 @@ struct Outputs {
     timing: r2r::PublisherUntyped,
     camera_info: r2r::Publisher<CameraInfo>,
     debug_image: r2r::Publisher<Image>,
+    /// With 2+ inputs: `tensor/camera_info_<i>`, the scaled camera_info of batch item i.
+    batch_camera_info: Vec<r2r::Publisher<CameraInfo>>,
 }
 
 /// The ROS type names of the raw-published outputs.
 const TENSOR_TYPE: &str = "vision_preproc_msgs/msg/Tensor";
+const TENSOR_BATCH_TYPE: &str = "vision_preproc_msgs/msg/TensorBatch";
 const TIMING_TYPE: &str = "vision_preproc_msgs/msg/FrameTiming";
 
 /// State shared between the tasks and the processing thread.
 struct Shared {
     latest: Latest<Received>,
+    /// With 2+ inputs: the keep-latest slot of formed batches.
+    batches: Latest<batch::Formed>,
     stats: Stats,
-    /// The input as the spin thread sees it (topic, QoS, publishers, arrivals).
-    input: Mutex<input::InputState>,
+    /// Each input as the spin thread sees it (topic, QoS, publishers, arrivals).
+    inputs: Vec<Mutex<input::InputState>>,
+    /// With 2+ inputs: each camera's counters and staleness.
+    cameras: Mutex<Vec<batch::CameraState>>,
+    batches_published: std::sync::atomic::AtomicU64,
     params: Arc<Mutex<NodeParams>>,
-    camera_info: Mutex<Option<CameraInfo>>,
+    /// The newest camera_info of each input.
+    camera_infos: Vec<Mutex<Option<CameraInfo>>>,
     logger: String,
     /// The node's clock (ROS time; `/clock` with `use_sim_time`).
     clock: NodeClock,
@@ -186,6 +196,16 @@ struct Shared {
     /// (`gpu_failure_policy: exit`), with `fatal_signal` notified.
     fatal: Mutex<Option<String>>,
     fatal_signal: tokio::sync::Notify,
+}
+
+impl Shared {
+    /// Stop ingest and processing; a batch still waiting counts its frames as dropped.
+    fn stop(&self) {
+        self.latest.stop();
+        if let Some(b) = self.batches.stop_and_take() {
+            self.stats.dropped.fetch_add(b.new_frames(), Ordering::Relaxed);
+        }
+    }
 }
 
 fn run() -> anyhow::Result<()> {
@@ -260,12 +280,40 @@ fn run() -> anyhow::Result<()> {
         config.resize_mode
     );
     let out_qos = qos(config.output_qos, config.output_qos_depth);
+    let batching = config.is_batch();
+    let topics = config.input_topics();
     let outputs = Outputs {
-        tensor: node.create_publisher_untyped("tensor", TENSOR_TYPE, out_qos.clone())?,
+        tensor: node.create_publisher_untyped(
+            "tensor",
+            if batching { TENSOR_BATCH_TYPE } else { TENSOR_TYPE },
+            out_qos.clone(),
+        )?,
         timing: node.create_publisher_untyped("timing", TIMING_TYPE, out_qos.clone())?,
         camera_info: node.create_publisher::<CameraInfo>("tensor/camera_info", out_qos.clone())?,
-        debug_image: node.create_publisher::<Image>("debug_image", out_qos)?,
+        debug_image: node.create_publisher::<Image>("debug_image", out_qos.clone())?,
+        batch_camera_info: if batching {
+            (0..topics.len())
+                .map(|i| {
+                    node.create_publisher::<CameraInfo>(
+                        &format!("tensor/camera_info_{i}"),
+                        out_qos.clone(),
+                    )
+                })
+                .collect::<r2r::Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        },
     };
+    if batching {
+        r2r::log_info!(
+            &logger,
+            "batching {} cameras ({}), batch_policy {}: one TensorBatch on tensor",
+            topics.len(),
+            topics.join(", "),
+            config.batch_policy.name()
+        );
+    }
+    let former = batching.then(|| batch::Former::new(&config));
     let diagnostics =
         node.create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())?;
     let (preset, depth) = (config.input_qos, config.input_qos_depth);
@@ -274,10 +322,16 @@ fn run() -> anyhow::Result<()> {
     let stats = Stats::default();
     let shared = Arc::new(Shared {
         latest: Latest::with_counters(stats.received.clone(), stats.dropped.clone()),
+        batches: Latest::default(),
         stats,
-        input: Mutex::new(input::InputState::default()),
+        inputs: topics.iter().map(|_| Mutex::new(input::InputState::default())).collect(),
+        cameras: Mutex::new(vec![
+            batch::CameraState::default();
+            if batching { topics.len() } else { 0 }
+        ]),
+        batches_published: std::sync::atomic::AtomicU64::new(0),
         params,
-        camera_info: Mutex::new(None),
+        camera_infos: topics.iter().map(|_| Mutex::new(None)).collect(),
         logger: logger.clone(),
         clock: clock.clone(),
         backend: Mutex::new(backend_info),
@@ -296,17 +350,31 @@ fn run() -> anyhow::Result<()> {
     // /diagnostics status and the final log still need them.
     let spinner = std::thread::Builder::new().name("spin".into()).spawn(move || {
         let shared = spin_shared;
-        let mut input =
-            match input::Input::new(&mut node, ros_args.as_ref(), preset, depth, &shared) {
-                Ok(i) => {
-                    let _ = ready_tx.send(Ok(()));
-                    i
-                }
+        let mut former = former;
+        let mut inputs = Vec::with_capacity(topics.len());
+        for (i, topic) in topics.iter().enumerate() {
+            match input::Input::new(
+                &mut node,
+                ros_args.as_ref(),
+                (i, topic),
+                preset,
+                depth,
+                &shared,
+            ) {
+                Ok(input) => inputs.push(input),
                 Err(e) => {
-                    let _ = ready_tx.send(Err(format!("subscribing to the input: {e}")));
+                    let _ = ready_tx.send(Err(format!("subscribing to the input {topic}: {e}")));
                     return node;
                 }
-            };
+            }
+        }
+        {
+            let mut cams = lock(&shared.cameras);
+            for (cam, input) in cams.iter_mut().zip(&inputs) {
+                cam.topic = input.topic().to_string();
+            }
+        }
+        let _ = ready_tx.send(Ok(()));
         let mut sim_time = false;
         while !shared.latest.is_stopped() {
             // use_sim_time as set (start-up, `ros2 param set`): the /clock subscription
@@ -315,25 +383,47 @@ fn run() -> anyhow::Result<()> {
                 r2r::log_error!(&shared.logger, "use_sim_time: {e}");
                 sim_time = shared.clock.sim_time();
             }
-            node.spin_once(Duration::from_millis(20));
-            input.drain(&shared);
-            if let Err(e) = input.adapt(&mut node, &shared) {
-                r2r::log_error!(&shared.logger, "input_qos auto: resubscribing: {e}");
+            let wait = former.as_ref().map_or(Duration::from_millis(20), |f| f.spin_timeout());
+            node.spin_once(wait);
+            for (i, input) in inputs.iter_mut().enumerate() {
+                for r in input.drain(&shared) {
+                    match former.as_mut() {
+                        Some(f) => f.push(i, r, &shared),
+                        None => {
+                            shared.latest.put(r);
+                        }
+                    }
+                }
             }
+            if let Some(f) = former.as_mut() {
+                f.poll(&shared);
+            }
+            for input in &mut inputs {
+                if let Err(e) = input.adapt(&mut node, &shared) {
+                    r2r::log_error!(&shared.logger, "input_qos auto: resubscribing: {e}");
+                }
+            }
+        }
+        if let Some(f) = former.as_mut() {
+            f.finish(&shared);
         }
         node
     })?;
     if let Ok(Err(e)) | Err(e) = ready_rx.recv().map_err(|e| e.to_string()) {
-        shared.latest.stop();
+        shared.stop();
         let _ = spinner.join();
         anyhow::bail!("{e}");
     }
 
     // Processing: owns the pipeline.
     let proc_shared = shared.clone();
-    let processor = std::thread::Builder::new()
-        .name("process".into())
-        .spawn(move || process_loop(pipeline, &proc_shared, &outputs))?;
+    let processor = std::thread::Builder::new().name("process".into()).spawn(move || {
+        if batching {
+            batch::process_loop(pipeline, &proc_shared, &outputs)
+        } else {
+            process_loop(pipeline, &proc_shared, &outputs)
+        }
+    })?;
 
     rt.block_on(async {
         let tasks = [
@@ -349,7 +439,7 @@ fn run() -> anyhow::Result<()> {
             _ = shared.fatal_signal.notified() => {}
         }
         r2r::log_info!(&logger, "shutting down");
-        shared.latest.stop();
+        shared.stop();
         for t in tasks {
             t.abort();
         }
@@ -417,7 +507,8 @@ async fn publish_diagnostics(
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut previous = Counts::default();
     let mut last: Option<Duration> = None;
-    let mut warned = false;
+    let mut warned = vec![false; shared.inputs.len()];
+    let mut camera_previous: Vec<u64> = Vec::new();
     loop {
         poll.tick().await;
         let Some(now) = shared.clock.now() else {
@@ -434,7 +525,11 @@ async fn publish_diagnostics(
             continue;
         }
         last = Some(now);
-        let report = input_report(&shared, &mut warned);
+        let report = if shared.inputs.len() >= 2 {
+            batch_report(&shared, &mut warned, &mut camera_previous, seconds)
+        } else {
+            input_report(&shared, 0, "", &mut warned[0])
+        };
         *lock(&shared.stats.input) = report;
         let backend = lock(&shared.backend).clone();
         let (status, counts) = shared.stats.status(&name, previous, seconds, &backend);
@@ -450,18 +545,73 @@ async fn publish_diagnostics(
 /// The input part of `/diagnostics`: topic, QoS, publishers, delivery; and, while large
 /// best-effort frames arrive at a fraction of the camera's rate, the warning (logged once
 /// when it is raised, once when it clears).
-fn input_report(shared: &Shared, warned: &mut bool) -> InputReport {
+/// With 2+ inputs: each camera's topic, QoS, publishers and delivery (keys prefixed
+/// `Camera <i> `), its rate over the window, received / published / dropped / rejected
+/// frames and staleness, and `Batches published`; the warning names the stale cameras
+/// (else a camera's delivery warning).
+fn batch_report(
+    shared: &Shared,
+    warned: &mut [bool],
+    previous: &mut Vec<u64>,
+    seconds: f64,
+) -> InputReport {
+    let cams = lock(&shared.cameras).clone();
+    previous.resize(cams.len(), 0);
+    let mut values = vec![(
+        "Batches published".to_string(),
+        shared.batches_published.load(Ordering::Relaxed).to_string(),
+    )];
+    let mut warnings = Vec::new();
+    let mut stale = Vec::new();
+    for (i, cam) in cams.iter().enumerate() {
+        let prefix = format!("Camera {i} ");
+        let report = input_report(shared, i, &prefix, &mut warned[i]);
+        let rate = cam.counts.received.saturating_sub(previous[i]) as f64 / seconds.max(1e-9);
+        previous[i] = cam.counts.received;
+        let since = cam.last_arrival.map_or_else(
+            || "no frame yet".to_string(),
+            |t| format!("last frame {:.0} ms ago", t.elapsed().as_secs_f64() * 1e3),
+        );
+        values.extend(report.values);
+        values.extend([
+            (format!("{prefix}rate (Hz)"), format!("{rate:.2}")),
+            (format!("{prefix}frames received"), cam.counts.received.to_string()),
+            (format!("{prefix}frames published"), cam.published.to_string()),
+            (format!("{prefix}frames dropped"), cam.counts.dropped.to_string()),
+            (format!("{prefix}frames rejected"), cam.rejected.to_string()),
+            (
+                format!("{prefix}state"),
+                format!("{} ({since})", if cam.stale { "stale" } else { "live" }),
+            ),
+        ]);
+        if cam.stale {
+            stale.push(format!("camera {i} ({})", cam.topic));
+        }
+        warnings.extend(report.warning.map(|w| format!("camera {i} ({}): {w}", cam.topic)));
+    }
+    let warning = if stale.is_empty() {
+        warnings.into_iter().next()
+    } else {
+        Some(format!(
+            "stale: {} (no frame for stale_after_ms; slot padded and flagged invalid)",
+            stale.join(", ")
+        ))
+    };
+    InputReport { values, warning }
+}
+
+fn input_report(shared: &Shared, index: usize, prefix: &str, warned: &mut bool) -> InputReport {
     let (topic, qos, publishers, best_effort, delivery, images_recently) = {
-        let mut st = lock(&shared.input);
+        let mut st = lock(&shared.inputs[index]);
         let now = Instant::now();
         let d = st.monitor.assess(now);
         let recent = st.monitor.images_recently(now);
         (st.topic.clone(), st.qos.clone(), st.publishers, st.best_effort, d, recent)
     };
     let mut values = vec![
-        ("Input topic".to_string(), topic.clone()),
-        ("Input QoS".to_string(), qos),
-        ("Input publishers".to_string(), publishers.to_string()),
+        (format!("{prefix}Input topic"), topic.clone()),
+        (format!("{prefix}Input QoS"), qos),
+        (format!("{prefix}Input publishers"), publishers.to_string()),
     ];
     let losing = |d: &crate::transport::Delivery| {
         best_effort
@@ -488,7 +638,7 @@ fn input_report(shared: &Shared, warned: &mut bool) -> InputReport {
         Basis::Stamps => "image stamps",
     };
     values.push((
-        "Input delivery".to_string(),
+        format!("{prefix}Input delivery"),
         format!(
             "{:.1} of {:.1} frames/s arrive ({:.0} %; camera rate from {basis})",
             d.arrived_hz,
@@ -607,7 +757,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
                 r2r::log_fatal!(logger, "{reason}; the node exits");
                 shared.stats.failed(reason.clone());
                 *lock(&shared.fatal) = Some(reason);
-                shared.latest.stop();
+                shared.stop();
                 shared.fatal_signal.notify_one();
                 break;
             }
@@ -618,15 +768,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
             }
         };
         if let Some(failure) = &info.gpu_failure {
-            r2r::log_error!(logger, "GPU failure: {}", failure.reason);
-            r2r::log_warn!(logger, "{failure}");
-            shared.stats.gpu_failures.fetch_add(1, Ordering::Relaxed);
-            let backend = pipeline.backend();
-            let mut b = lock(&shared.backend);
-            b.name = backend.name().to_string();
-            b.device = backend.device_description();
-            b.details = backend.diagnostics();
-            b.gpu_failure = Some((failure.reason.clone(), failure.to_string()));
+            note_gpu_failure(&pipeline, failure, shared);
         }
         // The pipeline wrote the whole serialized message in place: publish it as is.
         if let Err(e) = out.tensor.publish_raw(pipeline.message()) {
@@ -635,7 +777,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
             continue;
         }
         let ros_header = ros_header(&header);
-        if let Some(info_msg) = lock(&shared.camera_info).as_ref() {
+        if let Some(info_msg) = lock(&shared.camera_infos[0]).as_ref() {
             let scaled = scaled_camera_info(info_msg, &info.geometry, &ros_header);
             if let Err(e) = out.camera_info.publish(&scaled) {
                 r2r::log_warn!(logger, "publishing tensor/camera_info: {e}");
@@ -660,6 +802,21 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
         }
         sequence += 1;
     }
+}
+
+/// A GPU failure the pipeline recovered from: logged, counted, and the backend as it is
+/// now shown in diagnostics.
+fn note_gpu_failure(pipeline: &Pipeline, failure: &crate::pipeline::GpuFailure, shared: &Shared) {
+    let logger = shared.logger.as_str();
+    r2r::log_error!(logger, "GPU failure: {}", failure.reason);
+    r2r::log_warn!(logger, "{failure}");
+    shared.stats.gpu_failures.fetch_add(1, Ordering::Relaxed);
+    let backend = pipeline.backend();
+    let mut b = lock(&shared.backend);
+    b.name = backend.name().to_string();
+    b.device = backend.device_description();
+    b.details = backend.diagnostics();
+    b.gpu_failure = Some((failure.reason.clone(), failure.to_string()));
 }
 
 /// `debug_image`: what the network sees, de-normalized to rgb8 (grey tensors as mono8),

@@ -25,6 +25,12 @@ pub struct NativeImage(r2r::NativeMsg<Image>);
 // whose release goes back to the subscription, are never wrapped (see `new`).
 unsafe impl Send for NativeImage {}
 
+// SAFETY: shared references only read the message (`data`, `encoding`, `header`,
+// `view` take `&self` and never write through the C pointers); nothing is mutated
+// after `new`, so reads from several threads at once (a batch held by the spin thread
+// and the processing thread) are data-race free.
+unsafe impl Sync for NativeImage {}
+
 impl NativeImage {
     /// Take ownership of a received message. A loaned one (Fast DDS loans only plain
     /// types, which `sensor_msgs/Image` is not, so this does not happen with it) is
@@ -148,7 +154,9 @@ impl RosArgs {
     /// `namespace`, after this command line's remapping rules (`-r image:=/cam/raw`,
     /// `-r vision_preproc:image:=...`). `None` if rcl cannot say.
     pub fn resolve_topic(&self, topic: &str, name: &str, namespace: &str) -> Option<String> {
-        let expanded = if namespace.ends_with('/') {
+        let expanded = if topic.starts_with('/') {
+            topic.to_string()
+        } else if namespace.ends_with('/') {
             format!("{namespace}{topic}")
         } else {
             format!("{namespace}/{topic}")

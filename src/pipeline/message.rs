@@ -139,7 +139,11 @@ impl TensorCdr {
         shape[0] = n as u32;
         w.u32_seq(&shape);
         w.bytes_len(data_len);
-        TensorCdr { suffix: batch_items_cdr(w.body_len() + data_len, f.items), prefix: w.finish(), data_len }
+        TensorCdr {
+            suffix: batch_items_cdr(w.body_len() + data_len, f.items),
+            prefix: w.finish(),
+            data_len,
+        }
     }
 }
 

@@ -286,7 +286,8 @@ impl Pipeline {
                 (times, None)
             }
             Err(e @ Error::Cuda(_)) if !self.recovery.fell_back => {
-                let (times, failure) = self.recover(e.to_string(), &mut |p| p.run_backend(image))?;
+                let (times, failure) =
+                    self.recover(e.to_string(), &mut |p| p.run_backend(image))?;
                 (times, Some(failure))
             }
             Err(e) => return Err(e),
@@ -343,9 +344,11 @@ impl Pipeline {
             geometries.push(Some(g.clone()));
             images.push(Some(image));
         }
-        let desc = self.pad_op.as_ref().map(|p| p.params.tensor_desc()).ok_or_else(|| {
-            Error::Operation("no pad operation".into())
-        })?;
+        let desc = self
+            .pad_op
+            .as_ref()
+            .map(|p| p.params.tensor_desc())
+            .ok_or_else(|| Error::Operation("no pad operation".into()))?;
         self.batch_items = items
             .iter()
             .zip(&geometries)
@@ -356,7 +359,11 @@ impl Pipeline {
                     valid,
                     repeated: valid && it.repeated,
                     header: if valid { it.header.clone() } else { Header::default() },
-                    source_encoding: if valid { it.source_encoding.to_string() } else { String::new() },
+                    source_encoding: if valid {
+                        it.source_encoding.to_string()
+                    } else {
+                        String::new()
+                    },
                     geometry: g.clone(),
                 }
             })
@@ -375,7 +382,8 @@ impl Pipeline {
                 (times, None)
             }
             Err(e @ Error::Cuda(_)) if !self.recovery.fell_back => {
-                let (times, failure) = self.recover(e.to_string(), &mut |p| p.run_batch(&images))?;
+                let (times, failure) =
+                    self.recover(e.to_string(), &mut |p| p.run_batch(&images))?;
                 (times, Some(failure))
             }
             Err(e) => return Err(e),

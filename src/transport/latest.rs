@@ -64,6 +64,33 @@ impl<T> Latest<T> {
         was
     }
 
+    /// [`Latest::put`], handing back the item it replaced (counted as dropped) so that
+    /// the caller can account for what it held; after [`Latest::stop`], `item` itself.
+    pub fn replace(&self, item: T) -> Option<T> {
+        self.received.fetch_add(1, Ordering::Relaxed);
+        if self.is_stopped() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return Some(item);
+        }
+        let replaced = self.lock().replace(item);
+        self.ready.notify_one();
+        if replaced.is_some() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        replaced
+    }
+
+    /// [`Latest::stop`], handing back the item still waiting (counted as dropped).
+    pub fn stop_and_take(&self) -> Option<T> {
+        self.shutdown.store(true, Ordering::Release);
+        let waiting = self.lock().take();
+        if waiting.is_some() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        self.ready.notify_all();
+        waiting
+    }
+
     /// The next item, waiting for one; `None` once stopped.
     pub fn take(&self) -> Option<T> {
         let mut slot = self.lock();
@@ -135,6 +162,16 @@ mod tests {
         assert_eq!(slot.take().map(|t| t.0), Some(4));
         assert_eq!((slot.received(), slot.dropped()), (4, 2));
         assert_eq!(drops.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn replace_hands_back_what_it_replaced() {
+        let slot = Latest::default();
+        assert_eq!(slot.replace(1u8), None);
+        assert_eq!(slot.replace(2u8), Some(1));
+        assert_eq!(slot.stop_and_take(), Some(2));
+        assert_eq!(slot.replace(3u8), Some(3));
+        assert_eq!((slot.received(), slot.dropped(), slot.take()), (3, 3, None));
     }
 
     #[test]

@@ -235,7 +235,11 @@ impl Backend for CpuBackend {
             conv_us = conv_us.max(t?.conv_us);
         }
         let wall = start.elapsed().as_secs_f32() * 1e6;
-        Ok(StageTimes { preprocess_us: (wall - conv_us).max(0.0), conv_us, ..StageTimes::default() })
+        Ok(StageTimes {
+            preprocess_us: (wall - conv_us).max(0.0),
+            conv_us,
+            ..StageTimes::default()
+        })
     }
 
     fn device_description(&self) -> String {
