@@ -589,6 +589,7 @@ fn batch_report(
         }
         warnings.extend(report.warning.map(|w| format!("camera {i} ({}): {w}", cam.topic)));
     }
+    let urgent = !stale.is_empty();
     let warning = if stale.is_empty() {
         warnings.into_iter().next()
     } else {
@@ -597,7 +598,7 @@ fn batch_report(
             stale.join(", ")
         ))
     };
-    InputReport { values, warning }
+    InputReport { values, warning, urgent }
 }
 
 fn input_report(shared: &Shared, index: usize, prefix: &str, warned: &mut bool) -> InputReport {
@@ -631,7 +632,7 @@ fn input_report(shared: &Shared, index: usize, prefix: &str, warned: &mut bool) 
              config/fastdds_large_frames.xml or reliable)"
                 .to_string()
         });
-        return InputReport { values, warning };
+        return InputReport { values, warning, urgent: false };
     };
     let basis = match d.basis {
         Basis::CameraInfo => "camera_info",
@@ -675,7 +676,7 @@ fn input_report(shared: &Shared, index: usize, prefix: &str, warned: &mut bool) 
             d.arrived_hz, d.camera_hz
         )
     });
-    InputReport { values, warning }
+    InputReport { values, warning, urgent: false }
 }
 
 async fn shutdown_signal() {

@@ -41,6 +41,9 @@ pub struct InputReport {
     pub values: Vec<(String, String)>,
     /// Set while frames are being lost before the node: the status message (WARN).
     pub warning: Option<String>,
+    /// The warning outranks dropped frames in the status message (a stale camera of a
+    /// batching node: its drops are the other cameras' frames replaced while waiting).
+    pub urgent: bool,
 }
 
 #[derive(Default)]
@@ -157,6 +160,8 @@ impl Stats {
             )
         } else if let (true, Some((_, action))) = (gpu_failures > 0, &backend.gpu_failure) {
             (warn, format!("GPU failure ({gpu_failures} in the last {seconds:.0} s): {action}"))
+        } else if let (true, Some(w)) = (input.urgent, &input.warning) {
+            (warn, w.clone())
         } else if dropped > 0 {
             (
                 warn,
@@ -270,6 +275,7 @@ mod tests {
         *stats.input.lock().unwrap() = InputReport {
             values: vec![("Input delivery".into(), "0.7 of 30.0 frames/s".into())],
             warning: Some("frames lost before the node".into()),
+            urgent: false,
         };
         let (s, prev) = stats.status("vp", prev, 1.0, &info);
         assert_eq!(

@@ -1,0 +1,333 @@
+"""Multi-camera batching through real DDS (issue 13): rclpy cameras of different sizes,
+encodings and rates in this process, the node in its own, one TensorBatch per batch.
+Each valid item equals the OpenCV oracle for its own source frame; per-item metadata;
+the stamps of every batch obey the policy's rule; a camera that stops goes stale (padded
+slot flagged invalid, WARN in /diagnostics naming it) and comes back; camera_info per
+item; one input topic behaves like the single-camera node. Small frames, short runs."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from rclpy.node import Node
+from rclpy.qos import ReliabilityPolicy
+from sensor_msgs.msg import CameraInfo, Image
+
+from vptools import oracle
+from vptools.rosharness import RELIABLE, NodeProcess, Peer, image_msg, stamp_ns, tensor_array
+from vptools.sources import photo_frame
+from vptools.tolerances import assert_close
+from vision_preproc_msgs.msg import FrameTiming, TensorBatch
+
+NET_W, NET_H = 48, 32
+
+
+def batch_items(msg: TensorBatch) -> np.ndarray:
+    """The batch's data as an array of its shape."""
+    dtype = {"float32": "<f4", "float16": "<f2"}[msg.dtype]
+    return np.frombuffer(bytes(msg.data), dtype=dtype).reshape(tuple(msg.shape))
+
+
+def frame_msg(frame, stamp: int, frame_id: str) -> Image:
+    msg = Image()
+    msg.header.stamp.sec, msg.header.stamp.nanosec = stamp // 1_000_000_000, stamp % 1_000_000_000
+    msg.header.frame_id = frame_id
+    msg.height, msg.width, msg.encoding, msg.is_bigendian, msg.step = (
+        frame.height, frame.width, frame.encoding, int(frame.big_endian), frame.step)
+    msg.data = frame.data
+    return msg
+
+
+class Cameras:
+    """rclpy cameras `<ns>/cam<i>/image` (reliable, as rclpy's default) and a subscriber of
+    the node's TensorBatch, FrameTiming, /diagnostics and per-item camera_info."""
+
+    def __init__(self, ns: str, n: int):
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = Node(f"cams_{os.getpid()}", namespace=ns, context=self.context)
+        self.pubs = [self.node.create_publisher(Image, f"cam{i}/image", RELIABLE) for i in range(n)]
+        self.info_pub = self.node.create_publisher(CameraInfo, "cam0/camera_info", RELIABLE)
+        self.batches: list[TensorBatch] = []
+        self.timings: list[FrameTiming] = []
+        self.diagnostics: list[DiagnosticStatus] = []
+        self.infos: list[CameraInfo] = []
+        self.node.create_subscription(TensorBatch, "tensor", self.batches.append, RELIABLE)
+        self.node.create_subscription(FrameTiming, "timing", self.timings.append, RELIABLE)
+        self.node.create_subscription(CameraInfo, "tensor/camera_info_0", self.infos.append, RELIABLE)
+        self.node.create_subscription(
+            DiagnosticArray, "/diagnostics", lambda m: self.diagnostics.extend(m.status), RELIABLE)
+        self.executor = rclpy.executors.SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+
+    def spin_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.executor.spin_once(timeout_sec=0.01)
+
+    def spin_until(self, cond, timeout: float, what: str) -> None:
+        end = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < end, f"timed out after {timeout} s waiting for {what}"
+            self.executor.spin_once(timeout_sec=0.02)
+
+    def wait_connected(self, ns: str) -> None:
+        """Until the node is on DDS and its input_qos auto subscriptions to our reliable
+        cameras (and camera_info) are reliable (frames sent before would be lost in the switch)."""
+        def reliable(topic: str) -> bool:
+            return any(i.qos_profile.reliability == ReliabilityPolicy.RELIABLE
+                       for i in self.node.get_subscriptions_info_by_topic(topic))
+        self.spin_until(lambda: all(reliable(p.topic_name) for p in [*self.pubs, self.info_pub])
+                        and self.node.count_publishers(f"{ns}/tensor") >= 1, 20, "the node on DDS")
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        self.node.destroy_node()
+        rclpy.shutdown(context=self.context)
+
+
+def check_item(item, data: np.ndarray, sent: dict, config: dict, topic: str, what: str) -> None:
+    """A valid item: the oracle's tensor for the frame with its stamp, and its metadata."""
+    frame, frame_id = sent[stamp_ns(item.header)]
+    assert item.valid and item.topic == topic and item.header.frame_id == frame_id, (what, item)
+    assert (item.source_encoding, item.source_width, item.source_height) == (
+        frame.encoding, frame.width, frame.height), what
+    (rx, ry, rw, rh), (cx, cy, cw, chh) = oracle.geometry(frame.width, frame.height, {**oracle.DEFAULTS, **config})
+    sx, sy = cw / rw, chh / rh
+    np.testing.assert_allclose([item.scale_x, item.scale_y, item.offset_x, item.offset_y],
+                               [sx, sy, cx - rx * sx, cy - ry * sy], rtol=1e-6, atol=1e-5, err_msg=what)
+    want = oracle.preprocess(frame.data, frame.encoding, frame.width, frame.height, frame.step,
+                             frame.big_endian, config)[0]
+    assert_close(data, want, config.get("output_dtype", "float32"), what)
+
+
+def status_of(cams: Cameras, name: str) -> list[DiagnosticStatus]:
+    return [s for s in cams.diagnostics if s.name == name]
+
+
+def value(s: DiagnosticStatus, key: str) -> str:
+    return next((v.value for v in s.values if v.key == key), "<missing>")
+
+
+# Four cameras of four sizes and encodings; camera 3 runs at half the others' rate.
+SOURCES = [
+    photo_frame("bgr8", size=(96, 64)),
+    photo_frame("yuyv", "astronaut.png", size=(80, 60)),
+    photo_frame("nv12", "coffee.png", size=(64, 48)),
+    photo_frame("mono8", "camera.png", size=(50, 70)),
+]
+LATEST_CONFIG = {"network_image_width": NET_W, "network_image_height": NET_H, "resize_mode": "letterbox",
+                 "pad_value": [114, 114, 114]}
+
+
+def test_four_cameras_latest_stale_and_back(tmp_path: Path) -> None:
+    ns = "/batch4"
+    n = len(SOURCES)
+    args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", f"network_image_width:={NET_W}",
+            "-p", f"network_image_height:={NET_H}", "-p", "pad_value:=[114.0, 114.0, 114.0]",
+            "-p", f"inputs:=[{', '.join(f'cam{i}/image' for i in range(n))}]",
+            "-p", "batch_policy:=latest", "-p", "batch_timeout_ms:=150", "-p", "stale_after_ms:=600"]
+    topics = [f"{ns}/cam{i}/image" for i in range(n)]
+    with NodeProcess(args, log=tmp_path / "node.log") as node:
+        cams = Cameras(ns, n)
+        try:
+            cams.wait_connected(ns)
+            sent: dict[int, tuple] = {}
+            latest_sent = [0] * n
+
+            def send(i: int, stamp: int) -> None:
+                sent[stamp] = (SOURCES[i], f"cam{i}")
+                latest_sent[i] = stamp
+                cams.pubs[i].publish(frame_msg(SOURCES[i], stamp, f"cam{i}"))
+
+            ci = CameraInfo()
+            ci.width, ci.height = SOURCES[0].width, SOURCES[0].height
+            ci.k = [100.0, 0.0, 48.0, 0.0, 100.0, 32.0, 0.0, 0.0, 1.0]
+            ci.p = [100.0, 0.0, 48.0, 0.0, 0.0, 100.0, 32.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+            cams.spin_until(lambda: cams.info_pub.get_subscription_count() >= 1, 10, "camera_info subscriber")
+            # Phase 1: all four live, camera 3 at half rate (stamps: camera i, round k);
+            # camera 0's driver publishes camera_info with every frame.
+            base = 5_000_000_000
+            for k in range(12):
+                cams.info_pub.publish(ci)
+                for i in range(n):
+                    if i < 3 or k % 2 == 0:
+                        send(i, base + k * 50_000_000 + i * 1000)
+                cams.spin_for(0.05)
+            cams.spin_for(0.4)
+            phase1 = list(cams.batches)
+            assert len(phase1) >= 4, f"{len(phase1)} batches"
+            # Phase 2: camera 3 stops; the others go on for longer than stale_after_ms.
+            for k in range(12, 40):
+                for i in range(3):
+                    send(i, base + k * 50_000_000 + i * 1000)
+                cams.spin_for(0.05)
+            cams.spin_until(lambda: any(value(s, "Camera 3 state").startswith("stale")
+                                        for s in status_of(cams, "batch4/vision_preproc")), 5, "camera 3 stale")
+            phase2 = cams.batches[len(phase1):]
+            # Phase 3: camera 3 comes back.
+            for k in range(40, 52):
+                for i in range(n):
+                    send(i, base + k * 50_000_000 + i * 1000)
+                cams.spin_for(0.05)
+            cams.spin_for(0.5)
+            phase3 = cams.batches[len(phase1) + len(phase2):]
+            assert phase2 and phase3, (len(phase2), len(phase3))
+
+            # Every batch: shape [4, 3, H, W], items in input order, values = the oracle.
+            pad = (114 / 255 - 0.5) / 0.5  # the normalized pad value: (114/255 - 0.5) / 0.5
+            last = [0] * n
+            stale_seen = False
+            for b, msg in enumerate(cams.batches):
+                assert list(msg.shape) == [n, 3, NET_H, NET_W] and msg.layout == "NCHW" and msg.dtype == "float32"
+                data = batch_items(msg)
+                assert [it.topic for it in msg.items] == topics
+                valid_stamps = [stamp_ns(it.header) for it in msg.items if it.valid]
+                assert stamp_ns(msg.header) == max(valid_stamps) and msg.header.frame_id == ""
+                for i, it in enumerate(msg.items):
+                    if not it.valid:
+                        # Stale: the pad value everywhere, empty metadata.
+                        assert i == 3, f"batch {b}: camera {i} invalid"
+                        stale_seen = True
+                        np.testing.assert_allclose(data[i], np.full((3, NET_H, NET_W), pad, np.float32), atol=1e-6)
+                        assert (it.source_encoding, it.source_width, it.header.stamp.sec, it.scale_x) == ("", 0, 0, 0.0)
+                        continue
+                    check_item(it, data[i], sent, LATEST_CONFIG, topics[i], f"batch {b} item {i}")
+                    s = stamp_ns(it.header)
+                    # latest: a camera's items never go back; `repeated` exactly when the
+                    # frame was in the previous batch that had this camera.
+                    assert s >= last[i], (b, i, s, last[i])
+                    assert it.repeated == (s == last[i]), (b, i, it.repeated)
+                    last[i] = s
+                # A batch goes out when every live camera has a new frame or on timeout:
+                # at least one item is new.
+                assert any(it.valid and not it.repeated for it in msg.items), f"batch {b} has no new frame"
+            assert stale_seen, "no batch with camera 3 flagged stale"
+            assert all(it.valid for it in phase3[-1].items), "camera 3 did not come back"
+            assert all(msg.items[3].valid for msg in phase1[1:]), "camera 3 stale while it ran"
+            # Camera 3 at half rate: in phase 1 some batches repeat its frame.
+            assert any(msg.items[3].repeated for msg in phase1)
+            # The newest frame of every camera ends in the last batch.
+            assert [stamp_ns(it.header) for it in cams.batches[-1].items] == latest_sent
+
+            # camera_info of item 0, scaled with item 0's geometry.
+            cams.spin_until(lambda: cams.infos, 5, "tensor/camera_info_0")
+            g = next(m.items[0] for m in cams.batches if stamp_ns(m.items[0].header) == stamp_ns(cams.infos[-1].header))
+            assert (cams.infos[-1].width, cams.infos[-1].height) == (NET_W, NET_H)
+            np.testing.assert_allclose(cams.infos[-1].k[0], 100.0 * g.scale_x, rtol=1e-5)
+            np.testing.assert_allclose(cams.infos[-1].k[2], 48.0 * g.scale_x + g.offset_x + 0.5 * (g.scale_x - 1),
+                                       rtol=1e-5)
+
+            # One FrameTiming per batch, stamped like it; age_us of the oldest valid item.
+            cams.spin_until(lambda: len(cams.timings) >= len(cams.batches), 5, "timings")
+            by_stamp = {stamp_ns(t.header): t for t in cams.timings}
+            for msg in cams.batches:
+                t = by_stamp[stamp_ns(msg.header)]
+                ages = [it.age_us for it in msg.items if it.valid]
+                assert t.age_us == pytest.approx(max(ages), rel=1e-6) and t.total_us > 0
+
+            # /diagnostics: WARN naming camera 3 while stale, per-camera keys, OK at the end.
+            name = "batch4/vision_preproc"
+            stale_status = [s for s in status_of(cams, name) if value(s, "Camera 3 state").startswith("stale")]
+            assert stale_status[0].level == DiagnosticStatus.WARN and f"camera 3 ({topics[3]})" in stale_status[0].message
+            cams.spin_until(lambda: value(status_of(cams, name)[-1], "Camera 3 state").startswith("live"), 5,
+                            "camera 3 live in /diagnostics")
+            counts = [sum(1 for f, fid in sent.values() if fid == f"cam{i}") for i in range(n)]
+            cams.spin_until(lambda: [value(status_of(cams, name)[-1], f"Camera {i} frames received")
+                                     for i in range(n)] == [str(c) for c in counts], 5,
+                            f"/diagnostics counting {counts} frames: {[value(status_of(cams, name)[-1], f'Camera {i} frames received') for i in range(n)]}")
+            final = status_of(cams, name)[-1]
+            for i in range(n):
+                assert value(final, f"Camera {i} Input topic") == topics[i]
+                assert float(value(final, f"Camera {i} rate (Hz)")) >= 0.0
+            assert int(value(final, "Batches published")) == len(cams.batches)
+        finally:
+            cams.close()
+        assert node.stop() == 0
+    log = (tmp_path / "node.log").read_text()
+    assert f"camera 3 ({topics[3]}) is stale" in log and f"camera 3 ({topics[3]}) is live again" in log, log[-3000:]
+    # Every frame accounted for: received = published + dropped + rejected + failed.
+    import re
+    m = re.search(r"stopped: (\d+) frames received, (\d+) published, (\d+) dropped \(queue\), (\d+) rejected "
+                  r"\(invalid\), (\d+) failed", log)
+    assert m, log[-2000:]
+    rec, pub, drop, rej, fail = map(int, m.groups())
+    assert rec == len(sent) and rec == pub + drop + rej + fail, m.group(0)
+
+
+APPROX_CONFIG = {"network_image_width": NET_W, "network_image_height": NET_H, "resize_mode": "stretch",
+                 "output_layout": "NHWC", "output_dtype": "float16"}
+
+
+def test_two_cameras_approximate_time_nhwc_float16(tmp_path: Path) -> None:
+    ns = "/batch2"
+    a = photo_frame("rgb8", "astronaut.png", size=(72, 40))
+    b = photo_frame("bayer_rggb8", size=(64, 64))
+    args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", f"network_image_width:={NET_W}",
+            "-p", f"network_image_height:={NET_H}", "-p", "resize_mode:=stretch", "-p", "output_layout:=NHWC",
+            "-p", "output_dtype:=float16", "-p", "inputs:=[cam0/image, cam1/image]",
+            "-p", "batch_policy:=approximate_time", "-p", "max_interval_ms:=20", "-p", "batch_queue_size:=5"]
+    with NodeProcess(args, log=tmp_path / "node.log") as node:
+        cams = Cameras(ns, 2)
+        try:
+            cams.wait_connected(ns)
+            sent = {}
+            # Camera 0 at 20 Hz (stamps k * 50 ms), camera 1 at 10 Hz, 7 ms later: every
+            # camera-1 frame pairs with the camera-0 frame 7 ms before it; camera-0 frames
+            # with no partner within 20 ms are dropped.
+            base = 9_000_000_000
+            for k in range(20):
+                s0 = base + k * 50_000_000
+                sent[s0] = (a, "cam0")
+                cams.pubs[0].publish(frame_msg(a, s0, "cam0"))
+                if k % 2 == 0:
+                    s1 = s0 + 7_000_000
+                    sent[s1] = (b, "cam1")
+                    cams.pubs[1].publish(frame_msg(b, s1, "cam1"))
+                cams.spin_for(0.05)
+            cams.spin_for(0.5)
+            assert len(cams.batches) >= 8, len(cams.batches)
+            previous = (0, 0)
+            for j, msg in enumerate(cams.batches):
+                assert list(msg.shape) == [2, NET_H, NET_W, 3] and msg.layout == "NHWC" and msg.dtype == "float16"
+                data = batch_items(msg)
+                stamps = tuple(stamp_ns(it.header) for it in msg.items)
+                # The ApproximateTime rule: spread <= max_interval, sets never cross, a
+                # frame used once; here exactly the (k, k + 7 ms) pairs.
+                assert max(stamps) - min(stamps) <= 20_000_000, stamps
+                assert stamps[1] - stamps[0] == 7_000_000, stamps
+                assert stamps[0] > previous[0] and stamps[1] > previous[1], (previous, stamps)
+                previous = stamps
+                for i, it in enumerate(msg.items):
+                    assert not it.repeated
+                    check_item(it, data[i], sent, APPROX_CONFIG, f"{ns}/cam{i}/image", f"batch {j} item {i}")
+        finally:
+            cams.close()
+        assert node.stop() == 0
+
+
+def test_one_input_topic_is_the_single_camera_node(tmp_path: Path) -> None:
+    """`inputs: [solo/image]` publishes Tensor (not TensorBatch), as the single node does."""
+    ns = "/batch1"
+    args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "inputs:=[solo/image]",
+            "-p", f"network_image_width:={NET_W}", "-p", f"network_image_height:={NET_H}"]
+    f = SOURCES[0]
+    with NodeProcess(args, log=tmp_path / "node.log") as node:
+        peer = Peer(ns, publish_images=False)
+        try:
+            peer.pub = peer.node.create_publisher(Image, "solo/image", RELIABLE)
+            peer.wait_connected()
+            t = peer.send_until_received(frame_msg(f, 1_000_000_007, "solo"))
+            assert list(t.shape) == [1, 3, NET_H, NET_W] and t.source_encoding == "bgr8"
+            want = oracle.preprocess(f.data, f.encoding, f.width, f.height, f.step, f.big_endian,
+                                     {"network_image_width": NET_W, "network_image_height": NET_H})
+            assert_close(tensor_array(t), want, "float32", "inputs with one topic")
+        finally:
+            peer.close()
+        assert node.stop() == 0
