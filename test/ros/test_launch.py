@@ -111,14 +111,14 @@ def _stub_modules() -> dict:
     return mods
 
 
-def load_python_launch():
-    """preprocess.launch.py as a module, with the stand-ins."""
+def load_python_launch(name: str = "preprocess.launch.py"):
+    """A Python launch file (preprocess.launch.py) as a module, with the stand-ins."""
     saved = {k: sys.modules.get(k) for k in _stub_modules()}
     sys.modules.update(_stub_modules())
     try:
-        module = types.ModuleType("preprocess_launch")
-        source = (LAUNCH / "preprocess.launch.py").read_text()
-        exec(compile(source, str(LAUNCH / "preprocess.launch.py"), "exec"), module.__dict__)
+        module = types.ModuleType(name.replace(".", "_"))
+        source = (LAUNCH / name).read_text()
+        exec(compile(source, str(LAUNCH / name), "exec"), module.__dict__)
         return module
     finally:
         for k, v in saved.items():
@@ -135,10 +135,10 @@ def python_arguments() -> list[tuple[str, str, str]]:
     return [(a.args[0], str(a.kwargs["default_value"]), a.kwargs["description"]) for a in declared]
 
 
-def run_python_launch(args: dict[str, str], share: Path) -> dict:
-    """Run preprocess.launch.py with launch arguments `args` (name:=value); return the
-    keyword arguments of the Node it starts."""
-    ld = load_python_launch().generate_launch_description()
+def run_python_launch(args: dict[str, str], share: Path, name: str = "preprocess.launch.py") -> dict:
+    """Run a Python launch file (preprocess.launch.py) with launch arguments `args`
+    (name:=value); return the keyword arguments of the Node it starts."""
+    ld = load_python_launch(name).generate_launch_description()
     context = {"args": {}, "share": str(share)}
     for a in ld:
         if type(a).__name__ == "DeclareLaunchArgument":
@@ -218,6 +218,28 @@ def test_parameter_arguments_are_passed_only_when_given(tmp_path: Path) -> None:
     module = load_python_launch()
     assert set(module.PARAMETER_ARGUMENTS) <= node_parameters()
     assert set(module.PARAMETER_ARGUMENTS) <= {a[0] for a in python_arguments()}
+
+
+def test_four_camera_launch_file_and_preset() -> None:
+    """four_cameras.launch.py: the preset's inputs are its cameras, in batch order; each
+    camera argument remaps that input and its camera_info; the preset is a valid node
+    configuration (check-config reads it as the node does)."""
+    import subprocess
+
+    node = run_python_launch({"front": "/cf/image_raw", "rear": "/cr/image"}, ROOT, "four_cameras.launch.py")
+    assert node["parameters"] == [f"{ROOT}/config/four_cameras_640.yaml"]
+    preset = yaml.safe_load((ROOT / "config" / "four_cameras_640.yaml").read_text())["vision_preproc"]["ros__parameters"]
+    cameras = load_python_launch("four_cameras.launch.py").CAMERAS
+    assert preset["inputs"] == [f"{c}/image_raw" for c in cameras] and len(cameras) == 4
+    assert set(preset) <= node_parameters()
+    remap = dict(node["remappings"])
+    assert remap["front/image_raw"] == "/cf/image_raw" and remap["front/camera_info"] == "/cf/camera_info"
+    assert remap["rear/image_raw"] == "/cr/image" and remap["rear/camera_info"] == "/cr/camera_info"
+    assert remap["left/image_raw"] == "left/image_raw" and remap["left/camera_info"] == "left/camera_info"
+    cli = ROOT / "target" / "release" / "vision_preproc"
+    out = subprocess.run([str(cli), "check-config", str(ROOT / "config" / "four_cameras_640.yaml")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "batch_policy: latest" in out.stdout, out.stdout + out.stderr
 
 
 def get_params(peer: Peer, node: str, names: list[str]) -> list:
