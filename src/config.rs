@@ -1136,6 +1136,33 @@ mod tests {
         c = Config { roi: vec![1, 2, 3], ..Config::default() };
         assert!(c.validate().unwrap_err().to_string().contains("[x, y, width, height]"));
     }
+
+    #[test]
+    fn inputs_are_checked_and_name_the_topic() {
+        let with = |inputs: &[&str]| Config {
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            ..Config::default()
+        };
+        for ok in [&["a/image", "/b/image_raw", "~/c"][..], &["image"], &[]] {
+            with(ok).validate().unwrap();
+        }
+        let e = with(&["a/image", "a/image"]).validate().unwrap_err().to_string();
+        assert!(e.contains("inputs") && e.contains("items 0 and 1") && e.contains("once"), "{e}");
+        for bad in ["", "a//b", "a/", "1cam/image", "a b"] {
+            let e = with(&["x", bad]).validate().unwrap_err().to_string();
+            assert!(e.contains("inputs") && e.contains("item 1"), "{bad:?}: {e}");
+        }
+        let many: Vec<String> = (0..17).map(|i| format!("c{i}/image")).collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(with(&refs).validate().unwrap_err().to_string().contains("at most 16"));
+        assert_eq!(with(&[]).input_topics(), vec!["image"]);
+        assert!(!with(&["a"]).is_batch() && with(&["a", "b"]).is_batch());
+        let c = Config { batch_timeout_ms: 0, ..Config::default() };
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "batch_timeout_ms must be in [1, 10000] (got 0)"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -277,3 +277,108 @@ pub enum FaultKind {
     /// took the memory): the call fails, the context stays usable.
     Transient,
 }
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+    use crate::config::{Config, DType, Layout};
+    use crate::pipeline::{preprocess_op, Geometry};
+
+    /// A backend with only the required methods: [`Backend::process_batch_into`]'s
+    /// default (slot after slot), what the CUDA backend runs.
+    struct Sequential(cpu::CpuBackend);
+    impl Backend for Sequential {
+        fn name(&self) -> &'static str {
+            "sequential"
+        }
+        fn device_description(&self) -> String {
+            String::new()
+        }
+        fn process_into(
+            &mut self,
+            image: &ImageView<'_>,
+            op: &PreprocessOp,
+            conv: Option<&Conv2dOp>,
+            out: &mut [u8],
+        ) -> Result<StageTimes> {
+            self.0.process_into(image, op, conv, out)
+        }
+    }
+
+    fn pixels(n: usize, seed: u32) -> Vec<u8> {
+        (0..n as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 13) as u8).collect()
+    }
+
+    #[test]
+    fn a_batch_is_its_slots_each_as_one_frame_and_padded_slots() {
+        for (layout, dtype) in [(Layout::Nchw, DType::Float32), (Layout::Nhwc, DType::Float16)] {
+            let cfg = Config {
+                network_image_width: 13,
+                network_image_height: 7,
+                pad_value: vec![114.0, 20.0, 3.0],
+                output_layout: layout,
+                output_dtype: dtype,
+                ..Config::default()
+            };
+            let conv = crate::pipeline::conv_op(&Config {
+                conv: crate::config::ConvConfig {
+                    kernel: crate::config::ConvKernel::Gaussian,
+                    ..Default::default()
+                },
+                ..cfg.clone()
+            })
+            .unwrap();
+            // Two cameras of other sizes and encodings, and a padded slot between them.
+            let a = pixels(21 * 9 * 3, 1);
+            let b = pixels(16 * 10 * 2, 2);
+            let va = ImageView::new(21, 9, 63, "bgr8", false, &a).unwrap();
+            let vb = ImageView::new(16, 10, 32, "yuyv", false, &b).unwrap();
+            let op_for = |v: &ImageView<'_>| {
+                let g = Geometry::resolve(&cfg, v.width(), v.height()).unwrap();
+                let mut op = preprocess_op(&cfg, &g);
+                op.params.src_step = v.step();
+                op.params.encoding = v.encoding() as u32;
+                op
+            };
+            let (oa, ob) = (op_for(&va), op_for(&vb));
+            let slots = [
+                BatchSlot { image: Some(&va), op: &oa },
+                BatchSlot { image: None, op: &oa },
+                BatchSlot { image: Some(&vb), op: &ob },
+            ];
+            let len = oa.params.tensor_desc().byte_len();
+            for conv in [None, conv.as_ref()] {
+                let mut want = vec![0u8; 3 * len];
+                let mut cpu = cpu::CpuBackend::new();
+                cpu.process_into(&va, &oa, conv, &mut want[..len]).unwrap();
+                fill_pad(&oa.params, &mut want[len..2 * len]);
+                cpu.process_into(&vb, &ob, conv, &mut want[2 * len..]).unwrap();
+                let mut parallel = vec![0xEEu8; 3 * len];
+                cpu::CpuBackend::new().process_batch_into(&slots, conv, &mut parallel).unwrap();
+                assert!(parallel == want, "{layout:?} {dtype:?} conv {}: parallel", conv.is_some());
+                let mut seq = vec![0xEEu8; 3 * len];
+                Sequential(cpu::CpuBackend::new())
+                    .process_batch_into(&slots, conv, &mut seq)
+                    .unwrap();
+                assert!(seq == want, "{layout:?} {dtype:?} conv {}: sequential", conv.is_some());
+            }
+            // The padded slot holds pad[c] in channel c, in the layout.
+            let desc = oa.params.tensor_desc();
+            let mut pad = vec![0u8; len];
+            fill_pad(&oa.params, &mut pad);
+            for (c, y, x) in [(0, 0, 0), (1, 3, 5), (2, 6, 12)] {
+                assert_eq!(read_element(dtype, &pad, desc.index(c, y, x)), {
+                    let v = oa.params.pad[c];
+                    if dtype == DType::Float16 {
+                        half::f16::from_f32(v).to_f32()
+                    } else {
+                        v
+                    }
+                });
+            }
+            // Wrong sizes are errors naming the fix.
+            let e = cpu::CpuBackend::new().process_batch_into(&slots, None, &mut pad).unwrap_err();
+            assert!(e.to_string().contains("slots * op.params.tensor_desc().byte_len()"), "{e}");
+        }
+    }
+}

@@ -894,13 +894,19 @@ mod tests {
             "input_qos_depth",
             "output_qos",
             "output_qos_depth",
+            "inputs",
+            "batch_policy",
+            "batch_timeout_ms",
+            "max_interval_ms",
+            "stale_after_ms",
+            "batch_queue_size",
         ] {
             let d = descriptor(spec_of(name).unwrap());
             assert!(d.read_only && d.additional_constraints.contains("read-only"), "{name}");
         }
         let read_only: Vec<&str> =
             PARAMETERS.iter().filter(|s| s.read_only).map(|s| s.name).collect();
-        assert_eq!(read_only.len(), 8, "{read_only:?}");
+        assert_eq!(read_only.len(), 14, "{read_only:?}");
     }
 
     #[test]

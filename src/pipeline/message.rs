@@ -289,6 +289,72 @@ mod tests {
     }
 
     #[test]
+    fn tensor_batch_decodes_to_its_fields_and_ages_rewrite_in_place() {
+        use crate::bag::msgs::TensorBatch;
+        let g = geometry();
+        let h0 = Header { sec: 7, nanosec: 8, frame_id: "cam0".into() };
+        let empty = Header::default();
+        let desc = TensorDesc {
+            channels: 3,
+            height: 3,
+            width: 5,
+            layout: Layout::Nchw,
+            dtype: DType::Float16,
+        };
+        let items = [
+            BatchItemFields {
+                topic: "/a/image",
+                valid: true,
+                repeated: true,
+                header: &h0,
+                source_encoding: "bgr8",
+                geometry: Some(&g),
+                age_us: 0.0,
+            },
+            BatchItemFields {
+                topic: "/b/image",
+                valid: false,
+                repeated: false,
+                header: &empty,
+                source_encoding: "",
+                geometry: None,
+                age_us: 0.0,
+            },
+        ];
+        let header = Header { sec: 7, nanosec: 8, frame_id: String::new() };
+        let f = TensorBatchFields { header: &header, name: "images", desc, items: &items };
+        let cdr = TensorCdr::batch(&f);
+        assert_eq!(cdr.data_len, 2 * desc.byte_len());
+        let data: Vec<u8> = (0..cdr.data_len).map(|i| (i * 3) as u8).collect();
+        let mut msg = cdr.with_data(&data);
+        let t = TensorBatch::decode(&msg).unwrap();
+        assert_eq!(
+            (t.name, t.layout, t.dtype, t.shape.as_slice()),
+            ("images", "NCHW", "float16", &[2, 3, 3, 5][..])
+        );
+        assert_eq!((t.header, t.data), (header.clone(), &data[..]));
+        assert_eq!(t.items.len(), 2);
+        let a = &t.items[0];
+        assert_eq!((a.topic, a.valid, a.repeated, &a.header), ("/a/image", true, true, &h0));
+        assert_eq!((a.source_encoding, a.source_width, a.source_height), ("bgr8", 10, 4));
+        assert_eq!(
+            a.geometry,
+            [g.scale_x as f32, g.scale_y as f32, g.offset_x as f32, g.offset_y as f32]
+        );
+        let b = &t.items[1];
+        assert_eq!((b.valid, b.source_width, b.geometry, b.age_us), (false, 0, [0.0; 4], 0.0));
+        // New ages: the suffix keeps its length, so it is rewritten in place.
+        let mut aged = items;
+        aged[0].age_us = 1234.5;
+        let body_offset = cdr.prefix.len() - 4 + cdr.data_len;
+        let suffix = batch_items_cdr(body_offset, &aged);
+        assert_eq!(suffix.len(), cdr.suffix.len());
+        let at = cdr.prefix.len() + cdr.data_len;
+        msg[at..].copy_from_slice(&suffix);
+        assert_eq!(TensorBatch::decode(&msg).unwrap().items[0].age_us, 1234.5);
+    }
+
+    #[test]
     fn frame_timing_maps_the_stages_in_message_order() {
         let times =
             StageTimes { upload_us: 1.0, preprocess_us: 2.0, conv_us: 3.0, download_us: 4.0 };
