@@ -859,12 +859,9 @@ mod tests {
                 .split([',', ' '])
                 .filter(|v| v.starts_with('`'))
                 .map(|v| v.trim_matches('`'))
-                // What the type accepts and the configuration then allows (`auto` is a
-                // QoS choice for the input only: output_qos refuses it).
-                .filter(|v| {
-                    Config::from_params([(s.name.to_string(), Value::String(v.to_string()))], "t")
-                        .is_ok()
-                })
+                // `auto` is a QoS choice of the input only: the type has it, output_qos
+                // refuses it (Config::validate), so its descriptor does not list it.
+                .filter(|v| !(s.name == "output_qos" && *v == "auto"))
                 .collect();
             listed.sort_unstable();
             accepted.sort_unstable();
