@@ -56,6 +56,17 @@ struct Conv2dParams {
     u32 border;    // BORDER_*
     u32 layout;    // LAYOUT_* of the output
     u32 dtype;     // DTYPE_* of the output
+    u32 skip;      // batch slots (grid z) left alone: bit z set = padded slot, not convolved
+};
+
+// One slot of a batched fused launch (grid z = slot), read from a small device table.
+// keep in sync with src/backend/cuda/batch.rs (struct BatchItemDesc)
+struct BatchItemDesc {
+    PreprocessParams p;     // this slot's operation (a padded slot: empty content rectangle)
+    u32 reserved;           // 0 (aligns the addresses)
+    unsigned long long src;   // device address of the frame (0 for a padded slot)
+    unsigned long long maps;  // device address of its sampling tables (0 for a padded slot)
+    unsigned long long dst;   // device address of this slot's output
 };
 
 // The host compiles with -DVP_LAYOUT_CHECK and one -DVP_OFF_<Struct>_<field>=<offset>
@@ -101,6 +112,13 @@ VP_CHECK_FIELD(Conv2dParams, size);
 VP_CHECK_FIELD(Conv2dParams, border);
 VP_CHECK_FIELD(Conv2dParams, layout);
 VP_CHECK_FIELD(Conv2dParams, dtype);
+VP_CHECK_FIELD(Conv2dParams, skip);
+VP_CHECK_SIZE(BatchItemDesc);
+VP_CHECK_FIELD(BatchItemDesc, p);
+VP_CHECK_FIELD(BatchItemDesc, reserved);
+VP_CHECK_FIELD(BatchItemDesc, src);
+VP_CHECK_FIELD(BatchItemDesc, maps);
+VP_CHECK_FIELD(BatchItemDesc, dst);
 #endif
 
 // f32 -> IEEE binary16 bits, round to nearest even (= half::f16::from_f32 on the CPU).

@@ -10,7 +10,9 @@
 //   w[ky][kx] = row[ky] * col[kx].
 // Launch shape
 //   block (CV_BLOCK_X, CV_BLOCK_Y) = (32, 8); each thread computes CV_ROWS = 4 outputs
-//   of one column, so a block covers a 32 x 32 tile; grid (ceil(W / 32), ceil(H / 32)).
+//   of one column, so a block covers a 32 x 32 tile; grid (ceil(W / 32), ceil(H / 32), N):
+//   z = batch slot (1 for a single frame), slot z at src + z*C*H*W and dst + z*C*H*W
+//   elements; a slot whose bit is set in p.skip (a padded batch slot) is left alone.
 //   The block loops over the channels, reloading the (32 + K - 1)^2 tile for each. K is
 //   a template parameter (odd 1..15): one entry point per size, conv2d_tiled_k<K> and
 //   conv2d_separable_k<K>. Static shared memory only.
@@ -46,6 +48,10 @@ __device__ __forceinline__ void conv2d_tiled(const Conv2dParams& p, const float*
     const int bx0 = blockIdx.x * CV_TILE_W, by0 = blockIdx.y * CV_TILE_H;
     const int ox = bx0 + tx;
     const int oy0 = by0 + ty * CV_ROWS;
+    if (blockIdx.z < 32 && (p.skip >> blockIdx.z) & 1u) return;  // uniform over the block
+    const unsigned long long slot = (unsigned long long)blockIdx.z * p.channels * W * H;
+    src += slot;
+    dst = p.dtype == DTYPE_F16 ? (void*)((u16*)dst + slot) : (void*)((float*)dst + slot);
 
     for (u32 c = 0; c < p.channels; ++c) {
         const float* plane = src + (unsigned long long)c * W * H;

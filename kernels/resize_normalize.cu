@@ -549,3 +549,31 @@ __device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
 // One entry point per encoding of the host's table: resize_normalize_<name>.
 #define RN_ENTRY_OF(name, code, bpp, packed) RN_ENTRY(name, code)
 VP_ENCODINGS(RN_ENTRY_OF)
+
+// The batch: ONE launch for N slots, grid (persistent tiles, 1, N), z = slot. Each block
+// reads its slot's row of the table (its operation, frame, tables and output, which may
+// differ in size and encoding from slot to slot) into shared memory and runs the same
+// per-encoding code as resize_normalize_<name>, chosen by the slot's encoding. A padded
+// slot (stale camera) has an empty content rectangle: every pixel is pad[c], nothing is
+// read. Direct path only (row_words 0).
+#define RN_BATCH_CASE(name, code, bpp, packed) \
+    case code:                                 \
+        resize_normalize<code>(s_p, src, maps, dst, 0u); \
+        break;
+extern "C" __global__ void __launch_bounds__(RN_THREADS, RN_MIN_BLOCKS)
+    resize_normalize_batch(const BatchItemDesc* __restrict__ items) {
+    __shared__ PreprocessParams s_p;
+    const BatchItemDesc* it = items + blockIdx.z;
+    const int tid = threadIdx.y * RN_BLOCK_X + threadIdx.x;
+    constexpr int words = sizeof(PreprocessParams) / 4;
+    if (tid < words) ((u32*)&s_p)[tid] = ((const u32*)&it->p)[tid];
+    __syncthreads();
+    const u8* src = (const u8*)it->src;
+    const int* maps = (const int*)it->maps;
+    void* dst = (void*)it->dst;
+    switch (s_p.encoding) {
+        VP_ENCODINGS(RN_BATCH_CASE)
+        default:
+            break;  // the host builds every slot with a code of the table
+    }
+}

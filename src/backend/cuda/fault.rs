@@ -52,6 +52,7 @@ pub(super) fn inject(b: &mut CudaBackend, kind: FaultKind) -> Error {
             border: Border::Replicate,
             layout: Layout::Nchw,
             dtype: DType::Float32,
+            skip: 0,
         };
         let null: CUdeviceptr = 0;
         // (The macro's SAFETY note covers the argument list; the null pointers are the

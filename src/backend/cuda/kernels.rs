@@ -5,6 +5,7 @@
 //! CLI's benchmark and its `baselines.cu`) compiles and loads them through the same
 //! functions, as a [`KernelSource`].
 
+use crate::backend::cuda::batch::BatchItemDesc;
 use crate::backend::cuda::launch::{self, Conv2dParams};
 use crate::backend::ops::PreprocessParams;
 use crate::config::{Border, DType, Interpolation, Layout, MAX_CONV_SIZE};
@@ -68,9 +69,11 @@ impl KernelFile {
     /// Every `extern "C"` entry point of the file.
     pub fn entry_points(self) -> Vec<String> {
         match self {
-            KernelFile::ResizeNormalize => {
-                Encoding::ALL.iter().map(|&e| resize_normalize_entry(e)).collect()
-            }
+            KernelFile::ResizeNormalize => Encoding::ALL
+                .iter()
+                .map(|&e| resize_normalize_entry(e))
+                .chain([RESIZE_NORMALIZE_BATCH.to_string()])
+                .collect(),
             KernelFile::Conv2dTiled => CONV_SIZES
                 .iter()
                 .flat_map(|k| [format!("conv2d_tiled_k{k}"), format!("conv2d_separable_k{k}")])
@@ -85,6 +88,9 @@ impl KernelFile {
 pub fn resize_normalize_entry(enc: Encoding) -> String {
     format!("resize_normalize_{}", enc.name())
 }
+
+/// The batched fused kernel: one launch for every slot of a batch (grid z = slot).
+pub const RESIZE_NORMALIZE_BATCH: &str = "resize_normalize_batch";
 
 /// conv2d kernel sizes with an entry point (`conv2d_tiled_k<K>`, `conv2d_separable_k<K>`):
 /// every odd size up to `config::MAX_CONV_SIZE`.
@@ -162,7 +168,8 @@ pub fn layout_defines() -> Vec<String> {
     fields!(d, PreprocessParams: src_width, src_height, src_step, encoding, big_endian,
         dst_width, dst_height, content_x, content_y, content_w, content_h, channels, swap_rb,
         layout, dtype, interpolation, scale, bias, pad);
-    fields!(d, Conv2dParams: width, height, channels, size, border, layout, dtype);
+    fields!(d, Conv2dParams: width, height, channels, size, border, layout, dtype, skip);
+    fields!(d, BatchItemDesc: p, reserved, src, maps, dst);
     d
 }
 

@@ -51,6 +51,9 @@ pub struct Conv2dParams {
     pub layout: Layout,
     /// Element type of the output (`DTYPE_*`).
     pub dtype: DType,
+    /// Batch slots (grid z) the launch leaves alone: bit z set = a padded slot, not
+    /// convolved (0 for a single frame).
+    pub skip: u32,
 }
 
 // SAFETY: #[repr(C)], only 4-byte fields (u32, f32, and #[repr(u32)] enums whose
@@ -58,7 +61,7 @@ pub struct Conv2dParams {
 // and offsets are checked by static_assert at every compilation (kernels.rs
 // layout_defines), so the bytes mean the same on both sides.
 unsafe impl DeviceRepr for PreprocessParams {}
-// SAFETY: as above: #[repr(C)], seven 4-byte u32 / #[repr(u32)] fields, layout checked
+// SAFETY: as above: #[repr(C)], eight 4-byte u32 / #[repr(u32)] fields, layout checked
 // against the C twin.
 unsafe impl DeviceRepr for Conv2dParams {}
 
@@ -126,7 +129,20 @@ pub fn staged_row_words(p: &PreprocessParams, x_map: &AxisMap, enc: Encoding) ->
 
 /// Launch shape of `conv2d_tiled_k*` / `conv2d_separable_k*` on a `w` x `h` image.
 pub fn conv_tiled_cfg(w: u32, h: u32) -> LaunchConfig {
-    cfg((w.div_ceil(CV_TILE.0), h.div_ceil(CV_TILE.1), 1), (CV_BLOCK_X, CV_BLOCK_Y, 1), 0)
+    conv_tiled_batch_cfg(w, h, 1)
+}
+
+/// [`conv_tiled_cfg`] for a batch of `n` slots: grid z = slot.
+pub fn conv_tiled_batch_cfg(w: u32, h: u32, n: u32) -> LaunchConfig {
+    cfg((w.div_ceil(CV_TILE.0), h.div_ceil(CV_TILE.1), n), (CV_BLOCK_X, CV_BLOCK_Y, 1), 0)
+}
+
+/// Launch shape of `resize_normalize_batch` for `n` slots of `tiles` tiles each (the
+/// network size is the same for every slot): grid (persistent tiles, 1, n), the
+/// persistent blocks of all slots together at most `resident`.
+pub fn resize_normalize_batch_cfg(tiles: u32, n: u32, resident: u32) -> LaunchConfig {
+    let per_slot = (resident / n.max(1)).clamp(1, tiles.max(1));
+    cfg((per_slot, 1, n.max(1)), (RN_BLOCK_X, RN_BLOCK_Y, 1), 0)
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 //! needs more. Every kernel is compiled for the device's own architecture at start-up
 //! (cached on disk), so a bad kernel fails the node at boot, not on its first frame.
 
+pub mod batch;
 #[cfg(feature = "fault-injection")]
 mod fault;
 pub mod kernels;
@@ -177,6 +178,9 @@ pub struct CudaBackend {
     /// The fused kernel of each encoding (indexed by its code) and its name.
     resize: Vec<CudaFunction>,
     resize_names: Vec<String>,
+    /// `resize_normalize_batch`: every slot of a batch in one launch.
+    resize_batch: CudaFunction,
+    batch: batch::BatchState,
     conv_tiled: Vec<CudaFunction>,
     conv_separable: Vec<CudaFunction>,
     conv_module: Arc<CudaModule>,
@@ -311,6 +315,14 @@ impl CudaBackend {
         let resize_names: Vec<String> =
             Encoding::ALL.iter().map(|&e| resize_normalize_entry(e)).collect();
         let resize = kernels::functions(&rn_module, KernelFile::ResizeNormalize, &resize_names)?;
+        let resize_batch = kernels::functions(
+            &rn_module,
+            KernelFile::ResizeNormalize,
+            &[kernels::RESIZE_NORMALIZE_BATCH.to_string()],
+        )?
+        .into_iter()
+        .next()
+        .ok_or_else(|| drv_err("loading kernels", "resize_normalize_batch missing"))?;
         let tiled: Vec<String> = CONV_SIZES.iter().map(|k| format!("conv2d_tiled_k{k}")).collect();
         let sep: Vec<String> =
             CONV_SIZES.iter().map(|k| format!("conv2d_separable_k{k}")).collect();
@@ -337,6 +349,8 @@ impl CudaBackend {
             loads,
             resize,
             resize_names,
+            resize_batch,
+            batch: batch::BatchState::default(),
             conv_tiled,
             conv_separable,
             conv_module,
@@ -463,34 +477,7 @@ impl CudaBackend {
                 return Ok(p);
             }
         }
-        let p = &op.params;
-        let (xm, ym) = (&op.x_map, &op.y_map);
-        let lens_ok = [xm.i0.len(), xm.i1.len(), xm.w1.len()]
-            .iter()
-            .all(|&n| n == p.content_w as usize)
-            && [ym.i0.len(), ym.i1.len(), ym.w1.len()].iter().all(|&n| n == p.content_h as usize);
-        let in_range = |v: &[i32], n: u32| v.iter().all(|&i| i >= 0 && (i as u32) < n);
-        let inside = p.content_x.checked_add(p.content_w).is_some_and(|e| e <= p.dst_width)
-            && p.content_y.checked_add(p.content_h).is_some_and(|e| e <= p.dst_height);
-        if !lens_ok
-            || !inside
-            || !in_range(&xm.i0, image.width())
-            || !in_range(&xm.i1, image.width())
-            || !in_range(&ym.i0, image.height())
-            || !in_range(&ym.i1, image.height())
-        {
-            return Err(drv_err(
-                "checking the sampling tables",
-                "tables do not match the content rectangle or point outside the source image",
-            )
-            .into());
-        }
-        let mut words: Vec<u8> = Vec::with_capacity(12 * (xm.i0.len() + ym.i0.len()));
-        for m in [xm, ym] {
-            words.extend(m.i0.iter().flat_map(|v| v.to_le_bytes()));
-            words.extend(m.i1.iter().flat_map(|v| v.to_le_bytes()));
-            words.extend(m.w1.iter().flat_map(|v| v.to_le_bytes()));
-        }
+        let words = map_words(op, image)?;
         let dptr = self.maps_dev.ensure(&self.stream, words.len(), "sampling tables")?;
         // SAFETY: dptr has at least words.len() bytes; the source is pageable, so the call
         // returns only after the bytes have been staged and `words` may then be dropped.
@@ -504,7 +491,7 @@ impl CudaBackend {
         }
         .result()
         .map_err(|e| drv_err("uploading the sampling tables", e))?;
-        self.maps_for = Some((xm.clone(), ym.clone(), image.width(), image.height()));
+        self.maps_for = Some((op.x_map.clone(), op.y_map.clone(), image.width(), image.height()));
         self.row_words = None;
         Ok(dptr)
     }
@@ -525,6 +512,7 @@ impl CudaBackend {
             border: c.border,
             layout: p.layout,
             dtype: p.dtype,
+            skip: 0,
         };
         let (f, name) = self.conv_kernel(c.size, c.separable.is_some());
         (cp, f, name)
@@ -839,6 +827,41 @@ impl CudaBackend {
     }
 }
 
+/// The sampling tables of `op` as the kernel reads them (x then y: i0 | i1 | w1 bits),
+/// after checking every index lies inside `image` and the content rectangle inside the
+/// network image (the kernel trusts them).
+fn map_words(op: &PreprocessOp, image: &ImageView<'_>) -> Result<Vec<u8>> {
+        let p = &op.params;
+        let (xm, ym) = (&op.x_map, &op.y_map);
+        let lens_ok = [xm.i0.len(), xm.i1.len(), xm.w1.len()]
+            .iter()
+            .all(|&n| n == p.content_w as usize)
+            && [ym.i0.len(), ym.i1.len(), ym.w1.len()].iter().all(|&n| n == p.content_h as usize);
+        let in_range = |v: &[i32], n: u32| v.iter().all(|&i| i >= 0 && (i as u32) < n);
+        let inside = p.content_x.checked_add(p.content_w).is_some_and(|e| e <= p.dst_width)
+            && p.content_y.checked_add(p.content_h).is_some_and(|e| e <= p.dst_height);
+        if !lens_ok
+            || !inside
+            || !in_range(&xm.i0, image.width())
+            || !in_range(&xm.i1, image.width())
+            || !in_range(&ym.i0, image.height())
+            || !in_range(&ym.i1, image.height())
+        {
+            return Err(drv_err(
+                "checking the sampling tables",
+                "tables do not match the content rectangle or point outside the source image",
+            )
+            .into());
+        }
+        let mut words: Vec<u8> = Vec::with_capacity(12 * (xm.i0.len() + ym.i0.len()));
+        for m in [xm, ym] {
+            words.extend(m.i0.iter().flat_map(|v| v.to_le_bytes()));
+            words.extend(m.i1.iter().flat_map(|v| v.to_le_bytes()));
+            words.extend(m.w1.iter().flat_map(|v| v.to_le_bytes()));
+        }
+    Ok(words)
+}
+
 /// Frames at least this large are copied into the pinned staging buffer by several
 /// threads: one core writes write-combined memory at a fraction of what the memory
 /// system takes (a 6.2 MB 1080p frame is most of the upload stage otherwise).
@@ -975,6 +998,17 @@ impl Backend for CudaBackend {
             }
         }
         result
+    }
+
+    /// One launch of `resize_normalize_batch` for the whole batch, one conv2d launch
+    /// over it (see `batch.rs`).
+    fn process_batch_into(
+        &mut self,
+        slots: &[crate::backend::BatchSlot<'_, '_>],
+        conv: Option<&Conv2dOp>,
+        out: &mut [u8],
+    ) -> Result<StageTimes> {
+        self.batch_into(slots, conv, out)
     }
 
     fn alloc_host(&mut self, len: usize) -> Result<crate::backend::HostBuffer> {

@@ -697,6 +697,7 @@ pub fn conv2d(
         border: Border::Reflect101,
         layout: Layout::Nchw,
         dtype: DType::Float32,
+        skip: 0,
     };
     let (ft, tname) = bench.b.conv_kernel(k, false);
     let ft = ft.clone();
