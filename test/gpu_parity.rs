@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::{CudaBackend, FusedPath};
-use vision_preproc::backend::{read_elements, Backend, Conv2dOp, PreprocessOp};
+use vision_preproc::backend::{read_elements, Backend, BatchSlot, Conv2dOp, PreprocessOp};
 use vision_preproc::config::{
     Border, ChannelOrder, ConvConfig, ConvKernel, DType, Interpolation, Layout, LetterboxAnchor,
     MemoryMode, ResizeMode,
@@ -767,6 +767,98 @@ fn main() -> ExitCode {
                 Err(e) => {
                     st.failed += 1;
                     println!("FAIL [{mode:?} {path:?}] two frames in flight: {e}");
+                }
+            }
+        }
+        // 6. Batches: ONE launch of resize_normalize_batch for slots of different sizes
+        // and encodings, a padded (stale) slot among them, both layouts and dtypes, with
+        // and without conv2d (dense and separable), into a heap buffer and into aligned
+        // pinned memory; expected = the CPU backend's batch (`--filter batch`).
+        if filter.is_empty() || filter.contains("batch") {
+            let frames = [
+                random_frame(&mut rng, Encoding::Bgr8, 160, 120, 0, false),
+                random_frame(&mut rng, Encoding::Yuyv, 98, 64, 6, false),
+                random_frame(&mut rng, Encoding::Nv12, 64, 48, 0, false),
+                random_frame(&mut rng, Encoding::Mono16, 50, 70, 2, true),
+                random_frame(&mut rng, Encoding::BayerRggb8, 33, 21, 1, false),
+            ];
+            let mut a = base_cfg(96, 72);
+            a.pad_value = vec![114.0];
+            let mut b = base_cfg(64, 64);
+            b.resize_mode = ResizeMode::CenterCrop;
+            b.output_layout = Layout::Nhwc;
+            b.output_dtype = DType::Float16;
+            let mut c = base_cfg(67, 35);
+            c.pad_value = vec![10.0, 200.0, 30.0];
+            let mut d = c.clone();
+            d.output_layout = Layout::Nhwc;
+            d.output_dtype = DType::Float16;
+            let sep = convs.iter().find(|(n, _)| n.contains("separable")).map(|(_, c)| c);
+            let dense =
+                convs.iter().find(|(_, c)| c.separable.is_none() && c.size == 3).map(|(_, c)| c);
+            let cases: [(&str, &Config, Option<&Conv2dOp>); 4] = [
+                ("letterbox-96x72-nchw-f32", &a, None),
+                ("centercrop-64-nhwc-f16", &b, None),
+                ("letterbox-67x35-nchw-f32-conv-separable", &c, sep),
+                ("letterbox-67x35-nhwc-f16-conv-dense", &d, dense),
+            ];
+            for (k, (cname, cfg, conv)) in cases.into_iter().enumerate() {
+                let name = format!("[{mode:?} {path:?}] batch {cname} (5 slots, slot 2 padded)");
+                let res = (|| -> Result<f64, String> {
+                    let ops: Vec<PreprocessOp> =
+                        frames.iter().map(|f| build_op(cfg, f)).collect::<Result<_, _>>()?;
+                    let views: Vec<ImageView<'_>> = frames.iter().map(|f| f.view()).collect();
+                    let slots: Vec<BatchSlot<'_, '_>> = (0..frames.len())
+                        .map(|i| BatchSlot { image: (i != 2).then(|| &views[i]), op: &ops[i] })
+                        .collect();
+                    let len = ops[0].params.tensor_desc().byte_len() * slots.len();
+                    let mut want = vec![0u8; len];
+                    cpu.process_batch_into(&slots, conv, &mut want)
+                        .map_err(|e| format!("CPU: {e}"))?;
+                    let got = if k % 2 == 0 {
+                        let mut out = vec![0xA5u8; len];
+                        gpu.process_batch_into(&slots, conv, &mut out)
+                            .map_err(|e| format!("CUDA: {e}"))?;
+                        out
+                    } else {
+                        let mut buf = gpu.alloc_host(len + 128).map_err(|e| e.to_string())?;
+                        let base = buf.as_slice().as_ptr() as usize;
+                        let at = (64 - base % 64) % 64;
+                        buf.as_mut_slice()[at..at + len].fill(0xA5);
+                        gpu.process_batch_into(&slots, conv, &mut buf.as_mut_slice()[at..at + len])
+                            .map_err(|e| format!("CUDA: {e}"))?;
+                        buf.as_slice()[at..at + len].to_vec()
+                    };
+                    let item = len / slots.len();
+                    let mut max = 0.0f64;
+                    for i in 0..slots.len() {
+                        let exp = values(&want[i * item..(i + 1) * item], cfg.output_dtype);
+                        let l1 = if i == 2 { None } else { conv.map(|c| c.l1_norm()) };
+                        let m = compare(
+                            &got[i * item..(i + 1) * item],
+                            &exp,
+                            cfg.output_dtype,
+                            &tol,
+                            l1,
+                        )
+                        .map_err(|e| format!("slot {i} ({}): {e}", frames[i].enc))?;
+                        max = max.max(m);
+                    }
+                    // The padded slot is exactly the pad value (no conv2d on it).
+                    if got[2 * item..3 * item] != want[2 * item..3 * item] {
+                        return Err("slot 2 (padded) differs from the CPU's pad value".into());
+                    }
+                    Ok(max)
+                })();
+                match res {
+                    Ok(m) => {
+                        println!("ok   {name}: max |diff| {m:.3e}");
+                        st.passed += 1;
+                    }
+                    Err(e) => {
+                        st.failed += 1;
+                        println!("FAIL {name}: {e}");
+                    }
                 }
             }
         }

@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use super::kernels::RESIZE_NORMALIZE_BATCH;
 use super::launch;
-use crate::launch_kernel;
 use super::memory::{DeviceBuffer, PinnedBuffer, PinnedKind, SRC_SLACK};
+use crate::launch_kernel;
 
 /// One slot of a batched fused launch, one row of the device table.
 /// Keep in sync with `struct BatchItemDesc` in `kernels/common.cuh` (checked at every
@@ -195,9 +195,11 @@ impl CudaBackend {
                     let d = b.src[i].ensure(&stream, len + SRC_SLACK, "the frame")?;
                     // SAFETY: the pinned source holds len staged bytes and stays alive and
                     // untouched until the batch's last event completes; d has len bytes.
-                    unsafe { sys::cuMemcpyHtoDAsync_v2(d, input.host_ptr().cast(), len, cu_stream) }
-                        .result()
-                        .map_err(|e| drv_err(format!("uploading {len} frame bytes of slot {i}"), e))?;
+                    unsafe {
+                        sys::cuMemcpyHtoDAsync_v2(d, input.host_ptr().cast(), len, cu_stream)
+                    }
+                    .result()
+                    .map_err(|e| drv_err(format!("uploading {len} frame bytes of slot {i}"), e))?;
                     d
                 }
             };
@@ -320,7 +322,10 @@ impl CudaBackend {
     fn batch_finish(&mut self, out: &mut [u8], direct: bool, host_us: f32) -> Result<StageTimes> {
         let b = &self.batch;
         b.events[4].synchronize().map_err(|e| {
-            drv_err(format!("running the batch (upload, {RESIZE_NORMALIZE_BATCH}, conv, download)"), e)
+            drv_err(
+                format!("running the batch (upload, {RESIZE_NORMALIZE_BATCH}, conv, download)"),
+                e,
+            )
         })?;
         let ms = |a: usize, c: usize| -> Result<f32, CudaError> {
             b.events[a].elapsed_ms(&b.events[c]).map_err(|e| drv_err("cuEventElapsedTime", e))

@@ -831,34 +831,33 @@ impl CudaBackend {
 /// after checking every index lies inside `image` and the content rectangle inside the
 /// network image (the kernel trusts them).
 fn map_words(op: &PreprocessOp, image: &ImageView<'_>) -> Result<Vec<u8>> {
-        let p = &op.params;
-        let (xm, ym) = (&op.x_map, &op.y_map);
-        let lens_ok = [xm.i0.len(), xm.i1.len(), xm.w1.len()]
-            .iter()
-            .all(|&n| n == p.content_w as usize)
+    let p = &op.params;
+    let (xm, ym) = (&op.x_map, &op.y_map);
+    let lens_ok =
+        [xm.i0.len(), xm.i1.len(), xm.w1.len()].iter().all(|&n| n == p.content_w as usize)
             && [ym.i0.len(), ym.i1.len(), ym.w1.len()].iter().all(|&n| n == p.content_h as usize);
-        let in_range = |v: &[i32], n: u32| v.iter().all(|&i| i >= 0 && (i as u32) < n);
-        let inside = p.content_x.checked_add(p.content_w).is_some_and(|e| e <= p.dst_width)
-            && p.content_y.checked_add(p.content_h).is_some_and(|e| e <= p.dst_height);
-        if !lens_ok
-            || !inside
-            || !in_range(&xm.i0, image.width())
-            || !in_range(&xm.i1, image.width())
-            || !in_range(&ym.i0, image.height())
-            || !in_range(&ym.i1, image.height())
-        {
-            return Err(drv_err(
-                "checking the sampling tables",
-                "tables do not match the content rectangle or point outside the source image",
-            )
-            .into());
-        }
-        let mut words: Vec<u8> = Vec::with_capacity(12 * (xm.i0.len() + ym.i0.len()));
-        for m in [xm, ym] {
-            words.extend(m.i0.iter().flat_map(|v| v.to_le_bytes()));
-            words.extend(m.i1.iter().flat_map(|v| v.to_le_bytes()));
-            words.extend(m.w1.iter().flat_map(|v| v.to_le_bytes()));
-        }
+    let in_range = |v: &[i32], n: u32| v.iter().all(|&i| i >= 0 && (i as u32) < n);
+    let inside = p.content_x.checked_add(p.content_w).is_some_and(|e| e <= p.dst_width)
+        && p.content_y.checked_add(p.content_h).is_some_and(|e| e <= p.dst_height);
+    if !lens_ok
+        || !inside
+        || !in_range(&xm.i0, image.width())
+        || !in_range(&xm.i1, image.width())
+        || !in_range(&ym.i0, image.height())
+        || !in_range(&ym.i1, image.height())
+    {
+        return Err(drv_err(
+            "checking the sampling tables",
+            "tables do not match the content rectangle or point outside the source image",
+        )
+        .into());
+    }
+    let mut words: Vec<u8> = Vec::with_capacity(12 * (xm.i0.len() + ym.i0.len()));
+    for m in [xm, ym] {
+        words.extend(m.i0.iter().flat_map(|v| v.to_le_bytes()));
+        words.extend(m.i1.iter().flat_map(|v| v.to_le_bytes()));
+        words.extend(m.w1.iter().flat_map(|v| v.to_le_bytes()));
+    }
     Ok(words)
 }
 

@@ -2,6 +2,7 @@
 
 #[cfg(feature = "bench")]
 mod bench;
+mod bench_batch;
 mod bench_cpu;
 mod conv_file;
 mod input;
@@ -52,6 +53,9 @@ enum Command {
     RunFile(run_file::RunFileArgs),
     /// Time the CPU backend per frame (p50/p99).
     BenchCpu(bench_cpu::BenchCpuArgs),
+    /// N cameras through one batched pipeline vs N single-camera pipelines (work per
+    /// batch, highest rate, latency at the camera rate), on the CPU or CUDA backend.
+    BenchBatch(bench_batch::BenchBatchArgs),
     /// Run the pipeline on every image of a rosbag2 bag (MCAP or sqlite3) and write the
     /// tensors and timings to a new MCAP bag.
     Replay(replay::ReplayArgs),
@@ -95,6 +99,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::ConvFile(args) => conv_file::run(args)?,
         Command::RunFile(args) => run_file::run(args)?,
         Command::BenchCpu(args) => bench_cpu::run(args)?,
+        Command::BenchBatch(args) => bench_batch::run(args)?,
         Command::Replay(args) => replay::run(args)?,
         Command::Play(args) => play::run(args)?,
         Command::Record(args) => record::run(args)?,

@@ -1,0 +1,278 @@
+//! `vision_preproc bench-batch`: N cameras through ONE batched pipeline
+//! (`Pipeline::process_batch`, what a node with `inputs` of N topics runs) against N
+//! single-camera pipelines (N nodes), both sides in one process, on the same backend and
+//! frames. Three figures, each batched vs separate:
+//! - work per batch: the backend's stage times (CUDA: event times of upload, fused
+//!   kernel, conv2d, download) of one batch against N single frames;
+//! - highest rate: back to back for `--seconds`, batched on one thread against the N
+//!   pipelines on N threads at once (as N processes would share the GPU);
+//! - latency at `--rate` Hz per camera: batched, every period one batch of the N frames;
+//!   separate, N threads each one frame per period; wall time from the period's tick to
+//!   the serialized message ready to publish (no DDS).
+//!
+//! Frames are synthetic (the work does not depend on pixel values), one per camera.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use std::time::{Duration, Instant};
+use vision_preproc::bag::msgs::Header;
+use vision_preproc::percentile::Summary;
+use vision_preproc::pipeline::{select_backend, BatchInput};
+use vision_preproc::{Config, ImageView, Pipeline};
+
+/// Arguments of `bench-batch`.
+#[derive(Args, Debug)]
+pub struct BenchBatchArgs {
+    /// Backend: auto, cuda or cpu.
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
+    /// Cameras.
+    #[arg(long, default_value_t = 4)]
+    pub cameras: usize,
+    /// Source frame width.
+    #[arg(long, default_value_t = 1920)]
+    pub width: u32,
+    /// Source frame height.
+    #[arg(long, default_value_t = 1080)]
+    pub height: u32,
+    /// Network size (square, letterbox, float32 NCHW, pad 114).
+    #[arg(long, default_value_t = 640)]
+    pub net: u32,
+    /// Timed batches (and N times as many single frames) for the work figure.
+    #[arg(long, default_value_t = 300)]
+    pub iterations: usize,
+    /// Seconds of each back-to-back run and of each latency run.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Camera rate of the latency runs, Hz.
+    #[arg(long, default_value_t = 30.0)]
+    pub rate: f64,
+    /// Write the figures as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+fn config(a: &BenchBatchArgs) -> Result<Config> {
+    let mut c = Config {
+        network_image_width: a.net,
+        network_image_height: a.net,
+        pad_value: vec![114.0],
+        image_mean: vec![0.0],
+        image_stddev: vec![1.0],
+        ..Config::default()
+    };
+    c.backend = serde_yaml::from_str(&a.backend).context("--backend: auto, cuda or cpu")?;
+    c.validate()?;
+    Ok(c)
+}
+
+fn frames(a: &BenchBatchArgs) -> Vec<Vec<u8>> {
+    let mut rng = vision_preproc::rng::SplitMix64::new(7);
+    (0..a.cameras).map(|_| rng.bytes((a.width * a.height * 3) as usize)).collect()
+}
+
+fn views<'a>(a: &BenchBatchArgs, frames: &'a [Vec<u8>]) -> Result<Vec<ImageView<'a>>> {
+    frames
+        .iter()
+        .map(|f| Ok(ImageView::new(a.width, a.height, a.width * 3, "bgr8", false, f)?))
+        .collect()
+}
+
+fn pipeline(cfg: &Config) -> Result<Pipeline> {
+    let (backend, _) = select_backend(cfg)?;
+    Ok(Pipeline::new(cfg.clone(), backend)?)
+}
+
+fn run_batch(p: &mut Pipeline, views: &[ImageView<'_>], topics: &[String]) -> Result<f64> {
+    let header = Header::default();
+    let inputs: Vec<BatchInput<'_, '_>> = views
+        .iter()
+        .zip(topics)
+        .map(|(v, t)| BatchInput {
+            topic: t,
+            image: Some(v),
+            header: &header,
+            source_encoding: "bgr8",
+            repeated: false,
+        })
+        .collect();
+    let info = p.process_batch(&inputs, &header)?;
+    let t = info.times;
+    Ok(f64::from(t.upload_us + t.preprocess_us + t.conv_us + t.download_us))
+}
+
+fn run_one(p: &mut Pipeline, v: &ImageView<'_>) -> Result<f64> {
+    let info = p.process_message(v, &Header::default(), "bgr8")?;
+    let t = info.times;
+    Ok(f64::from(t.upload_us + t.preprocess_us + t.conv_us + t.download_us))
+}
+
+fn summary(v: &[f64]) -> serde_json::Value {
+    match Summary::of(v) {
+        Some(s) => serde_json::json!({"p50": s.p50, "p99": s.p99, "mean": s.mean, "n": v.len()}),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// Run `bench-batch`.
+pub fn run(a: BenchBatchArgs) -> Result<()> {
+    anyhow::ensure!(a.cameras >= 2, "--cameras must be at least 2");
+    let cfg = config(&a)?;
+    let frames = frames(&a);
+    let views = views(&a, &frames)?;
+    let topics: Vec<String> = (0..a.cameras).map(|i| format!("/cam{i}/image")).collect();
+    let mut batched = pipeline(&cfg)?;
+    let mut single = pipeline(&cfg)?;
+    let device = batched.backend().device_description();
+    println!(
+        "bench-batch: {} cameras {}x{} bgr8 -> {}x3x{}x{} letterbox float32 on {} ({device})",
+        a.cameras,
+        a.width,
+        a.height,
+        a.cameras,
+        a.net,
+        a.net,
+        batched.backend().name()
+    );
+
+    // 1. Work: stage times of one batch vs one frame (medians; N frames = N x one frame).
+    for _ in 0..a.iterations.min(30) {
+        run_batch(&mut batched, &views, &topics)?;
+        run_one(&mut single, &views[0])?;
+    }
+    let mut work_batch = Vec::new();
+    let mut work_one = Vec::new();
+    for _ in 0..a.iterations {
+        work_batch.push(run_batch(&mut batched, &views, &topics)?);
+        for v in &views {
+            work_one.push(run_one(&mut single, v)?);
+        }
+    }
+    let (wb, wo) = (Summary::of(&work_batch), Summary::of(&work_one));
+    let (wb50, wo50) = (wb.map_or(0.0, |s| s.p50), wo.map_or(0.0, |s| s.p50));
+    println!(
+        "work (stage times, p50): batch of {} {:.1} us; one frame {:.1} us ({} frames: {:.1} us); \
+         batch / one camera = {:.2}x, batch / {} frames = {:.2}x",
+        a.cameras,
+        wb50,
+        wo50,
+        a.cameras,
+        wo50 * a.cameras as f64,
+        wb50 / wo50,
+        a.cameras,
+        wb50 / (wo50 * a.cameras as f64)
+    );
+
+    // 2. Highest rate, back to back.
+    let span = Duration::from_secs_f64(a.seconds);
+    let t = Instant::now();
+    let mut batches = 0u64;
+    while t.elapsed() < span {
+        run_batch(&mut batched, &views, &topics)?;
+        batches += 1;
+    }
+    let batched_fps = batches as f64 * a.cameras as f64 / t.elapsed().as_secs_f64();
+    let separate_fps: f64 = std::thread::scope(|s| -> Result<f64> {
+        let jobs: Vec<_> = views
+            .iter()
+            .map(|v| {
+                let cfg = &cfg;
+                s.spawn(move || -> Result<f64> {
+                    let mut p = pipeline(cfg)?;
+                    for _ in 0..10 {
+                        run_one(&mut p, v)?;
+                    }
+                    let t = Instant::now();
+                    let mut n = 0u64;
+                    while t.elapsed() < span {
+                        run_one(&mut p, v)?;
+                        n += 1;
+                    }
+                    Ok(n as f64 / t.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        let mut sum = 0.0;
+        for j in jobs {
+            sum += j.join().map_err(|_| anyhow::anyhow!("a camera thread panicked"))??;
+        }
+        Ok(sum)
+    })?;
+    println!(
+        "highest rate (back to back, {:.0} s): batched {:.1} frames/s ({:.1} batches/s) vs {} \
+         separate pipelines on {} threads {:.1} frames/s: {:.2}x",
+        a.seconds,
+        batched_fps,
+        batched_fps / a.cameras as f64,
+        a.cameras,
+        a.cameras,
+        separate_fps,
+        batched_fps / separate_fps
+    );
+
+    // 3. Latency at the camera rate.
+    let period = Duration::from_secs_f64(1.0 / a.rate);
+    let paced = |mut f: Box<dyn FnMut() -> Result<()> + '_>| -> Result<Vec<f64>> {
+        let start = Instant::now();
+        let mut lat = Vec::new();
+        let mut k = 0u32;
+        while start.elapsed() < span {
+            let tick = start + period * k;
+            if let Some(wait) = tick.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            f()?;
+            lat.push(tick.elapsed().as_secs_f64() * 1e3);
+            k += 1;
+        }
+        Ok(lat)
+    };
+    let lat_batch = paced(Box::new(|| run_batch(&mut batched, &views, &topics).map(|_| ())))?;
+    let lat_separate: Vec<f64> = std::thread::scope(|s| -> Result<Vec<f64>> {
+        let jobs: Vec<_> = views
+            .iter()
+            .map(|v| {
+                let cfg = &cfg;
+                let paced = &paced;
+                s.spawn(move || -> Result<Vec<f64>> {
+                    let mut p = pipeline(cfg)?;
+                    run_one(&mut p, v)?;
+                    paced(Box::new(move || run_one(&mut p, v).map(|_| ())))
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for j in jobs {
+            all.extend(j.join().map_err(|_| anyhow::anyhow!("a camera thread panicked"))??);
+        }
+        Ok(all)
+    })?;
+    let (lb, ls) = (Summary::of(&lat_batch), Summary::of(&lat_separate));
+    println!(
+        "latency at {:.0} Hz per camera (tick -> message ready, ms): batched p50 {:.2} p99 {:.2}; \
+         separate p50 {:.2} p99 {:.2}",
+        a.rate,
+        lb.map_or(0.0, |s| s.p50),
+        lb.map_or(0.0, |s| s.p99),
+        ls.map_or(0.0, |s| s.p50),
+        ls.map_or(0.0, |s| s.p99)
+    );
+    if let Some(path) = &a.json {
+        let doc = serde_json::json!({
+            "backend": batched.backend().name(),
+            "device": device,
+            "cameras": a.cameras,
+            "source": format!("{}x{} bgr8", a.width, a.height),
+            "network": format!("{}x3x{}x{} letterbox float32 NCHW", a.cameras, a.net, a.net),
+            "work_us": {"batch": summary(&work_batch), "one_frame": summary(&work_one),
+                        "batch_over_one_camera": wb50 / wo50},
+            "highest_rate_fps": {"batched": batched_fps, "separate": separate_fps,
+                                 "ratio": batched_fps / separate_fps, "seconds": a.seconds},
+            "latency_ms": {"rate_hz": a.rate, "batched": summary(&lat_batch),
+                           "separate": summary(&lat_separate)},
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
