@@ -147,12 +147,6 @@ impl CudaBackend {
                 b.inputs[i] = None;
                 b.inputs[i] = Some(PinnedBuffer::new(&self.ctx, data.len() + SRC_SLACK, kind)?);
             }
-            let Some(input) = b.inputs[i].as_mut() else {
-                return Err(drv_err("staging", "batch input buffer missing").into());
-            };
-            // SAFETY: the previous batch completed before this one started (batch_finish
-            // waits for its last event, also on errors), so no GPU work uses this buffer.
-            stage_copy(unsafe { &mut input.host_mut()[..data.len()] }, data);
             let key_ok = matches!(&b.maps_for[i], Some((x, y, w, h))
                 if *x == slot.op.x_map && *y == slot.op.y_map
                     && *w == image.width() && *h == image.height());
@@ -178,6 +172,22 @@ impl CudaBackend {
                 }
             };
             rows.push(BatchItemDesc { p, reserved: 0, src: 0, maps, dst: 0 });
+        }
+        // The frames into their pinned buffers, all slots at once (each copy in pieces
+        // too): one frame after the other would leave most of the host's memory
+        // bandwidth unused, as N single-camera processes would not.
+        let mut copies: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(n);
+        for (input, slot) in b.inputs.iter_mut().zip(slots) {
+            let (Some(input), Some(image)) = (input.as_mut(), slot.image) else { continue };
+            let data = image.data();
+            // SAFETY: the previous batch completed before this one started (batch_finish
+            // waits for its last event, also on errors), so no GPU work uses this buffer;
+            // each slot has its own buffer, so the slices do not overlap.
+            copies.push((unsafe { &mut input.host_mut()[..data.len()] }, data));
+        }
+        {
+            use rayon::prelude::*;
+            copies.into_par_iter().with_max_len(1).for_each(|(d, s)| stage_copy(d, s));
         }
         let host_us = t.elapsed().as_secs_f32() * 1e6;
 

@@ -83,7 +83,15 @@ fn pipeline(cfg: &Config) -> Result<Pipeline> {
     Ok(Pipeline::new(cfg.clone(), backend)?)
 }
 
-fn run_batch(p: &mut Pipeline, views: &[ImageView<'_>], topics: &[String]) -> Result<f64> {
+/// Stage times of one run: [upload, preprocess, conv, download, total] in µs.
+type Stages = [f64; 5];
+
+fn stages(t: vision_preproc::backend::StageTimes) -> Stages {
+    let v = [t.upload_us, t.preprocess_us, t.conv_us, t.download_us].map(f64::from);
+    [v[0], v[1], v[2], v[3], v.iter().sum()]
+}
+
+fn run_batch(p: &mut Pipeline, views: &[ImageView<'_>], topics: &[String]) -> Result<Stages> {
     let header = Header::default();
     let inputs: Vec<BatchInput<'_, '_>> = views
         .iter()
@@ -96,15 +104,21 @@ fn run_batch(p: &mut Pipeline, views: &[ImageView<'_>], topics: &[String]) -> Re
             repeated: false,
         })
         .collect();
-    let info = p.process_batch(&inputs, &header)?;
-    let t = info.times;
-    Ok(f64::from(t.upload_us + t.preprocess_us + t.conv_us + t.download_us))
+    Ok(stages(p.process_batch(&inputs, &header)?.times))
 }
 
-fn run_one(p: &mut Pipeline, v: &ImageView<'_>) -> Result<f64> {
-    let info = p.process_message(v, &Header::default(), "bgr8")?;
-    let t = info.times;
-    Ok(f64::from(t.upload_us + t.preprocess_us + t.conv_us + t.download_us))
+fn run_one(p: &mut Pipeline, v: &ImageView<'_>) -> Result<Stages> {
+    Ok(stages(p.process_message(v, &Header::default(), "bgr8")?.times))
+}
+
+/// p50 of each stage.
+fn p50s(runs: &[Stages]) -> Stages {
+    let mut out = [0.0; 5];
+    for (k, o) in out.iter_mut().enumerate() {
+        let v: Vec<f64> = runs.iter().map(|r| r[k]).collect();
+        *o = Summary::of(&v).map_or(0.0, |s| s.p50);
+    }
+    out
 }
 
 fn summary(v: &[f64]) -> serde_json::Value {
@@ -148,10 +162,27 @@ pub fn run(a: BenchBatchArgs) -> Result<()> {
             work_one.push(run_one(&mut single, v)?);
         }
     }
-    let (wb, wo) = (Summary::of(&work_batch), Summary::of(&work_one));
-    let (wb50, wo50) = (wb.map_or(0.0, |s| s.p50), wo.map_or(0.0, |s| s.p50));
+    let (sb, so) = (p50s(&work_batch), p50s(&work_one));
+    let (wb50, wo50) = (sb[4], so[4]);
+    // GPU work: the device's own time (events) of the fused kernel and conv2d.
+    let (gb, go) = (sb[1] + sb[2], so[1] + so[2]);
     println!(
-        "work (stage times, p50): batch of {} {:.1} us; one frame {:.1} us ({} frames: {:.1} us); \
+        "stage p50 (us) [upload (host staging + H2D), preprocess, conv, download]: batch of {} \
+         {:.1} {:.1} {:.1} {:.1}; one frame {:.1} {:.1} {:.1} {:.1}",
+        a.cameras, sb[0], sb[1], sb[2], sb[3], so[0], so[1], so[2], so[3]
+    );
+    println!(
+        "GPU work (kernels, events, p50): batch of {} {:.1} us vs one frame {:.1} us: {:.2}x one \
+         camera's ({} frames: {:.1} us)",
+        a.cameras,
+        gb,
+        go,
+        gb / go,
+        a.cameras,
+        go * a.cameras as f64
+    );
+    println!(
+        "all stages (p50): batch of {} {:.1} us; one frame {:.1} us ({} frames: {:.1} us); \
          batch / one camera = {:.2}x, batch / {} frames = {:.2}x",
         a.cameras,
         wb50,
@@ -264,8 +295,11 @@ pub fn run(a: BenchBatchArgs) -> Result<()> {
             "cameras": a.cameras,
             "source": format!("{}x{} bgr8", a.width, a.height),
             "network": format!("{}x3x{}x{} letterbox float32 NCHW", a.cameras, a.net, a.net),
-            "work_us": {"batch": summary(&work_batch), "one_frame": summary(&work_one),
-                        "batch_over_one_camera": wb50 / wo50},
+            "stage_p50_us": {"order": ["upload", "preprocess", "conv", "download", "total"],
+                             "batch": sb, "one_frame": so},
+            "gpu_kernels_p50_us": {"batch": gb, "one_frame": go, "ratio": gb / go},
+            "total_p50_us": {"batch": wb50, "one_frame": wo50, "ratio": wb50 / wo50,
+                             "samples": work_batch.len()},
             "highest_rate_fps": {"batched": batched_fps, "separate": separate_fps,
                                  "ratio": batched_fps / separate_fps, "seconds": a.seconds},
             "latency_ms": {"rate_hz": a.rate, "batched": summary(&lat_batch),
