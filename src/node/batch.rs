@@ -17,10 +17,8 @@
 
 use super::{clock, lock, native::ros_header, Outputs, RateLimitedLog, Received, Shared};
 use crate::bag::msgs::Header;
-use crate::config::{BatchPolicyChoice, Config};
-use crate::pipeline::batch_sync::{
-    Batch, BatchPolicy, BatchSettings, Batcher, CameraCounts, Frame, Item,
-};
+use crate::config::Config;
+use crate::pipeline::batch_sync::{Batch, BatchSettings, Batcher, CameraCounts, Frame, Item};
 use crate::pipeline::{frame_timing, BatchInput, Pipeline};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -68,21 +66,6 @@ pub struct Former {
     stale_after: Duration,
 }
 
-/// The former's settings from the configuration.
-pub fn settings(cfg: &Config) -> BatchSettings {
-    let ms = |v: u32| i64::from(v) * 1_000_000;
-    BatchSettings {
-        policy: match cfg.batch_policy {
-            BatchPolicyChoice::Latest => BatchPolicy::Latest,
-            BatchPolicyChoice::ApproximateTime => BatchPolicy::ApproximateTime,
-        },
-        batch_timeout: ms(cfg.batch_timeout_ms),
-        max_interval: ms(cfg.max_interval_ms),
-        stale_after: ms(cfg.stale_after_ms),
-        queue_size: cfg.batch_queue_size as usize,
-    }
-}
-
 /// Longest wait of the spin loop (as the single-camera node).
 const SPIN_PERIOD: Duration = Duration::from_millis(20);
 
@@ -91,7 +74,7 @@ impl Former {
     pub fn new(cfg: &Config) -> Self {
         let n = cfg.inputs.len();
         Former {
-            batcher: Batcher::new(n, settings(cfg), 0),
+            batcher: Batcher::new(n, BatchSettings::of(cfg), 0),
             start: Instant::now(),
             dropped_seen: 0,
             stale: vec![false; n],

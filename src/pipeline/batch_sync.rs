@@ -55,6 +55,25 @@ pub struct BatchSettings {
     pub queue_size: usize,
 }
 
+impl BatchSettings {
+    /// The settings of a configuration's `batch_policy`, `batch_timeout_ms`,
+    /// `max_interval_ms`, `stale_after_ms` and `batch_queue_size`.
+    pub fn of(cfg: &crate::config::Config) -> Self {
+        use crate::config::BatchPolicyChoice as C;
+        let ms = |v: u32| i64::from(v) * 1_000_000;
+        BatchSettings {
+            policy: match cfg.batch_policy {
+                C::Latest => BatchPolicy::Latest,
+                C::ApproximateTime => BatchPolicy::ApproximateTime,
+            },
+            batch_timeout: ms(cfg.batch_timeout_ms),
+            max_interval: ms(cfg.max_interval_ms),
+            stale_after: ms(cfg.stale_after_ms),
+            queue_size: cfg.batch_queue_size as usize,
+        }
+    }
+}
+
 /// The age penalty of message_filters' ApproximateTime (its default): how much more a
 /// later candidate set must improve on the spread to replace an earlier one.
 pub const AGE_PENALTY: f64 = 0.1;
