@@ -19,7 +19,7 @@ def typestore():
     """Kilted's types plus vision_preproc_msgs, read from our .msg files."""
     ts = get_typestore(Stores.LATEST)
     add = {}
-    for name in ("Tensor", "FrameTiming"):
+    for name in ("Tensor", "FrameTiming", "BatchItem", "TensorBatch"):
         add.update(get_types_from_msg((MSGS / f"{name}.msg").read_text(), f"vision_preproc_msgs/msg/{name}"))
     ts.register(add)
     return ts
@@ -82,7 +82,7 @@ def read_outputs(path: Path) -> tuple[list, list]:
     with Reader(path) as r:
         for conn, _t, raw in r.messages():
             msg = TS.deserialize_cdr(raw, conn.msgtype)
-            (tensors if conn.msgtype.endswith("/Tensor") else timings).append(msg)
+            (tensors if conn.msgtype.endswith(("/Tensor", "/TensorBatch")) else timings).append(msg)
     return tensors, timings
 
 

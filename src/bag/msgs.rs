@@ -328,6 +328,14 @@ pub fn schema(type_name: &str) -> Option<String> {
         "vision_preproc_msgs/msg/FrameTiming" => {
             include_str!("../../msgs/vision_preproc_msgs/msg/FrameTiming.msg")
         }
+        "vision_preproc_msgs/msg/TensorBatch" => {
+            // Dependencies in the order rosbag2 writes them: BatchItem, then Header.
+            let item = include_str!("../../msgs/vision_preproc_msgs/msg/BatchItem.msg");
+            let batch = include_str!("../../msgs/vision_preproc_msgs/msg/TensorBatch.msg");
+            return Some(format!(
+                "{batch}\n{SEPARATOR}\nMSG: vision_preproc_msgs/BatchItem\n{item}\n{SEPARATOR}\nMSG: std_msgs/Header\n{HEADER_MSG}\n{SEPARATOR}\nMSG: builtin_interfaces/Time\n{TIME_MSG}"
+            ));
+        }
         _ => return None,
     };
     Some(format!(

@@ -132,3 +132,68 @@ def test_topic_choice(tmp_path: Path) -> None:
     assert "frames 1: published 1" in p.stdout
     p = replay(tmp_path / "in", tmp_path / "o3", "--topic", "/nope", check=False)
     assert p.returncode == 1 and "--topic /nope" in p.stderr
+
+
+def write_cameras(path: Path, cams: list[tuple[str, object, list[int]]]) -> None:
+    """Several image topics in one bag: (topic, frame, stamps); each message received
+    1 ms after its stamp, all in receive-time order."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+
+    msgs = sorted((t + 1_000_000, topic, f, t) for topic, f, stamps in cams for t in stamps)
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as w:
+        conns = {topic: w.add_connection(topic, Image.__msgtype__, typestore=TS) for topic, _, _ in cams}
+        for recv, topic, f, t in msgs:
+            w.write(conns[topic], recv, TS.serialize_cdr(image_of(f, t, topic), Image.__msgtype__))
+
+
+def test_replay_of_several_cameras_batches_them(tmp_path: Path) -> None:
+    """Two image topics of one bag -> TensorBatch: approximate_time pairs each camera-1
+    frame with the camera-0 frame 7 ms before it; latest pads the camera that stopped
+    (stale) and repeats none; each item equals the oracle; two runs give the same bytes."""
+    a = photo_frame("bgr8", "chelsea.png", size=(151, 100))
+    b = photo_frame("nv12", "astronaut.png", size=(64, 64))
+    t0 = 1_700_000_000_000_000_000
+    s0 = [t0 + k * 50_000_000 for k in range(10)]
+    s1 = [t0 + k * 100_000_000 + 7_000_000 for k in range(3)]  # camera 1 stops after 3 frames
+    write_cameras(tmp_path / "in", [("/cam0/image", a, s0), ("/cam1/image", b, s1)])
+    sources = {"/cam0/image": a, "/cam1/image": b}
+    approx = ("--topic", "/cam0/image", "--topic", "/cam1/image", "--set", "batch_policy=approximate_time",
+              "--set", "max_interval_ms=20", "--set", "stale_after_ms=120")
+    p = replay(tmp_path / "in", tmp_path / "a", *approx)
+    # Pairs (0, 7), (100, 107), (200, 207) ms; 50 and 150 have no partner within 20 ms
+    # (dropped); camera 1 is stale from 120 ms after its last frame, so 250 ... 450 go
+    # out alone with camera 1's slot padded.
+    assert "frames 13: 8 batches, 5 padded (stale) slots, rejected 0" in p.stdout, p.stdout
+    assert "/cam0/image: received 10, batched 8, dropped 2" in p.stdout, p.stdout
+    batches, timings = read_outputs(tmp_path / "a")
+    assert len(batches) == len(timings) == 8
+    for k, msg in enumerate(batches):
+        stamps = [it.header.stamp.sec * 10**9 + it.header.stamp.nanosec for it in msg.items]
+        assert list(msg.shape) == [2, 3, 64, 96] and [it.topic for it in msg.items] == list(sources)
+        if k < 3:
+            assert stamps == [s0[2 * k], s1[k]], (k, stamps)
+        else:
+            assert stamps[0] == s0[k + 2] and not msg.items[1].valid, (k, stamps)
+        data = tensor_array(msg)
+        for i, it in enumerate(msg.items):
+            if not it.valid:
+                continue
+            f = sources[it.topic]
+            assert (it.source_width, it.source_encoding) == (f.width, f.encoding)
+            want = oracle.preprocess(f.data, f.encoding, f.width, f.height, f.step, f.big_endian, CONFIG)[0]
+            assert_close(data[i], want, "float32", f"replay batch {k} item {i}")
+    replay(tmp_path / "in", tmp_path / "b", *approx)
+    assert [m.data.tobytes() for m in read_outputs(tmp_path / "b")[0]] == [m.data.tobytes() for m in batches]
+    # latest: a batch when both have a new frame or 60 ms after the first new one;
+    # camera 1 goes stale 120 ms after its last frame and its slot is padded.
+    p = replay(tmp_path / "in", tmp_path / "c", "--topic", "/cam0/image", "--topic", "/cam1/image",
+               "--set", "batch_policy=latest", "--set", "batch_timeout_ms=60", "--set", "stale_after_ms=120")
+    batches, _ = read_outputs(tmp_path / "c")
+    assert batches and not batches[-1].items[1].valid and batches[-1].items[0].valid, p.stdout
+    pad = (0 / 255 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    np.testing.assert_allclose(tensor_array(batches[-1])[1], np.broadcast_to(pad[:, None, None], (3, 64, 96)),
+                               rtol=1e-6)
+    cam0 = [m.items[0].header.stamp.sec * 10**9 + m.items[0].header.stamp.nanosec for m in batches]
+    assert cam0 == sorted(cam0) and cam0[-1] == s0[-1]
+    for m in batches:
+        assert m.items[0].valid and not (m.items[1].valid and m.items[1].repeated and m.items[0].repeated)
