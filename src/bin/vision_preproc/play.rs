@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
-use vision_preproc::node::{play, PlayOptions};
+use vision_preproc::ros::{play, PlayOptions};
 
 /// Arguments of `play`.
 #[derive(Args, Debug)]

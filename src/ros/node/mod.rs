@@ -13,17 +13,14 @@
 
 mod clock;
 mod input;
-mod native;
 mod param_services;
 mod params;
-mod play;
-mod record;
 mod rosout;
 mod stats;
 
+use super::native::{self, ros_header, NativeImage, RosArgs};
 use crate::pipeline::{frame_timing, select_backend, Geometry, Pipeline};
 use crate::transport::{dds, delivery, Basis, Latest};
-use native::{ros_header, NativeImage, RosArgs};
 use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus};
 use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
 use r2r::QosProfile;
@@ -33,11 +30,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-pub use crate::bag::{PlayOptions, PlayStats, RecordOptions, RecordStats};
 pub use clock::NodeClock;
 pub use params::{descriptor, NodeParams, Spec, PARAMETERS, USE_SIM_TIME};
-pub use play::play;
-pub use record::record;
 pub use stats::{BackendInfo, Counts, InputReport, Stats};
 
 /// The node's name (`ros2 node list` shows `/vision_preproc` unless remapped).
@@ -138,7 +132,7 @@ impl Drop for DdsSetup {
 /// `FASTDDS_DEFAULT_PROFILES_FILE` is not already set: next to the executable in a colcon
 /// install (`lib/vision_preproc/` -> `share/vision_preproc/config/`), else in the source
 /// tree the binary was built from.
-fn default_dds_profile() -> Option<PathBuf> {
+pub(super) fn default_dds_profile() -> Option<PathBuf> {
     if std::env::var_os("FASTDDS_DEFAULT_PROFILES_FILE").is_some() {
         return None;
     }
@@ -528,7 +522,7 @@ fn input_report(shared: &Shared, warned: &mut bool) -> InputReport {
     InputReport { values, warning }
 }
 
-async fn shutdown_signal() {
+pub(super) async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(_) => {
