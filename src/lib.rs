@@ -20,6 +20,11 @@
 //! [`pipeline::message`] the CDR of the output messages. `backend/` never imports r2r
 //! and `ros/` never imports cudarc.
 
+// The house rules that a lint can keep (docs/ARCHITECTURE.md): no unwrap/expect outside
+// tests, a `// SAFETY:` comment on every unsafe block.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod backend;
 pub mod bag;
 pub mod config;
