@@ -82,15 +82,13 @@ mod tests {
     #[test]
     fn restamp_rewrites_only_the_stamp() {
         let data = [7u8; 6];
-        let img = Image {
-            header: Header { sec: 1, nanosec: 2, frame_id: "cam".into() },
-            height: 1,
-            width: 2,
-            encoding: "rgb8".into(),
-            is_bigendian: 0,
-            step: 6,
-            data: &data,
-        };
+        let img = Image::packed(
+            Header { sec: 1, nanosec: 2, frame_id: "cam".into() },
+            "rgb8",
+            2,
+            1,
+            &data,
+        );
         let mut cdr = img.encode();
         assert!(super::restamp(&mut cdr, 1_700_000_000_123_456_789));
         let back = Image::decode(&cdr).unwrap();

@@ -17,19 +17,8 @@ fn ros_err(what: &str, e: r2r::Error) -> Error {
 /// Play the bag. Blocks until the end (or forever with `repeat`).
 pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     let bag = Bag::open(&opts.input)?;
+    let image_topic = bag.image_topic(opts.topic.as_deref())?;
     let topics = bag.topics()?;
-    let images: Vec<&str> =
-        topics.iter().filter(|t| t.type_name == IMAGE_TYPE).map(|t| t.name.as_str()).collect();
-    let image_topic = match (&opts.topic, images.as_slice()) {
-        (Some(t), _) if images.contains(&t.as_str()) => t.clone(),
-        (None, [only]) => (*only).to_string(),
-        _ => {
-            return Err(Error::Bag {
-                path: opts.input.display().to_string(),
-                message: format!("choose the image topic with --topic; image topics: {images:?}"),
-            })
-        }
-    };
     let info_topic =
         topics.iter().find(|t| t.type_name == CAMERA_INFO_TYPE).map(|t| t.name.clone());
 
