@@ -41,6 +41,10 @@ pub struct PlayOptions {
     pub duration: Option<std::time::Duration>,
     /// Publish reliable instead of best effort.
     pub reliable: bool,
+    /// Publish `/clock` with the bag's time (its log times), this many times a second
+    /// while waiting for the next message and at each message, as `ros2 bag play
+    /// --clock` does: nodes with `use_sim_time` then run on the bag's time.
+    pub clock_hz: Option<f64>,
 }
 
 /// What was played.
