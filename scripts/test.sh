@@ -35,4 +35,4 @@ grep -q "451x300 -> tensor \[1, 3, 320, 320\] float32" <<<"$example" || { echo "
 scripts/test_hooks_build.sh
 
 section "Python tests (OpenCV oracle, real DDS between processes, colcon install)"
-python3 -m pytest -v -rA test/python test/ros
+python3 -m pytest -v -rA --durations=15 test/python test/ros
