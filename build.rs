@@ -14,8 +14,11 @@ fn main() {
         return;
     }
     // The /rosout handler's formatting of C varargs (see the file's comment).
-    println!("cargo:rerun-if-changed=src/node/vformat.c");
-    cc::Build::new().file("src/node/vformat.c").warnings(true).compile("vision_preproc_vformat");
+    println!("cargo:rerun-if-changed=src/ros/node/vformat.c");
+    cc::Build::new()
+        .file("src/ros/node/vformat.c")
+        .warnings(true)
+        .compile("vision_preproc_vformat");
     let prefixes = env::var("AMENT_PREFIX_PATH").unwrap_or_default();
     let mut dirs: Vec<PathBuf> = Vec::new();
     for prefix in prefixes.split(':').filter(|p| !p.is_empty()) {

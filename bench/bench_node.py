@@ -117,6 +117,34 @@ def proc_sample(pid: int) -> tuple[float, dict] | None:
         return None
 
 
+def interrupt(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGINT `proc`, wait up to `timeout` s for it to exit, else kill it."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def save(out: str, meta: dict, results: list[dict]) -> dict:
+    """Write {"meta": the run's date, CPU count and commit + `meta`, "results"} to `out`;
+    returns the whole meta."""
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "cpus": os.cpu_count(),
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                     text=True).stdout.strip(), **meta}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    return meta
+
+
+def keep(results: list[dict], r: dict, run: int) -> None:
+    """Append `r` (of repeat `run`, from 0) to `results` and print it as one JSON line."""
+    r["run"] = run + 1
+    results.append(r)
+    print(json.dumps({k: v for k, v in r.items() if not k.startswith("publisher_")}), flush=True)
+
+
 def pct(v: list[float], q: float) -> float:
     return float(np.percentile(v, q)) if v else float("nan")
 
@@ -218,11 +246,7 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
     time.sleep(1.5)  # tensors still in flight
     stop.set()
     spinner.join()
-    node.send_signal(signal.SIGINT)
-    try:
-        node.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        node.kill()
+    interrupt(node)
     log_reader.join(timeout=2)
     stopped = next((line.split("stopped: ")[1].strip() for line in node_log if "stopped: " in line), "")
     peer.destroy_node()
@@ -308,16 +332,10 @@ def delivery(args) -> int:
                     idx += 1
                     if args.only and args.only not in f"{kind} {case} {w}x{h}":
                         continue
-                    r = run_one(kind, w, h, "30", args.seconds, cache, idx, args.publisher, [], case=case)
-                    r["run"] = run + 1
-                    results.append(r)
-                    print(json.dumps({k: v for k, v in r.items() if not k.startswith("publisher_")}), flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "cpus": os.cpu_count(),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip(),
-            "old_bin": str(OLD_BIN), "network": args.network, "seconds": args.seconds, "runs": args.runs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+                    keep(results, run_one(kind, w, h, "30", args.seconds, cache, idx, args.publisher, [],
+                                          case=case), run)
+    meta = save(args.out, {"old_bin": str(OLD_BIN), "network": args.network, "seconds": args.seconds,
+                           "runs": args.runs}, results)
     print(f"\n{meta}\n")
     print("| node | camera | publisher | size | sent | received by the node | tensors | delivered % | max diag level | "
           "WARN message | node RSS MB (anon + shmem) |")
@@ -365,18 +383,10 @@ def main() -> int:
                     idx += 1
                     if args.only and args.only not in f"{kind} {w}x{h} {rate}":
                         continue
-                    r = run_one(kind, w, h, rate, args.seconds, cache, idx, args.publisher,
-                                [p for p in args.node_params.split(",") if p])
-                    r["run"] = run + 1
-                    results.append(r)
-                    print(json.dumps({k: v for k, v in r.items() if not k.startswith("publisher_")}), flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "cpus": os.cpu_count(),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip(),
-            "transport": f"Fast DDS, {transport}, best-effort input, reliable output",
-            "publisher": args.publisher, "runs": args.runs, "seconds": args.seconds}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+                    keep(results, run_one(kind, w, h, rate, args.seconds, cache, idx, args.publisher,
+                                          [p for p in args.node_params.split(",") if p]), run)
+    meta = save(args.out, {"transport": f"Fast DDS, {transport}, best-effort input, reliable output",
+                           "publisher": args.publisher, "runs": args.runs, "seconds": args.seconds}, results)
     loads = [r["load_before"][0] for r in results] + [r["load_after"][0] for r in results]
     print(f"\n{meta}; load avg {min(loads):.1f}-{max(loads):.1f}\n")
     print("\n".join(table(results)))

@@ -39,7 +39,6 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -56,7 +55,7 @@ import rclpy  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
 
-from bench_node import bag_for, proc_sample  # noqa: E402  (this script's folder)
+from bench_node import bag_for, interrupt, proc_sample, save  # noqa: E402  (this script's folder)
 
 BIN = ROOT / "target" / "release"
 NODE = BIN / "vision_preproc_node"
@@ -195,12 +194,7 @@ def main() -> int:
                     rss.append(s[1])
                 time.sleep(0.2)
             files |= mapped_files(node.pid)
-            node.send_signal(signal.SIGINT)
-            try:
-                node.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                node.kill()
-                node.wait()
+            interrupt(node)
             reader.join(timeout=5)
             log_s = float("nan")
             for line in log_lines:
@@ -220,23 +214,15 @@ def main() -> int:
             print(json.dumps(r), flush=True)
             time.sleep(1.0)
     finally:
-        player.send_signal(signal.SIGINT)
-        try:
-            player.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            player.kill()
+        interrupt(player)
         stop.set()
         spinner.join()
         peer.destroy_node()
         rclpy.shutdown()
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "cpus": os.cpu_count(),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip(),
-            "eviction": "drop_caches" if args.drop_caches else "posix_fadvise DONTNEED of the node's mapped files",
-            "files_evicted": sorted(files), "source": f"{args.size} bgr8 at 30 Hz (Rust player)",
-            "transport": os.environ["FASTDDS_DEFAULT_PROFILES_FILE"]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    meta = save(args.out, {
+        "eviction": "drop_caches" if args.drop_caches else "posix_fadvise DONTNEED of the node's mapped files",
+        "files_evicted": sorted(files), "source": f"{args.size} bgr8 at 30 Hz (Rust player)",
+        "transport": os.environ["FASTDDS_DEFAULT_PROFILES_FILE"]}, results)
     print(f"\n{ {k: v for k, v in meta.items() if k != 'files_evicted'} }\n")
     print("\n".join(table(results)))
     return 0

@@ -41,6 +41,25 @@ def ours_fig(runs, case_prefix, figure):
     return out
 
 
+def torch_table(d, ours, cases, figure, key, header, ratio_digits):
+    """Print the table of `figure` (ours) against torch's `key` timings, per case and torch
+    mode; returns {case: (our p50s, {mode: torch p50s})} for the plots."""
+    print(header)
+    print("|---|---|---|---|---|---|---|---|")
+    rows = {}
+    for c in cases:
+        o = [f["p50_us"] for f in ours_fig(ours, c, figure)]
+        t = {m: [r[c][m][key]["p50"] for r in d["torch_runs"] if key in r[c].get(m, {})]
+             for m in MODES}
+        rows[c] = (o, t)
+        cells = [f"{med(t[m]):.1f} ({spread(t[m])})" if t[m] else "failed" for m in MODES]
+        ratios = [f"{med(t[m]) / med(o):.{ratio_digits}f}x" if t[m] else "-" for m in MODES]
+        print(f"| {c} | **{med(o):.1f}** ({spread(o)}) | " + " | ".join(cells) + " | "
+              + " | ".join(ratios) + " |")
+    print("")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("json")
@@ -64,35 +83,15 @@ def main() -> None:
       f"{d['settings']['iterations']} iterations (after {d['settings']['warmup']} warm-up) per "
       f"figure and side.\n")
 
-    # --- GPU frame: ours vs torch
-    p("| case | vision_preproc GPU frame p50 us | torch eager | torch CUDA graph | torch.compile | "
-      "eager / ours (goal >= 5x) | graph / ours (goal >= 2x) | compile / ours |")
-    p("|---|---|---|---|---|---|---|---|")
-    rows = {}
-    for c in cases:
-        o = [f["p50_us"] for f in ours_fig(ours, c, "GPU frame (upload + fused + conv2d + download)")]
-        t = {m: [r[c][m]["frame"]["p50"] for r in d["torch_runs"] if "frame" in r[c].get(m, {})]
-             for m in MODES}
-        rows[c] = (o, t)
-        cells = [f"{med(t[m]):.1f} ({spread(t[m])})" if t[m] else "failed" for m in MODES]
-        ratios = [f"{med(t[m]) / med(o):.2f}x" if t[m] else "-" for m in MODES]
-        p(f"| {c} | **{med(o):.1f}** ({spread(o)}) | " + " | ".join(cells) + " | "
-          + " | ".join(ratios) + " |")
-    p("")
-    p("| case | vision_preproc fused + conv2d (device only) p50 us | torch eager | torch CUDA graph "
-      "| torch.compile | eager / ours | graph / ours | compile / ours |")
-    p("|---|---|---|---|---|---|---|---|")
-    dev_rows = {}
-    for c in cases:
-        o = [f["p50_us"] for f in ours_fig(ours, c, "fused + conv2d (device only)")]
-        t = {m: [r[c][m]["device_only"]["p50"] for r in d["torch_runs"]
-                 if "device_only" in r[c].get(m, {})] for m in MODES}
-        dev_rows[c] = (o, t)
-        cells = [f"{med(t[m]):.1f} ({spread(t[m])})" if t[m] else "failed" for m in MODES]
-        ratios = [f"{med(t[m]) / med(o):.1f}x" if t[m] else "-" for m in MODES]
-        p(f"| {c} | **{med(o):.1f}** ({spread(o)}) | " + " | ".join(cells) + " | "
-          + " | ".join(ratios) + " |")
-    p("")
+    # --- GPU frame, then device work only: ours vs torch
+    rows = torch_table(d, ours, cases, "GPU frame (upload + fused + conv2d + download)", "frame",
+                       "| case | vision_preproc GPU frame p50 us | torch eager | torch CUDA graph | "
+                       "torch.compile | eager / ours (goal >= 5x) | graph / ours (goal >= 2x) | "
+                       "compile / ours |", 2)
+    dev_rows = torch_table(d, ours, cases, "fused + conv2d (device only)", "device_only",
+                           "| case | vision_preproc fused + conv2d (device only) p50 us | torch eager "
+                           "| torch CUDA graph | torch.compile | eager / ours | graph / ours | "
+                           "compile / ours |", 1)
 
     # --- ledger and roof
     p("| case | stage | bytes (MB) | p50 us (spread) | GB/s | % of dtod copy roof |")

@@ -16,10 +16,13 @@ export VISION_PREPROC_TEST_FEATURES="fault-injection,bench"
 
 section() { printf '\n==== %s ====\n' "$*"; }
 
-section "lint: cargo fmt --check, cargo clippy -D warnings (the product, then with the test hooks)"
+section "lint: cargo fmt --check, cargo clippy -D warnings (the product, with the test hooks, without ROS and CUDA)"
 cargo fmt --check
 cargo clippy --release --all-targets -- -D warnings
 cargo clippy --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" -- -D warnings
+# The library, the CLI and the stubs (ros_stub.rs, backend/cuda_stub.rs) build without
+# ROS and without CUDA (docs/ARCHITECTURE.md).
+cargo clippy --release --all-targets --no-default-features -- -D warnings
 
 section "Rust tests (unit + integration, CPU, with the test hooks; GPU tests report 'no GPU' and are not counted)"
 cargo test --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" 2>&1
@@ -32,4 +35,4 @@ grep -q "451x300 -> tensor \[1, 3, 320, 320\] float32" <<<"$example" || { echo "
 scripts/test_hooks_build.sh
 
 section "Python tests (OpenCV oracle, real DDS between processes, colcon install)"
-python3 -m pytest -v -rA test/python test/ros
+python3 -m pytest -v -rA --durations=15 test/python test/ros

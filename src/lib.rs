@@ -6,7 +6,8 @@
 //! Three layers, arrows pointing down only:
 //!
 //! ```text
-//! node/      r2r + tokio: topics, QoS, parameters, message <-> view, diagnostics  (feature "ros")
+//! ros/       r2r + tokio: the node (topics, QoS, parameters, diagnostics), play, record,
+//!            message <-> view conversion  (feature "ros"); nothing else names r2r
 //!   | uses
 //! pipeline/  validated config, geometry, operations per frame size, backend selection
 //!   | uses
@@ -17,21 +18,26 @@
 //! of an input image). [`transport`] holds the message path's decisions without ROS
 //! types (keep-latest slot, input QoS rule, delivery monitor, Fast DDS segment size), and
 //! [`pipeline::message`] the CDR of the output messages. `backend/` never imports r2r
-//! and `node/` never imports cudarc.
+//! and `ros/` never imports cudarc.
+
+// The house rules that a lint can keep (docs/ARCHITECTURE.md): no unwrap/expect outside
+// tests, a `// SAFETY:` comment on every unsafe block.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod backend;
 pub mod bag;
 pub mod config;
 pub mod error;
 pub mod image;
-#[cfg(feature = "ros")]
-pub mod node;
-#[cfg(not(feature = "ros"))]
-#[path = "node_stub.rs"]
-pub mod node;
 pub mod percentile;
 pub mod pipeline;
 pub mod rng;
+#[cfg(feature = "ros")]
+pub mod ros;
+#[cfg(not(feature = "ros"))]
+#[path = "ros_stub.rs"]
+pub mod ros;
 pub mod transport;
 
 pub use config::Config;

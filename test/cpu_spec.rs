@@ -16,27 +16,15 @@ use vision_preproc::config::{
     ChannelOrder, Config, DType, Interpolation, Layout, LetterboxAnchor, ResizeMode,
 };
 use vision_preproc::pipeline::{preprocess_op, Geometry, Pipeline};
+use vision_preproc::rng::SplitMix64;
 use vision_preproc::{Encoding, Error, ImageView};
-
-/// Deterministic pseudo-random bytes (xorshift64).
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 24) as u8
-        })
-        .collect()
-}
 
 /// A random image of `enc` (every byte pattern is a valid image of every encoding), with
 /// `pad` extra bytes per row.
 fn random_image(enc: Encoding, w: u32, h: u32, pad: u32, seed: u64) -> (Vec<u8>, u32) {
     let step = w * enc.bytes_per_pixel() + pad;
     let rows = if matches!(enc, Encoding::Nv12 | Encoding::Nv21) { h * 3 / 2 } else { h };
-    (bytes((step * rows) as usize, seed), step)
+    (SplitMix64::new(seed).bytes((step * rows) as usize), step)
 }
 
 fn op_for(cfg: &Config, img: &ImageView<'_>) -> PreprocessOp {

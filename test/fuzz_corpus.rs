@@ -266,15 +266,8 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         out.push((format!("off-{name}"), input));
     }
     // CDR messages: valid, truncated, bad string length, bad encapsulation.
-    let image = CdrImage {
-        header: Header { sec: 1, nanosec: 2, frame_id: "cam".into() },
-        height: 4,
-        width: 6,
-        encoding: "bgr8".into(),
-        is_bigendian: 0,
-        step: 18,
-        data: &px[..72],
-    };
+    let header = Header { sec: 1, nanosec: 2, frame_id: "cam".into() };
+    let image = CdrImage::packed(header, "bgr8", 6, 4, &px[..72]);
     let msg = image.encode();
     out.push(("cdr-valid".into(), harness::cdr(&d, &msg)));
     out.push(("cdr-truncated".into(), harness::cdr(&d, &msg[..msg.len() - 5])));

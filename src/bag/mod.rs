@@ -41,6 +41,10 @@ pub struct PlayOptions {
     pub duration: Option<std::time::Duration>,
     /// Publish reliable instead of best effort.
     pub reliable: bool,
+    /// Publish `/clock` with the bag's time (its log times), this many times a second
+    /// while waiting for the next message and at each message, as `ros2 bag play
+    /// --clock` does: nodes with `use_sim_time` then run on the bag's time.
+    pub clock_hz: Option<f64>,
 }
 
 /// What was played.
@@ -82,15 +86,13 @@ mod tests {
     #[test]
     fn restamp_rewrites_only_the_stamp() {
         let data = [7u8; 6];
-        let img = Image {
-            header: Header { sec: 1, nanosec: 2, frame_id: "cam".into() },
-            height: 1,
-            width: 2,
-            encoding: "rgb8".into(),
-            is_bigendian: 0,
-            step: 6,
-            data: &data,
-        };
+        let img = Image::packed(
+            Header { sec: 1, nanosec: 2, frame_id: "cam".into() },
+            "rgb8",
+            2,
+            1,
+            &data,
+        );
         let mut cdr = img.encode();
         assert!(super::restamp(&mut cdr, 1_700_000_000_123_456_789));
         let back = Image::decode(&cdr).unwrap();

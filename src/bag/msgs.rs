@@ -50,6 +50,13 @@ pub struct Image<'a> {
 }
 
 impl<'a> Image<'a> {
+    /// A little-endian image of `height` rows of `data.len() / height` bytes each (the
+    /// fixture of the tests and the fuzz seeds).
+    pub fn packed(header: Header, encoding: &str, width: u32, height: u32, data: &'a [u8]) -> Self {
+        let step = u32::try_from(data.len() / height.max(1) as usize).unwrap_or(u32::MAX);
+        Image { header, height, width, encoding: encoding.into(), is_bigendian: 0, step, data }
+    }
+
     /// Decode a CDR `sensor_msgs/Image`.
     pub fn decode(cdr: &'a [u8]) -> Result<Self, CdrError> {
         let mut r = Reader::new(cdr)?;
@@ -365,15 +372,9 @@ mod tests {
     #[test]
     fn image_round_trip_and_corruption() {
         let data = [1u8, 2, 3, 4, 5, 6];
-        let img = Image {
-            header: Header { sec: 5, nanosec: 7, frame_id: "cam".into() },
-            height: 1,
-            width: 2,
-            encoding: "rgb8".into(),
-            is_bigendian: 0,
-            step: 6,
-            data: &data,
-        };
+        let header = Header { sec: 5, nanosec: 7, frame_id: "cam".into() };
+        let img = Image::packed(header, "rgb8", 2, 1, &data);
+        assert_eq!(img.step, 6);
         let cdr = img.encode();
         assert_eq!(Image::decode(&cdr).unwrap(), img);
         // Truncated: the data field is cut.

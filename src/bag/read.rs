@@ -4,6 +4,7 @@
 //! A damaged bag is read as far as it goes: a truncated MCAP file yields the messages
 //! before the damage and then one error saying where it stopped.
 
+use super::IMAGE_TYPE;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -106,6 +107,29 @@ impl Bag {
     /// The bag's path as given.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The image topic to read: `wanted` when it is a `sensor_msgs/msg/Image` topic of
+    /// the bag, else the bag's only image topic; an error names the choices (`--topic`).
+    pub fn image_topic(&self, wanted: Option<&str>) -> Result<String> {
+        let topics = self.topics()?;
+        let images: Vec<&str> =
+            topics.iter().filter(|t| t.type_name == IMAGE_TYPE).map(|t| t.name.as_str()).collect();
+        let message = match (wanted, images.as_slice()) {
+            (Some(t), _) if images.contains(&t) => return Ok(t.to_string()),
+            (None, [only]) => return Ok((*only).to_string()),
+            (Some(t), _) => {
+                format!(
+                    "--topic {t}: not a {IMAGE_TYPE} topic of this bag; image topics: {images:?}"
+                )
+            }
+            (None, []) => format!(
+                "no {IMAGE_TYPE} topic; topics: {:?}",
+                topics.iter().map(|t| format!("{} ({})", t.name, t.type_name)).collect::<Vec<_>>()
+            ),
+            (None, many) => format!("several image topics, choose one with --topic: {many:?}"),
+        };
+        Err(bag_err(&self.path, message))
     }
 
     /// The topics, from the storage's own records (MCAP channels / sqlite3 `topics`).

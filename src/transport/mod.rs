@@ -10,4 +10,4 @@ pub mod qos;
 
 pub use delivery::{Basis, Delivery, DeliveryMonitor};
 pub use latest::Latest;
-pub use qos::{adapt_to_offers, before_publishers, Adapted, Durability, Offer, Reliability};
+pub use qos::{adapt_to_offers, Adapted, Durability, Offer, Reliability, NO_PUBLISHER_YET};

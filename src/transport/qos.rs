@@ -2,11 +2,11 @@
 //! record` uses (rosbag2's `Rosbag2QoS::adapt_request_to_offers`): reliable only if
 //! every publisher offers reliable, else best effort (a reliable subscription would not
 //! match a best-effort publisher); transient-local only if every publisher offers it,
-//! else volatile. Before any publisher exists the node subscribes best effort and
-//! volatile ([`before_publishers`]), which matches any publisher that appears (rosbag2
-//! waits for the topic instead; the node's topics must exist from the start); it keeps a
-//! subscription when the publishers leave, and evaluates the rule again whenever they
-//! change.
+//! else volatile. Like rosbag2, the node subscribes once the topic has a publisher
+//! ([`NO_PUBLISHER_YET`] until then): a best-effort subscription made earlier (to match
+//! whatever appears) would take a reliable camera's first frames without repairing
+//! them. It keeps a subscription when the publishers leave, and evaluates the rule
+//! again whenever they change.
 
 use std::fmt;
 
@@ -79,11 +79,7 @@ impl fmt::Display for Adapted {
         let n = self.publishers;
         write!(f, "{}: ", self.policies())?;
         if n == 0 {
-            return write!(
-                f,
-                "no publisher yet (matches any that appears; chosen again when publishers \
-                 appear)"
-            );
+            return write!(f, "{NO_PUBLISHER_YET}");
         }
         let reliability = match (self.reliable, self.reliability) {
             (r, Reliability::Reliable) if r == n => {
@@ -123,16 +119,9 @@ fn plural(n: usize) -> &'static str {
     }
 }
 
-/// The subscription made before any publisher exists: best effort and volatile.
-pub fn before_publishers() -> Adapted {
-    Adapted {
-        reliability: Reliability::BestEffort,
-        durability: Durability::Volatile,
-        publishers: 0,
-        reliable: 0,
-        transient_local: 0,
-    }
-}
+/// What `auto` says before the topic has a publisher (no subscription yet).
+pub const NO_PUBLISHER_YET: &str =
+    "no publisher yet (subscribes with what the first one offers, within 0.25 s)";
 
 /// The rule (see the module documentation); `None` without publishers.
 pub fn adapt_to_offers(offers: &[Offer]) -> Option<Adapted> {
@@ -202,14 +191,10 @@ mod tests {
     }
 
     #[test]
-    fn no_publisher_no_answer_and_the_first_subscription_matches_any() {
+    fn no_publisher_no_answer() {
         assert_eq!(adapt_to_offers(&[]), None);
-        let first = before_publishers();
-        assert!(
-            first.to_string().starts_with("best effort, volatile: no publisher yet"),
-            "{first}"
-        );
-        assert!(first.differs(&adapt_to_offers(&[RELIABLE]).unwrap()));
-        assert!(!first.differs(&adapt_to_offers(&[BEST_EFFORT]).unwrap()));
+        let be = adapt_to_offers(&[BEST_EFFORT]).unwrap();
+        assert!(be.differs(&adapt_to_offers(&[RELIABLE]).unwrap()));
+        assert!(!be.differs(&adapt_to_offers(&[BEST_EFFORT, BEST_EFFORT]).unwrap()));
     }
 }

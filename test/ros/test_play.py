@@ -67,3 +67,52 @@ def test_loop_keeps_the_recorded_rate(tmp_path: Path) -> None:
         assert p.returncode == 0, p.stderr
         n = int(p.stdout.split("play: ")[1].split(" images")[0])
         assert expected - 3 <= n <= expected + 1, f"--rate {rate}: {n} images in 2 s, expected {expected}: {p.stdout}"
+
+
+def test_clock_publishes_the_bag_time_for_a_sim_time_node(tmp_path: Path) -> None:
+    """`play --clock` publishes /clock with the bag's time, as `ros2 bag play --clock`
+    does: ticks between the frames and the frame's own time at each frame, never going
+    back within a pass. A node with use_sim_time runs on it: each FrameTiming.age_us is
+    the bag time the node had reached minus the frame's stamp, so within one frame period
+    (on the wall clock it would be years)."""
+    from rosgraph_msgs.msg import Clock
+
+    period_ns = 200_000_000
+    frames = [photo_frame("bgr8", "chelsea.png", size=(96, 64)) for _ in range(4)]
+    stamps = write_bag(tmp_path / "in", frames, storage="mcap", period_ns=period_ns, with_camera_info=False)
+    ns = "/simclock"
+    with NodeProcess(["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "use_sim_time:=true",
+                      "-p", "network_image_width:=64", "-p", "network_image_height:=64"],
+                     log=tmp_path / "node.log") as node:
+        peer = Peer(ns)
+        clock: list[int] = []
+        peer.node.create_subscription(Clock, "/clock",
+                                      lambda m: clock.append(m.clock.sec * 10**9 + m.clock.nanosec), 10)
+        try:
+            peer.wait_connected()
+            play = subprocess.Popen([str(CLI), "play", str(tmp_path / "in"), "--image-topic", f"{ns}/image",
+                                     "--wait-subscribers", "1", "--clock", "20"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            peer.spin_until(lambda: play.poll() is not None, 30, "play to finish")
+            out = play.stdout.read() if play.stdout else ""
+            assert play.returncode == 0, out
+            peer.spin_until(lambda: {stamp_ns(t.header) for t in peer.tensors} >= set(stamps), 10,
+                            "a tensor for every frame")
+            ages = {s: peer.timing_for(s).age_us for s in stamps}
+        finally:
+            peer.close()
+        assert node.stop() == 0
+    # Bag time only (log times: stamp + 1 ns), non-decreasing, ticking between frames:
+    # 3 gaps of 0.2 s at 20 Hz give ~12 ticks besides the 4 frames' own.
+    assert clock and min(clock) >= stamps[0] and max(clock) <= stamps[-1] + 1, clock
+    assert all(a <= b for a, b in zip(clock, clock[1:])), clock
+    assert {s + 1 for s in stamps} <= set(clock), "no tick at a frame's own time"
+    assert len(clock) >= len(stamps) + 6, len(clock)
+    for s, age in ages.items():
+        assert 0.0 <= age < period_ns / 1000, f"frame {s}: age_us {age} is not on the bag's clock"
+
+
+def test_clock_and_restamp_are_refused_together(tmp_path: Path) -> None:
+    p = subprocess.run([str(CLI), "play", str(tmp_path / "none"), "--clock", "--restamp"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0 and "--restamp" in p.stderr and "--clock" in p.stderr, p.stderr

@@ -7,9 +7,10 @@ and the warning for frames lost before the node.
   receives that raw too; inter-process delivery pads a sample to 4 bytes with zeros,
   in-process delivery does not, so the node's copy may carry up to 3 more zero bytes at
   the end), and decode to the same fields (r2r's typed side: test/ros_typed.rs).
-- `input_qos: auto` (the default): best effort before any publisher exists; a reliable
-  camera that appears after the node gets a reliable subscription, and its 1 MB frames,
-  sent once each by a camera without any Fast DDS profile, all arrive; a best-effort
+- `input_qos: auto` (the default): no subscription before a publisher exists; a reliable
+  camera that appears after the node gets a reliable subscription from its first match,
+  and its 1 MB frames, sent once each (from that match on) by a camera without any Fast
+  DDS profile, all arrive; a best-effort
   camera gets best effort; a best-effort and a reliable one at once get best effort and
   both are received. Read from /diagnostics ("Input QoS"), the log and the tensors.
 - A stock best-effort 1080p camera (no profile) raises the WARN in /diagnostics and one
@@ -176,17 +177,17 @@ def test_input_qos_auto_follows_the_publishers(tmp_path: Path) -> None:
         cams: list[Camera] = []
         try:
             qos = lambda s: diag.value(s, "Input QoS")  # noqa: E731
-            # No publisher yet: best effort (matches any).
+            # No publisher yet: no subscription either (one would have to be best effort).
             s = diag.wait_for(lambda s: True, 10.0, "a /diagnostics status")
-            assert qos(s).startswith("auto: best effort, volatile: no publisher yet"), qos(s)
+            assert qos(s).startswith("auto: no publisher yet"), qos(s)
             assert diag.value(s, "Input topic") == f"{ns}/image"
             assert "own shared-memory segment of 16 MiB" in node.output()
 
             # A reliable camera without a profile appears: 12 frames of 600x600 bgr8 (1.08 MB),
-            # each sent once, from when the node's reliable subscription exists; every one
-            # becomes a tensor.
+            # each sent once, from its first match (the node's first subscription, already
+            # reliable); every one becomes a tensor.
             cams.append(Camera(ns, "--reliable", "--width", "600", "--height", "600", "--rate", "4",
-                               "--count", "12", "--wait-reliable-subscriber", frame_id="reliable"))
+                               "--count", "12", "--wait-subscribers", "1", frame_id="reliable"))
             s = diag.wait_for(lambda s: qos(s).startswith("auto: reliable"), 20.0, "a reliable subscription")
             assert "the publisher offers reliable" in qos(s), qos(s)
             peer.spin_until(lambda: cams[-1].proc.poll() is not None, 40.0, "the reliable camera to finish")
@@ -217,9 +218,9 @@ def test_input_qos_auto_follows_the_publishers(tmp_path: Path) -> None:
             peer.close()
         assert node.stop() == 0
     text = log.read_text()
-    for want in [f"input_qos auto: {ns}/image best effort, volatile: no publisher yet",
+    for want in [f"input_qos auto: {ns}/image: no publisher yet",
                  f"input_qos auto: {ns}/image reliable, volatile: the publisher offers reliable; volatile "
-                 "(subscription recreated)",
+                 "(subscribed)",
                  f"input_qos auto: {ns}/image best effort, volatile: 1 of 2 publishers offers best effort"]:
         assert want in text, (want, text[-3000:])
 

@@ -443,13 +443,11 @@ impl<const Y: usize, const U: usize, const V: usize> Source for Yuv422<'_, Y, U,
     }
     #[inline(always)]
     fn rgb(row: &[u8], x: usize) -> [f32; 3] {
-        let [r, g, b] = yuv422_rgb::<Y, U, V>(row, x);
-        [f32::from(r), f32::from(g), f32::from(b)]
+        rgb_f32(yuv422_rgb::<Y, U, V>(row, x))
     }
     #[inline(always)]
     fn grey(row: &[u8], x: usize) -> f32 {
-        let [r, g, b] = yuv422_rgb::<Y, U, V>(row, x);
-        rgb_to_grey(u32::from(r), u32::from(g), u32::from(b)) as f32
+        rgb_f32::<1>(yuv422_rgb::<Y, U, V>(row, x))[0]
     }
     #[inline(always)]
     fn decode_row<const C: usize>(row: &[u8], x0: usize, n: usize, out: &mut [f32]) {
@@ -592,13 +590,11 @@ impl<const U: usize, const V: usize> Source for Nv<'_, U, V> {
     }
     #[inline(always)]
     fn rgb(row: (&[u8], &[u8]), x: usize) -> [f32; 3] {
-        let [r, g, b] = nv_rgb::<U, V>(row, x);
-        [f32::from(r), f32::from(g), f32::from(b)]
+        rgb_f32(nv_rgb::<U, V>(row, x))
     }
     #[inline(always)]
     fn grey(row: (&[u8], &[u8]), x: usize) -> f32 {
-        let [r, g, b] = nv_rgb::<U, V>(row, x);
-        rgb_to_grey(u32::from(r), u32::from(g), u32::from(b)) as f32
+        rgb_f32::<1>(nv_rgb::<U, V>(row, x))[0]
     }
     #[inline(always)]
     fn decode_row<const C: usize>(row: (&[u8], &[u8]), x0: usize, n: usize, out: &mut [f32]) {
@@ -711,13 +707,11 @@ impl<const RED: usize> Source for Bayer<'_, RED> {
     }
     #[inline(always)]
     fn rgb(row: BayerRow<'_>, x: usize) -> [f32; 3] {
-        let [r, g, b] = bayer_rgb::<RED>(row, x);
-        [f32::from(r), f32::from(g), f32::from(b)]
+        rgb_f32(bayer_rgb::<RED>(row, x))
     }
     #[inline(always)]
     fn grey(row: BayerRow<'_>, x: usize) -> f32 {
-        let [r, g, b] = bayer_rgb::<RED>(row, x);
-        rgb_to_grey(u32::from(r), u32::from(g), u32::from(b)) as f32
+        rgb_f32::<1>(bayer_rgb::<RED>(row, x))[0]
     }
 }
 
@@ -759,83 +753,33 @@ macro_rules! with_source {
         use $crate::image::Encoding as E;
         let img = $img;
         let be = img.big_endian();
+        // Bind `$s` to the Source type of one arm and run `$body`.
+        macro_rules! arm {
+            ($source:ty) => {{
+                let $s = <$source>::new(img);
+                $body
+            }};
+        }
         match img.encoding() {
-            E::Rgb8 => {
-                let $s = Packed8::<3, 0, 1, 2>::new(img);
-                $body
-            }
-            E::Bgr8 => {
-                let $s = Packed8::<3, 2, 1, 0>::new(img);
-                $body
-            }
-            E::Rgba8 => {
-                let $s = Packed8::<4, 0, 1, 2>::new(img);
-                $body
-            }
-            E::Bgra8 => {
-                let $s = Packed8::<4, 2, 1, 0>::new(img);
-                $body
-            }
-            E::Mono8 => {
-                let $s = Mono8::new(img);
-                $body
-            }
-            E::Mono16 if be => {
-                let $s = Packed16::<1, 0, 0, 0, true>::new(img);
-                $body
-            }
-            E::Mono16 => {
-                let $s = Packed16::<1, 0, 0, 0, false>::new(img);
-                $body
-            }
-            E::Rgb16 if be => {
-                let $s = Packed16::<3, 0, 1, 2, true>::new(img);
-                $body
-            }
-            E::Rgb16 => {
-                let $s = Packed16::<3, 0, 1, 2, false>::new(img);
-                $body
-            }
-            E::Bgr16 if be => {
-                let $s = Packed16::<3, 2, 1, 0, true>::new(img);
-                $body
-            }
-            E::Bgr16 => {
-                let $s = Packed16::<3, 2, 1, 0, false>::new(img);
-                $body
-            }
-            E::Yuyv => {
-                let $s = Yuv422::<0, 1, 3>::new(img);
-                $body
-            }
-            E::Uyvy => {
-                let $s = Yuv422::<1, 0, 2>::new(img);
-                $body
-            }
-            E::Nv12 => {
-                let $s = Nv::<0, 1>::new(img);
-                $body
-            }
-            E::Nv21 => {
-                let $s = Nv::<1, 0>::new(img);
-                $body
-            }
-            E::BayerRggb8 => {
-                let $s = Bayer::<0>::new(img);
-                $body
-            }
-            E::BayerGrbg8 => {
-                let $s = Bayer::<1>::new(img);
-                $body
-            }
-            E::BayerGbrg8 => {
-                let $s = Bayer::<2>::new(img);
-                $body
-            }
-            E::BayerBggr8 => {
-                let $s = Bayer::<3>::new(img);
-                $body
-            }
+            E::Rgb8 => arm!(Packed8::<3, 0, 1, 2>),
+            E::Bgr8 => arm!(Packed8::<3, 2, 1, 0>),
+            E::Rgba8 => arm!(Packed8::<4, 0, 1, 2>),
+            E::Bgra8 => arm!(Packed8::<4, 2, 1, 0>),
+            E::Mono8 => arm!(Mono8),
+            E::Mono16 if be => arm!(Packed16::<1, 0, 0, 0, true>),
+            E::Mono16 => arm!(Packed16::<1, 0, 0, 0, false>),
+            E::Rgb16 if be => arm!(Packed16::<3, 0, 1, 2, true>),
+            E::Rgb16 => arm!(Packed16::<3, 0, 1, 2, false>),
+            E::Bgr16 if be => arm!(Packed16::<3, 2, 1, 0, true>),
+            E::Bgr16 => arm!(Packed16::<3, 2, 1, 0, false>),
+            E::Yuyv => arm!(Yuv422::<0, 1, 3>),
+            E::Uyvy => arm!(Yuv422::<1, 0, 2>),
+            E::Nv12 => arm!(Nv::<0, 1>),
+            E::Nv21 => arm!(Nv::<1, 0>),
+            E::BayerRggb8 => arm!(Bayer::<0>),
+            E::BayerGrbg8 => arm!(Bayer::<1>),
+            E::BayerGbrg8 => arm!(Bayer::<2>),
+            E::BayerBggr8 => arm!(Bayer::<3>),
         }
     }};
 }

@@ -93,7 +93,7 @@ macro_rules! launch_kernel {
         let cfg: ::cudarc::driver::LaunchConfig = $cfg;
         let mut b = $stream.launch_builder($f);
         $( ::cudarc::driver::PushKernelArg::arg(&mut b, $arg); )+
-        // SAFETY (for every use of this macro): the arguments match the kernel's
+        // SAFETY: (for every use of this macro) the arguments match the kernel's
         // parameter list in its .cu file one for one (by-value structs are #[repr(C)]
         // twins checked at compile time, device pointers are u64 addresses of buffers
         // sized by the caller for this launch), and the launch shape is the one the

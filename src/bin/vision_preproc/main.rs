@@ -1,5 +1,10 @@
 //! `vision_preproc`: the offline command-line tool (no ROS needed).
 
+// The house rules that a lint can keep (docs/ARCHITECTURE.md): no unwrap/expect outside
+// tests, a `// SAFETY:` comment on every unsafe block.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 #[cfg(feature = "bench")]
 mod bench;
 mod bench_batch;

@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
-use vision_preproc::node::{play, PlayOptions};
+use vision_preproc::ros::{play, PlayOptions};
 
 /// Arguments of `play`.
 #[derive(Args, Debug)]
@@ -43,11 +43,21 @@ pub struct PlayArgs {
     /// publisher) instead of best effort (a camera driver's sensor-data QoS).
     #[arg(long)]
     pub reliable: bool,
+    /// Publish /clock with the bag's time (its log times) for nodes with use_sim_time, as
+    /// `ros2 bag play --clock` does: HZ times a second between messages (default 40) and
+    /// at each message. The time goes back at each --loop pass.
+    #[arg(long, value_name = "HZ", num_args = 0..=1, default_missing_value = "40", conflicts_with = "restamp")]
+    pub clock: Option<f64>,
 }
 
 pub fn run(a: PlayArgs) -> Result<()> {
     if !(a.rate > 0.0 && a.rate.is_finite()) {
         bail!("--rate {}: use a positive factor (1 = recorded timing)", a.rate);
+    }
+    if let Some(hz) = a.clock {
+        if !(hz > 0.0 && hz.is_finite()) {
+            bail!("--clock {hz}: use a positive rate in Hz (default 40)");
+        }
     }
     let stats = play(&PlayOptions {
         input: a.input,
@@ -60,6 +70,7 @@ pub fn run(a: PlayArgs) -> Result<()> {
         wait_subscribers: a.wait_subscribers,
         restamp: a.restamp,
         reliable: a.reliable,
+        clock_hz: a.clock,
         duration: match a.duration {
             Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
             Some(s) => bail!("--duration {s}: use a positive number of seconds"),

@@ -4,8 +4,8 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
-use vision_preproc::node::{record, RecordOptions};
 use vision_preproc::percentile::nearest_rank;
+use vision_preproc::ros::{record, RecordOptions};
 
 /// Arguments of `record`.
 #[derive(Args, Debug)]

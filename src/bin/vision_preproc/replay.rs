@@ -2,14 +2,14 @@
 //! the tensors and timings to a new rosbag2 MCAP bag.
 
 use crate::input::ConfigArgs;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 use vision_preproc::bag::msgs::Image;
-use vision_preproc::bag::{Bag, BagWriter, IMAGE_TYPE};
+use vision_preproc::bag::{Bag, BagWriter};
 use vision_preproc::config::BackendChoice;
 use vision_preproc::percentile::nearest_rank;
 use vision_preproc::pipeline::{frame_timing, select_backend};
@@ -284,9 +284,6 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             .with_context(|| format!("--backend {b}: use auto, cuda or cpu"))?;
     }
     let bag = Bag::open(&args.input)?;
-    let topics = bag.topics()?;
-    let images: Vec<&str> =
-        topics.iter().filter(|t| t.type_name == IMAGE_TYPE).map(|t| t.name.as_str()).collect();
     let wanted: Vec<String> = if args.topic.len() >= 2 {
         args.topic.clone()
     } else if args.topic.is_empty() && cfg.is_batch() {
@@ -296,27 +293,11 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     };
     if !wanted.is_empty() {
         for t in &wanted {
-            if !images.contains(&t.as_str()) {
-                bail!(
-                    "--topic {t}: not a {IMAGE_TYPE} topic of this bag; image topics: {images:?}"
-                );
-            }
+            bag.image_topic(Some(t))?;
         }
         return replay_batch(&args, cfg, &bag, &wanted);
     }
-    let topic = match (args.topic.first(), images.as_slice()) {
-        (Some(t), _) if images.contains(&t.as_str()) => t.clone(),
-        (Some(t), _) => {
-            bail!("--topic {t}: not a {IMAGE_TYPE} topic of this bag; image topics: {images:?}")
-        }
-        (None, [only]) => (*only).to_string(),
-        (None, []) => bail!(
-            "no {IMAGE_TYPE} topic in {}; topics: {:?}",
-            args.input.display(),
-            topics.iter().map(|t| format!("{} ({})", t.name, t.type_name)).collect::<Vec<_>>()
-        ),
-        (None, many) => bail!("several image topics, choose one with --topic: {many:?}"),
-    };
+    let topic = bag.image_topic(args.topic.first().map(String::as_str))?;
     let output = output_dir(&args);
 
     let (backend, fallback) = select_backend(&cfg)?;

@@ -2,11 +2,14 @@
 //! with the recorded timing — the playback side of a live replay, for machines without
 //! `ros2 bag play`. Messages are published as recorded (serialized bytes, original
 //! header stamps); each is checked to decode first, so a corrupt one is skipped with its
-//! reason instead of being sent.
+//! reason instead of being sent. With `--clock` it also publishes `/clock` with the
+//! bag's time, for nodes with `use_sim_time`.
 
 use crate::bag::msgs::{CameraInfo as BagCameraInfo, Image as BagImage};
 use crate::bag::{Bag, PlayOptions, PlayStats, CAMERA_INFO_TYPE, IMAGE_TYPE};
 use crate::error::{Error, Result};
+use r2r::builtin_interfaces::msg::Time;
+use r2r::rosgraph_msgs::msg::Clock;
 use r2r::QosProfile;
 use std::time::{Duration, Instant};
 
@@ -14,22 +17,45 @@ fn ros_err(what: &str, e: r2r::Error) -> Error {
     Error::Bag { path: what.to_string(), message: e.to_string() }
 }
 
+/// `/clock` with the bag's time (`--clock`).
+struct ClockOut {
+    publisher: r2r::Publisher<Clock>,
+    /// Between two ticks while waiting for the next message.
+    period: Duration,
+}
+
+impl ClockOut {
+    fn publish(&self, bag_ns: u64) -> Result<()> {
+        let msg = Clock {
+            clock: Time {
+                sec: i32::try_from(bag_ns / 1_000_000_000).unwrap_or(i32::MAX),
+                nanosec: (bag_ns % 1_000_000_000) as u32,
+            },
+        };
+        self.publisher.publish(&msg).map_err(|e| ros_err("publishing /clock", e))
+    }
+
+    /// Sleep `wait` (until the message at bag time `due_ns`), ticking the bag's time on
+    /// the way: at each tick, `due_ns` minus what is left of the wait at `rate`.
+    fn wait(&self, wait: Duration, due_ns: u64, rate: f64) -> Result<()> {
+        let end = Instant::now() + wait;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            let ahead = (left.as_secs_f64() * rate * 1e9) as u64;
+            self.publish(due_ns.saturating_sub(ahead))?;
+            std::thread::sleep(left.min(self.period));
+        }
+    }
+}
+
 /// Play the bag. Blocks until the end (or forever with `repeat`).
 pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     let bag = Bag::open(&opts.input)?;
+    let image_topic = bag.image_topic(opts.topic.as_deref())?;
     let topics = bag.topics()?;
-    let images: Vec<&str> =
-        topics.iter().filter(|t| t.type_name == IMAGE_TYPE).map(|t| t.name.as_str()).collect();
-    let image_topic = match (&opts.topic, images.as_slice()) {
-        (Some(t), _) if images.contains(&t.as_str()) => t.clone(),
-        (None, [only]) => (*only).to_string(),
-        _ => {
-            return Err(Error::Bag {
-                path: opts.input.display().to_string(),
-                message: format!("choose the image topic with --topic; image topics: {images:?}"),
-            })
-        }
-    };
     let info_topic =
         topics.iter().find(|t| t.type_name == CAMERA_INFO_TYPE).map(|t| t.name.clone());
 
@@ -49,6 +75,16 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     let info_pub = node
         .create_publisher_untyped(&opts.camera_info_topic, CAMERA_INFO_TYPE, qos)
         .map_err(|e| ros_err("creating the camera_info publisher", e))?;
+    // rclcpp's ClockQoS (what rosbag2's player uses): reliable, volatile, depth 1.
+    let clock = match opts.clock_hz {
+        Some(hz) => Some(ClockOut {
+            publisher: node
+                .create_publisher::<Clock>("/clock", QosProfile::default().keep_last(1))
+                .map_err(|e| ros_err("creating the /clock publisher", e))?,
+            period: Duration::try_from_secs_f64(1.0 / hz).unwrap_or(Duration::from_millis(25)),
+        }),
+        None => None,
+    };
 
     if opts.wait_subscribers > 0 {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -96,8 +132,14 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
                 let due = (pass_offset + Duration::from_nanos(m.log_time.saturating_sub(t0)))
                     .div_f64(opts.rate.max(1e-6));
                 if let Some(wait) = due.checked_sub(start.elapsed()) {
-                    std::thread::sleep(wait);
+                    match &clock {
+                        Some(c) => c.wait(wait, m.log_time, opts.rate)?,
+                        None => std::thread::sleep(wait),
+                    }
                 }
+            }
+            if let Some(c) = &clock {
+                c.publish(m.log_time)?;
             }
             let is_image = m.topic == image_topic;
             let check = if is_image {

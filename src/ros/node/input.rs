@@ -1,14 +1,16 @@
 //! The node's input, run on the spin thread: the `image` subscription (native messages,
 //! read in place) and `camera_info`, drained right after each `spin_once` into the
 //! keep-latest slot; with `input_qos: auto`, the subscriptions follow what the
-//! publishers offer (`transport::adapt_to_offers`): best effort until a publisher
-//! appears, recreated when the answer changes.
+//! publishers offer (`transport::adapt_to_offers`): made when the first publisher is
+//! seen (as `ros2 bag record` subscribes to a topic once it has publishers), so that a
+//! reliable camera's first frames already go to a reliable reader; recreated when the
+//! answer changes.
 
 use super::native::{NativeImage, RosArgs};
 use super::{lock, Received, Shared};
 use crate::config::QosPreset;
 use crate::transport::{
-    adapt_to_offers, before_publishers, Adapted, DeliveryMonitor, Durability, Offer, Reliability,
+    adapt_to_offers, Adapted, DeliveryMonitor, Durability, Offer, Reliability, NO_PUBLISHER_YET,
 };
 use futures::{FutureExt, Stream, StreamExt};
 use r2r::qos::{DurabilityPolicy, ReliabilityPolicy};
@@ -39,7 +41,8 @@ pub struct InputState {
     pub monitor: DeliveryMonitor,
 }
 
-/// The r2r QoS of an input subscription: the preset, or for `auto` what `adapted` says.
+/// The r2r QoS of an input subscription: the preset, or for `auto` what `adapted` says
+/// (best effort, which matches any publisher, without an answer).
 pub fn qos_profile(preset: QosPreset, depth: u32, adapted: Option<&Adapted>) -> QosProfile {
     let base = match (preset, adapted) {
         (QosPreset::Auto, Some(a)) => {
@@ -135,23 +138,20 @@ impl Input {
             infos: None,
             next_check: Instant::now(),
         };
-        // The topics exist from the start: `auto` subscribes with what matches any
-        // publisher until the publishers say otherwise.
-        let first = before_publishers();
-        let qos = qos_profile(preset, depth, Some(&first));
-        input.images = Some(Box::new(node.subscribe_native::<Image>(image, qos.clone())?));
-        input.infos = Some(Box::new(node.subscribe::<CameraInfo>(&input.info.relative, qos)?));
         let mut st = lock(&shared.inputs[index]);
         st.topic = input.image.resolved.clone();
         if preset == QosPreset::Auto {
+            // Subscribed in `adapt` once a publisher is seen: a subscription made before
+            // would be best effort (to match any publisher), and a reliable camera's
+            // first frames, sent to it before the node could switch, would be lost.
             for topic in [&input.image.resolved, &input.info.resolved] {
-                r2r::log_info!(&shared.logger, "input_qos auto: {topic} {first}");
+                r2r::log_info!(&shared.logger, "input_qos auto: {topic}: {NO_PUBLISHER_YET}");
             }
-            st.qos = format!("auto: {first}");
-            st.best_effort = true;
-            input.image.chosen = Some(first.clone());
-            input.info.chosen = Some(first);
+            st.qos = format!("auto: {NO_PUBLISHER_YET}");
         } else {
+            let qos = qos_profile(preset, depth, None);
+            input.images = Some(Box::new(node.subscribe_native::<Image>(image, qos.clone())?));
+            input.infos = Some(Box::new(node.subscribe::<CameraInfo>(&input.info.relative, qos)?));
             st.qos = format!("input_qos {}", preset_name(preset));
             st.best_effort = preset == QosPreset::SensorData;
         }
@@ -203,7 +203,7 @@ impl Input {
         if self.preset != QosPreset::Auto {
             return Ok(());
         }
-        // No publisher: nothing to adapt to; the subscription made so far stays.
+        // No publisher: nothing to adapt to; the subscription made so far (if any) stays.
         if let Some(adapted) = adapt_to_offers(&image_offers) {
             let recreate = changed(&self.image.chosen, &adapted);
             if recreate {
@@ -216,7 +216,7 @@ impl Input {
                 st.monitor.reset();
             }
             if self.image.chosen.as_ref() != Some(&adapted) {
-                log_choice(shared, &self.image.resolved, &adapted, recreate);
+                log_choice(shared, &self.image.resolved, &adapted, &self.image.chosen, recreate);
                 lock(state).qos = format!("auto: {adapted}");
             }
             self.image.chosen = Some(adapted);
@@ -230,7 +230,7 @@ impl Input {
                     Some(Box::new(node.subscribe::<CameraInfo>(&self.info.relative, qos)?));
             }
             if self.info.chosen.as_ref() != Some(&adapted) {
-                log_choice(shared, &self.info.resolved, &adapted, recreate);
+                log_choice(shared, &self.info.resolved, &adapted, &self.info.chosen, recreate);
             }
             self.info.chosen = Some(adapted);
         }
@@ -263,7 +263,17 @@ fn preset_name(p: QosPreset) -> &'static str {
     }
 }
 
-fn log_choice(shared: &Shared, topic: &str, adapted: &Adapted, recreated: bool) {
-    let what = if recreated { "subscription recreated" } else { "subscription kept" };
+fn log_choice(
+    shared: &Shared,
+    topic: &str,
+    adapted: &Adapted,
+    before: &Option<Adapted>,
+    recreated: bool,
+) {
+    let what = match (before, recreated) {
+        (None, _) => "subscribed",
+        (Some(_), true) => "subscription recreated",
+        (Some(_), false) => "subscription kept",
+    };
     r2r::log_info!(&shared.logger, "input_qos auto: {topic} {adapted} ({what})");
 }

@@ -1,5 +1,5 @@
 /* Formats an rcutils log record (`format` + the `va_list *` an rcutils output handler
- * receives) into `buf`, for src/node/rosout.rs. In C because a va_list is an
+ * receives) into `buf`, for src/ros/node/rosout.rs. In C because a va_list is an
  * architecture-specific object (an array of one struct on x86-64, a struct passed by
  * value on aarch64) that stable Rust cannot copy portably; va_copy can, so `*args` stays
  * untouched for the next handler (rcl's console and log-file output). */

@@ -14,17 +14,14 @@
 mod batch;
 mod clock;
 mod input;
-mod native;
 mod param_services;
 mod params;
-mod play;
-mod record;
 mod rosout;
 mod stats;
 
+use super::native::{self, ros_header, NativeImage, RosArgs};
 use crate::pipeline::{frame_timing, select_backend, Geometry, Pipeline};
 use crate::transport::{dds, delivery, Basis, Latest};
-use native::{ros_header, NativeImage, RosArgs};
 use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus};
 use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
 use r2r::QosProfile;
@@ -34,11 +31,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-pub use crate::bag::{PlayOptions, PlayStats, RecordOptions, RecordStats};
 pub use clock::NodeClock;
 pub use params::{descriptor, NodeParams, Spec, PARAMETERS, USE_SIM_TIME};
-pub use play::play;
-pub use record::record;
 pub use stats::{BackendInfo, Counts, InputReport, Stats};
 
 /// The node's name (`ros2 node list` shows `/vision_preproc` unless remapped).
@@ -139,7 +133,7 @@ impl Drop for DdsSetup {
 /// `FASTDDS_DEFAULT_PROFILES_FILE` is not already set: next to the executable in a colcon
 /// install (`lib/vision_preproc/` -> `share/vision_preproc/config/`), else in the source
 /// tree the binary was built from.
-fn default_dds_profile() -> Option<PathBuf> {
+pub(super) fn default_dds_profile() -> Option<PathBuf> {
     if std::env::var_os("FASTDDS_DEFAULT_PROFILES_FILE").is_some() {
         return None;
     }
@@ -679,7 +673,7 @@ fn input_report(shared: &Shared, index: usize, prefix: &str, warned: &mut bool) 
     InputReport { values, warning, urgent: false }
 }
 
-async fn shutdown_signal() {
+pub(super) async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(_) => {

@@ -167,10 +167,11 @@ impl RosArgs {
             CString::new(namespace).ok()?,
         );
         let mut out: *mut c_char = std::ptr::null_mut();
+        // SAFETY: rcutils_get_default_allocator has no preconditions.
+        let allocator = unsafe { rcl::rcutils_get_default_allocator() };
         // SAFETY: valid argument struct (parsed above, alive), NUL-terminated strings
         // that outlive the call, a valid out pointer; no local arguments (r2r creates
         // the node with the default options, which have none).
-        let allocator = unsafe { rcl::rcutils_get_default_allocator() };
         let ret = unsafe {
             rcl_remap_topic_name(
                 std::ptr::null(),

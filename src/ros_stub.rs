@@ -1,17 +1,20 @@
-//! Stand-in for the ROS node when the `ros` feature is off (e.g. the GPU test machine,
+//! Stand-in for the ROS module (node, play, record) when the `ros` feature is off (e.g. the GPU test machine,
 //! which has no ROS): the binary exists, says why it cannot run, and exits with 2.
 //! (cargo-ament-build installs only binaries without `required-features`, so the node
 //! binary is always built.)
 
-use std::process::ExitCode;
+/// The node without ROS.
+pub mod node {
+    use std::process::ExitCode;
 
-/// Entry point of `vision_preproc_node` without ROS.
-pub fn main() -> ExitCode {
-    eprintln!(
-        "vision_preproc_node was built without the `ros` feature; rebuild with default \
-         features (cargo build --release) in an environment with ROS 2 sourced"
-    );
-    ExitCode::from(2)
+    /// Entry point of `vision_preproc_node` without ROS.
+    pub fn main() -> ExitCode {
+        eprintln!(
+            "vision_preproc_node was built without the `ros` feature; rebuild with default \
+             features (cargo build --release) in an environment with ROS 2 sourced"
+        );
+        ExitCode::from(2)
+    }
 }
 
 pub use crate::bag::{PlayOptions, PlayStats, RecordOptions, RecordStats};

@@ -26,7 +26,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 extern "C" {
-    /// `src/node/vformat.c`: `vsnprintf` on a `va_copy` of `*args`.
+    /// `src/ros/node/vformat.c`: `vsnprintf` on a `va_copy` of `*args`.
     fn vision_preproc_vformat(
         buf: *mut c_char,
         cap: usize,
