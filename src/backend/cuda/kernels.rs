@@ -540,7 +540,12 @@ mod tests {
         assert!(rn.contains("\nVP_ENCODINGS(RN_ENTRY_OF)\n") && !rn.contains("RN_ENTRY(rgb8"));
         let cv = KernelFile::Conv2dTiled.source();
         assert!(cv.contains("\nVP_CONV_SIZES(CV_ENTRY)\n") && !cv.contains("CV_ENTRY(3)"));
-        assert_eq!(KernelFile::ResizeNormalize.entry_points().len(), Encoding::ALL.len());
+        // ... plus the batched entry point, which dispatches over the same table.
+        assert_eq!(KernelFile::ResizeNormalize.entry_points().len(), Encoding::ALL.len() + 1);
+        assert!(rn.contains("VP_ENCODINGS(RN_BATCH_CASE)"));
+        assert!(KernelFile::ResizeNormalize
+            .entry_points()
+            .contains(&RESIZE_NORMALIZE_BATCH.to_string()));
         assert_eq!(KernelFile::Conv2dTiled.entry_points().len(), 2 * CONV_SIZES.len());
         assert_eq!(resize_normalize_entry(Encoding::BayerGrbg8), "resize_normalize_bayer_grbg8");
     }
