@@ -18,8 +18,12 @@ setup:
 build: setup
 	$(ENV) && cargo build --release --bins
 
+# The same three clippy runs as scripts/test.sh: the product, with the test hooks, and
+# without ROS and CUDA.
 lint: setup
-	$(ENV) && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings
+	$(ENV) && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings \
+	  && cargo clippy --release --all-targets --features fault-injection,bench -- -D warnings \
+	  && cargo clippy --release --all-targets --no-default-features -- -D warnings
 
 # Build both packages with colcon into build/ install/ (what a ROS user does).
 colcon: setup
