@@ -83,7 +83,12 @@ class Cameras:
         def reliable(topic: str) -> bool:
             return any(i.qos_profile.reliability == ReliabilityPolicy.RELIABLE
                        for i in self.node.get_subscriptions_info_by_topic(topic))
-        self.spin_until(lambda: all(reliable(p.topic_name) for p in [*self.pubs, self.info_pub])
+        # ...and each camera's writer has matched that reader: a reliable volatile writer
+        # does not send a sample to a reader it matches later (a fresh-clone run lost
+        # camera 1's first frame that way; its first batches had it invalid).
+        pubs = [*self.pubs, self.info_pub]
+        self.spin_until(lambda: all(reliable(p.topic_name) for p in pubs)
+                        and all(p.get_subscription_count() >= 1 for p in pubs)
                         and self.node.count_publishers(f"{ns}/tensor") >= 1, 20, "the node on DDS")
 
     def close(self) -> None:

@@ -75,7 +75,9 @@ def test_clock_publishes_the_bag_time_for_a_sim_time_node(tmp_path: Path) -> Non
     back within a pass. A node with use_sim_time runs on it: each FrameTiming.age_us is
     the bag time the node had reached minus the frame's stamp, so within one frame period
     (on the wall clock it would be years)."""
+    from rclpy.qos import qos_profile_sensor_data
     from rosgraph_msgs.msg import Clock
+    from sensor_msgs.msg import Image
 
     period_ns = 200_000_000
     frames = [photo_frame("bgr8", "chelsea.png", size=(96, 64)) for _ in range(8)]
@@ -90,12 +92,14 @@ def test_clock_publishes_the_bag_time_for_a_sim_time_node(tmp_path: Path) -> Non
                                       lambda m: clock.append(m.clock.sec * 10**9 + m.clock.nanosec), 10)
         try:
             peer.wait_connected()
+            # The player waits for image subscribers: the node and this peer (its /clock
+            # reader, made before, is announced with its image reader; the player's first
+            # /clock messages may still go out before it matched, so the checks below are
+            # on the last frames).
+            peer.node.create_subscription(Image, f"{ns}/image", lambda m: None, qos_profile_sensor_data)
             play = subprocess.Popen([str(CLI), "play", str(tmp_path / "in"), "--image-topic", f"{ns}/image",
-                                     "--wait-subscribers", "1", "--clock", "20"],
+                                     "--wait-subscribers", "2", "--clock", "20"],
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            # The player waits for the node's subscription only; this peer's /clock reader
-            # may match later (discovery under load), so it checks what arrives after.
-            peer.spin_until(lambda: peer.node.count_publishers("/clock") >= 1, 20, "the player's /clock")
             peer.spin_until(lambda: play.poll() is not None, 30, "play to finish")
             out = play.stdout.read() if play.stdout else ""
             assert play.returncode == 0, out
