@@ -54,6 +54,38 @@ fn pct(v: &mut [f32], q: f64) -> f32 {
     nearest_rank(v, q).unwrap_or(f32::NAN)
 }
 
+/// The end of both replay summaries: the reasons counted, the bag's damage, the rate
+/// (`count` = (unit, how many) over `wall` seconds) and each stage's p50 / p99.
+fn print_summary_tail(
+    rejected: &BTreeMap<String, u64>,
+    skipped: &BTreeMap<String, u64>,
+    damage: &[String],
+    (unit, count): (&str, f64),
+    wall: f64,
+    stages: &mut Stages,
+) {
+    for (reason, n) in rejected {
+        println!("    rejected x{n}: {reason}");
+    }
+    for (reason, n) in skipped {
+        println!("    skipped x{n}: {reason}");
+    }
+    for d in damage {
+        println!("  bag damaged: {d}");
+    }
+    println!("  {:.1} {unit}/s over {:.2} s", count / wall.max(1e-9), wall);
+    println!("  {:<12} {:>10} {:>10}", "stage (us)", "p50", "p99");
+    for (name, v) in [
+        ("upload", &mut stages.upload),
+        ("preprocess", &mut stages.preprocess),
+        ("conv", &mut stages.conv),
+        ("download", &mut stages.download),
+        ("total", &mut stages.total),
+    ] {
+        println!("  {:<12} {:>10.1} {:>10.1}", name, pct(v, 50.0), pct(v, 99.0));
+    }
+}
+
 fn output_dir(args: &ReplayArgs) -> PathBuf {
     args.output.clone().unwrap_or_else(|| {
         let mut p = args.input.clone().into_os_string();
@@ -254,26 +286,14 @@ fn replay_batch(
             topics[i], c.received, c.batched, c.dropped
         );
     }
-    for (reason, n) in &rejected {
-        println!("    rejected x{n}: {reason}");
-    }
-    for (reason, n) in &skipped {
-        println!("    skipped x{n}: {reason}");
-    }
-    for d in &damage {
-        println!("  bag damaged: {d}");
-    }
-    println!("  {:.1} batches/s over {:.2} s", batches as f64 / wall.max(1e-9), wall);
-    println!("  {:<12} {:>10} {:>10}", "stage (us)", "p50", "p99");
-    for (name, v) in [
-        ("upload", &mut stages.upload),
-        ("preprocess", &mut stages.preprocess),
-        ("conv", &mut stages.conv),
-        ("download", &mut stages.download),
-        ("total", &mut stages.total),
-    ] {
-        println!("  {:<12} {:>10.1} {:>10.1}", name, pct(v, 50.0), pct(v, 99.0));
-    }
+    print_summary_tail(
+        &rejected,
+        &skipped,
+        &damage,
+        ("batches", batches as f64),
+        wall,
+        &mut stages,
+    );
     Ok(())
 }
 
@@ -384,25 +404,6 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         rejected.values().sum::<u64>(),
         skipped.values().sum::<u64>()
     );
-    for (reason, n) in &rejected {
-        println!("    rejected x{n}: {reason}");
-    }
-    for (reason, n) in &skipped {
-        println!("    skipped x{n}: {reason}");
-    }
-    for d in &damage {
-        println!("  bag damaged: {d}");
-    }
-    println!("  {:.1} frames/s over {:.2} s", frames as f64 / wall.max(1e-9), wall);
-    println!("  {:<12} {:>10} {:>10}", "stage (us)", "p50", "p99");
-    for (name, v) in [
-        ("upload", &mut stages.upload),
-        ("preprocess", &mut stages.preprocess),
-        ("conv", &mut stages.conv),
-        ("download", &mut stages.download),
-        ("total", &mut stages.total),
-    ] {
-        println!("  {:<12} {:>10.1} {:>10.1}", name, pct(v, 50.0), pct(v, 99.0));
-    }
+    print_summary_tail(&rejected, &skipped, &damage, ("frames", frames as f64), wall, &mut stages);
     Ok(())
 }
