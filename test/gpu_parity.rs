@@ -861,6 +861,89 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            // 7. Two batches in flight (submit_batch, submit_batch, a third refused,
+            // finish_batch, finish_batch): batch B's staging and upload on the copy stream
+            // while batch A computes; each equals the CPU's batch, in order.
+            let name = format!("[{mode:?} {path:?}] two batches in flight (pipelined)");
+            let res = (|| -> Result<(), String> {
+                let views: Vec<ImageView<'_>> = frames.iter().map(|f| f.view()).collect();
+                let mut want = Vec::new();
+                let mut ops_of = Vec::new();
+                for cfg in [&a, &c] {
+                    let ops: Vec<PreprocessOp> =
+                        frames.iter().map(|f| build_op(cfg, f)).collect::<Result<_, _>>()?;
+                    ops_of.push(ops);
+                }
+                let batches: Vec<Vec<BatchSlot<'_, '_>>> = [(0, 2), (1, 4)]
+                    .iter()
+                    .map(|&(k, padded)| {
+                        (0..frames.len())
+                            .map(|i| BatchSlot {
+                                image: (i != padded).then(|| &views[i]),
+                                op: &ops_of[k][i],
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let convs_of = [None, sep];
+                for (slots, conv) in batches.iter().zip(convs_of) {
+                    let len = slots[0].op.params.tensor_desc().byte_len() * slots.len();
+                    let mut w = vec![0u8; len];
+                    cpu.process_batch_into(slots, conv, &mut w).map_err(|e| format!("CPU: {e}"))?;
+                    want.push(w);
+                }
+                for (slots, conv) in batches.iter().zip(convs_of) {
+                    gpu.submit_batch(slots, conv).map_err(|e| format!("CUDA submit: {e}"))?;
+                }
+                if gpu.batches_in_flight() != 2 {
+                    return Err(format!("{} batches in flight, not 2", gpu.batches_in_flight()));
+                }
+                let third = gpu.submit_batch(&batches[0], None);
+                if third.is_ok() {
+                    return Err("a third batch in flight was accepted".into());
+                }
+                // The refusal abandoned both (documented): submit them again.
+                for (slots, conv) in batches.iter().zip(convs_of) {
+                    gpu.submit_batch(slots, conv).map_err(|e| format!("CUDA submit: {e}"))?;
+                }
+                for (k, (w, cfg)) in want.iter().zip([&a, &c]).enumerate() {
+                    // The first through the copy into `got`, the second read in place.
+                    let got = if k == 0 {
+                        let mut got = vec![0xA5u8; w.len()];
+                        gpu.finish_batch(&mut got).map_err(|e| format!("CUDA finish: {e}"))?;
+                        got
+                    } else {
+                        let (_, view) =
+                            gpu.finish_batch_view().map_err(|e| format!("CUDA finish: {e}"))?;
+                        view.to_vec()
+                    };
+                    if got.len() != w.len() {
+                        return Err(format!("batch {k}: {} bytes, not {}", got.len(), w.len()));
+                    }
+                    let item = w.len() / frames.len();
+                    for i in 0..frames.len() {
+                        let exp = values(&w[i * item..(i + 1) * item], cfg.output_dtype);
+                        let padded = (k == 0 && i == 2) || (k == 1 && i == 4);
+                        let l1 = if padded { None } else { convs_of[k].map(|c| c.l1_norm()) };
+                        compare(&got[i * item..(i + 1) * item], &exp, cfg.output_dtype, &tol, l1)
+                            .map_err(|e| format!("batch {k} slot {i}: {e}"))?;
+                    }
+                }
+                if gpu.batches_in_flight() != 0 {
+                    return Err("batches left in flight".into());
+                }
+                Ok(())
+            })();
+            match res {
+                Ok(()) => {
+                    println!("ok   {name}");
+                    st.passed += 1;
+                }
+                Err(e) => {
+                    st.failed += 1;
+                    println!("FAIL {name}: {e}");
+                }
+            }
         }
     }
     println!("---- not compared (the CPU backend rejected them) ----");

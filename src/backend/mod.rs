@@ -201,6 +201,22 @@ pub struct BatchSlot<'a, 'b> {
 /// Check a batch: at least one slot, the same tensor in every slot, `out` exactly
 /// `slots.len()` tensors. Returns the bytes of one slot.
 pub(crate) fn check_batch(slots: &[BatchSlot<'_, '_>], out: &[u8]) -> Result<usize> {
+    let item_len = check_batch_shape(slots)?;
+    if out.len() != item_len * slots.len() {
+        return Err(Error::Operation(format!(
+            "the batch output buffer holds {} bytes but {} tensors of {item_len} bytes need {}; \
+             pass a buffer of slots * op.params.tensor_desc().byte_len() bytes",
+            out.len(),
+            slots.len(),
+            item_len * slots.len()
+        )));
+    }
+    Ok(item_len)
+}
+
+/// Check a batch's slots: at least one, the same tensor in every slot. Returns the bytes
+/// of one slot.
+pub(crate) fn check_batch_shape(slots: &[BatchSlot<'_, '_>]) -> Result<usize> {
     let Some(first) = slots.first() else {
         return Err(Error::Operation("a batch needs at least one slot".into()));
     };
@@ -212,17 +228,7 @@ pub(crate) fn check_batch(slots: &[BatchSlot<'_, '_>], out: &[u8]) -> Result<usi
             slots[i].op.params.tensor_desc()
         )));
     }
-    let item_len = desc.byte_len();
-    if out.len() != item_len * slots.len() {
-        return Err(Error::Operation(format!(
-            "the batch output buffer holds {} bytes but {} tensors of {item_len} bytes need {}; \
-             pass a buffer of slots * op.params.tensor_desc().byte_len() bytes",
-            out.len(),
-            slots.len(),
-            item_len * slots.len()
-        )));
-    }
-    Ok(item_len)
+    Ok(desc.byte_len())
 }
 
 /// Fill a tensor of `params` with its normalized pad value (`pad[c]` in channel c): what

@@ -1,6 +1,12 @@
 //! The CUDA backend: the specification's function in one fused kernel launch per frame
-//! (plus one conv2d launch when configured), on one non-blocking stream, with per-stage
-//! timing events.
+//! (plus one conv2d launch when configured), with per-stage timing events, on two
+//! non-blocking streams. The compute stream runs the kernels and the download. With two
+//! frames (or batches) in flight ([`CudaBackend::submit`] before [`CudaBackend::finish`]
+//! of the previous one, [`CudaBackend::submit_batch`]), frame k+1 is staged on the host
+//! and uploaded on the copy stream (the copy engine) while frame k computes and
+//! downloads; the compute stream waits for the upload's event. A frame alone in flight
+//! (`process_into`, what the node runs) uploads on the compute stream: a cross-stream
+//! wait would only add launch latency.
 //!
 //! Frame flow (`upload` memory mode, discrete GPUs):
 //! host frame -> pinned write-combined ring slot (the one CPU copy, in 4 parallel
@@ -108,15 +114,23 @@ macro_rules! launch_kernel {
 }
 pub use crate::launch_kernel;
 
+/// Timing events of one frame or batch in flight: start and after upload (copy
+/// stream), start of the kernels (compute stream, after waiting for the upload), after
+/// preprocess, after conv, after download (compute stream). The last one means done.
+pub(crate) const EVENTS: usize = 6;
+
 /// One ring slot: the pinned buffers and timing events of one frame in flight.
 struct Slot {
     /// Frame bytes: write-combined (`upload`) or mapped (`mapped`).
     input: Option<PinnedBuffer>,
+    /// The frame on the device (`upload` mode): its own per slot, so the upload of the
+    /// next frame never overwrites the one a kernel still reads.
+    src: DeviceBuffer,
     /// Tensor bytes: cached (`upload`, filled by a copy) or mapped (`mapped`, written by
     /// the kernel).
     output: Option<PinnedBuffer>,
-    /// Timing events: start, after upload, after preprocess, after conv, after download.
-    events: [CudaEvent; 5],
+    /// See [`EVENTS`].
+    events: [CudaEvent; EVENTS],
     in_flight: Option<InFlight>,
 }
 
@@ -171,7 +185,10 @@ struct ConvConstants {
 /// pipeline uses) or [`CudaBackend::new`].
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
+    /// Kernels, tables and downloads.
     stream: Arc<CudaStream>,
+    /// Frame uploads (and the batch tables): the copy engine, overlapping the kernels.
+    copy: Arc<CudaStream>,
     device: DeviceInfo,
     mode: MemoryMode,
     loads: Vec<LoadReport>,
@@ -186,7 +203,6 @@ pub struct CudaBackend {
     conv_module: Arc<CudaModule>,
     slots: Vec<Slot>,
     next_slot: usize,
-    src_dev: DeviceBuffer,
     maps_dev: DeviceBuffer,
     scratch: DeviceBuffer,
     out_dev: DeviceBuffer,
@@ -254,11 +270,14 @@ impl CudaBackend {
         }
         let ctx = CudaContext::new(device_id as usize)
             .map_err(|e| drv_err(format!("creating the context of device {device_id}"), e))?;
-        // SAFETY: the backend uses exactly one stream and orders every access to its
-        // buffers on it, so cudarc's cross-stream event tracking is not needed; it is
-        // turned off before any allocation is made.
+        // SAFETY: the backend orders every access to its buffers itself: on the compute
+        // stream, or on the copy stream for the frame uploads, which the compute stream
+        // waits for through the frame's upload event (and a slot's buffers are reused only
+        // after the host waited for its last event). cudarc's cross-stream event tracking
+        // is therefore not needed; it is turned off before any allocation is made.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(|e| drv_err("cuStreamCreate(NON_BLOCKING)", e))?;
+        let copy = ctx.new_stream().map_err(|e| drv_err("cuStreamCreate(NON_BLOCKING)", e))?;
         let device = device_info(&ctx, device_id)?;
         let mode = match memory_mode {
             MemoryMode::Auto if device.integrated => MemoryMode::Mapped,
@@ -336,14 +355,16 @@ impl CudaBackend {
             };
             slots.push(Slot {
                 input: None,
+                src: DeviceBuffer::default(),
                 output: None,
-                events: [ev()?, ev()?, ev()?, ev()?, ev()?],
+                events: [ev()?, ev()?, ev()?, ev()?, ev()?, ev()?],
                 in_flight: None,
             });
         }
         Ok(CudaBackend {
             ctx,
             stream,
+            copy,
             device,
             mode,
             loads,
@@ -356,7 +377,6 @@ impl CudaBackend {
             conv_module,
             slots,
             next_slot: 0,
-            src_dev: DeviceBuffer::default(),
             maps_dev: DeviceBuffer::default(),
             scratch: DeviceBuffer::default(),
             out_dev: DeviceBuffer::default(),
@@ -394,7 +414,7 @@ impl CudaBackend {
         &self.ctx
     }
 
-    /// The one stream every frame runs on.
+    /// The compute stream (kernels, tables, downloads).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
@@ -457,10 +477,18 @@ impl CudaBackend {
         }
     }
 
+    /// Wait for everything queued on both streams (after an error: nothing may still
+    /// write a buffer the caller is about to release). Errors are the failure already
+    /// being reported.
+    fn synchronize_streams(&self) {
+        let _ = self.copy.synchronize();
+        let _ = self.stream.synchronize();
+    }
+
     /// Wait for the frame in `slot`, if any, and drop its result.
     fn retire(&mut self, slot: usize) -> Result<(), CudaError> {
         if self.slots[slot].in_flight.take().is_some() {
-            self.slots[slot].events[4]
+            self.slots[slot].events[EVENTS - 1]
                 .synchronize()
                 .map_err(|e| drv_err("waiting for an abandoned frame", e))?;
         }
@@ -672,27 +700,45 @@ impl CudaBackend {
         };
         let stream = self.stream.clone();
         let cu_stream = stream.cu_stream();
-        let record = |slot: &Slot, i: usize| {
-            slot.events[i].record(&stream).map_err(|e| drv_err("cuEventRecord", e))
+        // The upload on the copy stream when another frame is in flight (it overlaps that
+        // frame's kernels and download); alone, on the compute stream (a cross-stream wait
+        // would only add launch latency).
+        let overlap = self.slots.iter().enumerate().any(|(i, x)| i != s && x.in_flight.is_some());
+        let copy = if overlap { self.copy.clone() } else { stream.clone() };
+        let record = |slot: &Slot, i: usize, on: &CudaStream| {
+            slot.events[i].record(on).map_err(|e| drv_err("cuEventRecord", e))
         };
 
-        record(&self.slots[s], 0)?;
+        // The upload; on the copy stream, the compute stream waits for its event.
+        record(&self.slots[s], 0, &copy)?;
         let src = match input_dev {
             Some(d) => d,
             None => {
-                let d = self.src_dev.ensure(&stream, data.len() + SRC_SLACK, "the frame")?;
+                let d = self.slots[s].src.ensure(&copy, data.len() + SRC_SLACK, "the frame")?;
                 // SAFETY: the pinned source holds data.len() staged bytes and stays alive
-                // and untouched until this slot's last event completes; d has at least
+                // and untouched until this slot's last event completes; d (this slot's
+                // own device frame, free: retire(s) waited for its last use) has at least
                 // data.len() bytes.
                 unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(d, input_host as *const _, data.len(), cu_stream)
+                    sys::cuMemcpyHtoDAsync_v2(
+                        d,
+                        input_host as *const _,
+                        data.len(),
+                        copy.cu_stream(),
+                    )
                 }
                 .result()
                 .map_err(|e| drv_err(format!("uploading {} frame bytes", data.len()), e))?;
                 d
             }
         };
-        record(&self.slots[s], 1)?;
+        record(&self.slots[s], 1, &copy)?;
+        if overlap {
+            stream
+                .wait(&self.slots[s].events[1])
+                .map_err(|e| drv_err("cuStreamWaitEvent(upload)", e))?;
+        }
+        record(&self.slots[s], 2, &stream)?;
 
         // Where the fused kernel writes: the final tensor, or float32 NCHW scratch for conv.
         let mut fp = p;
@@ -739,7 +785,7 @@ impl CudaBackend {
             &fused_dst,
             &row_words
         )?;
-        record(&self.slots[s], 2)?;
+        record(&self.slots[s], 3, &stream)?;
 
         if let Some(c) = conv {
             self.ensure_conv_constants(c)?;
@@ -754,7 +800,7 @@ impl CudaBackend {
                 &tensor_dst
             )?;
         }
-        record(&self.slots[s], 3)?;
+        record(&self.slots[s], 4, &stream)?;
         if output_dev.is_none() {
             // SAFETY: the pinned output (this slot's or the caller's target) has at least
             // out_len bytes and is not read by the CPU before this slot's last event
@@ -765,7 +811,7 @@ impl CudaBackend {
             .result()
             .map_err(|e| drv_err(format!("downloading {out_len} tensor bytes"), e))?;
         }
-        record(&self.slots[s], 4)?;
+        record(&self.slots[s], 5, &stream)?;
         self.slots[s].in_flight =
             Some(InFlight { out_len, host_stage_us, encoding: enc, direct: target.is_some() });
         Ok(s)
@@ -792,14 +838,14 @@ impl CudaBackend {
             .in_flight
             .take()
             .ok_or_else(|| drv_err("finish", format!("no frame in slot {slot}")))?;
-        s.events[4].synchronize().map_err(|e| {
+        s.events[EVENTS - 1].synchronize().map_err(|e| {
             let kernel = resize_normalize_entry(f.encoding);
             drv_err(format!("running the frame (upload, {kernel}, conv, download)"), e)
         })?;
         let ms = |a: usize, b: usize| {
             s.events[a].elapsed_ms(&s.events[b]).map_err(|e| drv_err("cuEventElapsedTime", e))
         };
-        let (up, pre, conv, down) = (ms(0, 1)?, ms(1, 2)?, ms(2, 3)?, ms(3, 4)?);
+        let (up, pre, conv, down) = (ms(0, 1)?, ms(2, 3)?, ms(3, 4)?, ms(4, 5)?);
         let t = Instant::now();
         match (f.direct, out) {
             (true, None) => {}
@@ -980,16 +1026,21 @@ impl Backend for CudaBackend {
         crate::backend::check_out_len(op, out)?;
         self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
         let Some(target) = self.direct_target(out) else {
-            let slot = self.submit(image, op, conv)?;
-            return self.finish_into(slot, Some(out));
+            let result = self.submit(image, op, conv);
+            let result = result.and_then(|slot| self.finish_into(slot, Some(out)));
+            if result.is_err() {
+                // Work queued before the error may still read the slot's buffers.
+                self.synchronize_streams();
+            }
+            return result;
         };
         let result = self.submit_to(image, op, conv, Some(target));
         let result = result.and_then(|slot| self.finish_into(slot, None));
         self.direct_frames += u64::from(result.is_ok());
         if result.is_err() {
-            // Work queued before the error may still write `out`: wait for the stream
-            // (its own error, if any, is the same failure) before `out` is released.
-            let _ = self.stream.synchronize();
+            // Work queued before the error may still write `out`: wait for the streams
+            // (their own error, if any, is the same failure) before `out` is released.
+            self.synchronize_streams();
             for slot in &mut self.slots {
                 if slot.in_flight.as_ref().is_some_and(|f| f.direct) {
                     slot.in_flight = None;
@@ -1029,6 +1080,8 @@ impl Drop for CudaBackend {
         // The pinned ring may still be read or written by queued work: wait for it before
         // the fields (and their memory) are dropped.
         let _ = self.ctx.bind_to_thread();
+        let r = self.copy.synchronize();
+        self.ctx.record_err(r);
         let r = self.stream.synchronize();
         self.ctx.record_err(r);
     }

@@ -10,6 +10,12 @@
 //!   separate, N threads each one frame per period; wall time from the period's tick to
 //!   the serialized message ready to publish (no DDS).
 //!
+//! On the CUDA backend two more, on the backend itself (`CudaBackend::submit_batch` /
+//! `submit`, two in flight, the copy stream uploading batch k+1 while batch k computes
+//! and downloads): the highest rate of the pipelined batch, and of one camera pipelined
+//! against one camera synchronous; with the byte ledger (H2D and D2H bytes per batch)
+//! and the rate each copy's own event time allows (the roof of the pipelined batch).
+//!
 //! Frames are synthetic (the work does not depend on pixel values), one per camera.
 
 use anyhow::{Context, Result};
@@ -241,6 +247,16 @@ pub fn run(a: BenchBatchArgs) -> Result<()> {
         batched_fps / separate_fps
     );
 
+    // 2b. The pipelined forms (CUDA): two batches (frames) in flight.
+    #[cfg(feature = "cuda")]
+    let piped = if batched.backend().name() == "cuda" {
+        Some(pipelined(&cfg, &views, span, separate_fps)?)
+    } else {
+        None
+    };
+    #[cfg(not(feature = "cuda"))]
+    let piped: Option<serde_json::Value> = None;
+
     // 3. Latency at the camera rate.
     let period = Duration::from_secs_f64(1.0 / a.rate);
     let paced = |mut f: Box<dyn FnMut() -> Result<()> + '_>| -> Result<Vec<f64>> {
@@ -304,9 +320,167 @@ pub fn run(a: BenchBatchArgs) -> Result<()> {
                                  "ratio": batched_fps / separate_fps, "seconds": a.seconds},
             "latency_ms": {"rate_hz": a.rate, "batched": summary(&lat_batch),
                            "separate": summary(&lat_separate)},
+            "pipelined": piped,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The pipelined figures on the CUDA backend (see the module comment), printed and
+/// returned as JSON.
+#[cfg(feature = "cuda")]
+fn pipelined(
+    cfg: &Config,
+    views: &[ImageView<'_>],
+    span: Duration,
+    separate_fps: f64,
+) -> Result<serde_json::Value> {
+    use vision_preproc::backend::cuda::CudaBackend;
+    use vision_preproc::backend::{BatchSlot, PreprocessOp};
+    use vision_preproc::pipeline::{preprocess_op, Geometry};
+    let ops: Vec<PreprocessOp> = views
+        .iter()
+        .map(|v| -> Result<PreprocessOp> {
+            let g = Geometry::resolve(cfg, v.width(), v.height())?;
+            let mut op = preprocess_op(cfg, &g);
+            op.params.src_step = v.step();
+            op.params.encoding = v.encoding() as u32;
+            op.params.big_endian = u32::from(v.big_endian());
+            Ok(op)
+        })
+        .collect::<Result<_>>()?;
+    let slots: Vec<BatchSlot<'_, '_>> =
+        views.iter().zip(&ops).map(|(v, op)| BatchSlot { image: Some(v), op }).collect();
+    let n = views.len();
+    let item = ops[0].params.tensor_desc().byte_len();
+    let h2d: usize = views.iter().map(|v| v.data().len()).sum();
+    let d2h = item * n;
+    let mut gpu = CudaBackend::new(cfg.device_id, cfg.memory_mode)?;
+    let mut times = Vec::new();
+
+    // Batches: two in flight, back to back; the tensors read where the download left
+    // them (pinned), as the synchronous path writes them into the pinned message.
+    for _ in 0..10 {
+        gpu.submit_batch(&slots, None)?;
+        gpu.finish_batch_view()?;
+    }
+    gpu.submit_batch(&slots, None)?;
+    let t = Instant::now();
+    let mut batches = 0u64;
+    while t.elapsed() < span {
+        gpu.submit_batch(&slots, None)?;
+        let (times_k, tensors) = gpu.finish_batch_view()?;
+        anyhow::ensure!(tensors.len() == d2h, "the batch's tensors have {} bytes", tensors.len());
+        times.push(times_k);
+        batches += 1;
+    }
+    let elapsed = t.elapsed().as_secs_f64();
+    gpu.finish_batch_view()?;
+    let batch_fps = batches as f64 * n as f64 / elapsed;
+    let med = |f: &dyn Fn(&vision_preproc::backend::StageTimes) -> f32| -> f64 {
+        let v: Vec<f64> = times.iter().map(|t| f64::from(f(t))).collect();
+        Summary::of(&v).map_or(0.0, |s| s.p50)
+    };
+    let (up, pre, conv, down) = (
+        med(&|t| t.upload_us),
+        med(&|t| t.preprocess_us),
+        med(&|t| t.conv_us),
+        med(&|t| t.download_us),
+    );
+    // The roof: the PCIe link, measured here with one copy of the batch's bytes each
+    // way; batching moves the same bytes as N pipelines, so it bounds both sides.
+    let (link_up, link_down) = link_rates(&gpu, h2d, d2h)?;
+    let roof_fps = (link_up * 1e9 / h2d as f64).min(link_down * 1e9 / d2h as f64) * n as f64;
+    println!(
+        "pipelined batch (2 in flight, copy stream): {:.1} frames/s ({:.1} batches/s, {:.2}x the \
+         separate pipelines); stage \
+         p50 (us) upload (host staging + H2D) {up:.1}, preprocess {pre:.1}, conv {conv:.1}, \
+         download {down:.1}; bytes per batch H2D {h2d}, D2H {d2h}: {:.1} and {:.1} GB/s at \
+         this rate; PCIe link measured now {link_up:.1} GB/s H2D, {link_down:.1} GB/s D2H: \
+         at most {roof_fps:.1} frames/s for these bytes ({:.2}x the separate pipelines)",
+        batch_fps,
+        batch_fps / n as f64,
+        batch_fps / separate_fps,
+        batch_fps / n as f64 * h2d as f64 / 1e9,
+        batch_fps / n as f64 * d2h as f64 / 1e9,
+        roof_fps / separate_fps,
+    );
+
+    // One camera: synchronous (submit, finish) vs two frames in flight.
+    let one = |piped: bool, gpu: &mut CudaBackend| -> Result<f64> {
+        let mut tensor = Vec::new();
+        for _ in 0..10 {
+            let s = gpu.submit(&views[0], &ops[0], None)?;
+            gpu.finish(s, &mut tensor)?;
+        }
+        let t = Instant::now();
+        let mut frames = 0u64;
+        let mut pending = None;
+        while t.elapsed() < span {
+            let s = gpu.submit(&views[0], &ops[0], None)?;
+            if piped {
+                if let Some(p) = pending.replace(s) {
+                    gpu.finish(p, &mut tensor)?;
+                }
+            } else {
+                gpu.finish(s, &mut tensor)?;
+            }
+            frames += 1;
+        }
+        if let Some(p) = pending {
+            gpu.finish(p, &mut tensor)?;
+        }
+        Ok(frames as f64 / t.elapsed().as_secs_f64())
+    };
+    let one_sync = one(false, &mut gpu)?;
+    let one_piped = one(true, &mut gpu)?;
+    println!(
+        "one camera: synchronous {one_sync:.1} frames/s, two frames in flight {one_piped:.1} \
+         frames/s: {:.2}x",
+        one_piped / one_sync
+    );
+    Ok(serde_json::json!({
+        "batch_fps": batch_fps,
+        "ratio_to_separate": batch_fps / separate_fps,
+        "stage_p50_us": {"upload": up, "preprocess": pre, "conv": conv, "download": down},
+        "bytes_per_batch": {"h2d": h2d, "d2h": d2h},
+        "pcie_link_gb_s": {"h2d": link_up, "d2h": link_down},
+        "roof_fps": roof_fps,
+        "one_camera_fps": {"synchronous": one_sync, "two_in_flight": one_piped},
+    }))
+}
+
+/// PCIe rates (GB/s) of one `h2d`-byte upload and one `d2h`-byte download between pinned
+/// host memory and the device, event-timed on the backend's stream (median of 7).
+#[cfg(feature = "cuda")]
+fn link_rates(
+    gpu: &vision_preproc::backend::cuda::CudaBackend,
+    h2d: usize,
+    d2h: usize,
+) -> Result<(f64, f64)> {
+    use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+    let (ctx, stream) = (gpu.context(), gpu.stream());
+    let e = |e: cudarc::driver::DriverError| anyhow::anyhow!("measuring the PCIe link: {e:?}");
+    // SAFETY: u8 has no invalid bit patterns; the buffers are only ever copied from and
+    // into, never read as values.
+    let host_up = unsafe { ctx.alloc_pinned::<u8>(h2d) }.map_err(e)?;
+    // SAFETY: as above.
+    let mut host_down = unsafe { ctx.alloc_pinned::<u8>(d2h) }.map_err(e)?;
+    let mut dev_up = stream.alloc_zeros::<u8>(h2d).map_err(e)?;
+    let dev_down = stream.alloc_zeros::<u8>(d2h).map_err(e)?;
+    let (mut ups, mut downs) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        let a = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
+        stream.memcpy_htod(&host_up, &mut dev_up).map_err(e)?;
+        let b = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
+        stream.memcpy_dtoh(&dev_down, &mut host_down).map_err(e)?;
+        let c = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
+        c.synchronize().map_err(e)?;
+        ups.push(h2d as f64 / (f64::from(a.elapsed_ms(&b).map_err(e)?) * 1e6));
+        downs.push(d2h as f64 / (f64::from(b.elapsed_ms(&c).map_err(e)?) * 1e6));
+    }
+    let p50 = |v: &[f64]| Summary::of(v).map_or(0.0, |s| s.p50);
+    Ok((p50(&ups), p50(&downs)))
 }
