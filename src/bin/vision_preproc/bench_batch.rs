@@ -391,7 +391,7 @@ fn pipelined(
     );
     // The roof: the PCIe link, measured here with one copy of the batch's bytes each
     // way; batching moves the same bytes as N pipelines, so it bounds both sides.
-    let (link_up, link_down) = link_rates(&gpu, h2d, d2h)?;
+    let (link_up, link_down) = gpu.link_rates(h2d, d2h)?;
     let roof_fps = (link_up * 1e9 / h2d as f64).min(link_down * 1e9 / d2h as f64) * n as f64;
     println!(
         "pipelined batch (2 in flight, copy stream): {:.1} frames/s ({:.1} batches/s, {:.2}x the \
@@ -450,37 +450,4 @@ fn pipelined(
         "roof_fps": roof_fps,
         "one_camera_fps": {"synchronous": one_sync, "two_in_flight": one_piped},
     }))
-}
-
-/// PCIe rates (GB/s) of one `h2d`-byte upload and one `d2h`-byte download between pinned
-/// host memory and the device, event-timed on the backend's stream (median of 7).
-#[cfg(feature = "cuda")]
-fn link_rates(
-    gpu: &vision_preproc::backend::cuda::CudaBackend,
-    h2d: usize,
-    d2h: usize,
-) -> Result<(f64, f64)> {
-    use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
-    let (ctx, stream) = (gpu.context(), gpu.stream());
-    let e = |e: cudarc::driver::DriverError| anyhow::anyhow!("measuring the PCIe link: {e:?}");
-    // SAFETY: u8 has no invalid bit patterns; the buffers are only ever copied from and
-    // into, never read as values.
-    let host_up = unsafe { ctx.alloc_pinned::<u8>(h2d) }.map_err(e)?;
-    // SAFETY: as above.
-    let mut host_down = unsafe { ctx.alloc_pinned::<u8>(d2h) }.map_err(e)?;
-    let mut dev_up = stream.alloc_zeros::<u8>(h2d).map_err(e)?;
-    let dev_down = stream.alloc_zeros::<u8>(d2h).map_err(e)?;
-    let (mut ups, mut downs) = (Vec::new(), Vec::new());
-    for _ in 0..7 {
-        let a = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
-        stream.memcpy_htod(&host_up, &mut dev_up).map_err(e)?;
-        let b = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
-        stream.memcpy_dtoh(&dev_down, &mut host_down).map_err(e)?;
-        let c = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
-        c.synchronize().map_err(e)?;
-        ups.push(h2d as f64 / (f64::from(a.elapsed_ms(&b).map_err(e)?) * 1e6));
-        downs.push(d2h as f64 / (f64::from(b.elapsed_ms(&c).map_err(e)?) * 1e6));
-    }
-    let p50 = |v: &[f64]| Summary::of(v).map_or(0.0, |s| s.p50);
-    Ok((p50(&ups), p50(&downs)))
 }

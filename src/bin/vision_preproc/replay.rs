@@ -99,6 +99,18 @@ struct Recorded {
     data: Vec<u8>,
 }
 
+/// The configured backend (saying so when `auto` fell back to the CPU) and its name.
+fn open_backend(
+    cfg: &vision_preproc::Config,
+) -> Result<(Box<dyn vision_preproc::backend::Backend>, String)> {
+    let (backend, fallback) = select_backend(cfg)?;
+    if let Some(reason) = &fallback {
+        eprintln!("backend auto: no usable GPU, using the CPU backend ({reason})");
+    }
+    let name = backend.name().to_string();
+    Ok((backend, name))
+}
+
 /// `replay` of several image topics: the bag's messages in storage order through the
 /// batch former (the node's, with the bag's receive times as arrivals), each batch
 /// through `Pipeline::process_batch`, one TensorBatch and one FrameTiming per batch,
@@ -117,11 +129,7 @@ fn replay_batch(
     cfg.inputs = topics.to_vec();
     cfg.validate()?;
     let output = output_dir(args);
-    let (backend, fallback) = select_backend(&cfg)?;
-    if let Some(reason) = &fallback {
-        eprintln!("backend auto: no usable GPU, using the CPU backend ({reason})");
-    }
-    let backend_name = backend.name().to_string();
+    let (backend, backend_name) = open_backend(&cfg)?;
     eprintln!(
         "replay: {} [{} cameras: {}] -> {} on {} ({}), batch_policy {}",
         args.input.display(),
@@ -320,11 +328,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     let topic = bag.image_topic(args.topic.first().map(String::as_str))?;
     let output = output_dir(&args);
 
-    let (backend, fallback) = select_backend(&cfg)?;
-    if let Some(reason) = &fallback {
-        eprintln!("backend auto: no usable GPU, using the CPU backend ({reason})");
-    }
-    let backend_name = backend.name().to_string();
+    let (backend, backend_name) = open_backend(&cfg)?;
     eprintln!(
         "replay: {} [{topic}] -> {} on {} ({})",
         args.input.display(),

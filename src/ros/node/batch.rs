@@ -251,14 +251,7 @@ pub fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
         let info = match pipeline.process_batch(&inputs, &header) {
             Ok(info) => info,
             Err(e @ crate::Error::GpuFailure { .. }) => {
-                let reason = e.to_string();
-                r2r::log_fatal!(logger, "{reason}; the node exits");
-                for _ in 0..new_frames(true) {
-                    shared.stats.failed(reason.clone());
-                }
-                *lock(&shared.fatal) = Some(reason);
-                shared.stop();
-                shared.fatal_signal.notify_one();
+                shared.exit_on_gpu_failure(e.to_string(), new_frames(true));
                 break;
             }
             Err(e) => {

@@ -200,6 +200,19 @@ impl Shared {
             self.stats.dropped.fetch_add(b.new_frames(), Ordering::Relaxed);
         }
     }
+
+    /// `gpu_failure_policy: exit` after a GPU failure (`reason`): log it, count the
+    /// `frames` it took as failed, and stop the node with the reason. The caller's
+    /// processing loop then ends.
+    fn exit_on_gpu_failure(&self, reason: String, frames: u64) {
+        r2r::log_fatal!(self.logger.as_str(), "{reason}; the node exits");
+        for _ in 0..frames {
+            self.stats.failed(reason.clone());
+        }
+        *lock(&self.fatal) = Some(reason);
+        self.stop();
+        self.fatal_signal.notify_one();
+    }
 }
 
 fn run() -> anyhow::Result<()> {
@@ -748,12 +761,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
             }
             Err(e @ crate::Error::GpuFailure { .. }) => {
                 // gpu_failure_policy exit: count the frame, stop the node with the reason.
-                let reason = e.to_string();
-                r2r::log_fatal!(logger, "{reason}; the node exits");
-                shared.stats.failed(reason.clone());
-                *lock(&shared.fatal) = Some(reason);
-                shared.stop();
-                shared.fatal_signal.notify_one();
+                shared.exit_on_gpu_failure(e.to_string(), 1);
                 break;
             }
             Err(e) => {
