@@ -204,7 +204,7 @@ impl RosArgs {
     /// An upper bound of the configuration's output size over every parameter this
     /// command line gives (`--params-file`, `-p`), for any node: the largest network
     /// width and height found, over the defaults (whose 3 channels of float32 are the
-    /// widest element).
+    /// widest element), and the longest `inputs` list (a batch of that many tensors).
     /// Errs on the large side (another node's entries count too) so that the segment
     /// sized from it holds the node's real output; the node checks that afterwards.
     pub fn output_bound(&self) -> Config {
@@ -230,6 +230,16 @@ impl RosArgs {
                     let values = std::slice::from_raw_parts(np.parameter_values, np.num_params);
                     for (&n, v) in names.iter().zip(values) {
                         if n.is_null() {
+                            continue;
+                        }
+                        // `inputs`: N >= 2 topics make the output a batch of N tensors.
+                        if CStr::from_ptr(n).to_bytes() == b"inputs"
+                            && !v.string_array_value.is_null()
+                        {
+                            let size = (*v.string_array_value).size;
+                            if size > cfg.inputs.len() {
+                                cfg.inputs = (0..size).map(|i| format!("input{i}")).collect();
+                            }
                             continue;
                         }
                         if v.integer_value.is_null() {

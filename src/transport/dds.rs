@@ -23,14 +23,16 @@ const MESSAGE_OVERHEAD: usize = 4096;
 /// `net.core.rmem_max` / `wmem_max`.
 pub const UDP_BUFFER: usize = 8 << 20;
 
-/// Bytes of the largest sample a node with `cfg` publishes: the tensor, or the
+/// Bytes of the largest sample a node with `cfg` publishes: the tensor (with 2+
+/// `inputs`, the `TensorBatch` of that many tensors and their items), or the
 /// `debug_image` (rgb8 or mono8 of the network size) when that is larger.
 pub fn largest_output(cfg: &Config) -> usize {
     let pixels = cfg.network_image_width as usize * cfg.network_image_height as usize;
     let channels = cfg.output_channels as usize;
-    let tensor = pixels * channels * cfg.output_dtype.size();
+    let items = cfg.inputs.len().max(1);
+    let tensor = pixels * channels * cfg.output_dtype.size() * items;
     let debug = pixels * if channels == 1 { 1 } else { 3 };
-    tensor.max(debug) + MESSAGE_OVERHEAD
+    tensor.max(debug) + MESSAGE_OVERHEAD * items
 }
 
 /// The segment for samples of at most `largest` bytes: [`SEGMENT_SAMPLES`] of them, at
@@ -102,6 +104,11 @@ mod tests {
         // (2*w*h).
         let grey = Config { output_channels: 1, output_dtype: DType::Float16, ..cfg.clone() };
         assert_eq!(largest_output(&grey), 640 * 640 * 2 + 4096);
+        // Four inputs: one TensorBatch of four tensors (and four items' metadata).
+        let four =
+            Config { inputs: (0..4).map(|i| format!("cam{i}/image")).collect(), ..cfg.clone() };
+        assert_eq!(largest_output(&four), 4 * 4_915_200 + 4 * 4096);
+        assert_eq!(segment_size(largest_output(&four)), 76 << 20);
         // 4K float32 output: 99.5 MB tensors -> 380 MiB segment.
         let big = Config { network_image_width: 3840, network_image_height: 2160, ..cfg };
         assert_eq!(

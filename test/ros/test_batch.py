@@ -336,3 +336,21 @@ def test_one_input_topic_is_the_single_camera_node(tmp_path: Path) -> None:
         finally:
             peer.close()
         assert node.stop() == 0
+
+
+def test_the_shared_memory_segment_holds_the_whole_batch(tmp_path: Path) -> None:
+    """Without a Fast DDS profile the node sizes its own shared-memory segment from its
+    largest output: with 4 inputs that is one TensorBatch of 4 tensors, not one tensor
+    (a segment sized for one would send every batch over UDP)."""
+    log = tmp_path / "node.log"
+    params = ["-r", "__ns:=/batch_segment", "-p", "backend:=cpu", "-p", "network_image_width:=640",
+              "-p", "network_image_height:=640",
+              "-p", "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]"]
+    with NodeProcess(params, unset=("FASTDDS_DEFAULT_PROFILES_FILE",), log=log) as node:
+        deadline = time.monotonic() + 20
+        while "shared-memory segment" not in node.output() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        out = node.output()
+    # 4 x (640*640*3*4 = 4,915,200 + 4096) bytes, 4 samples: 75.1 MiB -> 76 MiB.
+    assert "own shared-memory segment of 76 MiB (4 samples of the largest output, 19677184 bytes" in out, out
+    assert "tensors will travel over UDP" not in out, out
