@@ -10,9 +10,12 @@ config/fastdds_large_frames.xml in every process (as bench/bench_node.py); input
 effort, outputs reliable.
 
 Figures per side: node-added latency p50/p99 (FrameTiming.total_us: batched = from the
-batch's forming to its publication; separate = receive -> publish), end-to-end per camera
-frame (header stamp of the frame = its publish time -> its tensor received here; batched:
-every valid item of each batch, so the wait for the other cameras is included), tensors
+batch's forming to its publication; separate = receive -> publish), age at publish per
+camera frame (the node's publish time - the frame's stamp = its publish time by the
+camera: BatchItem.age_us of every valid, not repeated item, so the wait for the other
+cameras is included; separate: FrameTiming.age_us), end-to-end per camera frame (stamp ->
+its tensor received here, including this rclpy subscriber's deserialization: a batch of N
+is N tensors in one message), tensors
 (batches) per second, frames sent / published (batched: valid, not repeated items) /
 dropped, the nodes' CPU % (sum) and RSS (sum). Prints one JSON line per run and writes
 the JSON to --out.
@@ -86,6 +89,7 @@ def run_side(side: str, n: int, w: int, h: int, rate: str, seconds: float, backe
     peer = rclpy.create_node(f"bench_batch_peer_{idx}_{side}")
     reliable = QoSProfile(depth=20, reliability=ReliabilityPolicy.RELIABLE)
     e2e: list[float] = []
+    ages: list[float] = []  # publish time - the frame's stamp, in the node (no DDS out)
     added: list[float] = []
     t_recv: list[float] = []
     published = [0]
@@ -100,6 +104,7 @@ def run_side(side: str, n: int, w: int, h: int, rate: str, seconds: float, backe
         for it in b.items:
             if it.valid and not it.repeated:
                 e2e.append((now - stamp_ns(it.header)) / 1e6)
+                ages.append(it.age_us / 1e3)
                 published[0] += 1
 
     def on_tensor(t: Tensor) -> None:
@@ -110,6 +115,8 @@ def run_side(side: str, n: int, w: int, h: int, rate: str, seconds: float, backe
 
     def on_timing(m: FrameTiming) -> None:
         added.append(m.total_us / 1e3)
+        if side == "separate":
+            ages.append(m.age_us / 1e3)
         node_dropped[0] += m.dropped_since_last
 
     for ns in namespaces:
@@ -151,6 +158,7 @@ def run_side(side: str, n: int, w: int, h: int, rate: str, seconds: float, backe
         "frames_per_s": published[0] / span if span else 0.0,
         "added_ms_p50": pct(added, 50), "added_ms_p99": pct(added, 99),
         "e2e_ms_p50": pct(e2e, 50), "e2e_ms_p99": pct(e2e, 99),
+        "age_at_publish_ms_p50": pct(ages, 50), "age_at_publish_ms_p99": pct(ages, 99),
         "nodes_cpu_pct": cpu_pct, "nodes_rss_mb_max": max((s[2] for s in samples), default=float("nan")),
         "node_stopped": [next((ln.split("stopped: ")[1].strip() for ln in log if "stopped: " in ln), "")
                          for log in logs],
@@ -188,7 +196,8 @@ def main() -> int:
     for side in ("batched", "separate"):
         rs = [r for r in results if r["side"] == side]
         print(f"{side}: " + "; ".join(
-            f"run {r['run']}: added p50 {r['added_ms_p50']:.2f} p99 {r['added_ms_p99']:.2f} ms, e2e p50 "
+            f"run {r['run']}: added p50 {r['added_ms_p50']:.2f} p99 {r['added_ms_p99']:.2f} ms, age at publish "
+            f"p50 {r['age_at_publish_ms_p50']:.2f} p99 {r['age_at_publish_ms_p99']:.2f} ms, e2e p50 "
             f"{r['e2e_ms_p50']:.2f} p99 {r['e2e_ms_p99']:.2f} ms, {r['frames_per_s']:.1f} frames/s, "
             f"sent {r['sent']} published {r['published_frames']} dropped {r['dropped']}, cpu "
             f"{r['nodes_cpu_pct']:.0f}%, rss {r['nodes_rss_mb_max']:.0f} MB" for r in rs))
