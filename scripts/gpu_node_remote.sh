@@ -13,6 +13,9 @@
 #   latency   config/default.yaml on cuda, 1280x720 and 1920x1080 bgr8 at 30 Hz, restamped:
 #             end-to-end and node-added latency, fps, drops, RSS and GPU memory (3 x 10 s)
 #   startup   process start -> first tensor received, empty kernel cache then cached (3 x)
+#   batch     4 cameras 1920x1080 bgr8 at 30 Hz (4 players, phases not aligned) -> one node
+#             with 4 inputs (TensorBatch 4x3x640x640) vs 4 single-camera nodes, cuda;
+#             node-added and end-to-end latency per side (2 x 10 s, interleaved)
 # Logs: $OUT/<scenario>.log; recorded bags of the first three as $OUT/<scenario>_bag.tar
 # (compare with an offline CPU replay here: scripts/compare_bags.py); JSON per run.
 set -uo pipefail
@@ -74,6 +77,41 @@ latency_run() {  # size trial
     echo "$size trial $i: $(cat "/tmp/play_$tag.log" | head -1); $(grep -h '^latency' "/tmp/rec_$tag.log"); node $mem; $(grep -o 'stopped:.*' "/tmp/node_$tag.log")"
     rm -rf "/tmp/rec_$tag"
 }
+batch_run() {  # side trial: one batched node, or 4 single-camera nodes, 4 cameras
+    local side=$1 i=$2 tag="batch_${1}_$2" pids=() recs=() plays=() k
+    local net=(-p backend:=cuda -p network_image_width:=640 -p network_image_height:=640)
+    if [[ $side == batched ]]; then
+        "$NODE" --ros-args -r __ns:=/bb --params-file config/default.yaml "${net[@]}" \
+            -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]" >"/tmp/node_$tag.log" 2>&1 &
+        pids+=($!)
+        "$CLI" record "/dev/shm/rec_$tag" --batch --tensor-topic /bb/tensor --timing-topic /bb/timing \
+            --duration 13 --json "$OUT/${tag}.json" >"/tmp/rec_$tag.log" 2>&1 &
+        recs+=($!)
+    else
+        for k in 0 1 2 3; do
+            "$NODE" --ros-args -r __ns:=/bs$k --params-file config/default.yaml "${net[@]}" >"/tmp/node_${tag}_$k.log" 2>&1 &
+            pids+=($!)
+            "$CLI" record "/dev/shm/rec_${tag}_$k" --tensor-topic /bs$k/tensor --timing-topic /bs$k/timing \
+                --duration 13 --json "$OUT/${tag}_$k.json" >"/tmp/rec_${tag}_$k.log" 2>&1 &
+            recs+=($!)
+        done
+    fi
+    for k in 0 1 2 3; do
+        local topic=/bb/cam$k/image; [[ $side == separate ]] && topic=/bs$k/image
+        "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp --duration 10 --image-topic "$topic" \
+            --camera-info-topic "${topic%/image}/camera_info" --wait-subscribers 1 >"/tmp/play_${tag}_$k.log" 2>&1 &
+        plays+=($!)
+        sleep 0.0$((RANDOM % 9))  # phases not aligned
+    done
+    sleep 6; local mem=""; for k in "${pids[@]}"; do mem="$mem [$(rss_gpu "$k")]"; done
+    wait "${plays[@]}" "${recs[@]}"
+    kill -TERM "${pids[@]}"; wait "${pids[@]}"
+    echo "$side trial $i: $(cat /tmp/play_${tag}_*.log | grep -o 'play: [0-9]* images' | tr '\n' ' ')"
+    grep -h '^latency' /tmp/rec_${tag}*.log | sed "s/^/  $side: /"
+    grep -ho 'stopped:.*' /tmp/node_${tag}*.log | sed "s/^/  $side node /"
+    echo "  $side nodes:$mem"
+    rm -rf /dev/shm/rec_${tag}*
+}
 startup_run() {  # label
     local tag="start_$1"
     rm -rf "/tmp/rec_$tag"
@@ -103,6 +141,7 @@ for sc in "${SCENARIOS[@]}"; do
         retry)    fault_run retry VISION_PREPROC_INJECT_CUDA_FAULT=40:transient retry ;;
         exit)     fault_run exit VISION_PREPROC_INJECT_CUDA_FAULT=40 exit ;;
         latency)  for size in 1280x720 1920x1080; do for i in 1 2 3; do latency_run "$size" "$i"; done; done 2>&1 | tee "$OUT/latency.log" ;;
+        batch)    for i in 1 2; do batch_run batched "$i"; batch_run separate "$i"; done 2>&1 | tee "$OUT/batch.log" ;;
         startup)  { for i in 1 2 3; do rm -rf "$VISION_PREPROC_KERNEL_CACHE"; startup_run "cold$i"; startup_run "warm$i"; done; } 2>&1 | tee "$OUT/startup.log" ;;
         *) echo "unknown scenario $sc"; exit 2 ;;
     esac

@@ -110,8 +110,11 @@ mod tests {
 pub struct RecordOptions {
     /// The bag folder to create (it must not exist).
     pub output: std::path::PathBuf,
-    /// The tensor topic (`vision_preproc_msgs/msg/Tensor`).
+    /// The tensor topic (`vision_preproc_msgs/msg/Tensor`, or `TensorBatch` with `batch`).
     pub tensor_topic: String,
+    /// The node has 2+ `inputs`: record `TensorBatch` (end-to-end latency per valid, not
+    /// repeated item, from its own stamp).
+    pub batch: bool,
     /// The timing topic (`vision_preproc_msgs/msg/FrameTiming`).
     pub timing_topic: String,
     /// Stop after this many tensors.

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const TENSOR_TYPE: &str = "vision_preproc_msgs/msg/Tensor";
+const BATCH_TYPE: &str = "vision_preproc_msgs/msg/TensorBatch";
 const TIMING_TYPE: &str = "vision_preproc_msgs/msg/FrameTiming";
 
 fn ros_err(what: &str, e: r2r::Error) -> Error {
@@ -27,7 +28,8 @@ fn now_ns() -> u64 {
 /// Record until `count` tensors arrived, `duration` passed, or SIGINT/SIGTERM.
 pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
     let mut bag = BagWriter::create(&opts.output)?;
-    let tensor_idx = bag.add_topic(&opts.tensor_topic, TENSOR_TYPE)?;
+    let tensor_type = if opts.batch { BATCH_TYPE } else { TENSOR_TYPE };
+    let tensor_idx = bag.add_topic(&opts.tensor_topic, tensor_type)?;
     let timing_idx = bag.add_topic(&opts.timing_topic, TIMING_TYPE)?;
 
     if let Some(p) = super::default_dds_profile() {
@@ -40,7 +42,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
     // while this thread writes the previous one.
     let qos = QosProfile::default().keep_last(50);
     let mut tensors = node
-        .subscribe_raw(&opts.tensor_topic, TENSOR_TYPE, qos.clone())
+        .subscribe_raw(&opts.tensor_topic, tensor_type, qos.clone())
         .map_err(|e| ros_err("subscribing to the tensors", e))?;
     let mut timings = node
         .subscribe_raw(&opts.timing_topic, TIMING_TYPE, qos)
@@ -83,8 +85,18 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
                 let t = now_ns();
                 bag.write(tensor_idx, t, &msg)?;
                 stats.tensors += 1;
-                if let Ok(stamp) = crate::bag::msgs::header_stamp_ns(&msg) {
-                    stats.e2e_ms.push((i128::from(t) - i128::from(stamp)) as f64 / 1e6);
+                let ms = |stamp: i64| (i128::from(t) - i128::from(stamp)) as f64 / 1e6;
+                if opts.batch {
+                    if let Ok(b) = crate::bag::msgs::TensorBatch::decode(&msg) {
+                        for it in b.items.iter().filter(|i| i.valid && !i.repeated) {
+                            let h = &it.header;
+                            stats
+                                .e2e_ms
+                                .push(ms(i64::from(h.sec) * 1_000_000_000 + i64::from(h.nanosec)));
+                        }
+                    }
+                } else if let Ok(stamp) = crate::bag::msgs::header_stamp_ns(&msg) {
+                    stats.e2e_ms.push(ms(stamp));
                 }
                 let (first, _) = stats.first_last_ns.unwrap_or((t, t));
                 stats.first_last_ns = Some((first, t));

@@ -15,6 +15,10 @@ pub struct RecordArgs {
     /// Tensor topic to record.
     #[arg(long, default_value = "tensor")]
     pub tensor_topic: String,
+    /// The node has 2+ `inputs`: the tensor topic carries `TensorBatch` (end-to-end
+    /// latency then per valid, not repeated item).
+    #[arg(long)]
+    pub batch: bool,
     /// FrameTiming topic to record.
     #[arg(long, default_value = "timing")]
     pub timing_topic: String,
@@ -41,6 +45,7 @@ pub fn run(a: RecordArgs) -> Result<()> {
     let stats = record(&RecordOptions {
         output: a.output.clone(),
         tensor_topic: a.tensor_topic.clone(),
+        batch: a.batch,
         timing_topic: a.timing_topic.clone(),
         count: a.count,
         duration: match a.duration {
