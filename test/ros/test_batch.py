@@ -7,7 +7,9 @@ item; one input topic behaves like the single-camera node. Small frames, short r
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -354,3 +356,41 @@ def test_the_shared_memory_segment_holds_the_whole_batch(tmp_path: Path) -> None
     # 4 x (640*640*3*4 = 4,915,200 + 4096) bytes, 4 samples: 75.1 MiB -> 76 MiB.
     assert "own shared-memory segment of 76 MiB (4 samples of the largest output, 19677184 bytes" in out, out
     assert "tensors will travel over UDP" not in out, out
+
+
+def test_record_batch_writes_the_batches_and_their_latency(tmp_path: Path) -> None:
+    """`vision_preproc record --batch` (the Rust subscriber the GPU machine's benchmark
+    uses) records a batched node's TensorBatch messages, readable by rosbags, with one
+    end-to-end sample per valid item: two `play` cameras -> node with 2 inputs -> record."""
+    from vptools import BIN_DIR
+    from vptools.bags import read_outputs
+
+    ns = "/batch_record"
+    cli = str(BIN_DIR / "vision_preproc")
+    sample = Path(os.environ["VISION_PREPROC_ROOT"]) / ".ros" / "sample_bag"
+    params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", f"network_image_width:={NET_W}",
+              "-p", f"network_image_height:={NET_H}", "-p", "inputs:=[cam0/image, cam1/image]"]
+    with NodeProcess(params, log=tmp_path / "node.log"):
+        rec = subprocess.Popen([cli, "record", str(tmp_path / "rec"), "--batch", "--tensor-topic", f"{ns}/tensor",
+                                "--timing-topic", f"{ns}/timing", "--count", "6", "--duration", "40",
+                                "--json", str(tmp_path / "rec.json")], stdout=subprocess.PIPE, text=True)
+        plays = [subprocess.Popen([cli, "play", str(sample), "--loop", "--restamp", "--duration", "30",
+                                   "--image-topic", f"{ns}/cam{k}/image", "--camera-info-topic",
+                                   f"{ns}/cam{k}/camera_info", "--wait-subscribers", "1"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for k in (0, 1)]
+        try:
+            out, _ = rec.communicate(timeout=60)
+        finally:
+            for p in plays:
+                p.terminate()
+                p.wait(timeout=10)
+    assert rec.returncode == 0, out
+    batches, timings = read_outputs(tmp_path / "rec")
+    assert len(batches) >= 6 and timings, out
+    for b in batches:
+        assert [int(x) for x in b.shape] == [2, 3, NET_H, NET_W]
+        assert [it.topic for it in b.items] == [f"{ns}/cam0/image", f"{ns}/cam1/image"]
+    summary = json.loads((tmp_path / "rec.json").read_text())
+    fresh = sum(1 for b in batches for it in b.items if it.valid and not it.repeated)
+    assert len(summary["e2e_ms"]) == fresh > 0, summary.keys()
+    assert 0 < summary["e2e_ms_p50"] < 5000
