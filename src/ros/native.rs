@@ -218,7 +218,9 @@ impl RosArgs {
         }
         // SAFETY: `params` points to a valid rcl_params_t (see above); its arrays hold
         // `num_nodes` entries, each with `num_params` names and values; strings are
-        // NUL-terminated; only read here, before the fini below.
+        // NUL-terminated; a non-null value pointer (integer, string array) points to a
+        // value rcl allocated (a string array's `size` is its element count); only read
+        // here, before the fini below.
         unsafe {
             let p = &*params;
             if !p.params.is_null() {
