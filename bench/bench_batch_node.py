@@ -37,12 +37,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "python"))
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.randint(150, 230)))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
-import bench_node  # noqa: E402  (its profile, bags, /proc sampling, percentiles)
+import bench_node  # noqa: E402  (this script's folder: its profile, bags, /proc sampling, percentiles)
 from bench_node import bag_for, interrupt, pct, proc_sample, save  # noqa: E402
 
 BIN = ROOT / "target" / "release"
