@@ -172,6 +172,14 @@ pub struct PreprocessParams {
 }
 
 impl PreprocessParams {
+    /// Take the per-frame fields of the source from `image` (an operation is cached per
+    /// frame size; the step, encoding and byte order may change from frame to frame).
+    pub fn set_source(&mut self, image: &crate::image::ImageView<'_>) {
+        self.src_step = image.step();
+        self.encoding = image.encoding() as u32;
+        self.big_endian = u32::from(image.big_endian());
+    }
+
     /// The output tensor this operation writes.
     pub fn tensor_desc(&self) -> TensorDesc {
         TensorDesc {

@@ -265,9 +265,7 @@ impl Pipeline {
         };
         let (_, geometry, op) = self.cached.insert(entry);
         // Per-frame fields of the source (same size, maybe another encoding or step).
-        op.params.src_step = image.step();
-        op.params.encoding = image.encoding() as u32;
-        op.params.big_endian = u32::from(image.big_endian());
+        op.params.set_source(image);
         let (desc, geometry) = (op.params.tensor_desc(), geometry.clone());
         let cdr = TensorCdr::new(&TensorFields {
             header,
@@ -338,9 +336,7 @@ impl Pipeline {
                 },
             };
             let (_, g, op) = self.batch_cached[i].insert(entry);
-            op.params.src_step = image.step();
-            op.params.encoding = image.encoding() as u32;
-            op.params.big_endian = u32::from(image.big_endian());
+            op.params.set_source(image);
             geometries.push(Some(g.clone()));
             images.push(Some(image));
         }

@@ -80,8 +80,6 @@ struct BatchEntry {
     /// See [`EVENTS`].
     events: Vec<CudaEvent>,
     in_flight: Option<BatchInFlight>,
-    /// Bytes of the tensors of the last batch finished on this entry.
-    last_total: Option<usize>,
 }
 
 struct BatchInFlight {
@@ -111,7 +109,7 @@ impl CudaBackend {
         self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
         let target = self.direct_target(out);
         let result = self.batch_submit(slots, conv, target);
-        let result = result.and_then(|()| self.batch_finish(Some(out)));
+        let result = result.and_then(|()| self.batch_finish(Some(out)).map(|(times, _, _)| times));
         if result.is_err() {
             self.batch_abandon();
         }
@@ -147,7 +145,7 @@ impl CudaBackend {
     /// events, from when it started the batch).
     pub fn finish_batch(&mut self, out: &mut [u8]) -> Result<StageTimes> {
         self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
-        let result = self.batch_finish(Some(out));
+        let result = self.batch_finish(Some(out)).map(|(times, _, _)| times);
         if result.is_err() {
             self.batch_abandon();
         }
@@ -158,17 +156,14 @@ impl CudaBackend {
     /// left them (this batch's pinned output), valid until the next `submit_batch`.
     pub fn finish_batch_view(&mut self) -> Result<(StageTimes, &[u8])> {
         self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
-        let r = self.batch.queue.front().copied();
-        let times = match self.batch_finish(None) {
-            Ok(t) => t,
+        let (times, r, total) = match self.batch_finish(None) {
+            Ok(done) => done,
             Err(e) => {
                 self.batch_abandon();
                 return Err(e);
             }
         };
-        let entry = r.and_then(|r| self.batch.ring.get(r));
-        let total = entry.and_then(|e| e.last_total).unwrap_or(0);
-        match entry.and_then(|e| e.out_host.as_ref()) {
+        match self.batch.ring.get(r).and_then(|e| e.out_host.as_ref()) {
             // SAFETY: the batch's last event has completed, and the next write to this
             // buffer is queued by a later submit_batch, which needs `&mut self`, so not
             // while the returned borrow lives.
@@ -214,7 +209,6 @@ impl CudaBackend {
                     out_host: None,
                     events,
                     in_flight: None,
-                    last_total: None,
                 });
             }
         }
@@ -252,7 +246,7 @@ impl CudaBackend {
         // cross-stream wait would only add the kernel's launch latency (~5 us on the
         // H200) with nothing to overlap.
         let overlap = !self.batch.queue.is_empty();
-        let copy = if overlap { self.copy.clone() } else { stream.clone() };
+        let up = if overlap { self.copy.clone() } else { stream.clone() };
         let cu_stream = stream.cu_stream();
         let b = &mut self.batch;
         b.maps.resize_with(n.max(b.maps.len()), DeviceBuffer::default);
@@ -343,9 +337,9 @@ impl CudaBackend {
         }
         let host_us = t.elapsed().as_secs_f32() * 1e6;
 
-        // Uploads on the copy stream (mapped: the kernel reads the pinned frames where the
-        // CPU wrote them).
-        ev(e, 0, &copy)?;
+        // Uploads on `up` (mapped: the kernel reads the pinned frames where the CPU wrote
+        // them).
+        ev(e, 0, &up)?;
         for (i, slot) in slots.iter().enumerate() {
             let Some(image) = slot.image else { continue };
             let len = image.data().len();
@@ -355,12 +349,12 @@ impl CudaBackend {
             rows[i].src = match input.device_ptr() {
                 Some(d) => d,
                 None => {
-                    let d = e.src[i].ensure(&copy, len + SRC_SLACK, "the frame")?;
+                    let d = e.src[i].ensure(&up, len + SRC_SLACK, "the frame")?;
                     // SAFETY: the pinned source holds len staged bytes and stays alive and
                     // untouched until the batch's last event completes; d (this entry's,
                     // free) has len bytes.
                     unsafe {
-                        sys::cuMemcpyHtoDAsync_v2(d, input.host_ptr().cast(), len, copy.cu_stream())
+                        sys::cuMemcpyHtoDAsync_v2(d, input.host_ptr().cast(), len, up.cu_stream())
                     }
                     .result()
                     .map_err(|err| {
@@ -425,7 +419,7 @@ impl CudaBackend {
             let bytes = std::slice::from_raw_parts(rows.as_ptr().cast::<u8>(), table_len);
             table_host.host_mut()[..table_len].copy_from_slice(bytes);
         }
-        let table = e.table_dev.ensure(&copy, table_len, "the batch table")?;
+        let table = e.table_dev.ensure(&up, table_len, "the batch table")?;
         // SAFETY: pinned source of table_len bytes, alive and untouched until the batch
         // completes; table (this entry's, free) has table_len bytes.
         unsafe {
@@ -433,12 +427,12 @@ impl CudaBackend {
                 table,
                 table_host.host_ptr().cast(),
                 table_len,
-                copy.cu_stream(),
+                up.cu_stream(),
             )
         }
         .result()
         .map_err(|err| drv_err("uploading the batch table", err))?;
-        ev(e, 1, &copy)?;
+        ev(e, 1, &up)?;
         if overlap {
             stream.wait(&e.events[1]).map_err(|err| drv_err("cuStreamWaitEvent(upload)", err))?;
         }
@@ -509,8 +503,10 @@ impl CudaBackend {
     }
 
     /// Wait for the oldest queued batch; copy the tensors into `out` unless they went
-    /// there directly.
-    fn batch_finish(&mut self, out: Option<&mut [u8]>) -> Result<StageTimes> {
+    /// there directly (or `out` is `None`). Returns its stage times, its ring entry and
+    /// the bytes of its tensors in the entry's pinned output (0 when they went to the
+    /// caller's memory).
+    fn batch_finish(&mut self, out: Option<&mut [u8]>) -> Result<(StageTimes, usize, usize)> {
         let b = &mut self.batch;
         let Some(&r) = b.queue.front() else {
             return Err(drv_err("finish_batch", "no batch in flight").into());
@@ -526,7 +522,6 @@ impl CudaBackend {
         let Some(f) = e.in_flight.take() else {
             return Err(drv_err("finish_batch", "ring entry without a batch").into());
         };
-        e.last_total = (!f.direct).then_some(f.total);
         let ms = |a: usize, c: usize| -> Result<f32, CudaError> {
             e.events[a].elapsed_ms(&e.events[c]).map_err(|err| drv_err("cuEventElapsedTime", err))
         };
@@ -550,11 +545,12 @@ impl CudaBackend {
             }
             None => {}
         }
-        Ok(StageTimes {
+        let times = StageTimes {
             upload_us: f.host_us + up * 1e3,
             preprocess_us: pre * 1e3,
             conv_us: conv * 1e3,
             download_us: down * 1e3 + t.elapsed().as_secs_f32() * 1e6,
-        })
+        };
+        Ok((times, r, if f.direct { 0 } else { f.total }))
     }
 }

@@ -734,35 +734,30 @@ impl CudaBackend {
         // frame's kernels and download); alone, on the compute stream (a cross-stream wait
         // would only add launch latency).
         let overlap = self.slots.iter().enumerate().any(|(i, x)| i != s && x.in_flight.is_some());
-        let copy = if overlap { self.copy.clone() } else { stream.clone() };
+        let up = if overlap { self.copy.clone() } else { stream.clone() };
         let record = |slot: &Slot, i: usize, on: &CudaStream| {
             slot.events[i].record(on).map_err(|e| drv_err("cuEventRecord", e))
         };
 
         // The upload; on the copy stream, the compute stream waits for its event.
-        record(&self.slots[s], 0, &copy)?;
+        record(&self.slots[s], 0, &up)?;
         let src = match input_dev {
             Some(d) => d,
             None => {
-                let d = self.slots[s].src.ensure(&copy, data.len() + SRC_SLACK, "the frame")?;
+                let d = self.slots[s].src.ensure(&up, data.len() + SRC_SLACK, "the frame")?;
                 // SAFETY: the pinned source holds data.len() staged bytes and stays alive
                 // and untouched until this slot's last event completes; d (this slot's
                 // own device frame, free: retire(s) waited for its last use) has at least
                 // data.len() bytes.
                 unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(
-                        d,
-                        input_host as *const _,
-                        data.len(),
-                        copy.cu_stream(),
-                    )
+                    sys::cuMemcpyHtoDAsync_v2(d, input_host as *const _, data.len(), up.cu_stream())
                 }
                 .result()
                 .map_err(|e| drv_err(format!("uploading {} frame bytes", data.len()), e))?;
                 d
             }
         };
-        record(&self.slots[s], 1, &copy)?;
+        record(&self.slots[s], 1, &up)?;
         if overlap {
             stream
                 .wait(&self.slots[s].events[1])

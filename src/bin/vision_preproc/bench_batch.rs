@@ -14,7 +14,8 @@
 //! `submit`, two in flight, the copy stream uploading batch k+1 while batch k computes
 //! and downloads): the highest rate of the pipelined batch, and of one camera pipelined
 //! against one camera synchronous; with the byte ledger (H2D and D2H bytes per batch)
-//! and the rate each copy's own event time allows (the roof of the pipelined batch).
+//! and the rate the PCIe link allows for those bytes, measured in the same run
+//! (`CudaBackend::link_rates`: the roof of both sides).
 //!
 //! Frames are synthetic (the work does not depend on pixel values), one per camera.
 
@@ -345,9 +346,7 @@ fn pipelined(
         .map(|v| -> Result<PreprocessOp> {
             let g = Geometry::resolve(cfg, v.width(), v.height())?;
             let mut op = preprocess_op(cfg, &g);
-            op.params.src_step = v.step();
-            op.params.encoding = v.encoding() as u32;
-            op.params.big_endian = u32::from(v.big_endian());
+            op.params.set_source(v);
             Ok(op)
         })
         .collect::<Result<_>>()?;
