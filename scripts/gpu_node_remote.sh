@@ -16,6 +16,12 @@
 #   batch     4 cameras 1920x1080 bgr8 at 30 Hz (4 players, phases not aligned) -> one node
 #             with 4 inputs (TensorBatch 4x3x640x640) vs 4 single-camera nodes, cuda;
 #             node-added and end-to-end latency per side (2 x 10 s, interleaved)
+#   batchmax  the same two sides, the cameras at 30, 60, 120, 180, 240 Hz and as fast as
+#             they can (play --max), 6 s each: frames sent / received / published / dropped
+#             per side and rate (the highest rate without drops), and published frames/s at
+#             --max (the highest sustained rate); `record --count-only` as the subscribers
+#             (SWEEP_RATES="1 2": fewer rates; SWEEP_BACKEND=cpu: a dry run of the script
+#             on a machine without a GPU)
 # Logs: $OUT/<scenario>.log; recorded bags of the first three as $OUT/<scenario>_bag.tar
 # (compare with an offline CPU replay here: scripts/compare_bags.py); JSON per run.
 set -uo pipefail
@@ -85,14 +91,14 @@ batch_run() {  # side trial: one batched node, or 4 single-camera nodes, 4 camer
             -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]" >"/tmp/node_$tag.log" 2>&1 &
         pids+=($!)
         "$CLI" record "/dev/shm/rec_$tag" --batch --tensor-topic /bb/tensor --timing-topic /bb/timing \
-            --duration 13 --json "$OUT/${tag}.json" >"/tmp/rec_$tag.log" 2>&1 &
+            --duration 60 --json "$OUT/${tag}.json" >"/tmp/rec_$tag.log" 2>&1 &
         recs+=($!)
     else
         for k in 0 1 2 3; do
             "$NODE" --ros-args -r __ns:=/bs$k --params-file config/default.yaml "${net[@]}" >"/tmp/node_${tag}_$k.log" 2>&1 &
             pids+=($!)
             "$CLI" record "/dev/shm/rec_${tag}_$k" --tensor-topic /bs$k/tensor --timing-topic /bs$k/timing \
-                --duration 13 --json "$OUT/${tag}_$k.json" >"/tmp/rec_${tag}_$k.log" 2>&1 &
+                --duration 60 --json "$OUT/${tag}_$k.json" >"/tmp/rec_${tag}_$k.log" 2>&1 &
             recs+=($!)
         done
     fi
@@ -104,13 +110,85 @@ batch_run() {  # side trial: one batched node, or 4 single-camera nodes, 4 camer
         sleep 0.0$((RANDOM % 9))  # phases not aligned
     done
     sleep 6; local mem=""; for k in "${pids[@]}"; do mem="$mem [$(rss_gpu "$k")]"; done
-    wait "${plays[@]}" "${recs[@]}"
+    wait "${plays[@]}"; sleep 1; kill -TERM "${recs[@]}" 2>/dev/null; wait "${recs[@]}"
     kill -TERM "${pids[@]}"; wait "${pids[@]}"
     echo "$side trial $i: $(cat /tmp/play_${tag}_*.log | grep -o 'play: [0-9]* images' | tr '\n' ' ')"
     grep -h '^latency' /tmp/rec_${tag}*.log | sed "s/^/  $side: /"
     grep -ho 'stopped:.*' /tmp/node_${tag}*.log | sed "s/^/  $side node /"
     echo "  $side nodes:$mem"
     rm -rf /dev/shm/rec_${tag}*
+}
+warm_up() {  # once: the first node on a fresh machine spends ~18 s opening the backend
+    # (NVRTC's first use on the VM), which would eat into the first trial
+    [[ -n ${WARMED:-} ]] && return; WARMED=1
+    "$NODE" --ros-args -r __ns:=/warmup -p backend:="${SWEEP_BACKEND:-cuda}" >/tmp/node_warmup.log 2>&1 &
+    local pid=$! t
+    for t in $(seq 600); do grep -q "backend ${SWEEP_BACKEND:-cuda}" /tmp/node_warmup.log && break; sleep 0.1; done
+    echo "warm-up: node backend open after ~$((t / 10)) s"
+    kill -TERM "$pid"; wait "$pid"
+}
+stop_or_kill() {  # what pid...: wait up to 15 s for each (already sent SIGTERM), then SIGKILL
+    local what=$1 pid t; shift
+    for pid in "$@"; do
+        for t in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then
+            echo "  $what $pid did not exit 15 s after SIGTERM: killed"; kill -KILL "$pid"; status=1
+        fi
+        wait "$pid"
+    done
+}
+sweep_run() {  # side rate (multiple of the bag's 30 Hz, or max): one 6 s trial
+    local side=$1 rate=$2 tag="sweep_${1}_$2" pids=() recs=() plays=() k
+    local net=(-p backend:="${SWEEP_BACKEND:-cuda}" -p network_image_width:=640 -p network_image_height:=640)
+    local pace=(--rate "$rate"); [[ $rate == max ]] && pace=(--max)
+    if [[ $side == batched ]]; then
+        "$NODE" --ros-args -r __ns:=/wb --params-file config/default.yaml "${net[@]}" \
+            -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]" >"/tmp/node_$tag.log" 2>&1 &
+        pids+=($!)
+        "$CLI" record --count-only --batch --tensor-topic /wb/tensor --timing-topic /wb/timing \
+            --duration 60 --json "$OUT/${tag}.json" >"/tmp/rec_$tag.log" 2>&1 &
+        recs+=($!)
+    else
+        for k in 0 1 2 3; do
+            "$NODE" --ros-args -r __ns:=/ws$k --params-file config/default.yaml "${net[@]}" >"/tmp/node_${tag}_$k.log" 2>&1 &
+            pids+=($!)
+            "$CLI" record --count-only --tensor-topic /ws$k/tensor --timing-topic /ws$k/timing \
+                --duration 60 --json "$OUT/${tag}_$k.json" >"/tmp/rec_${tag}_$k.log" 2>&1 &
+            recs+=($!)
+        done
+    fi
+    for k in 0 1 2 3; do
+        local topic=/wb/cam$k/image; [[ $side == separate ]] && topic=/ws$k/image
+        timeout 60 "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp --duration 6 "${pace[@]}" --image-topic "$topic" \
+            --camera-info-topic "${topic%/image}/camera_info" --wait-subscribers 1 >"/tmp/play_${tag}_$k.log" 2>&1 &
+        plays+=($!)
+        sleep 0.0$((RANDOM % 9))  # phases not aligned
+    done
+    # The subscribers stop after the players and the nodes (their --duration is only a
+    # bound: the first node on a freshly started GPU machine spends ~6 s in NVRTC).
+    wait "${plays[@]}"; sleep 1
+    kill -TERM "${pids[@]}"; stop_or_kill node "${pids[@]}"
+    kill -TERM "${recs[@]}" 2>/dev/null; stop_or_kill subscriber "${recs[@]}"
+    cp /tmp/node_${tag}*.log /tmp/rec_${tag}*.log /tmp/play_${tag}_*.log "$OUT/" 2>/dev/null
+    python3 - "$side" "$rate" /tmp/play_${tag}_*.log -- /tmp/node_${tag}*.log -- /tmp/rec_${tag}*.log <<'PY'
+import re, sys
+side, rate, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+i = rest.index("--"); j = rest.index("--", i + 1)
+plays, nodes, recs = rest[:i], rest[i + 1:j], rest[j + 1:]
+sent = sum(int(m) for f in plays for m in re.findall(r"play: (\d+) images", open(f).read()))
+tot = {"received": 0, "published": 0, "dropped": 0, "rejected": 0, "failed": 0}
+for f in nodes:
+    m = re.search(r"stopped: (\d+) frames received, (\d+) published, (\d+) dropped.*?(\d+) rejected.*?(\d+) failed", open(f).read())
+    for k, v in zip(tot, m.groups() if m else [0] * 5):
+        tot[k] += int(v)
+lat = [re.search(r"node-added p50 ([\d.na]+) ms, p99 ([\d.na]+) ms; ([\d.]+) tensors/s", open(f).read(), re.I) for f in recs]
+added = " ".join(f"{m.group(1)}/{m.group(2)}" if m else "?" for m in lat)
+tps = sum(float(m.group(3)) for m in lat if m)
+hz = "max" if rate == "max" else f"{30 * float(rate):g} Hz"
+print(f"sweep {side} {hz}: sent {sent}, received {tot['received']}, published {tot['published']}, "
+      f"dropped {tot['dropped']}, rejected {tot['rejected']}, failed {tot['failed']}; "
+      f"published {tot['published'] / 6:.0f} frames/s; subscribers {tps:.1f} tensors/s; node-added p50/p99 ms {added}")
+PY
 }
 startup_run() {  # label
     local tag="start_$1"
@@ -141,7 +219,8 @@ for sc in "${SCENARIOS[@]}"; do
         retry)    fault_run retry VISION_PREPROC_INJECT_CUDA_FAULT=40:transient retry ;;
         exit)     fault_run exit VISION_PREPROC_INJECT_CUDA_FAULT=40 exit ;;
         latency)  for size in 1280x720 1920x1080; do for i in 1 2 3; do latency_run "$size" "$i"; done; done 2>&1 | tee "$OUT/latency.log" ;;
-        batch)    for i in 1 2; do batch_run batched "$i"; batch_run separate "$i"; done 2>&1 | tee "$OUT/batch.log" ;;
+        batch)    warm_up; for i in 1 2; do batch_run batched "$i"; batch_run separate "$i"; done 2>&1 | tee "$OUT/batch.log" ;;
+        batchmax) warm_up; for rate in ${SWEEP_RATES:-1 2 4 6 8 max}; do sweep_run batched "$rate"; sweep_run separate "$rate"; done 2>&1 | tee "$OUT/batchmax.log" ;;
         startup)  { for i in 1 2 3; do rm -rf "$VISION_PREPROC_KERNEL_CACHE"; startup_run "cold$i"; startup_run "warm$i"; done; } 2>&1 | tee "$OUT/startup.log" ;;
         *) echo "unknown scenario $sc"; exit 2 ;;
     esac

@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,40 @@ from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
 
 RELIABLE = QoSProfile(reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST, depth=10)
 BEST_EFFORT = qos_profile_sensor_data
+
+
+PUBLISHER = ROOT / "bench" / "rclpy_publisher.py"
+PROFILE = ROOT / "config" / "fastdds_large_frames.xml"
+
+
+def stock_env(profile: bool = False) -> dict:
+    """This process's environment for a camera or node: without a Fast DDS profile unless
+    `profile` (then the shipped camera profile)."""
+    env = {k: v for k, v in os.environ.items() if k != "FASTDDS_DEFAULT_PROFILES_FILE"}
+    if profile:
+        env["FASTDDS_DEFAULT_PROFILES_FILE"] = str(PROFILE)
+    return env
+
+
+class Camera:
+    """bench/rclpy_publisher.py in its own process (a stock camera: no Fast DDS profile
+    unless `profile`), publishing on `<ns>/image`."""
+
+    def __init__(self, ns: str, *args: str, profile: bool = False, frame_id: str = "camera"):
+        self.cmd = [sys.executable, str(PUBLISHER), "--topic", f"{ns}/image", "--frame-id", frame_id, *args]
+        self.proc = subprocess.Popen(self.cmd, env=stock_env(profile), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+
+    def sent(self, timeout: float = 60.0) -> int:
+        out, _ = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, out
+        assert "play: " in out, out
+        return int(out.split("play: ")[1].split(" images")[0])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
 
 
 def image_msg(pixels: np.ndarray, encoding: str, stamp_ns: int, frame_id: str, step_pad: int = 0) -> Image:

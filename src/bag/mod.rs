@@ -108,8 +108,10 @@ mod tests {
 /// What to record and for how long (`vision_preproc record`).
 #[derive(Debug, Clone)]
 pub struct RecordOptions {
-    /// The bag folder to create (it must not exist).
-    pub output: std::path::PathBuf,
+    /// The bag folder to create (it must not exist); `None`: write nothing, only count
+    /// and time what arrives (`record --count-only`, for rate sweeps where writing
+    /// gigabytes a second would be the bottleneck).
+    pub output: Option<std::path::PathBuf>,
     /// The tensor topic (`vision_preproc_msgs/msg/Tensor`, or `TensorBatch` with `batch`).
     pub tensor_topic: String,
     /// The node has 2+ `inputs`: record `TensorBatch` (end-to-end latency per valid, not
@@ -128,12 +130,12 @@ pub struct RecordOptions {
 /// What `record` wrote.
 #[derive(Debug, Clone, Default)]
 pub struct RecordStats {
-    /// Tensors written.
+    /// Tensors received (and written, with an output).
     pub tensors: u64,
-    /// Timings written.
+    /// Timings received (and written, with an output).
     pub timings: u64,
-    /// The MCAP file.
-    pub output: std::path::PathBuf,
+    /// The MCAP file (`None` with `--count-only`).
+    pub output: Option<std::path::PathBuf>,
     /// Per tensor: receive time minus header stamp, ms (the end-to-end latency when the
     /// publisher stamped frames with the publish time, `play --restamp`).
     pub e2e_ms: Vec<f64>,

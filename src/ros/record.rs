@@ -27,10 +27,17 @@ fn now_ns() -> u64 {
 
 /// Record until `count` tensors arrived, `duration` passed, or SIGINT/SIGTERM.
 pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
-    let mut bag = BagWriter::create(&opts.output)?;
     let tensor_type = if opts.batch { BATCH_TYPE } else { TENSOR_TYPE };
-    let tensor_idx = bag.add_topic(&opts.tensor_topic, tensor_type)?;
-    let timing_idx = bag.add_topic(&opts.timing_topic, TIMING_TYPE)?;
+    // (writer, tensor topic index, timing topic index); none with `--count-only`.
+    let mut bag = match &opts.output {
+        Some(path) => {
+            let mut bag = BagWriter::create(path)?;
+            let tensor_idx = bag.add_topic(&opts.tensor_topic, tensor_type)?;
+            let timing_idx = bag.add_topic(&opts.timing_topic, TIMING_TYPE)?;
+            Some((bag, tensor_idx, timing_idx))
+        }
+        None => None,
+    };
 
     if let Some(p) = super::default_dds_profile() {
         std::env::set_var("FASTDDS_DEFAULT_PROFILES_FILE", p);
@@ -83,7 +90,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
             let mut progressed = false;
             if let Some(Some(msg)) = tensors.next().now_or_never() {
                 let t = now_ns();
-                bag.write(tensor_idx, t, &msg)?;
+                if let Some((bag, tensor_idx, _)) = bag.as_mut() {
+                    bag.write(*tensor_idx, t, &msg)?;
+                }
                 stats.tensors += 1;
                 let ms = |stamp: i64| (i128::from(t) - i128::from(stamp)) as f64 / 1e6;
                 if opts.batch {
@@ -103,7 +112,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
                 progressed = true;
             }
             if let Some(Some(msg)) = timings.next().now_or_never() {
-                bag.write(timing_idx, now_ns(), &msg)?;
+                if let Some((bag, _, timing_idx)) = bag.as_mut() {
+                    bag.write(*timing_idx, now_ns(), &msg)?;
+                }
                 stats.timings += 1;
                 if let Ok(timing) = crate::bag::msgs::FrameTiming::decode(&msg) {
                     stats.node_ms.push(f64::from(timing.stages_us[4]) / 1e3);
@@ -123,7 +134,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
             }
         }
     }
-    stats.output = bag.finish()?;
+    stats.output = match bag {
+        Some((bag, _, _)) => Some(bag.finish()?),
+        None => None,
+    };
     Ok(stats)
 }
 

@@ -374,12 +374,19 @@ def test_record_batch_writes_the_batches_and_their_latency(tmp_path: Path) -> No
         rec = subprocess.Popen([cli, "record", str(tmp_path / "rec"), "--batch", "--tensor-topic", f"{ns}/tensor",
                                 "--timing-topic", f"{ns}/timing", "--count", "6", "--duration", "40",
                                 "--json", str(tmp_path / "rec.json")], stdout=subprocess.PIPE, text=True)
+        # The same subscriber writing nothing (the GPU machine's rate sweep): it counts and
+        # times the same batches.
+        counter = subprocess.Popen([cli, "record", "--count-only", "--batch", "--tensor-topic", f"{ns}/tensor",
+                                    "--timing-topic", f"{ns}/timing", "--count", "6", "--duration", "40",
+                                    "--json", str(tmp_path / "count.json")], stdout=subprocess.PIPE, text=True,
+                                   cwd=tmp_path)
         plays = [subprocess.Popen([cli, "play", str(sample), "--loop", "--restamp", "--duration", "30",
                                    "--image-topic", f"{ns}/cam{k}/image", "--camera-info-topic",
                                    f"{ns}/cam{k}/camera_info", "--wait-subscribers", "1"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for k in (0, 1)]
         try:
             out, _ = rec.communicate(timeout=60)
+            counted, _ = counter.communicate(timeout=60)
         finally:
             for p in plays:
                 p.terminate()
@@ -394,3 +401,82 @@ def test_record_batch_writes_the_batches_and_their_latency(tmp_path: Path) -> No
     fresh = sum(1 for b in batches for it in b.items if it.valid and not it.repeated)
     assert len(summary["e2e_ms"]) == fresh > 0, summary.keys()
     assert 0 < summary["e2e_ms_p50"] < 5000
+    assert counter.returncode == 0, counted
+    assert "6 tensors" in counted and "nothing written" in counted, counted
+    counts = json.loads((tmp_path / "count.json").read_text())
+    assert counts["tensors"] == 6 and len(counts["e2e_ms"]) >= 6, counts.keys()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["count.json", "node.log", "rec", "rec.json"]
+
+
+def test_stock_1080p_cameras_into_a_batched_node_from_a_shared_params_file(tmp_path: Path) -> None:
+    """As a new user would run it: the batched node's `inputs` from a `/**` section of a
+    shared parameters file, two stock camera processes (no Fast DDS profile, as a driver
+    started without our XML) at 1920x1080 bgr8 with camera_info, one reliable, one best
+    effort; the node without a profile either. `inputs` is read-only and described (what
+    `ros2 param describe` shows); each camera's QoS follows its publisher (input_qos
+    auto); the reliable camera's frames reach the batches (item 0 valid, 1080p, letterboxed
+    metadata); the best-effort camera's large frames are lost in Fast DDS, and
+    /diagnostics names that camera and the fix (or, if none arrives, says it is stale)."""
+    from rcl_interfaces.msg import ParameterType
+    from rcl_interfaces.srv import DescribeParameters, GetParameters
+    from vptools.rosharness import Camera, call
+
+    ns = "/batch_stock"
+    params = tmp_path / "robot.yaml"
+    params.write_text(
+        "/**:\n  ros__parameters:\n    use_sim_time: false\n"
+        "vision_preproc:\n  ros__parameters:\n    backend: cpu\n    network_image_width: 64\n"
+        "    network_image_height: 64\n    resize_mode: letterbox\n    inputs: [front/image, rear/image]\n")
+    name = f"{ns.strip('/')}/vision_preproc"
+    with NodeProcess(["-r", f"__ns:={ns}", "--params-file", str(params)],
+                     unset=("FASTDDS_DEFAULT_PROFILES_FILE",), log=tmp_path / "node.log") as node:
+        sub = Cameras(ns, 0)
+        cams: list[Camera] = []
+        try:
+            got = call(sub, GetParameters, f"{ns}/vision_preproc/get_parameters",
+                       GetParameters.Request(names=["inputs"])).values[0]
+            assert list(got.string_array_value) == ["front/image", "rear/image"], got
+            d = call(sub, DescribeParameters, f"{ns}/vision_preproc/describe_parameters",
+                     DescribeParameters.Request(names=["inputs"])).descriptors[0]
+            assert d.type == ParameterType.PARAMETER_STRING_ARRAY and d.read_only, d
+            assert "TensorBatch" in d.description, d.description
+            cams.append(Camera(f"{ns}/front", "--reliable", "--width", "1920", "--height", "1080", "--rate", "5",
+                               "--seconds", "30", "--camera-info", f"{ns}/front/camera_info",
+                               "--wait-subscribers", "1", frame_id="front"))
+            cams.append(Camera(f"{ns}/rear", "--width", "1920", "--height", "1080", "--rate", "30",
+                               "--seconds", "30", "--camera-info", f"{ns}/rear/camera_info",
+                               "--wait-subscribers", "1", frame_id="rear"))
+
+            def front_items() -> list:
+                return [b.items[0] for b in sub.batches if b.items[0].valid and not b.items[0].repeated]
+
+            sub.spin_until(lambda: len(front_items()) >= 5, 40, "5 batches with a frame of the reliable camera")
+            for b in sub.batches:
+                assert [int(x) for x in b.shape] == [2, 3, 64, 64]
+                assert [it.topic for it in b.items] == [f"{ns}/front/image", f"{ns}/rear/image"]
+            for it in front_items():
+                assert (it.header.frame_id, it.source_encoding, it.source_width, it.source_height) == (
+                    "front", "bgr8", 1920, 1080), it
+                # letterbox 1920x1080 -> 64x64: scale 1/30, content 64x36 at y 14
+                np.testing.assert_allclose([it.scale_x, it.scale_y, it.offset_x, it.offset_y],
+                                           [64 / 1920, 36 / 1080, 0.0, 14.0], rtol=1e-6, atol=1e-5)
+
+            # (Before the rear camera's process is up its slot is stale with "no frame yet":
+            # wait for a status from after its publisher appeared.)
+            def warned() -> list[DiagnosticStatus]:
+                return [s for s in status_of(sub, name) if s.level == DiagnosticStatus.WARN
+                        and f"camera 1 ({ns}/rear/image)" in s.message
+                        and value(s, "Camera 1 Input QoS").startswith("auto: best effort")]
+
+            sub.spin_until(lambda: bool(warned()), 40, "the WARN naming the best-effort camera")
+            s = warned()[0]
+            assert "frames lost before the node" in s.message or "stale" in s.message, s.message
+            assert value(s, "Camera 0 Input QoS").startswith("auto: reliable"), value(s, "Camera 0 Input QoS")
+            assert "camera 0" not in s.message, s.message
+        finally:
+            for c in cams:
+                c.stop()
+            sub.close()
+        assert node.stop() == 0
+    if "frames lost before the node" in s.message:
+        assert "fastdds_large_frames.xml" in s.message and "frames are lost before they reach" in node.output()

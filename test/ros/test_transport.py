@@ -23,9 +23,6 @@ it too (it then sizes its own shared-memory segment).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,43 +30,11 @@ import cv2
 import numpy as np
 import pytest
 
-from vptools.rosharness import ROOT, RELIABLE, NodeProcess, Peer, image_msg, stamp_ns
+from vptools.rosharness import PROFILE, ROOT, RELIABLE, Camera, NodeProcess, Peer, image_msg, stamp_ns
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from rclpy.serialization import deserialize_message  # noqa: E402
 from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
-
-PUBLISHER = ROOT / "bench" / "rclpy_publisher.py"
-PROFILE = ROOT / "config" / "fastdds_large_frames.xml"
-
-
-def stock_env(profile: bool = False) -> dict:
-    """This process's environment for a camera or node: without a Fast DDS profile unless
-    `profile` (then the shipped camera profile)."""
-    env = {k: v for k, v in os.environ.items() if k != "FASTDDS_DEFAULT_PROFILES_FILE"}
-    if profile:
-        env["FASTDDS_DEFAULT_PROFILES_FILE"] = str(PROFILE)
-    return env
-
-
-class Camera:
-    """bench/rclpy_publisher.py in its own process."""
-
-    def __init__(self, ns: str, *args: str, profile: bool = False, frame_id: str = "camera"):
-        self.cmd = [sys.executable, str(PUBLISHER), "--topic", f"{ns}/image", "--frame-id", frame_id, *args]
-        self.proc = subprocess.Popen(self.cmd, env=stock_env(profile), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-
-    def sent(self, timeout: float = 60.0) -> int:
-        out, _ = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, out
-        assert "play: " in out, out
-        return int(out.split("play: ")[1].split(" images")[0])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
 
 
 class Diagnostics:

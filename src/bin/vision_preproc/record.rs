@@ -11,7 +11,13 @@ use vision_preproc::ros::{record, RecordOptions};
 #[derive(Args, Debug)]
 pub struct RecordArgs {
     /// Output bag folder (must not exist).
-    pub output: PathBuf,
+    #[arg(required_unless_present = "count_only", conflicts_with = "count_only")]
+    pub output: Option<PathBuf>,
+    /// Write nothing: only receive, count and time the tensors and timings (the latency
+    /// line below), e.g. as the subscriber of a rate sweep, where writing the tensors
+    /// would be the bottleneck.
+    #[arg(long)]
+    pub count_only: bool,
     /// Tensor topic to record.
     #[arg(long, default_value = "tensor")]
     pub tensor_topic: String,
@@ -55,12 +61,18 @@ pub fn run(a: RecordArgs) -> Result<()> {
         },
         print_diagnostics: a.diagnostics,
     })?;
-    println!(
-        "record: {} tensors, {} timings written to {}",
-        stats.tensors,
-        stats.timings,
-        stats.output.display()
-    );
+    match &stats.output {
+        Some(path) => println!(
+            "record: {} tensors, {} timings written to {}",
+            stats.tensors,
+            stats.timings,
+            path.display()
+        ),
+        None => println!(
+            "record: {} tensors, {} timings received (--count-only: nothing written)",
+            stats.tensors, stats.timings
+        ),
+    }
     let mut e2e = stats.e2e_ms.clone();
     let mut node = stats.node_ms.clone();
     e2e.sort_by(f64::total_cmp);
