@@ -16,6 +16,9 @@
 #   batch     4 cameras 1920x1080 bgr8 at 30 Hz (4 players, phases not aligned) -> one node
 #             with 4 inputs (TensorBatch 4x3x640x640) vs 4 single-camera nodes, cuda;
 #             node-added and end-to-end latency per side (2 x 10 s, interleaved)
+#   batchfault  a batched node (2 cameras 1080p, 60 Hz) with a real device fault at batch 40
+#             (fault-injection node), gpu_failure_policy retry, then fallback: the policy
+#             acts while the publishing thread may hold the previous batch's buffer
 #   batchmax  the same two sides, the cameras at 30, 60, 120, 180, 240 Hz and as fast as
 #             they can (play --max), 6 s each: frames sent / received / published / dropped
 #             per side and rate (the highest rate without drops), and published frames/s at
@@ -117,6 +120,32 @@ batch_run() {  # side trial: one batched node, or 4 single-camera nodes, 4 camer
     grep -ho 'stopped:.*' /tmp/node_${tag}*.log | sed "s/^/  $side node /"
     echo "  $side nodes:$mem"
     rm -rf /dev/shm/rec_${tag}*
+}
+batch_fault_run() {  # policy: a batched node (2 cameras, 1080p) whose 40th batch meets a
+    # real device fault (sticky: the context is lost) while the previous batch may still
+    # be publishing on the other thread; the policy must act and batches go on
+    local pol=$1 tag="bfault_$1" log="$OUT/bfault_$1.log" plays=() k rc
+    VISION_PREPROC_INJECT_CUDA_FAULT=40 "$NODE_FI" --ros-args -r __ns:=/bf \
+        -p backend:="${SWEEP_BACKEND:-cuda}" -p gpu_failure_policy:="$pol" -p network_image_width:=640 -p network_image_height:=640 \
+        -p "inputs:=[cam0/image, cam1/image]" >"$log" 2>&1 &
+    local node=$!
+    "$CLI" record --count-only --batch --tensor-topic /bf/tensor --timing-topic /bf/timing --duration 60 \
+        >"/tmp/rec_$tag.log" 2>&1 &
+    local rec=$!
+    for k in 0 1; do
+        timeout 60 "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp --duration 5 --rate 2 --image-topic /bf/cam$k/image \
+            --camera-info-topic /bf/cam$k/camera_info --wait-subscribers 1 >"/tmp/play_${tag}_$k.log" 2>&1 &
+        plays+=($!)
+    done
+    wait "${plays[@]}"; sleep 1
+    kill -TERM "$rec"; stop_or_kill subscriber "$rec"
+    kill -TERM "$node"; for k in $(seq 150); do kill -0 "$node" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$node" 2>/dev/null && { echo "  node did not exit: killed"; kill -KILL "$node"; status=1; }
+    wait "$node"; rc=$?
+    echo "batch fault, policy $pol: node exit code $rc; $(cat /tmp/play_${tag}_*.log | grep -o 'play: [0-9]* images' | tr '\n' ' ')"
+    grep -E "GPU failure|gpu_failure_policy|still being published|stopped:|panicked" "$log" | cut -c1-300 | sed 's/^/  /'
+    grep -h "^record:" "/tmp/rec_$tag.log" | sed 's/^/  /'
+    [[ $rc == 0 ]] || status=1
 }
 warm_up() {  # once: the first node on a fresh machine spends ~18 s opening the backend
     # (NVRTC's first use on the VM), which would eat into the first trial
@@ -220,6 +249,7 @@ for sc in "${SCENARIOS[@]}"; do
         exit)     fault_run exit VISION_PREPROC_INJECT_CUDA_FAULT=40 exit ;;
         latency)  for size in 1280x720 1920x1080; do for i in 1 2 3; do latency_run "$size" "$i"; done; done 2>&1 | tee "$OUT/latency.log" ;;
         batch)    warm_up; for i in 1 2; do batch_run batched "$i"; batch_run separate "$i"; done 2>&1 | tee "$OUT/batch.log" ;;
+        batchfault) warm_up; for pol in retry fallback; do batch_fault_run "$pol"; done 2>&1 | tee "$OUT/batchfault.log" ;;
         batchmax) warm_up; for rate in ${SWEEP_RATES:-1 2 4 6 8 max}; do sweep_run batched "$rate"; sweep_run separate "$rate"; done 2>&1 | tee "$OUT/batchmax.log" ;;
         startup)  { for i in 1 2 3; do rm -rf "$VISION_PREPROC_KERNEL_CACHE"; startup_run "cold$i"; startup_run "warm$i"; done; } 2>&1 | tee "$OUT/startup.log" ;;
         *) echo "unknown scenario $sc"; exit 2 ;;

@@ -223,14 +223,23 @@ class Peer:
         rclpy.shutdown(context=self.context)
 
 
-def call(peer: Peer, srv_type, name: str, request, timeout: float = 10.0):
+def call(peer: Peer, srv_type, name: str, request, timeout: float = 10.0, attempts: int = 3):
     """Call service `name` of type `srv_type` from the peer and return the reply (every
-    wait with a timeout)."""
+    wait with a timeout). A request whose reply does not come within `timeout` is sent
+    again, up to `attempts` times: a service replies only to a client whose reply reader it
+    has matched (rmw_fastrtps waits ~100 ms for that), so under load the first reply to a
+    client made just before the call can be lost. For idempotent services (parameters)."""
     client = peer.node.create_client(srv_type, name)
     peer.spin_until(lambda: client.service_is_ready(), timeout, f"service {name}")
-    future = client.call_async(request)
-    peer.spin_until(future.done, timeout, f"reply from {name}")
-    return future.result()
+    for attempt in range(1, attempts + 1):
+        future = client.call_async(request)
+        try:
+            peer.spin_until(future.done, timeout, f"reply from {name} (attempt {attempt} of {attempts})")
+            return future.result()
+        except AssertionError:
+            client.remove_pending_request(future)
+            if attempt == attempts:
+                raise
 
 
 def param(name: str, value) -> Parameter:

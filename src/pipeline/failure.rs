@@ -56,6 +56,11 @@ pub struct GpuFailure {
     pub action: FailureAction,
     /// The backend that ran the frame afterwards ("cpu" or "cuda").
     pub backend: &'static str,
+    /// Messages taken out on the failed backend's buffers ([`super::Pipeline::take_message`])
+    /// that were still being published when it was replaced, after waiting
+    /// [`super::OUTSTANDING_WAIT`] (normally 0; more: a new GPU backend may fail to open
+    /// until they are done).
+    pub unreturned_messages: usize,
 }
 
 impl std::fmt::Display for GpuFailure {

@@ -28,6 +28,9 @@ pub use geometry::{Geometry, Rect};
 pub use message::{
     batch_items_cdr, frame_timing, BatchItemFields, TensorBatchFields, TensorCdr, TensorFields,
 };
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Alignment of the tensor data inside the message buffer (the CUDA kernels' vector
 /// stores need 16 bytes when they write it directly; 64 keeps it on a cache line).
@@ -103,6 +106,94 @@ impl MessageBuf {
     }
 }
 
+/// Where the message buffers handed out by [`Pipeline::take_message`] come back to when
+/// dropped; those of a backend replaced meanwhile are freed instead (pinned memory keeps
+/// its CUDA context alive, and a faulted context must go before a new one can be made).
+#[derive(Default)]
+struct MessagePool {
+    free: Mutex<Vec<MessageBuf>>,
+    /// Bumped by every backend replacement.
+    generation: AtomicU64,
+    /// Messages handed out and not dropped yet.
+    outstanding: AtomicUsize,
+}
+
+impl MessagePool {
+    fn free(&self) -> MutexGuard<'_, Vec<MessageBuf>> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// How long a backend replacement waits for the messages still being published from
+/// another thread to be dropped (normally one publish: milliseconds).
+pub const OUTSTANDING_WAIT: Duration = Duration::from_secs(2);
+
+/// A finished message taken out of the pipeline ([`Pipeline::take_message`]) to be
+/// published on another thread while the pipeline fills its next buffer. Dropping it
+/// gives the buffer back to the pipeline.
+pub struct OwnedMessage {
+    buf: Option<MessageBuf>,
+    /// A batch's items (empty for a single frame), for [`OwnedMessage::set_batch_ages`].
+    items: Vec<KeptItem>,
+    generation: u64,
+    pool: Arc<MessagePool>,
+}
+
+impl OwnedMessage {
+    /// The serialized message.
+    pub fn bytes(&self) -> &[u8] {
+        self.buf.as_ref().map_or(&[], |b| b.message())
+    }
+
+    /// As [`Pipeline::set_batch_ages`], for this message.
+    pub fn set_batch_ages(&mut self, ages: &[f32]) -> Result<()> {
+        match self.buf.as_mut() {
+            Some(buf) => write_batch_ages(buf, &self.items, ages),
+            None => Err(Error::Operation("message already given back".into())),
+        }
+    }
+}
+
+impl Drop for OwnedMessage {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            // Under the pool's lock, as the generation changes (replace_backend): a buffer
+            // is either back before a replacement clears the pool or freed here.
+            let mut free = self.pool.free();
+            if self.pool.generation.load(Ordering::Acquire) == self.generation {
+                free.push(buf);
+            } else {
+                drop(buf); // freed before `outstanding` says so
+            }
+        }
+        self.pool.outstanding.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The fields of `items` with their ages (0 for invalid items).
+fn batch_fields<'a>(items: &'a [KeptItem], ages: &[f32]) -> Vec<BatchItemFields<'a>> {
+    items
+        .iter()
+        .zip(ages)
+        .map(|(k, &age_us)| BatchItemFields {
+            topic: &k.topic,
+            valid: k.valid,
+            repeated: k.repeated,
+            header: &k.header,
+            source_encoding: &k.source_encoding,
+            geometry: k.geometry.as_ref(),
+            age_us: if k.valid { age_us } else { 0.0 },
+        })
+        .collect()
+}
+
+/// Write each item's `age_us` into the `TensorBatch` in `buf`.
+fn write_batch_ages(buf: &mut MessageBuf, items: &[KeptItem], ages: &[f32]) -> Result<()> {
+    let body_offset = buf.cdr.prefix.len() - 4 + buf.cdr.data_len;
+    let suffix = batch_items_cdr(body_offset, &batch_fields(items, ages));
+    buf.rewrite_suffix(suffix)
+}
+
 /// One processed frame: the tensor bytes (and the serialized `Tensor` message around
 /// them) live in the [`Pipeline`]'s message buffer.
 #[derive(Debug, Clone)]
@@ -175,6 +266,8 @@ pub struct Pipeline {
     batch_items: Vec<KeptItem>,
     conv: Option<Conv2dOp>,
     message: MessageBuf,
+    /// Buffers of messages taken out ([`Pipeline::take_message`]) and given back.
+    pool: Arc<MessagePool>,
     recovery: Recovery,
 }
 
@@ -198,6 +291,7 @@ impl Pipeline {
             batch_items: Vec::new(),
             conv,
             message: MessageBuf::default(),
+            pool: Arc::default(),
             recovery,
         })
     }
@@ -364,7 +458,7 @@ impl Pipeline {
                 }
             })
             .collect();
-        let fields = self.batch_fields(&vec![0.0; items.len()]);
+        let fields = batch_fields(&self.batch_items, &vec![0.0; items.len()]);
         self.message.cdr = TensorCdr::batch(&TensorBatchFields {
             header,
             name: &self.config.tensor_name,
@@ -387,28 +481,27 @@ impl Pipeline {
         Ok(BatchInfo { desc, geometries, rejected, times, gpu_failure })
     }
 
-    fn batch_fields(&self, ages: &[f32]) -> Vec<BatchItemFields<'_>> {
-        self.batch_items
-            .iter()
-            .zip(ages)
-            .map(|(k, &age_us)| BatchItemFields {
-                topic: &k.topic,
-                valid: k.valid,
-                repeated: k.repeated,
-                header: &k.header,
-                source_encoding: &k.source_encoding,
-                geometry: k.geometry.as_ref(),
-                age_us: if k.valid { age_us } else { 0.0 },
-            })
-            .collect()
-    }
-
     /// Write each item's `age_us` (publish time minus its stamp) into the last batch's
     /// message; `ages[i]` for slot i (ignored for invalid slots).
     pub fn set_batch_ages(&mut self, ages: &[f32]) -> Result<()> {
-        let body_offset = self.message.cdr.prefix.len() - 4 + self.message.cdr.data_len;
-        let suffix = batch_items_cdr(body_offset, &self.batch_fields(ages));
-        self.message.rewrite_suffix(suffix)
+        write_batch_ages(&mut self.message, &self.batch_items, ages)
+    }
+
+    /// Take the last message out (with a batch's items, for
+    /// [`OwnedMessage::set_batch_ages`]), to publish it on another thread; the next frame
+    /// or batch goes into another buffer (one given back, or a new one). Dropping the
+    /// message gives its buffer back. After this, [`Pipeline::message`] is not that
+    /// message any more.
+    pub fn take_message(&mut self) -> OwnedMessage {
+        let next = self.pool.free().pop().unwrap_or_default();
+        let buf = std::mem::replace(&mut self.message, next);
+        self.pool.outstanding.fetch_add(1, Ordering::AcqRel);
+        OwnedMessage {
+            buf: Some(buf),
+            items: std::mem::take(&mut self.batch_items),
+            generation: self.pool.generation.load(Ordering::Acquire),
+            pool: Arc::clone(&self.pool),
+        }
     }
 
     /// Run the batch on the current backend (or fail as injected), into the message.
@@ -451,10 +544,25 @@ impl Pipeline {
     }
 
     /// Replace the backend. The message buffer goes first: it may be pinned memory that
-    /// keeps the old backend's CUDA context alive.
-    fn replace_backend(&mut self, backend: Box<dyn Backend>) {
+    /// keeps the old backend's CUDA context alive. Returns how many messages taken out
+    /// on the old backend's buffers were still not dropped after [`OUTSTANDING_WAIT`]
+    /// (normally 0).
+    fn replace_backend(&mut self, backend: Box<dyn Backend>) -> usize {
         self.message.buf = None;
+        // Messages taken out on this backend's buffers: free those given back, and wait
+        // (bounded) for the ones still being published, so that no buffer of the old
+        // backend outlives it.
+        {
+            let mut free = self.pool.free();
+            self.pool.generation.fetch_add(1, Ordering::AcqRel);
+            free.clear();
+        }
+        let deadline = Instant::now() + OUTSTANDING_WAIT;
+        while self.pool.outstanding.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         self.backend = backend;
+        self.pool.outstanding.load(Ordering::Acquire)
     }
 
     /// `gpu_failure_policy` after the backend failed on `image` with `reason`: rebuild
@@ -466,6 +574,7 @@ impl Pipeline {
     ) -> Result<(StageTimes, GpuFailure)> {
         use crate::config::GpuFailurePolicy as P;
         self.recovery.good_frames = 0;
+        let mut unreturned = 0;
         let action = match self.recovery.policy {
             P::Exit => return Err(Error::GpuFailure { reason }),
             P::Fallback => FailureAction::FellBack,
@@ -480,9 +589,11 @@ impl Pipeline {
                     // Drop the failed backend first: its context must be released before
                     // a new one can be made (a faulted CUDA context is reset when its last
                     // reference goes).
-                    self.replace_backend(Box::new(backend::cpu::CpuBackend::new()));
+                    unreturned = self.replace_backend(Box::new(backend::cpu::CpuBackend::new()));
                     match (self.recovery.opener)(&self.config) {
-                        Ok(b) => self.replace_backend(b),
+                        Ok(b) => {
+                            self.replace_backend(b);
+                        }
                         Err(e) => {
                             last_error = format!("opening a new backend: {e}");
                             continue;
@@ -494,6 +605,7 @@ impl Pipeline {
                                 reason,
                                 action: FailureAction::Rebuilt { attempt: attempts },
                                 backend: self.backend.name(),
+                                unreturned_messages: unreturned,
                             };
                             return Ok((times, failure));
                         }
@@ -504,10 +616,12 @@ impl Pipeline {
                 FailureAction::RetriesExhausted { attempts, last_error }
             }
         };
-        self.replace_backend(Box::new(backend::cpu::CpuBackend::new()));
+        unreturned =
+            unreturned.max(self.replace_backend(Box::new(backend::cpu::CpuBackend::new())));
         self.recovery.fell_back = true;
         let times = run(self)?;
-        Ok((times, GpuFailure { reason, action, backend: self.backend.name() }))
+        let backend = self.backend.name();
+        Ok((times, GpuFailure { reason, action, backend, unreturned_messages: unreturned }))
     }
 
     /// The bytes of the last tensor (little-endian, dense in its layout).
@@ -646,5 +760,82 @@ pub fn select_backend(cfg: &Config) -> Result<(Box<dyn Backend>, Option<String>)
                 Err(e) => Ok((Box::new(backend::cpu::CpuBackend::new()), Some(e.to_string()))),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+
+    fn pipeline() -> Pipeline {
+        let cfg = Config {
+            network_image_width: 16,
+            network_image_height: 8,
+            inputs: vec!["a/image".into(), "b/image".into()],
+            ..Config::default()
+        };
+        Pipeline::new(cfg, Box::new(CpuBackend::new())).expect("pipeline")
+    }
+
+    /// One batch of two 8x4 rgb8 frames whose pixels are all `v`.
+    fn batch(p: &mut Pipeline, v: u8, stamp: i32) -> Result<BatchInfo> {
+        let data = vec![v; 8 * 4 * 3];
+        let image = ImageView::new(8, 4, 24, "rgb8", false, &data).expect("image");
+        let header = Header { sec: stamp, nanosec: 0, frame_id: "cam".into() };
+        let inputs: Vec<BatchInput<'_, '_>> = ["a/image", "b/image"]
+            .iter()
+            .map(|topic| BatchInput {
+                topic,
+                image: Some(&image),
+                header: &header,
+                source_encoding: "rgb8",
+                repeated: false,
+            })
+            .collect();
+        p.process_batch(&inputs, &header)
+    }
+
+    #[test]
+    fn a_taken_message_stays_while_the_next_batch_is_written_and_its_buffer_comes_back() {
+        let mut p = pipeline();
+        batch(&mut p, 10, 1).expect("batch 1");
+        let first = p.message().to_vec();
+        let mut taken = p.take_message();
+        assert_eq!(taken.bytes(), &first[..]);
+        batch(&mut p, 200, 2).expect("batch 2");
+        let second = p.message().to_vec();
+        assert_ne!(second, first, "the second batch went into another buffer");
+        assert_eq!(taken.bytes(), &first[..], "the taken message is untouched");
+        // Ages are written into the taken message as Pipeline::set_batch_ages would.
+        taken.set_batch_ages(&[5.0, 7.0]).expect("ages");
+        let mut reference = pipeline();
+        batch(&mut reference, 10, 1).expect("reference");
+        reference.set_batch_ages(&[5.0, 7.0]).expect("ages");
+        assert_eq!(taken.bytes(), reference.message());
+        assert_eq!(p.pool.outstanding.load(Ordering::Acquire), 1);
+        drop(taken);
+        assert_eq!(p.pool.outstanding.load(Ordering::Acquire), 0);
+        assert_eq!(p.pool.free().len(), 1, "the buffer came back for the next take");
+        let _second_taken = p.take_message();
+        assert!(p.pool.free().is_empty(), "...and was reused");
+    }
+
+    #[test]
+    fn a_replaced_backend_frees_the_buffers_of_its_messages() {
+        let mut p = pipeline();
+        batch(&mut p, 10, 1).expect("batch");
+        let taken = p.take_message();
+        let publisher = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50)); // publishing
+            drop(taken);
+        });
+        // The replacement waits for the message being published, then frees its buffer
+        // instead of taking it back.
+        let left = p.replace_backend(Box::new(CpuBackend::new()));
+        assert_eq!(left, 0);
+        assert!(p.pool.free().is_empty(), "no buffer of the old backend kept");
+        publisher.join().expect("publisher");
+        batch(&mut p, 10, 2).expect("a batch on the new backend");
     }
 }

@@ -481,3 +481,55 @@ def test_stock_1080p_cameras_into_a_batched_node_from_a_shared_params_file(tmp_p
         assert node.stop() == 0
     if "frames lost before the node" in s.message:
         assert "fastdds_large_frames.xml" in s.message and "frames are lost before they reach" in node.output()
+
+
+@pytest.mark.parametrize("policy, action", [
+    ("fallback", "gpu_failure_policy fallback: switched to the cpu backend"),
+    ("retry", "gpu_failure_policy retry: rebuilt the cpu backend (attempt 1 of 3)"),
+])
+def test_a_batched_node_recovers_from_a_gpu_failure(tmp_path: Path, policy: str, action: str) -> None:
+    """gpu_failure_policy in a batching node (the simulated fault of test_gpu_failure.py
+    on the 3rd batch): the batch is run again on the new backend and published, every
+    batch before and after equals the oracle, /diagnostics shows the failure, the books
+    balance, and the backend replacement did not wait for a message still being published
+    (the publishing thread gives its buffer back right after each publish)."""
+    ns = f"/batch_fault_{policy}"
+    a = photo_frame("bgr8", size=(96, 64))
+    b = photo_frame("rgb8", "astronaut.png", size=(72, 40))
+    args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", f"gpu_failure_policy:={policy}",
+            "-p", f"network_image_width:={NET_W}", "-p", f"network_image_height:={NET_H}",
+            "-p", "resize_mode:=letterbox", "-p", "pad_value:=[114.0, 114.0, 114.0]",
+            "-p", "inputs:=[cam0/image, cam1/image]", "-p", "batch_timeout_ms:=2000"]
+    with NodeProcess(args, env={"VISION_PREPROC_INJECT_CUDA_FAULT": "3"}, log=tmp_path / "node.log") as node:
+        cams = Cameras(ns, 2)
+        try:
+            cams.wait_connected(ns)
+            sent: dict[int, tuple] = {}
+            for k in range(6):
+                stamp = 7_000_000_000 + k * 100_000_000
+                for i, frame in enumerate((a, b)):
+                    sent[stamp + i] = (frame, f"cam{i}")
+                    cams.pubs[i].publish(frame_msg(frame, stamp + i, f"cam{i}"))
+                cams.spin_until(lambda: any(stamp_ns(m.header) == stamp + 1 for m in cams.batches), 10,
+                                f"the batch of round {k}")
+            name = f"{ns.strip('/')}/vision_preproc"
+            cams.spin_until(lambda: any(value(s, "GPU failure action") == action for s in status_of(cams, name)), 5,
+                            "a /diagnostics status with the GPU failure")
+            fresh = [m for m in cams.batches if all(it.valid and not it.repeated for it in m.items)]
+            assert len(fresh) == 6, [tuple(stamp_ns(it.header) for it in m.items) for m in cams.batches]
+            for j, msg in enumerate(fresh):
+                data = batch_items(msg)
+                for i, it in enumerate(msg.items):
+                    check_item(it, data[i], sent, LATEST_CONFIG, f"{ns}/cam{i}/image", f"{policy}: batch {j} item {i}")
+            s = [s for s in status_of(cams, name) if value(s, "GPU failure action") == action][-1]
+            assert s.level == DiagnosticStatus.WARN and "simulated on the cpu backend" in value(s, "Last GPU failure")
+            cams.spin_for(1.2)
+            kv = {v.key: v.value for v in status_of(cams, name)[-1].values}
+            assert int(kv["Frames received"]) == int(kv["Frames published"]) + int(kv["Frames dropped (queue)"]), kv
+            assert int(kv["Frames published"]) == 12 and int(kv["Frames failed (error)"]) == 0, kv
+        finally:
+            cams.close()
+        assert node.stop() == 0
+    out = node.output()
+    assert action in out and "injected Sticky fault" in out, out[-3000:]
+    assert "still being published" not in out, out[-3000:]

@@ -2,8 +2,9 @@
 //! frames to the batch former ([`crate::pipeline::batch_sync::Batcher`], `batch_policy`)
 //! and hands each batch it forms to a keep-latest slot of batches; the processing thread
 //! runs the whole batch on the backend (one `process_batch_into`) into one
-//! `vision_preproc_msgs/TensorBatch`, serialized in place, and publishes it with one
-//! `FrameTiming` and each item's scaled camera_info.
+//! `vision_preproc_msgs/TensorBatch`, serialized in place, and hands it to the publishing
+//! thread, which publishes it with one `FrameTiming` and each item's scaled camera_info
+//! while the processing thread computes the next batch into a second message buffer.
 //!
 //! Times given to the former are the steady clock since the node started (arrivals,
 //! `batch_timeout_ms`, `stale_after_ms`: durations the node measures, like its stage
@@ -16,11 +17,13 @@
 //! failed).
 
 use super::{clock, lock, native::ros_header, Outputs, RateLimitedLog, Received, Shared};
+use crate::backend::StageTimes;
 use crate::bag::msgs::Header;
 use crate::config::Config;
 use crate::pipeline::batch_sync::{Batch, BatchSettings, Batcher, CameraCounts, Frame, Item};
-use crate::pipeline::{frame_timing, BatchInput, Pipeline};
+use crate::pipeline::{frame_timing, BatchInput, Geometry, OwnedMessage, Pipeline};
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -167,11 +170,49 @@ struct Slot<'a> {
     header: Header,
 }
 
-/// The processing loop of a batching node (owns the pipeline).
-pub fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
+/// What the publishing thread needs of one slot of a processed batch.
+struct ReadySlot {
+    header: Header,
+    /// When its frame arrived (`None`: padded because stale).
+    arrived: Option<Instant>,
+    repeated: bool,
+}
+
+/// A processed batch handed to the publishing thread.
+struct Ready {
+    message: OwnedMessage,
+    slots: Vec<ReadySlot>,
+    geometries: Vec<Option<Geometry>>,
+    header: Header,
+    times: StageTimes,
+    backend: &'static str,
+    formed_at: Instant,
+    /// Its valid frames not in an earlier batch (counted failed if publishing fails).
+    new_valid: u64,
+}
+
+/// The processing loop of a batching node (owns the pipeline). Publishing runs on a
+/// second thread: batch k is published (the `TensorBatch`, each item's camera_info, the
+/// `FrameTiming`) while batch k+1 is staged and computed into the pipeline's other
+/// message buffer. The hand-over waits until the publishing thread is free, so at most
+/// one batch is being published and one processed (two message buffers); batches formed
+/// meanwhile replace each other in the keep-latest slot (counted as dropped).
+pub fn process_loop(pipeline: Pipeline, shared: &Shared, out: Outputs) {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Ready>(0);
+    std::thread::scope(|scope| {
+        let publisher = std::thread::Builder::new()
+            .name("publish".into())
+            .spawn_scoped(scope, move || publish_loop(&rx, shared, &out));
+        match publisher {
+            Ok(_) => process(pipeline, shared, &tx),
+            Err(e) => shared.exit_fatal(format!("starting the publishing thread: {e}"), 0),
+        }
+        drop(tx); // the publishing thread publishes what it has, then ends
+    });
+}
+
+fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
     let logger = shared.logger.as_str();
-    let mut sequence = 0u64;
-    let mut dropped_reported = 0u64;
     let mut generation = 0u64;
     let mut reject_log = RateLimitedLog {
         throttle: clock::Throttle::new(super::REJECT_LOG_PERIOD),
@@ -241,22 +282,20 @@ pub fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
             .max_by_key(|h| (h.sec, h.nanosec))
             .map(|h| Header { sec: h.sec, nanosec: h.nanosec, frame_id: String::new() })
             .unwrap_or_default();
-        let new_frames = |valid_only: bool| {
-            slots
-                .iter()
-                .zip(&views)
-                .filter(|(s, v)| s.frame.is_some() && !s.repeated && (!valid_only || v.is_some()))
-                .count() as u64
-        };
+        let new_valid = slots
+            .iter()
+            .zip(&views)
+            .filter(|(s, v)| s.frame.is_some() && !s.repeated && v.is_some())
+            .count() as u64;
         let info = match pipeline.process_batch(&inputs, &header) {
             Ok(info) => info,
             Err(e @ crate::Error::GpuFailure { .. }) => {
-                shared.exit_on_gpu_failure(e.to_string(), new_frames(true));
+                shared.exit_fatal(e.to_string(), new_valid);
                 break;
             }
             Err(e) => {
                 reject_log.error(logger, &format!("batch failed: {e}"));
-                for _ in 0..new_frames(true) {
+                for _ in 0..new_valid {
                     shared.stats.failed(e.to_string());
                 }
                 continue;
@@ -273,26 +312,64 @@ pub fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
         if let Some(failure) = &info.gpu_failure {
             super::note_gpu_failure(&pipeline, failure, shared);
         }
+        let ready = Ready {
+            message: pipeline.take_message(),
+            slots: slots
+                .iter()
+                .map(|s| ReadySlot {
+                    header: s.header.clone(),
+                    arrived: s.frame.map(|f| f.at),
+                    repeated: s.repeated,
+                })
+                .collect(),
+            geometries: info.geometries,
+            header,
+            times: info.times,
+            backend: pipeline.backend().name(),
+            formed_at: formed.at,
+            new_valid,
+        };
+        if tx.send(ready).is_err() {
+            break; // the publishing thread is gone (it panicked): nothing can go out
+        }
+    }
+}
+
+/// The publishing thread of a batching node: each processed batch's `TensorBatch` (with
+/// the items' ages at publish time), camera_info per item and `FrameTiming`.
+fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
+    let logger = shared.logger.as_str();
+    let mut sequence = 0u64;
+    let mut dropped_reported = 0u64;
+    let mut error_log = RateLimitedLog {
+        throttle: clock::Throttle::new(super::REJECT_LOG_PERIOD),
+        clock: shared.clock.clone(),
+        suppressed: 0,
+    };
+    for mut ready in rx {
         let now = shared.clock.now();
         let ages: Vec<f32> =
-            slots.iter().map(|s| clock::age_us(now, &ros_header(&s.header).stamp)).collect();
-        if let Err(e) = pipeline.set_batch_ages(&ages) {
+            ready.slots.iter().map(|s| clock::age_us(now, &ros_header(&s.header).stamp)).collect();
+        if let Err(e) = ready.message.set_batch_ages(&ages) {
             r2r::log_warn!(logger, "TensorBatch ages: {e}");
         }
-        if let Err(e) = out.tensor.publish_raw(pipeline.message()) {
-            reject_log.error(logger, &format!("publishing tensor: {e}"));
-            for _ in 0..new_frames(true) {
+        let published = out.tensor.publish_raw(ready.message.bytes());
+        drop(ready.message); // the buffer goes back to the pipeline for the next batch
+        if let Err(e) = published {
+            error_log.error(logger, &format!("publishing tensor: {e}"));
+            for _ in 0..ready.new_valid {
                 shared.stats.failed(format!("publishing tensor: {e}"));
             }
             continue;
         }
         shared.batches_published.fetch_add(1, Ordering::Relaxed);
-        for (i, g) in info.geometries.iter().enumerate() {
+        for (i, g) in ready.geometries.iter().enumerate() {
             let (Some(g), Some(publisher)) = (g, out.batch_camera_info.get(i)) else {
                 continue;
             };
             if let Some(info_msg) = lock(&shared.camera_infos[i]).as_ref() {
-                let scaled = super::scaled_camera_info(info_msg, g, &ros_header(&slots[i].header));
+                let scaled =
+                    super::scaled_camera_info(info_msg, g, &ros_header(&ready.slots[i].header));
                 if let Err(e) = publisher.publish(&scaled) {
                     r2r::log_warn!(logger, "publishing camera_info of batch item {i}: {e}");
                 }
@@ -301,24 +378,24 @@ pub fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
         let mut oldest_age = 0.0f32;
         {
             let mut cams = lock(&shared.cameras);
-            for (i, (s, g)) in slots.iter().zip(&info.geometries).enumerate() {
-                let (Some(f), Some(_)) = (s.frame, g) else {
+            for (i, (s, g)) in ready.slots.iter().zip(&ready.geometries).enumerate() {
+                let (Some(arrived), Some(_)) = (s.arrived, g) else {
                     continue;
                 };
                 oldest_age = oldest_age.max(ages[i]);
                 if !s.repeated {
-                    shared.stats.published(f.at.elapsed().as_secs_f32() * 1e3);
+                    shared.stats.published(arrived.elapsed().as_secs_f32() * 1e3);
                     cams[i].published += 1;
                 }
             }
         }
         let dropped = shared.stats.dropped.load(Ordering::Relaxed);
         let timing = frame_timing(
-            &header,
+            &ready.header,
             sequence,
-            pipeline.backend().name(),
-            &info.times,
-            formed.at.elapsed().as_secs_f32() * 1e6,
+            ready.backend,
+            &ready.times,
+            ready.formed_at.elapsed().as_secs_f32() * 1e6,
             oldest_age,
             u32::try_from(dropped.saturating_sub(dropped_reported)).unwrap_or(u32::MAX),
         );

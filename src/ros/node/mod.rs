@@ -6,8 +6,10 @@
 //! keep-latest slot, which counts what it replaces, and with `input_qos: auto` adapts
 //! the subscriptions to the publishers; one processing thread that owns the pipeline
 //! (and so the backend and its stream), reads each frame in place and publishes the
-//! `Tensor` the pipeline serialized in place (`publish_raw`); the parameter services and
-//! a 1 Hz diagnostics task on the runtime. Ctrl-C / SIGTERM stop ingest, let the frame in
+//! `Tensor` the pipeline serialized in place (`publish_raw`) — with 2+ `inputs` a
+//! publishing thread publishes each `TensorBatch` while the processing thread computes
+//! the next batch into a second buffer ([`batch`]); the parameter services and a 1 Hz
+//! diagnostics task on the runtime. Ctrl-C / SIGTERM stop ingest, let the frame in
 //! flight finish, and exit 0. Log records go to `/rosout` too ([`rosout`]); times
 //! relative to the world follow the node's ROS clock ([`clock`], `use_sim_time`).
 
@@ -201,10 +203,10 @@ impl Shared {
         }
     }
 
-    /// `gpu_failure_policy: exit` after a GPU failure (`reason`): log it, count the
-    /// `frames` it took as failed, and stop the node with the reason. The caller's
-    /// processing loop then ends.
-    fn exit_on_gpu_failure(&self, reason: String, frames: u64) {
+    /// `gpu_failure_policy: exit` after a GPU failure, or another error the node cannot
+    /// go on after (`reason`): log it, count the `frames` it took as failed, and stop the
+    /// node with the reason. The caller's processing loop then ends.
+    fn exit_fatal(&self, reason: String, frames: u64) {
         r2r::log_fatal!(self.logger.as_str(), "{reason}; the node exits");
         for _ in 0..frames {
             self.stats.failed(reason.clone());
@@ -426,7 +428,7 @@ fn run() -> anyhow::Result<()> {
     let proc_shared = shared.clone();
     let processor = std::thread::Builder::new().name("process".into()).spawn(move || {
         if batching {
-            batch::process_loop(pipeline, &proc_shared, &outputs)
+            batch::process_loop(pipeline, &proc_shared, outputs)
         } else {
             process_loop(pipeline, &proc_shared, &outputs)
         }
@@ -761,7 +763,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
             }
             Err(e @ crate::Error::GpuFailure { .. }) => {
                 // gpu_failure_policy exit: count the frame, stop the node with the reason.
-                shared.exit_on_gpu_failure(e.to_string(), 1);
+                shared.exit_fatal(e.to_string(), 1);
                 break;
             }
             Err(e) => {
@@ -813,6 +815,15 @@ fn note_gpu_failure(pipeline: &Pipeline, failure: &crate::pipeline::GpuFailure, 
     let logger = shared.logger.as_str();
     r2r::log_error!(logger, "GPU failure: {}", failure.reason);
     r2r::log_warn!(logger, "{failure}");
+    if failure.unreturned_messages > 0 {
+        r2r::log_warn!(
+            logger,
+            "{} message(s) of the failed backend were still being published when it was \
+             replaced (after waiting {} s)",
+            failure.unreturned_messages,
+            crate::pipeline::OUTSTANDING_WAIT.as_secs()
+        );
+    }
     shared.stats.gpu_failures.fetch_add(1, Ordering::Relaxed);
     let backend = pipeline.backend();
     let mut b = lock(&shared.backend);
