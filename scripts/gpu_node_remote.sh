@@ -86,35 +86,50 @@ latency_run() {  # size trial
     echo "$size trial $i: $(cat "/tmp/play_$tag.log" | head -1); $(grep -h '^latency' "/tmp/rec_$tag.log"); node $mem; $(grep -o 'stopped:.*' "/tmp/node_$tag.log")"
     rm -rf "/tmp/rec_$tag"
 }
-batch_run() {  # side trial: one batched node, or 4 single-camera nodes, 4 cameras
-    local side=$1 i=$2 tag="batch_${1}_$2" pids=() recs=() plays=() k
-    local net=(-p backend:=cuda -p network_image_width:=640 -p network_image_height:=640)
+start_side() {  # side letter tag bag|count: one node with 4 inputs (namespace /<letter>b)
+    # or 4 single-camera nodes (/<letter>s0..3), 640x640 letterbox on cuda, and a
+    # `record` per tensor topic (a bag in /dev/shm, or --count-only); pids in PIDS, RECS
+    local side=$1 l=$2 tag=$3 mode=$4 k
+    local net=(-p backend:="${SWEEP_BACKEND:-cuda}" -p network_image_width:=640 -p network_image_height:=640)
+    PIDS=(); RECS=()
+    record_side() {  # name ns json [--batch]
+        local out=(--count-only); [[ $mode == bag ]] && out=("/dev/shm/rec_$1")
+        "$CLI" record "${out[@]}" "${@:4}" --tensor-topic "$2/tensor" --timing-topic "$2/timing" \
+            --duration 60 --json "$3" >"/tmp/rec_$1.log" 2>&1 &
+        RECS+=($!)
+    }
     if [[ $side == batched ]]; then
-        "$NODE" --ros-args -r __ns:=/bb --params-file config/default.yaml "${net[@]}" \
+        "$NODE" --ros-args -r __ns:=/${l}b --params-file config/default.yaml "${net[@]}" \
             -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]" >"/tmp/node_$tag.log" 2>&1 &
-        pids+=($!)
-        "$CLI" record "/dev/shm/rec_$tag" --batch --tensor-topic /bb/tensor --timing-topic /bb/timing \
-            --duration 60 --json "$OUT/${tag}.json" >"/tmp/rec_$tag.log" 2>&1 &
-        recs+=($!)
+        PIDS+=($!)
+        record_side "$tag" "/${l}b" "$OUT/${tag}.json" --batch
     else
         for k in 0 1 2 3; do
-            "$NODE" --ros-args -r __ns:=/bs$k --params-file config/default.yaml "${net[@]}" >"/tmp/node_${tag}_$k.log" 2>&1 &
-            pids+=($!)
-            "$CLI" record "/dev/shm/rec_${tag}_$k" --tensor-topic /bs$k/tensor --timing-topic /bs$k/timing \
-                --duration 60 --json "$OUT/${tag}_$k.json" >"/tmp/rec_${tag}_$k.log" 2>&1 &
-            recs+=($!)
+            "$NODE" --ros-args -r __ns:=/${l}s$k --params-file config/default.yaml "${net[@]}" >"/tmp/node_${tag}_$k.log" 2>&1 &
+            PIDS+=($!)
+            record_side "${tag}_$k" "/${l}s$k" "$OUT/${tag}_$k.json"
         done
     fi
+}
+play_cameras() {  # side letter tag play-args...: the 4 cameras of start_side's side, started
+    # 0-80 ms apart (phases not aligned, as real cameras); pids in PLAYS
+    local side=$1 l=$2 tag=$3 k topic; shift 3
+    PLAYS=()
     for k in 0 1 2 3; do
-        local topic=/bb/cam$k/image; [[ $side == separate ]] && topic=/bs$k/image
-        "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp --duration 10 --image-topic "$topic" \
+        topic=/${l}b/cam$k/image; [[ $side == separate ]] && topic=/${l}s$k/image
+        timeout 60 "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp "$@" --image-topic "$topic" \
             --camera-info-topic "${topic%/image}/camera_info" --wait-subscribers 1 >"/tmp/play_${tag}_$k.log" 2>&1 &
-        plays+=($!)
-        sleep 0.0$((RANDOM % 9))  # phases not aligned
+        PLAYS+=($!)
+        sleep 0.0$((RANDOM % 9))
     done
-    sleep 6; local mem=""; for k in "${pids[@]}"; do mem="$mem [$(rss_gpu "$k")]"; done
-    wait "${plays[@]}"; sleep 1; kill -TERM "${recs[@]}" 2>/dev/null; wait "${recs[@]}"
-    kill -TERM "${pids[@]}"; wait "${pids[@]}"
+}
+batch_run() {  # side trial: one batched node, or 4 single-camera nodes, 4 cameras
+    local side=$1 i=$2 tag="batch_${1}_$2" k
+    start_side "$side" b "$tag" bag
+    play_cameras "$side" b "$tag" --duration 10
+    sleep 6; local mem=""; for k in "${PIDS[@]}"; do mem="$mem [$(rss_gpu "$k")]"; done
+    wait "${PLAYS[@]}"; sleep 1; kill -TERM "${RECS[@]}" 2>/dev/null; wait "${RECS[@]}"
+    kill -TERM "${PIDS[@]}"; wait "${PIDS[@]}"
     echo "$side trial $i: $(cat /tmp/play_${tag}_*.log | grep -o 'play: [0-9]* images' | tr '\n' ' ')"
     grep -h '^latency' /tmp/rec_${tag}*.log | sed "s/^/  $side: /"
     grep -ho 'stopped:.*' /tmp/node_${tag}*.log | sed "s/^/  $side node /"
@@ -167,37 +182,15 @@ stop_or_kill() {  # what pid...: wait up to 15 s for each (already sent SIGTERM)
     done
 }
 sweep_run() {  # side rate (multiple of the bag's 30 Hz, or max): one 6 s trial
-    local side=$1 rate=$2 tag="sweep_${1}_$2" pids=() recs=() plays=() k
-    local net=(-p backend:="${SWEEP_BACKEND:-cuda}" -p network_image_width:=640 -p network_image_height:=640)
+    local side=$1 rate=$2 tag="sweep_${1}_$2"
     local pace=(--rate "$rate"); [[ $rate == max ]] && pace=(--max)
-    if [[ $side == batched ]]; then
-        "$NODE" --ros-args -r __ns:=/wb --params-file config/default.yaml "${net[@]}" \
-            -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]" >"/tmp/node_$tag.log" 2>&1 &
-        pids+=($!)
-        "$CLI" record --count-only --batch --tensor-topic /wb/tensor --timing-topic /wb/timing \
-            --duration 60 --json "$OUT/${tag}.json" >"/tmp/rec_$tag.log" 2>&1 &
-        recs+=($!)
-    else
-        for k in 0 1 2 3; do
-            "$NODE" --ros-args -r __ns:=/ws$k --params-file config/default.yaml "${net[@]}" >"/tmp/node_${tag}_$k.log" 2>&1 &
-            pids+=($!)
-            "$CLI" record --count-only --tensor-topic /ws$k/tensor --timing-topic /ws$k/timing \
-                --duration 60 --json "$OUT/${tag}_$k.json" >"/tmp/rec_${tag}_$k.log" 2>&1 &
-            recs+=($!)
-        done
-    fi
-    for k in 0 1 2 3; do
-        local topic=/wb/cam$k/image; [[ $side == separate ]] && topic=/ws$k/image
-        timeout 60 "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp --duration 6 "${pace[@]}" --image-topic "$topic" \
-            --camera-info-topic "${topic%/image}/camera_info" --wait-subscribers 1 >"/tmp/play_${tag}_$k.log" 2>&1 &
-        plays+=($!)
-        sleep 0.0$((RANDOM % 9))  # phases not aligned
-    done
+    start_side "$side" w "$tag" count
+    play_cameras "$side" w "$tag" --duration 6 "${pace[@]}"
     # The subscribers stop after the players and the nodes (their --duration is only a
-    # bound: the first node on a freshly started GPU machine spends ~6 s in NVRTC).
-    wait "${plays[@]}"; sleep 1
-    kill -TERM "${pids[@]}"; stop_or_kill node "${pids[@]}"
-    kill -TERM "${recs[@]}" 2>/dev/null; stop_or_kill subscriber "${recs[@]}"
+    # bound: the first node on a freshly started GPU machine spends ~18 s opening its backend).
+    wait "${PLAYS[@]}"; sleep 1
+    kill -TERM "${PIDS[@]}"; stop_or_kill node "${PIDS[@]}"
+    kill -TERM "${RECS[@]}" 2>/dev/null; stop_or_kill subscriber "${RECS[@]}"
     cp /tmp/node_${tag}*.log /tmp/rec_${tag}*.log /tmp/play_${tag}_*.log "$OUT/" 2>/dev/null
     python3 - "$side" "$rate" /tmp/play_${tag}_*.log -- /tmp/node_${tag}*.log -- /tmp/rec_${tag}*.log <<'PY'
 import re, sys
