@@ -226,9 +226,10 @@ class Peer:
 def call(peer: Peer, srv_type, name: str, request, timeout: float = 10.0, attempts: int = 3):
     """Call service `name` of type `srv_type` from the peer and return the reply (every
     wait with a timeout). A request whose reply does not come within `timeout` is sent
-    again, up to `attempts` times: a service replies only to a client whose reply reader it
-    has matched (rmw_fastrtps waits ~100 ms for that), so under load the first reply to a
-    client made just before the call can be lost. For idempotent services (parameters)."""
+    again, up to `attempts` times: a reply to a client created just before the call can be
+    lost when the server has not matched the client's reply reader yet (discovery is slow
+    under load; seen once: no get_parameters reply in 10 s). For idempotent services
+    (parameters)."""
     client = peer.node.create_client(srv_type, name)
     peer.spin_until(lambda: client.service_is_ready(), timeout, f"service {name}")
     for attempt in range(1, attempts + 1):
