@@ -4,9 +4,9 @@ One run covers both: the soak's input (1920x1080 bgr8 camera frames at 30 Hz, pl
 Rust by `vision_preproc play --loop --restamp`) into a node configured so that 30 Hz is
 more than 5x what it can process (1280x960 float16 output with a dense 15x15 conv2d on one
 worker thread, RAYON_NUM_THREADS=1: ~110-150 ms per frame here, so the machine's second
-core is left to the player and the peer). If the machine processes faster than 30/5.5 Hz,
-vptools.soak (scripts/soak.py) raises the input rate to 5.5x the processing rate measured in the
-warm-up, so the overload holds on faster machines too.
+core is left to the player and the peer). If the machine processes faster than 30/7 Hz,
+vptools.soak (scripts/soak.py) raises the input rate to 7x the processing rate measured in the
+warm-up (OVERLOAD_MARGIN), so the overload holds on faster machines too.
 
 Asserted (definitions and reasons in python/vptools/soak.py):
 - overload: the player sent >= 5x the node's processing rate (tensors published per s);
