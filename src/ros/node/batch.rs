@@ -214,11 +214,7 @@ pub fn process_loop(pipeline: Pipeline, shared: &Shared, out: Outputs) {
 fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
     let logger = shared.logger.as_str();
     let mut generation = 0u64;
-    let mut reject_log = RateLimitedLog {
-        throttle: clock::Throttle::new(super::REJECT_LOG_PERIOD),
-        clock: shared.clock.clone(),
-        suppressed: 0,
-    };
+    let mut reject_log = RateLimitedLog::new(&shared.clock);
     let topics: Vec<String> = lock(&shared.cameras).iter().map(|c| c.topic.clone()).collect();
     while let Some(formed) = shared.batches.take() {
         {
@@ -341,11 +337,7 @@ fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
     let logger = shared.logger.as_str();
     let mut sequence = 0u64;
     let mut dropped_reported = 0u64;
-    let mut error_log = RateLimitedLog {
-        throttle: clock::Throttle::new(super::REJECT_LOG_PERIOD),
-        clock: shared.clock.clone(),
-        suppressed: 0,
-    };
+    let mut error_log = RateLimitedLog::new(&shared.clock);
     for mut ready in rx {
         let now = shared.clock.now();
         let ages: Vec<f32> =

@@ -711,6 +711,15 @@ struct RateLimitedLog {
 }
 
 impl RateLimitedLog {
+    /// One log line per [`REJECT_LOG_PERIOD`] of the node's clock.
+    fn new(clock: &NodeClock) -> Self {
+        RateLimitedLog {
+            throttle: clock::Throttle::new(REJECT_LOG_PERIOD),
+            clock: clock.clone(),
+            suppressed: 0,
+        }
+    }
+
     fn error(&mut self, logger: &str, what: &str) {
         if !self.throttle.ready(self.clock.now()) {
             self.suppressed += 1;
@@ -730,11 +739,7 @@ fn process_loop(mut pipeline: Pipeline, shared: &Shared, out: &Outputs) {
     let mut sequence = 0u64;
     let mut dropped_reported = 0u64;
     let mut generation = 0u64;
-    let mut reject_log = RateLimitedLog {
-        throttle: clock::Throttle::new(REJECT_LOG_PERIOD),
-        clock: shared.clock.clone(),
-        suppressed: 0,
-    };
+    let mut reject_log = RateLimitedLog::new(&shared.clock);
     let mut debug_throttle = clock::Throttle::new(Duration::ZERO);
     while let Some(frame) = shared.latest.take() {
         // Parameters set at run time apply from this frame (validated when set).
