@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Multi-camera batching through real DDS (issue 13): ONE node with N `inputs` (one
+"""Multi-camera batching through real DDS: ONE node with N `inputs` (one
 `TensorBatch` per batch) against N single-camera nodes, in the same run, same cameras.
 
 Per side: N camera processes (`vision_preproc play --loop --restamp` of a bag of real
@@ -173,7 +173,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--network", default="640x640")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "batch_node.json"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "evidence" / "batch_node.json"))
     a = ap.parse_args()
     profile = bench_node.use_profile(None)
     w, h = (int(v) for v in a.size.split("x"))

@@ -3,11 +3,11 @@
 one run, on the same frames (real photographs scaled to the frame size).
 
 Scenario sets (--set):
-  matrix (default; issue 7): 3 sizes x 3 encodings (bgr8, yuyv, bayer_rggb8), NCHW float32
+  matrix (default): 3 sizes x 3 encodings (bgr8, yuyv, bayer_rggb8), NCHW float32
     1280x720  -> 640x480   stretch
     1920x1200 -> 640x480   letterbox
     3840x2160 -> 1920x1080 stretch (same aspect: letterbox would be identical)
-  spec (the speed target of issue 3):
+  spec (the first two scenarios, docs/BENCHMARKS.md):
     A  1920x1080 bgr8        -> 640x640 letterbox
     B  1280x720  yuv422_yuy2 -> 640x480 stretch
 
@@ -28,7 +28,7 @@ source size (--frames is for 1280x720). Run from the repository root after
 `cargo build --release`:
 
     python3 bench/bench_cpu.py [--set matrix|spec] [--runs 3] [--rounds 5] [--frames 200] \
-        [--out bench/results/cpu.json] [--markdown]
+        [--out docs/evidence/cpu.json] [--markdown]
 """
 
 from __future__ import annotations

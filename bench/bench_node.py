@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The node through real DDS, side by side with a Python reference node (issue 7, item 3).
+"""The node through real DDS, side by side with a Python reference node.
 
 For each node (vision_preproc_node on the CPU backend; bench/reference_node.py: rclpy +
 OpenCV + NumPy), each camera size (1280x720, 1920x1080 bgr8) and each rate (30 Hz, max),
@@ -25,16 +25,16 @@ every 0.5 s; the load average before and after. --runs N repeats everything N ti
 (interleaved). Writes JSON (every run) and prints a Markdown table (median over runs,
 min-max in brackets).
 
-Issue 12 additions: `--old-bin DIR` adds the node kind `vision_preproc_old` (the previous
+Comparisons: `--old-bin DIR` adds the node kind `vision_preproc_old` (the previous
 release, built into another target dir; same frames, same peers, same run); `--network WxH`
-sets the network size of every node (default 640x480; the issue's benchmark is 640x640);
+sets the network size of every node (default 640x480; the message-path figures use 640x640);
 `--delivery` runs the delivery cases instead (a stock camera = no Fast DDS profile in the
 camera process: reliable, best effort; and a best-effort camera with the profile), each
 node with its defaults and no profile of its own (`FASTDDS_DEFAULT_PROFILES_FILE` unset in
 the node's process), recording frames sent, received, published, tensors and the
 /diagnostics levels the node reported.
 
-Usage: python3 bench/bench_node.py [--runs 3] [--seconds 20] [--out bench/results/node.json]
+Usage: python3 bench/bench_node.py [--runs 3] [--seconds 20] [--out docs/evidence/node.json]
        [--only "vision_preproc 1920x1080 30"] [--publisher rclpy|rust] [--segment-mb 64]
        [--nodes vision_preproc,reference] [--sizes 1280x720,1920x1080] [--rates 30,max]
        [--old-bin DIR] [--network 640x640] [--delivery]
@@ -352,7 +352,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "node.json"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "evidence" / "node.json"))
     ap.add_argument("--only", default="", help="substring filter on 'node size rate'")
     ap.add_argument("--publisher", choices=["rclpy", "rust"], default="rclpy")
     ap.add_argument("--nodes", default="vision_preproc,reference")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Start-up and memory of vision_preproc_node (CPU backend) at 1080p (issue 7, item 4).
+"""Start-up and memory of vision_preproc_node (CPU backend) at 1080p.
 
 A Rust camera publisher (`vision_preproc play --loop --restamp`) sends 1920x1080 bgr8
 frames at 30 Hz the whole time; an rclpy subscriber in this process listens on the
@@ -29,7 +29,7 @@ nodes run) stay cached: that is what a node starting on a running ROS system see
 else on the machine for a moment). Each repeat is: cold trial, then --warm warm trials.
 
 Usage: python3 bench/bench_startup.py [--repeats 5] [--warm 2] [--hold 5]
-       [--out bench/results/startup.json] [--drop-caches]
+       [--out docs/evidence/startup.json] [--drop-caches]
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def main() -> int:
     ap.add_argument("--hold", type=float, default=5.0, help="seconds the node runs after its first tensor")
     ap.add_argument("--drop-caches", action="store_true", help="drop the whole page cache before cold trials")
     ap.add_argument("--size", default="1920x1080", help="camera frames WxH (bgr8)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "startup.json"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "evidence" / "startup.json"))
     args = ap.parse_args()
     if not NODE.exists():
         raise SystemExit(f"{NODE} is missing: cargo build --release --bins")

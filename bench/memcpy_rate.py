@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Single-thread memcpy rate of this machine at the message path's sizes, for the per-copy
-ledger of docs/BENCHMARKS.md (issue 12): each copy the node (or the middleware) makes of a
+ledger of docs/BENCHMARKS.md: each copy the node (or the middleware) makes of a
 frame or a tensor costs bytes / this rate.
 
 - cached: the same source and destination every time (both stay in the last-level

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""PNG plots for docs/BENCHMARKS.md from the JSON under bench/results/ (CPU machine):
+"""PNG plots for docs/BENCHMARKS.md from the JSON under docs/evidence/ (CPU machine):
 
   cpu.json          -> docs/img/cpu_matrix.png    vision_preproc vs OpenCV + NumPy, 3 sizes x 3 encodings
   node.json         -> docs/img/node_dds.png      the node through DDS vs the Python reference node
   startup.json      -> docs/img/startup_cpu.png   start -> first tensor (cold, warm) and RSS at 1080p
   shm_<N>mb.json    -> docs/img/shm_segment.png   RSS and delivery against the Fast DDS segment size
 
-Files that are missing are skipped. Usage: python3 bench/plot.py [--results bench/results] [--img docs/img]
+Files that are missing are skipped. Usage: python3 bench/plot.py [--results docs/evidence] [--img docs/img]
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def plot_shm(files: list[Path], out: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--results", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--results", default=str(ROOT / "docs" / "evidence"))
     ap.add_argument("--img", default=str(ROOT / "docs" / "img"))
     a = ap.parse_args()
     res, img = Path(a.results), Path(a.img)

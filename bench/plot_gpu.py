@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tables (Markdown) and plots (PNG) from bench/bench_gpu_torch.py's JSON.
 
-    python3 bench/plot_gpu.py bench/results/gpu_h200.json \
-        --startup bench/results/gpu_h200_run1.json bench/results/gpu_h200_run2.json \
+    python3 bench/plot_gpu.py docs/evidence/gpu_h200.json \
+        --startup docs/evidence/gpu_h200_run1.json docs/evidence/gpu_h200_run2.json \
         --img docs/img > tables.md
 
 Figures: for each case and each side, the p50 of every repeat (5 runs x 300 iterations);

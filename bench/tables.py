@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Print the Markdown tables of docs/BENCHMARKS.md (CPU machine) from bench/results/*.json,
-without running anything again. Usage: python3 bench/tables.py [--results bench/results]"""
+"""Print the Markdown tables of docs/BENCHMARKS.md (CPU machine) from docs/evidence/*.json,
+without running anything again. Usage: python3 bench/tables.py [--results docs/evidence]"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]  # bench_*.py are imported from this 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--results", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--results", default=str(ROOT / "docs" / "evidence"))
     res = Path(ap.parse_args().results)
     if (res / "cpu.json").exists():
         from bench_cpu import report
