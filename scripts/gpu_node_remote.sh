@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The ROS node on the GPU machine (THERE, from the repository root; the machine has CUDA
-# but no ROS). Here first:  scripts/ros_bundle.sh   (node + CLI + ROS 2 run-time
-# libraries -> .device/ros.tar.xz)  and  python3 scripts/gpu_node_bags.py  (input bags ->
-# .device/node_bags.tar.xz). Then there:
+# The ROS node on the GPU machine, remote side (THERE, from the repository root; the
+# machine has CUDA but no ROS). Here first:  scripts/gpu_node_stage.sh  (the node, the CLI
+# and their ROS 2 libraries -> .device/ros.tar.xz; input bags -> .device/node_bags.tar.xz;
+# the demo bag -> .device/bag). Then there:
 #   bash scripts/gpu_node_remote.sh [scenario ...]      (default: all of them)
 # Real DDS (Fast DDS, loopback) between three processes: `vision_preproc play` (camera),
 # the node, `vision_preproc record` (subscriber; prints /diagnostics changes and latency).

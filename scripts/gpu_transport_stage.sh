@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 12 on the GPU machine, part 1 (here): stage everything scripts/gpu_transport_remote.sh
-# needs into one carry folder: the CLI and the GPU test binaries without ROS
-# (scripts/gpu_check.sh), the ROS bundle of this release (scripts/ros_bundle.sh) with the
+# The message path on the GPU machine, stage side (HERE): this build's node against a
+# previous release's, in one run. Stages everything scripts/gpu_transport_remote.sh needs
+# into one carry folder: the CLI and the GPU test binaries without ROS
+# (scripts/gpu_backend_stage.sh), the ROS bundle of this release (scripts/ros_bundle.sh) with the
 # previous release's node and CLI added under bin/old/, the input bags
 # (scripts/gpu_node_bags.py), both releases' default.yaml, the camera profile, the script.
 #
@@ -16,7 +17,7 @@ STAGE="$(realpath -m "${1:-$ROOT/.device/transport}")"
 OLD="${OLD_TARGET:?set OLD_TARGET to the target/release folder of a build of the previous release (91daae3)}"
 OLD_COMMIT="${OLD_COMMIT:-91daae3}"
 mkdir -p "$STAGE"
-bash scripts/gpu_check.sh "$STAGE"
+bash scripts/gpu_backend_stage.sh "$STAGE"
 scripts/ros_bundle.sh "$STAGE/ros"
 mkdir -p "$STAGE/ros/bin/old"
 strip -o "$STAGE/ros/bin/old/vision_preproc_node" "$OLD/vision_preproc_node"
@@ -24,7 +25,7 @@ strip -o "$STAGE/ros/bin/old/vision_preproc" "$OLD/vision_preproc"
 tar cJf "$STAGE/ros.tar.xz" -C "$STAGE/ros" .
 rm -rf "$STAGE/ros"
 python3 scripts/gpu_node_bags.py "$STAGE"
-rm -f "$STAGE/vision_preproc" "$STAGE/gpu_remote.sh"  # not used there (the bundle has the CLI)
+rm -f "$STAGE/vision_preproc" "$STAGE/gpu_backend_remote.sh"  # not used there (the bundle has the CLI)
 cp config/default.yaml "$STAGE/default.yaml"
 git show "$OLD_COMMIT:config/default.yaml" >"$STAGE/default_old.yaml"
 cp config/fastdds_large_frames.xml scripts/gpu_transport_remote.sh bench/memcpy_rate.py "$STAGE/"

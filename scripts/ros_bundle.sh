@@ -10,7 +10,8 @@
 # feature `fault-injection`, scripts/test_hooks_build.sh).
 #
 #   scripts/ros_bundle.sh [DIR]    # default .device/ros (git-excluded); also writes DIR.tar.xz
-#   # there: bash scripts/gpu_node_remote.sh DIR.tar.xz   (sets LD_LIBRARY_PATH=DIR/lib etc.)
+#   # there: scripts/gpu_node_remote.sh unpacks .device/ros.tar.xz and sets LD_LIBRARY_PATH
+#   # (scripts/gpu_node_stage.sh calls this script with the default DIR)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# GPU check, part 2 (THERE, on the GPU machine, from the repository root, after
-# scripts/gpu_check.sh staged the binaries into .device/):
-#   bash .device/gpu_remote.sh smoke   # context, NVRTC for the device, both memory modes,
-#                                      # a parity sample, start-up times, tool presence
-#   bash .device/gpu_remote.sh full    # full parity, compute-sanitizer memcheck and
+# The CUDA backend on the GPU machine, remote side (THERE, from the repository root, after
+# scripts/gpu_backend_stage.sh staged the binaries and this script into .device/):
+#   bash .device/gpu_backend_remote.sh smoke   # context, NVRTC for the device, both memory
+#                                      # modes, a parity sample, start-up times, tool presence
+#   bash .device/gpu_backend_remote.sh full    # full parity, compute-sanitizer memcheck and
 #                                      # racecheck, the benchmark (results.json)
-#   bash .device/gpu_remote.sh reliability   # GPU fault drill (gpu_failure_policy with a
+#   bash .device/gpu_backend_remote.sh reliability   # GPU fault drill (gpu_failure_policy with a
 #                                      # real injected fault), the edge cases (parity,
 #                                      # memcheck, initcheck), memcheck over the matrix
 # Logs and results go to $OUT (or /tmp/vp_out). Never changes GPU clocks or settings.
