@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! [0] bits 0-1 mode: 0 raw header, 1 consistent header, 2 consistent header with one field
-//!                    off by a delta, 3 CDR message (bag::msgs::Image::decode, as `replay` reads)
+//!                    off by a delta, 3 CDR message (wire::msgs::Image::decode, as `replay` reads)
 //!     bit 2 AVX2 (else baseline) | bit 3 one output channel | bit 4 NHWC | bit 5 float16
 //!     bit 6 nearest (else linear) | bit 7 bgr channel order
 //! [1] network width  1 + b % 24          [2] network height 1 + b % 24
@@ -45,13 +45,13 @@
 
 use vision_preproc::backend::cpu::{reference, CpuBackend, Simd};
 use vision_preproc::backend::read_elements;
-use vision_preproc::bag::msgs::Image as CdrImage;
 use vision_preproc::config::{
     BackendChoice, Border, ChannelOrder, Config, ConvConfig, ConvKernel, DType, Interpolation,
     Layout, LetterboxAnchor, ResizeMode,
 };
 use vision_preproc::error::ImageError;
 use vision_preproc::pipeline::{preprocess_op, Geometry};
+use vision_preproc::wire::msgs::Image as CdrImage;
 use vision_preproc::{Error, ImageView, Pipeline};
 
 /// Encoding strings the selector byte picks from: every valid name and alias first, then
@@ -672,7 +672,7 @@ pub fn off(
     v
 }
 
-/// A CDR-message input (`bag::msgs::Image::encode` bytes, or a damaged copy).
+/// A CDR-message input (`wire::msgs::Image::encode` bytes, or a damaged copy).
 pub fn cdr(s: &Settings, message: &[u8]) -> Vec<u8> {
     let mut v = head(3, s, "rgb8", 0);
     v.extend(message);

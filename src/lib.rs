@@ -16,9 +16,9 @@
 //!
 //! [`config`] and [`image`] are the shared vocabulary (the parameters; a validated view
 //! of an input image). [`transport`] holds the message path's decisions without ROS
-//! types (keep-latest slot, input QoS rule, delivery monitor, Fast DDS segment size), and
-//! [`pipeline::message`] the CDR of the output messages. `backend/` never imports r2r
-//! and `ros/` never imports cudarc.
+//! types (keep-latest slot, batch synchronizer, input QoS rule, delivery monitor, Fast
+//! DDS segment size), [`wire`] the CDR of the messages and their type names, [`bag`]
+//! rosbag2 files. `backend/` never imports r2r and `ros/` never imports cudarc.
 
 // The house rules that a lint can keep (docs/ARCHITECTURE.md): no unwrap/expect outside
 // tests, a `// SAFETY:` comment on every unsafe block.
@@ -39,6 +39,7 @@ pub mod ros;
 #[path = "ros_stub.rs"]
 pub mod ros;
 pub mod transport;
+pub mod wire;
 
 pub use config::Config;
 pub use error::{Error, ImageError, Result};

@@ -442,10 +442,11 @@ fn pipeline_handles_every_encoding_and_size_changes() {
 
 #[test]
 fn pipeline_writes_the_whole_tensor_message_in_place() {
-    // process_message: the serialized Tensor around the tensor the backend wrote in
+    // process_frames with one input: the serialized Tensor around the tensor the backend wrote in
     // place (data 64-byte aligned), decoding to the frame's header, the config's name and
     // the geometry; frame_id lengths 0..3 and a size change move every later field.
-    use vision_preproc::bag::msgs::{Header, Tensor};
+    use vision_preproc::pipeline::FrameInput;
+    use vision_preproc::wire::msgs::{Header, Tensor};
     let cfg = Config {
         network_image_width: 13,
         network_image_height: 7,
@@ -459,13 +460,15 @@ fn pipeline_writes_the_whole_tensor_message_in_place() {
         let (data, step) = random_image(Encoding::Yuyv, w, h, 3, i as u64);
         let img = ImageView::new(w, h, step, "yuv422_yuy2", false, &data).unwrap();
         let header = Header { sec: 7, nanosec: 8 + i as u32, frame_id: frame_id.into() };
-        let info = p.process_message(&img, &header, "yuv422_yuy2").unwrap();
+        let input = FrameInput::frame(&img, &header, "yuv422_yuy2");
+        let info = p.process_frames(&[input], &header).unwrap();
+        let geometry = info.geometries[0].clone().expect("processed");
         let t = Tensor::decode(p.message()).unwrap();
         assert_eq!(t.header, header);
         assert_eq!((t.name, t.layout, t.dtype), ("images", "NCHW", "float16"));
         assert_eq!((t.shape, t.source_encoding), (info.desc.shape().to_vec(), "yuv422_yuy2"));
         assert_eq!((t.source_width, t.source_height), (w, h));
-        assert_eq!(t.geometry[0], info.geometry.scale_x as f32);
+        assert_eq!(t.geometry[0], geometry.scale_x as f32);
         assert_eq!(t.data, p.tensor_bytes());
         assert_eq!(p.tensor_bytes().as_ptr() as usize % 64, 0, "data not 64-byte aligned");
         let mut want = Vec::new();

@@ -11,7 +11,7 @@ use harness::{Outcome, Settings};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use vision_preproc::bag::msgs::{Header, Image as CdrImage};
+use vision_preproc::wire::msgs::{Header, Image as CdrImage};
 
 /// The system allocator, recording the largest single request.
 struct Counting;

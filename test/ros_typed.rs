@@ -19,7 +19,7 @@ use r2r::vision_preproc_msgs::msg::{FrameTiming, Tensor};
 use r2r::QosProfile;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
-use vision_preproc::bag::msgs::{FrameTiming as RawTiming, Tensor as RawTensor};
+use vision_preproc::wire::msgs::{FrameTiming as RawTiming, Tensor as RawTensor};
 
 const NET_W: u32 = 61; // odd sizes: float16 data ends off a 4-byte boundary
 const NET_H: u32 = 37;

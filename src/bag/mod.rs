@@ -2,18 +2,11 @@
 //! sqlite3 storage, write `Tensor` and `FrameTiming` to an MCAP bag. Used by the CLI's
 //! `replay` (and `play`, which publishes what it reads).
 
-pub mod cdr;
-pub mod msgs;
 pub mod read;
 pub mod write;
 
 pub use read::{Bag, RawMessage, TopicInfo};
 pub use write::BagWriter;
-
-/// The rosbag2 type name of images.
-pub const IMAGE_TYPE: &str = "sensor_msgs/msg/Image";
-/// The rosbag2 type name of camera infos.
-pub const CAMERA_INFO_TYPE: &str = "sensor_msgs/msg/CameraInfo";
 
 /// What to play and how.
 #[derive(Debug, Clone)]
@@ -81,7 +74,7 @@ pub fn restamp(cdr: &mut [u8], ns: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::msgs::{Header, Image};
+    use crate::wire::msgs::{Header, Image};
 
     #[test]
     fn restamp_rewrites_only_the_stamp() {

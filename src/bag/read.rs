@@ -4,8 +4,8 @@
 //! A damaged bag is read as far as it goes: a truncated MCAP file yields the messages
 //! before the damage and then one error saying where it stopped.
 
-use super::IMAGE_TYPE;
 use crate::error::{Error, Result};
+use crate::wire::msgs::IMAGE_TYPE;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -3,8 +3,8 @@
 //! library read. Deterministic: nothing depends on the wall clock, so the same messages
 //! give the same bytes.
 
-use super::msgs::schema;
 use crate::error::{Error, Result};
+use crate::wire::msgs::schema;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::BufWriter;

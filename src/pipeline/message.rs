@@ -1,367 +1,252 @@
-//! The output messages of a processed frame, without ROS: the CDR of a
-//! `vision_preproc_msgs/Tensor` laid out around its data (so that a backend writes the
-//! tensor in place, between the two parts), and the `FrameTiming` of the frame. The
-//! node publishes these bytes as they are (`publish_raw`) and `replay` writes them into
-//! bags: one mapping from a frame to its messages, for both.
-//!
-//! The bytes are what rmw_fastrtps serializes for the typed message (XCDR1
-//! little-endian, encapsulation `00 01 00 00`, alignment counted from the byte after the
-//! encapsulation, no trailing padding); `test/ros/test_transport.py` checks them against
-//! rclpy's serialization of the same message, byte for byte.
+//! The pipeline's message buffers: the serialized output message of a frame or a batch
+//! (`Tensor` or `TensorBatch`, laid out by [`super::encode`]) in memory from the backend
+//! ([`Backend::alloc_host`]: pinned for CUDA), the backend writing the tensor in place
+//! between the message's two parts. A finished message is taken out as an
+//! [`OwnedMessage`] to be published on another thread while the next one is written into
+//! another buffer; dropping it gives the buffer back to the pool, unless the backend was
+//! replaced meanwhile (then it is freed: pinned memory keeps its CUDA context alive, and
+//! a faulted context must go before a new one can be made).
 
-use super::Geometry;
-use crate::backend::{StageTimes, TensorDesc};
-use crate::bag::cdr::Writer;
-use crate::bag::msgs::{FrameTiming, Header};
+use super::encode::{batch_items_cdr, BatchItemFields, TensorCdr};
+use super::{preview_items, Geometry, PreviewImage};
+use crate::backend::{Backend, HostBuffer, PreprocessParams};
+use crate::error::{Error, Result};
+use crate::wire::msgs::Header;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-/// What a `Tensor` message holds besides its data.
-#[derive(Debug, Clone, Copy)]
-pub struct TensorFields<'a> {
-    /// Stamp and frame_id of the source image.
-    pub header: &'a Header,
-    /// `Tensor.name` (the `tensor_name` parameter).
-    pub name: &'a str,
-    /// Shape, layout and dtype (the data is `desc.byte_len()` bytes).
-    pub desc: TensorDesc,
-    /// Scale, offset and source size.
-    pub geometry: &'a Geometry,
-    /// The source image's encoding as it arrived (`yuv422_yuy2`, not its alias).
-    pub source_encoding: &'a str,
-}
+/// Alignment of the tensor data inside the message buffer (the CUDA kernels' vector
+/// stores need 16 bytes when they write it directly; 64 keeps it on a cache line).
+pub const TENSOR_ALIGN: usize = 64;
 
-/// The CDR of one `Tensor` around its data: the message is `prefix`, then the
-/// `data_len` bytes of the tensor, then `suffix`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TensorCdr {
-    /// Encapsulation, header, name, layout, dtype, shape and the length of `data`.
-    pub prefix: Vec<u8>,
-    /// Bytes of `data`, written by the backend between the two parts.
-    pub data_len: usize,
-    /// `scale_x` ... `source_encoding` (alignment depends on where `data` ends).
-    pub suffix: Vec<u8>,
-}
+/// Spare bytes allocated with the message buffer, so that small changes of the message
+/// (a longer frame_id) do not reallocate it.
+const MESSAGE_SLACK: usize = 4096;
 
-impl TensorCdr {
-    /// The layout of the message `f` describes.
-    pub fn new(f: &TensorFields<'_>) -> Self {
-        let data_len = f.desc.byte_len();
-        let mut w = Writer::new();
-        f.header.write(&mut w);
-        w.string(f.name);
-        w.string(f.desc.layout.name());
-        w.string(f.desc.dtype.name());
-        w.u32_seq(&f.desc.shape());
-        w.bytes_len(data_len);
-        let mut rest = Writer::continuing(w.body_len() + data_len);
-        let g = f.geometry;
-        for v in [g.scale_x, g.scale_y, g.offset_x, g.offset_y] {
-            rest.f32(v as f32);
-        }
-        rest.u32(g.source_width);
-        rest.u32(g.source_height);
-        rest.string(f.source_encoding);
-        TensorCdr { prefix: w.finish(), data_len, suffix: rest.finish() }
-    }
+/// How long a backend replacement waits for the messages still being published from
+/// another thread to be dropped (normally one publish: milliseconds).
+pub const OUTSTANDING_WAIT: Duration = Duration::from_secs(2);
 
-    /// Bytes of the whole message.
-    pub fn len(&self) -> usize {
-        self.prefix.len() + self.data_len + self.suffix.len()
-    }
-
-    /// Never empty (the encapsulation header alone is 4 bytes).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Where the data lies in the message.
-    pub fn data_range(&self) -> std::ops::Range<usize> {
-        self.prefix.len()..self.prefix.len() + self.data_len
-    }
-
-    /// Write everything but the data into `message` (exactly [`TensorCdr::len`] bytes).
-    pub fn write_around(&self, message: &mut [u8]) {
-        let end = self.prefix.len() + self.data_len;
-        message[..self.prefix.len()].copy_from_slice(&self.prefix);
-        message[end..end + self.suffix.len()].copy_from_slice(&self.suffix);
-    }
-
-    /// The whole message with `data` (tests, and callers that have the tensor elsewhere).
-    pub fn with_data(&self, data: &[u8]) -> Vec<u8> {
-        debug_assert_eq!(data.len(), self.data_len);
-        [self.prefix.as_slice(), data, self.suffix.as_slice()].concat()
-    }
-}
-
-/// One item of a `vision_preproc_msgs/TensorBatch` (`BatchItem.msg`).
-#[derive(Debug, Clone, Copy)]
-pub struct BatchItemFields<'a> {
-    /// The input topic of this slot, fully resolved.
-    pub topic: &'a str,
-    /// The slot holds this camera's frame (false: padded, camera stale or frame rejected).
+/// The fields of a batch's item kept until its age is known ([`OwnedMessage::set_ages`]).
+#[derive(Debug, Clone, Default)]
+pub(super) struct KeptItem {
+    pub topic: String,
     pub valid: bool,
-    /// The frame was already in an earlier batch.
     pub repeated: bool,
-    /// Header of the source image (empty when not valid).
-    pub header: &'a Header,
-    /// Encoding as it arrived ("" when not valid).
-    pub source_encoding: &'a str,
-    /// Scale, offset and source size (`None` when not valid: zeros).
-    pub geometry: Option<&'a Geometry>,
-    /// Publish time minus the header stamp, µs (0 when not valid).
-    pub age_us: f32,
+    pub header: Header,
+    pub source_encoding: String,
+    pub geometry: Option<Geometry>,
 }
 
-/// What a `TensorBatch` holds besides its data.
-#[derive(Debug, Clone, Copy)]
-pub struct TensorBatchFields<'a> {
-    /// Stamp of the newest valid item, empty frame_id.
-    pub header: &'a Header,
-    /// `tensor_name`.
-    pub name: &'a str,
-    /// Shape, layout and dtype of ONE item (the data is `items.len()` of them).
-    pub desc: TensorDesc,
-    /// One per slot, in batch order.
-    pub items: &'a [BatchItemFields<'a>],
+/// One serialized message in a buffer, and what is needed to finish it (a batch's items,
+/// for their ages) and to show it (the parameters that wrote its tensors, for
+/// `debug_image`).
+#[derive(Default)]
+pub(super) struct MessageBuf {
+    buf: Option<HostBuffer>,
+    /// Offset of the message in `buf` (so that its data is [`TENSOR_ALIGN`]ed).
+    start: usize,
+    /// The message's layout around its data.
+    pub cdr: TensorCdr,
+    /// A `TensorBatch`'s items (empty for a `Tensor`).
+    pub items: Vec<KeptItem>,
+    /// The operation parameters of the tensors in the message (their size, layout, dtype
+    /// and normalization), once one was written.
+    pub params: Option<PreprocessParams>,
 }
 
-impl TensorCdr {
-    /// The layout of the `TensorBatch` message `f` describes: the same three parts as a
-    /// `Tensor` (prefix, data written in place, suffix = the items).
-    pub fn batch(f: &TensorBatchFields<'_>) -> Self {
-        let n = f.items.len();
-        let data_len = n * f.desc.byte_len();
-        let mut w = Writer::new();
-        f.header.write(&mut w);
-        w.string(f.name);
-        w.string(f.desc.layout.name());
-        w.string(f.desc.dtype.name());
-        let mut shape = f.desc.shape();
-        shape[0] = n as u32;
-        w.u32_seq(&shape);
-        w.bytes_len(data_len);
-        TensorCdr {
-            suffix: batch_items_cdr(w.body_len() + data_len, f.items),
-            prefix: w.finish(),
-            data_len,
+impl MessageBuf {
+    /// Make room for the message `cdr` describes (allocating from `backend` if needed)
+    /// and write everything but the data; returns the data's bytes.
+    pub fn prepare(&mut self, backend: &mut dyn Backend) -> Result<&mut [u8]> {
+        let (need, prefix_len) = (self.cdr.len(), self.cdr.prefix.len());
+        let offset = |buf: &HostBuffer| {
+            let data_at = buf.as_slice().as_ptr() as usize + prefix_len;
+            (TENSOR_ALIGN - data_at % TENSOR_ALIGN) % TENSOR_ALIGN
+        };
+        let fits = |buf: &HostBuffer| offset(buf) + need <= buf.len();
+        if !self.buf.as_ref().is_some_and(fits) {
+            self.buf = None;
+            self.buf = Some(backend.alloc_host(need + TENSOR_ALIGN + MESSAGE_SLACK)?);
+        }
+        let Some(buf) = self.buf.as_mut() else {
+            return Err(Error::Operation("message buffer missing after allocation".into()));
+        };
+        self.start = offset(buf);
+        let message = &mut buf.as_mut_slice()[self.start..self.start + need];
+        self.cdr.write_around(message);
+        Ok(&mut message[self.cdr.data_range()])
+    }
+
+    /// Free the buffer (its backend is being replaced).
+    pub fn release(&mut self) {
+        self.buf = None;
+    }
+
+    /// Write each batch item's `age_us` (0 for invalid items) into the message; nothing
+    /// for a `Tensor`, which has no ages.
+    fn set_ages(&mut self, ages: &[f32]) -> Result<()> {
+        if self.items.is_empty() {
+            return Ok(());
+        }
+        let body_offset = self.cdr.prefix.len() - 4 + self.cdr.data_len;
+        let suffix = batch_items_cdr(body_offset, &batch_fields(&self.items, ages));
+        if suffix.len() != self.cdr.suffix.len() {
+            return Err(Error::Operation(format!(
+                "message suffix of {} bytes cannot replace one of {}",
+                suffix.len(),
+                self.cdr.suffix.len()
+            )));
+        }
+        let at = self.start + self.cdr.prefix.len() + self.cdr.data_len;
+        if let Some(buf) = self.buf.as_mut() {
+            buf.as_mut_slice()[at..at + suffix.len()].copy_from_slice(&suffix);
+        }
+        self.cdr.suffix = suffix;
+        Ok(())
+    }
+
+    pub fn message(&self) -> &[u8] {
+        match &self.buf {
+            Some(buf) => &buf.as_slice()[self.start..self.start + self.cdr.len()],
+            None => &[],
+        }
+    }
+
+    pub fn tensor(&self) -> &[u8] {
+        self.message().get(self.cdr.data_range()).unwrap_or(&[])
+    }
+
+    /// What the network sees of each tensor in the message, stacked top to bottom.
+    pub fn preview(&self) -> Result<PreviewImage> {
+        match &self.params {
+            Some(params) if !self.tensor().is_empty() => preview_items(params, self.tensor()),
+            _ => Err(Error::Operation("no frame has been processed yet".into())),
         }
     }
 }
 
-/// The `items` sequence of a `TensorBatch`, continuing at `body_offset` (its length
-/// depends only on the strings, so ages can be rewritten in place of an earlier suffix).
-pub fn batch_items_cdr(body_offset: usize, items: &[BatchItemFields<'_>]) -> Vec<u8> {
-    let mut w = Writer::continuing(body_offset);
-    w.u32(items.len() as u32);
-    for it in items {
-        w.string(it.topic);
-        w.u8(u8::from(it.valid));
-        w.u8(u8::from(it.repeated));
-        it.header.write(&mut w);
-        w.string(it.source_encoding);
-        let (sw, sh, g) = match it.geometry {
-            Some(g) => (
-                g.source_width,
-                g.source_height,
-                [g.scale_x as f32, g.scale_y as f32, g.offset_x as f32, g.offset_y as f32],
-            ),
-            None => (0, 0, [0.0; 4]),
-        };
-        w.u32(sw);
-        w.u32(sh);
-        for v in g {
-            w.f32(v);
-        }
-        w.f32(it.age_us);
-    }
-    w.finish()
+/// The fields of `items` with their ages (0 for invalid items).
+pub(super) fn batch_fields<'a>(items: &'a [KeptItem], ages: &[f32]) -> Vec<BatchItemFields<'a>> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, k)| BatchItemFields {
+            topic: &k.topic,
+            valid: k.valid,
+            repeated: k.repeated,
+            header: &k.header,
+            source_encoding: &k.source_encoding,
+            geometry: k.geometry.as_ref(),
+            age_us: if k.valid { ages.get(i).copied().unwrap_or(0.0) } else { 0.0 },
+        })
+        .collect()
 }
 
-/// The `FrameTiming` of a processed frame: the stage times of the backend, `total_us`
-/// (receive -> publish, measured by the caller), `age_us` (0 offline) and the frames
-/// replaced since the previous one.
-pub fn frame_timing(
-    header: &Header,
-    sequence: u64,
-    backend: &str,
-    times: &StageTimes,
-    total_us: f32,
-    age_us: f32,
-    dropped_since_last: u32,
-) -> FrameTiming {
-    FrameTiming {
-        header: header.clone(),
-        sequence,
-        backend: backend.to_string(),
-        stages_us: [
-            times.upload_us,
-            times.preprocess_us,
-            times.conv_us,
-            times.download_us,
-            total_us,
-            age_us,
-        ],
-        dropped_since_last,
-    }
+/// Where the message buffers handed out by [`MessagePool::take`] come back to when
+/// dropped; those of a backend replaced meanwhile are freed instead.
+#[derive(Default)]
+pub(super) struct MessagePool {
+    free: Mutex<Vec<MessageBuf>>,
+    /// Bumped by every backend replacement.
+    generation: AtomicU64,
+    /// Messages handed out and not dropped yet.
+    outstanding: AtomicUsize,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::bag::msgs::Tensor;
-    use crate::config::{DType, Layout};
-
-    fn geometry() -> Geometry {
-        let cfg =
-            crate::Config { network_image_width: 5, network_image_height: 3, ..Default::default() };
-        Geometry::resolve(&cfg, 10, 4).unwrap()
+impl MessagePool {
+    fn free(&self) -> MutexGuard<'_, Vec<MessageBuf>> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    #[test]
-    fn tensor_bytes_decode_to_the_fields_for_every_alignment() {
-        let g = geometry();
-        // frame_id lengths 0..4 move every later field through all four alignments;
-        // float16 with an odd element count makes the data end off a 4-byte boundary.
-        for (frame_id, dtype) in [
-            ("", DType::Float32),
-            ("a", DType::Float16),
-            ("ab", DType::Float16),
-            ("abc", DType::Float32),
-        ] {
-            let header = Header { sec: -3, nanosec: 999_999_999, frame_id: frame_id.into() };
-            let desc = TensorDesc { channels: 3, height: 3, width: 5, layout: Layout::Nhwc, dtype };
-            let f = TensorFields {
-                header: &header,
-                name: "images",
-                desc,
-                geometry: &g,
-                source_encoding: "yuv422_yuy2",
-            };
-            let cdr = TensorCdr::new(&f);
-            let data: Vec<u8> = (0..desc.byte_len()).map(|i| (i * 7) as u8).collect();
-            let msg = cdr.with_data(&data);
-            assert_eq!(msg.len(), cdr.len());
-            assert_eq!(&msg[cdr.data_range()], &data[..]);
-            let t = Tensor::decode(&msg).unwrap();
-            assert_eq!(t.header, header);
-            assert_eq!((t.name, t.layout, t.dtype), ("images", "NHWC", dtype.name()));
-            assert_eq!(t.shape, vec![1, 3, 5, 3]);
-            assert_eq!(t.data, &data[..]);
-            let want = [g.scale_x as f32, g.scale_y as f32, g.offset_x as f32, g.offset_y as f32];
-            assert_eq!(t.geometry, want);
-            assert_eq!((t.source_width, t.source_height), (10, 4));
-            assert_eq!(t.source_encoding, "yuv422_yuy2");
-            // write_around fills exactly the bytes outside the data.
-            let mut buf = vec![0xEE; cdr.len()];
-            cdr.write_around(&mut buf);
-            buf[cdr.data_range()].copy_from_slice(&data);
-            assert_eq!(buf, msg);
+    /// Hand `current` out as an [`OwnedMessage`] and put a free buffer (one given back,
+    /// or a new empty one) in its place.
+    pub fn take(self: &Arc<Self>, current: &mut MessageBuf) -> OwnedMessage {
+        let next = self.free().pop().unwrap_or_default();
+        let buf = std::mem::replace(current, next);
+        self.outstanding.fetch_add(1, Ordering::AcqRel);
+        OwnedMessage {
+            buf: Some(buf),
+            generation: self.generation.load(Ordering::Acquire),
+            pool: Arc::clone(self),
         }
     }
 
-    #[test]
-    fn the_prefix_is_the_cdr_of_the_leading_fields() {
-        // Hand-written XCDR1 LE for header {1, 2, "c"}, name "n", layout "NCHW", dtype
-        // "float32", shape [1, 1, 1, 1], data length 4: each string is a u32 length
-        // (with the NUL) + bytes + NUL, aligned to 4 before each u32.
-        let header = Header { sec: 1, nanosec: 2, frame_id: "c".into() };
-        let g = geometry();
-        let desc = TensorDesc {
-            channels: 1,
-            height: 1,
-            width: 1,
-            layout: Layout::Nchw,
-            dtype: DType::Float32,
-        };
-        let f =
-            TensorFields { header: &header, name: "n", desc, geometry: &g, source_encoding: "m" };
-        let cdr = TensorCdr::new(&f);
-        let mut want = vec![0, 1, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, b'c', 0, 0, 0];
-        want.extend([2, 0, 0, 0, b'n', 0, 0, 0]);
-        want.extend([5, 0, 0, 0, b'N', b'C', b'H', b'W', 0, 0, 0, 0]);
-        want.extend([8, 0, 0, 0, b'f', b'l', b'o', b'a', b't', b'3', b'2', 0]);
-        want.extend([4, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]);
-        want.extend([4, 0, 0, 0]);
-        assert_eq!(cdr.prefix, want);
-        // After 4 data bytes the body is at a multiple of 4: no padding before scale_x;
-        // 4 floats, 2 u32, then "m": 2, 0, 0, 0, 'm', 0.
-        assert_eq!(cdr.suffix.len(), 16 + 8 + 6);
-        assert_eq!(&cdr.suffix[24..], &[2, 0, 0, 0, b'm', 0]);
+    /// The backend is being replaced: free the buffers given back, and wait (at most
+    /// [`OUTSTANDING_WAIT`]) for those still being published, so that no buffer of the
+    /// old backend outlives it. Returns how many were still out after the wait
+    /// (normally 0).
+    pub fn retire(&self) -> usize {
+        {
+            let mut free = self.free();
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            free.clear();
+        }
+        let deadline = Instant::now() + OUTSTANDING_WAIT;
+        while self.outstanding.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.outstanding.load(Ordering::Acquire)
     }
 
-    #[test]
-    fn tensor_batch_decodes_to_its_fields_and_ages_rewrite_in_place() {
-        use crate::bag::msgs::TensorBatch;
-        let g = geometry();
-        let h0 = Header { sec: 7, nanosec: 8, frame_id: "cam0".into() };
-        let empty = Header::default();
-        let desc = TensorDesc {
-            channels: 3,
-            height: 3,
-            width: 5,
-            layout: Layout::Nchw,
-            dtype: DType::Float16,
-        };
-        let items = [
-            BatchItemFields {
-                topic: "/a/image",
-                valid: true,
-                repeated: true,
-                header: &h0,
-                source_encoding: "bgr8",
-                geometry: Some(&g),
-                age_us: 0.0,
-            },
-            BatchItemFields {
-                topic: "/b/image",
-                valid: false,
-                repeated: false,
-                header: &empty,
-                source_encoding: "",
-                geometry: None,
-                age_us: 0.0,
-            },
-        ];
-        let header = Header { sec: 7, nanosec: 8, frame_id: String::new() };
-        let f = TensorBatchFields { header: &header, name: "images", desc, items: &items };
-        let cdr = TensorCdr::batch(&f);
-        assert_eq!(cdr.data_len, 2 * desc.byte_len());
-        let data: Vec<u8> = (0..cdr.data_len).map(|i| (i * 3) as u8).collect();
-        let mut msg = cdr.with_data(&data);
-        let t = TensorBatch::decode(&msg).unwrap();
-        assert_eq!(
-            (t.name, t.layout, t.dtype, t.shape.as_slice()),
-            ("images", "NCHW", "float16", &[2, 3, 3, 5][..])
-        );
-        assert_eq!((t.header, t.data), (header.clone(), &data[..]));
-        assert_eq!(t.items.len(), 2);
-        let a = &t.items[0];
-        assert_eq!((a.topic, a.valid, a.repeated, &a.header), ("/a/image", true, true, &h0));
-        assert_eq!((a.source_encoding, a.source_width, a.source_height), ("bgr8", 10, 4));
-        assert_eq!(
-            a.geometry,
-            [g.scale_x as f32, g.scale_y as f32, g.offset_x as f32, g.offset_y as f32]
-        );
-        let b = &t.items[1];
-        assert_eq!((b.valid, b.source_width, b.geometry, b.age_us), (false, 0, [0.0; 4], 0.0));
-        // New ages: the suffix keeps its length, so it is rewritten in place.
-        let mut aged = items;
-        aged[0].age_us = 1234.5;
-        let body_offset = cdr.prefix.len() - 4 + cdr.data_len;
-        let suffix = batch_items_cdr(body_offset, &aged);
-        assert_eq!(suffix.len(), cdr.suffix.len());
-        let at = cdr.prefix.len() + cdr.data_len;
-        msg[at..].copy_from_slice(&suffix);
-        assert_eq!(TensorBatch::decode(&msg).unwrap().items[0].age_us, 1234.5);
+    #[cfg(test)]
+    pub fn counts(&self) -> (usize, usize) {
+        (self.outstanding.load(Ordering::Acquire), self.free().len())
+    }
+}
+
+/// A finished message taken out of the pipeline ([`super::Pipeline::take_message`]) to be
+/// published on another thread while the pipeline fills its next buffer. Dropping it
+/// gives the buffer back to the pipeline.
+pub struct OwnedMessage {
+    buf: Option<MessageBuf>,
+    generation: u64,
+    pool: Arc<MessagePool>,
+}
+
+impl OwnedMessage {
+    /// The serialized message.
+    pub fn bytes(&self) -> &[u8] {
+        self.buf.as_ref().map_or(&[], |b| b.message())
     }
 
-    #[test]
-    fn frame_timing_maps_the_stages_in_message_order() {
-        let times =
-            StageTimes { upload_us: 1.0, preprocess_us: 2.0, conv_us: 3.0, download_us: 4.0 };
-        let h = Header { sec: 5, nanosec: 6, frame_id: "f".into() };
-        let t = frame_timing(&h, 9, "cuda", &times, 10.0, 11.0, 12);
-        assert_eq!(t.stages_us, [1.0, 2.0, 3.0, 4.0, 10.0, 11.0]);
-        assert_eq!((t.sequence, t.backend.as_str(), t.dropped_since_last), (9, "cuda", 12));
-        assert_eq!(t.header, h);
+    /// The tensor data of the message (all items of a batch).
+    pub fn tensor(&self) -> &[u8] {
+        self.buf.as_ref().map_or(&[], |b| b.tensor())
+    }
+
+    /// Write each item's `age_us` (publish time minus its stamp; `ages[i]` for item i,
+    /// ignored for invalid items) into a `TensorBatch`; a `Tensor` has no ages.
+    pub fn set_ages(&mut self, ages: &[f32]) -> Result<()> {
+        match self.buf.as_mut() {
+            Some(buf) => buf.set_ages(ages),
+            None => Err(Error::Operation("message already given back".into())),
+        }
+    }
+
+    /// What the network sees: the message's tensors de-normalized to 8-bit images (see
+    /// [`super::preview`]), a batch's items stacked top to bottom (item 0 on top).
+    pub fn preview(&self) -> Result<PreviewImage> {
+        match &self.buf {
+            Some(buf) => buf.preview(),
+            None => Err(Error::Operation("message already given back".into())),
+        }
+    }
+}
+
+impl Drop for OwnedMessage {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            // Under the pool's lock, as the generation changes (retire): a buffer is
+            // either back before a replacement clears the pool or freed here.
+            let mut free = self.pool.free();
+            if self.pool.generation.load(Ordering::Acquire) == self.generation {
+                free.push(buf);
+            } else {
+                drop(buf); // freed before `outstanding` says so
+            }
+        }
+        self.pool.outstanding.fetch_sub(1, Ordering::AcqRel);
     }
 }

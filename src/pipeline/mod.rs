@@ -1,9 +1,13 @@
 //! The pipeline: turns a validated [`Config`] and each frame's size into the backend's
-//! operations (cached per frame size), selects the backend, runs a frame and returns
-//! the tensor with its geometry and stage timing.
+//! operations (cached per input slot and frame size), selects the backend, and runs the
+//! frames of one input set — one frame for a single camera, one per camera for a batch —
+//! into the serialized output message (`Tensor` with one input, `TensorBatch` with 2+),
+//! with each frame's geometry and the stage timing. One path for 1 and N inputs: a single
+//! camera is a batch of one; only the backend entry point differs (one frame keeps its
+//! per-encoding kernel, a batch is one launch).
 
-pub mod batch_sync;
 pub mod conv;
+pub mod encode;
 pub mod failure;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
@@ -11,12 +15,15 @@ pub mod geometry;
 pub mod message;
 
 use crate::backend::{
-    self, Backend, Conv2dOp, HostBuffer, PreprocessOp, PreprocessParams, StageTimes, TensorDesc,
+    self, Backend, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes, TensorDesc,
 };
-use crate::bag::msgs::Header;
 use crate::config::{BackendChoice, ChannelOrder, Config};
 use crate::error::{Error, Result};
 use crate::image::ImageView;
+use crate::wire::msgs::Header;
+pub use encode::{
+    batch_items_cdr, frame_timing, BatchItemFields, TensorBatchFields, TensorCdr, TensorFields,
+};
 use failure::Recovery;
 pub use failure::{
     BackendOpener, FailureAction, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_BACKOFF,
@@ -25,177 +32,51 @@ pub use failure::{
 #[cfg(feature = "fault-injection")]
 pub use fault::{FaultKind, FaultPlan, INJECT_FAULT_ENV};
 pub use geometry::{Geometry, Rect};
-pub use message::{
-    batch_items_cdr, frame_timing, BatchItemFields, TensorBatchFields, TensorCdr, TensorFields,
-};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use message::{batch_fields, KeptItem, MessageBuf, MessagePool};
+pub use message::{OwnedMessage, OUTSTANDING_WAIT, TENSOR_ALIGN};
+use std::sync::Arc;
 
-/// Alignment of the tensor data inside the message buffer (the CUDA kernels' vector
-/// stores need 16 bytes when they write it directly; 64 keeps it on a cache line).
-pub const TENSOR_ALIGN: usize = 64;
-
-/// Spare bytes allocated with the message buffer, so that small changes of the message
-/// (a longer frame_id) do not reallocate it.
-const MESSAGE_SLACK: usize = 4096;
-
-/// The serialized `Tensor` of the last frame, in a buffer from the backend
-/// ([`Backend::alloc_host`]: pinned memory for CUDA), reused from frame to frame.
-#[derive(Default)]
-struct MessageBuf {
-    buf: Option<HostBuffer>,
-    /// Offset of the message in `buf` (so that its data is [`TENSOR_ALIGN`]ed).
-    start: usize,
-    /// The message's layout around its data.
-    cdr: TensorCdr,
+/// One input of a frame set for [`Pipeline::process_frames`]: a camera's frame (or none).
+#[derive(Debug, Clone, Copy)]
+pub struct FrameInput<'a, 'b> {
+    /// The input topic (resolved; written into a `TensorBatch`'s item).
+    pub topic: &'b str,
+    /// The frame, or `None` (camera stale, frame invalid): a batch slot is padded.
+    pub image: Option<&'b ImageView<'a>>,
+    /// Header of the frame.
+    pub header: &'b Header,
+    /// Encoding as it arrived (`yuv422_yuy2`, not its alias).
+    pub source_encoding: &'b str,
+    /// The frame was in an earlier batch.
+    pub repeated: bool,
 }
 
-impl MessageBuf {
-    /// Make room for the message `cdr` describes (allocating from `backend` if needed)
-    /// and write everything but the data; returns the data's bytes.
-    fn prepare(&mut self, backend: &mut dyn Backend) -> Result<&mut [u8]> {
-        let (need, prefix_len) = (self.cdr.len(), self.cdr.prefix.len());
-        let offset = |buf: &HostBuffer| {
-            let data_at = buf.as_slice().as_ptr() as usize + prefix_len;
-            (TENSOR_ALIGN - data_at % TENSOR_ALIGN) % TENSOR_ALIGN
-        };
-        let fits = |buf: &HostBuffer| offset(buf) + need <= buf.len();
-        if !self.buf.as_ref().is_some_and(fits) {
-            self.buf = None;
-            self.buf = Some(backend.alloc_host(need + TENSOR_ALIGN + MESSAGE_SLACK)?);
-        }
-        let Some(buf) = self.buf.as_mut() else {
-            return Err(Error::Operation("message buffer missing after allocation".into()));
-        };
-        self.start = offset(buf);
-        let message = &mut buf.as_mut_slice()[self.start..self.start + need];
-        self.cdr.write_around(message);
-        Ok(&mut message[self.cdr.data_range()])
-    }
-
-    /// Replace the suffix of the message in the buffer by `suffix`, of the same length
-    /// (the `TensorBatch` items with the ages known at publish time).
-    fn rewrite_suffix(&mut self, suffix: Vec<u8>) -> Result<()> {
-        if suffix.len() != self.cdr.suffix.len() {
-            return Err(Error::Operation(format!(
-                "message suffix of {} bytes cannot replace one of {}",
-                suffix.len(),
-                self.cdr.suffix.len()
-            )));
-        }
-        let at = self.start + self.cdr.prefix.len() + self.cdr.data_len;
-        if let Some(buf) = self.buf.as_mut() {
-            buf.as_mut_slice()[at..at + suffix.len()].copy_from_slice(&suffix);
-        }
-        self.cdr.suffix = suffix;
-        Ok(())
-    }
-
-    fn message(&self) -> &[u8] {
-        match &self.buf {
-            Some(buf) => &buf.as_slice()[self.start..self.start + self.cdr.len()],
-            None => &[],
-        }
-    }
-
-    fn tensor(&self) -> &[u8] {
-        let r = self.cdr.data_range();
-        let m = self.message();
-        m.get(r).unwrap_or(&[])
+impl<'a, 'b> FrameInput<'a, 'b> {
+    /// A single camera's frame.
+    pub fn frame(image: &'b ImageView<'a>, header: &'b Header, source_encoding: &'b str) -> Self {
+        FrameInput { topic: "", image: Some(image), header, source_encoding, repeated: false }
     }
 }
 
-/// Where the message buffers handed out by [`Pipeline::take_message`] come back to when
-/// dropped; those of a backend replaced meanwhile are freed instead (pinned memory keeps
-/// its CUDA context alive, and a faulted context must go before a new one can be made).
-#[derive(Default)]
-struct MessagePool {
-    free: Mutex<Vec<MessageBuf>>,
-    /// Bumped by every backend replacement.
-    generation: AtomicU64,
-    /// Messages handed out and not dropped yet.
-    outstanding: AtomicUsize,
+/// One processed frame set: the message is in the [`Pipeline`]'s buffer
+/// ([`Pipeline::message`], [`Pipeline::take_message`]).
+#[derive(Debug, Clone)]
+pub struct Processed {
+    /// Shape and type of ONE input's tensor.
+    pub desc: TensorDesc,
+    /// Per input, the geometry used (`None`: a padded batch slot).
+    pub geometries: Vec<Option<Geometry>>,
+    /// Batch slots whose frame was refused (its roi does not fit, ...): (slot, reason);
+    /// they are padded and flagged invalid. (A single camera's refused frame is an error.)
+    pub rejected: Rejected,
+    /// Stage times of the whole set.
+    pub times: StageTimes,
+    /// The backend failed on this set and `gpu_failure_policy` recovered: what was done
+    /// (the tensors are the new backend's).
+    pub gpu_failure: Option<GpuFailure>,
 }
 
-impl MessagePool {
-    fn free(&self) -> MutexGuard<'_, Vec<MessageBuf>> {
-        self.free.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// How long a backend replacement waits for the messages still being published from
-/// another thread to be dropped (normally one publish: milliseconds).
-pub const OUTSTANDING_WAIT: Duration = Duration::from_secs(2);
-
-/// A finished message taken out of the pipeline ([`Pipeline::take_message`]) to be
-/// published on another thread while the pipeline fills its next buffer. Dropping it
-/// gives the buffer back to the pipeline.
-pub struct OwnedMessage {
-    buf: Option<MessageBuf>,
-    /// A batch's items (empty for a single frame), for [`OwnedMessage::set_batch_ages`].
-    items: Vec<KeptItem>,
-    generation: u64,
-    pool: Arc<MessagePool>,
-}
-
-impl OwnedMessage {
-    /// The serialized message.
-    pub fn bytes(&self) -> &[u8] {
-        self.buf.as_ref().map_or(&[], |b| b.message())
-    }
-
-    /// As [`Pipeline::set_batch_ages`], for this message.
-    pub fn set_batch_ages(&mut self, ages: &[f32]) -> Result<()> {
-        match self.buf.as_mut() {
-            Some(buf) => write_batch_ages(buf, &self.items, ages),
-            None => Err(Error::Operation("message already given back".into())),
-        }
-    }
-}
-
-impl Drop for OwnedMessage {
-    fn drop(&mut self) {
-        if let Some(buf) = self.buf.take() {
-            // Under the pool's lock, as the generation changes (replace_backend): a buffer
-            // is either back before a replacement clears the pool or freed here.
-            let mut free = self.pool.free();
-            if self.pool.generation.load(Ordering::Acquire) == self.generation {
-                free.push(buf);
-            } else {
-                drop(buf); // freed before `outstanding` says so
-            }
-        }
-        self.pool.outstanding.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// The fields of `items` with their ages (0 for invalid items).
-fn batch_fields<'a>(items: &'a [KeptItem], ages: &[f32]) -> Vec<BatchItemFields<'a>> {
-    items
-        .iter()
-        .zip(ages)
-        .map(|(k, &age_us)| BatchItemFields {
-            topic: &k.topic,
-            valid: k.valid,
-            repeated: k.repeated,
-            header: &k.header,
-            source_encoding: &k.source_encoding,
-            geometry: k.geometry.as_ref(),
-            age_us: if k.valid { age_us } else { 0.0 },
-        })
-        .collect()
-}
-
-/// Write each item's `age_us` into the `TensorBatch` in `buf`.
-fn write_batch_ages(buf: &mut MessageBuf, items: &[KeptItem], ages: &[f32]) -> Result<()> {
-    let body_offset = buf.cdr.prefix.len() - 4 + buf.cdr.data_len;
-    let suffix = batch_items_cdr(body_offset, &batch_fields(items, ages));
-    buf.rewrite_suffix(suffix)
-}
-
-/// One processed frame: the tensor bytes (and the serialized `Tensor` message around
-/// them) live in the [`Pipeline`]'s message buffer.
+/// One processed frame ([`Pipeline::process`]).
 #[derive(Debug, Clone)]
 pub struct FrameInfo {
     /// Shape and type of the tensor.
@@ -204,66 +85,23 @@ pub struct FrameInfo {
     pub geometry: Geometry,
     /// Stage timing reported by the backend.
     pub times: StageTimes,
-    /// The backend failed on this frame and `gpu_failure_policy` recovered: what was
-    /// done (the tensor is the new backend's).
+    /// As [`Processed::gpu_failure`].
     pub gpu_failure: Option<GpuFailure>,
-}
-
-/// One slot of a batch for [`Pipeline::process_batch`].
-#[derive(Debug, Clone, Copy)]
-pub struct BatchInput<'a, 'b> {
-    /// The input topic of the slot (resolved).
-    pub topic: &'b str,
-    /// The frame, or `None` (camera stale, frame invalid): the slot is padded.
-    pub image: Option<&'b ImageView<'a>>,
-    /// Header of the frame.
-    pub header: &'b Header,
-    /// Encoding as it arrived.
-    pub source_encoding: &'b str,
-    /// The frame was in an earlier batch.
-    pub repeated: bool,
-}
-
-/// One processed batch: the `TensorBatch` message is in the [`Pipeline`]'s buffer.
-#[derive(Debug, Clone)]
-pub struct BatchInfo {
-    /// Shape and type of ONE item's tensor.
-    pub desc: TensorDesc,
-    /// Per slot, the geometry used (`None`: padded).
-    pub geometries: Vec<Option<Geometry>>,
-    /// Slots whose frame was refused (its roi does not fit, ...): (slot, reason); they are
-    /// padded and flagged invalid.
-    pub rejected: Vec<(usize, String)>,
-    /// Stage times of the whole batch.
-    pub times: StageTimes,
-    /// As [`FrameInfo::gpu_failure`].
-    pub gpu_failure: Option<GpuFailure>,
-}
-
-/// The fields of a batch's items kept until the ages are known
-/// ([`Pipeline::set_batch_ages`]).
-#[derive(Debug, Clone, Default)]
-struct KeptItem {
-    topic: String,
-    valid: bool,
-    repeated: bool,
-    header: Header,
-    source_encoding: String,
-    geometry: Option<Geometry>,
 }
 
 type CachedOp = ((u32, u32), Geometry, PreprocessOp);
 
-/// Builds the operations for each frame size and runs them on a backend.
+/// Batch slots refused: (slot, reason).
+pub type Rejected = Vec<(usize, String)>;
+
+/// Builds the operations for each input's frame size and runs them on a backend.
 pub struct Pipeline {
     config: Config,
     backend: Box<dyn Backend>,
-    /// Operation for the last frame size: (width, height) -> (geometry, op).
-    cached: Option<CachedOp>,
-    /// Batches: the operation of each slot's last frame size, and the one padded slots use.
-    batch_cached: Vec<Option<CachedOp>>,
+    /// Per input slot, the operation of its last frame size: (width, height) -> (geometry, op).
+    cached: Vec<Option<CachedOp>>,
+    /// The operation padded batch slots use (the configuration's tensor and pad value).
     pad_op: Option<PreprocessOp>,
-    batch_items: Vec<KeptItem>,
     conv: Option<Conv2dOp>,
     message: MessageBuf,
     /// Buffers of messages taken out ([`Pipeline::take_message`]) and given back.
@@ -285,10 +123,8 @@ impl Pipeline {
         Ok(Pipeline {
             config,
             backend,
-            cached: None,
-            batch_cached: Vec::new(),
+            cached: Vec::new(),
             pad_op: None,
-            batch_items: Vec::new(),
             conv,
             message: MessageBuf::default(),
             pool: Arc::default(),
@@ -321,191 +157,163 @@ impl Pipeline {
     }
 
     /// Replace the configuration (validated first; on error the old one stays). Cheap
-    /// changes apply to the next frame; size changes rebuild the cached operation.
+    /// changes apply to the next frame; size changes rebuild the cached operations.
     pub fn set_config(&mut self, config: Config) -> Result<()> {
         config.validate()?;
         self.conv = conv_op(&config)?;
         self.config = config;
-        self.cached = None;
-        self.batch_cached.clear();
+        self.cached.clear();
         self.pad_op = None;
         Ok(())
     }
 
-    /// Process one frame. The tensor's bytes are in [`Pipeline::tensor_bytes`] until the
-    /// next call (and in [`Pipeline::message`], with an empty header).
+    /// Process one frame (a single camera, no header). The tensor's bytes are in
+    /// [`Pipeline::tensor_bytes`] until the next call (and in [`Pipeline::message`]).
     pub fn process(&mut self, image: &ImageView<'_>) -> Result<FrameInfo> {
-        self.process_message(image, &Header::default(), image.encoding().name())
+        let header = Header::default();
+        let p = self.process_frames(
+            &[FrameInput::frame(image, &header, image.encoding().name())],
+            &header,
+        )?;
+        let geometry = p.geometries.into_iter().flatten().next().ok_or_else(|| {
+            Error::Operation("process: the frame was padded instead of processed".into())
+        })?;
+        Ok(FrameInfo { desc: p.desc, geometry, times: p.times, gpu_failure: p.gpu_failure })
     }
 
-    /// Process one frame into the serialized `vision_preproc_msgs/Tensor` of it, with
-    /// `header` and `source_encoding` (the encoding as it arrived): until the next call,
-    /// [`Pipeline::message`] holds the message, ready to publish or write to a bag, and
-    /// [`Pipeline::tensor_bytes`] its data. The backend writes the tensor in place.
-    pub fn process_message(
+    /// Process the frames of one input set into the serialized output message: with one
+    /// input (`inputs` has fewer than 2 topics) a `vision_preproc_msgs/Tensor` of
+    /// `items[0]` (which must have a frame; a frame the configuration refuses is an
+    /// error), with 2+ a `TensorBatch` whose slot i is `items[i]`, each exactly what one
+    /// input would give, a slot without a frame (or whose frame the configuration
+    /// refuses, e.g. the roi) padded and flagged invalid. `header` is a batch's (the
+    /// single frame's own header is `items[0].header`). Until the next call
+    /// [`Pipeline::message`] holds the message (a batch's ages 0 until
+    /// [`OwnedMessage::set_ages`]) and [`Pipeline::tensor_bytes`] its tensors.
+    pub fn process_frames(
         &mut self,
-        image: &ImageView<'_>,
+        items: &[FrameInput<'_, '_>],
         header: &Header,
-        source_encoding: &str,
-    ) -> Result<FrameInfo> {
-        let key = (image.width(), image.height());
-        let entry = match self.cached.take() {
-            Some(cached) if cached.0 == key => cached,
-            _ => {
-                let geometry = Geometry::resolve(&self.config, key.0, key.1)?;
-                let op = preprocess_op(&self.config, &geometry);
-                (key, geometry, op)
-            }
+    ) -> Result<Processed> {
+        let batch = self.config.is_batch();
+        if items.is_empty() || (!batch && items.len() != 1) {
+            return Err(Error::Operation(format!(
+                "{} frames for a pipeline of {} input(s)",
+                items.len(),
+                self.config.input_topics().len()
+            )));
+        }
+        let (geometries, rejected) = self.resolve(items, batch)?;
+        let params = self.view_params()?;
+        let desc = params.tensor_desc();
+        self.message.cdr = if batch {
+            self.message.items = kept_items(items, &geometries);
+            TensorCdr::batch(&TensorBatchFields {
+                header,
+                name: &self.config.tensor_name,
+                desc,
+                items: &batch_fields(&self.message.items, &[]),
+            })
+        } else {
+            self.message.items.clear();
+            let (item, geometry) = (&items[0], geometries[0].as_ref());
+            let geometry = geometry.ok_or_else(|| Error::Operation("no geometry".into()))?;
+            TensorCdr::new(&TensorFields {
+                header: item.header,
+                name: &self.config.tensor_name,
+                desc,
+                geometry,
+                source_encoding: item.source_encoding,
+            })
         };
-        let (_, geometry, op) = self.cached.insert(entry);
-        // Per-frame fields of the source (same size, maybe another encoding or step).
-        op.params.set_source(image);
-        let (desc, geometry) = (op.params.tensor_desc(), geometry.clone());
-        let cdr = TensorCdr::new(&TensorFields {
-            header,
-            name: &self.config.tensor_name,
-            desc,
-            geometry: &geometry,
-            source_encoding,
-        });
-        // The layout is kept in the message buffer; run_backend writes it around the
-        // tensor (again after a backend was replaced).
-        self.message.cdr = cdr;
+        self.message.params = Some(params);
+        let images: Vec<Option<&ImageView<'_>>> =
+            items.iter().zip(&geometries).map(|(it, g)| g.as_ref().and(it.image)).collect();
         self.recovery.frame += 1;
-        let (times, gpu_failure) = match self.run_backend(image) {
+        let (times, gpu_failure) = match self.run(&images) {
             Ok(times) => {
                 self.recovery.good_frame();
                 (times, None)
             }
             Err(e @ Error::Cuda(_)) if !self.recovery.fell_back => {
-                let (times, failure) =
-                    self.recover(e.to_string(), &mut |p| p.run_backend(image))?;
+                let (times, failure) = self.recover(e.to_string(), &mut |p| p.run(&images))?;
                 (times, Some(failure))
             }
             Err(e) => return Err(e),
         };
-        Ok(FrameInfo { desc, geometry, times, gpu_failure })
+        Ok(Processed { desc, geometries, rejected, times, gpu_failure })
     }
 
-    /// Process one batch into the serialized `vision_preproc_msgs/TensorBatch` of it:
-    /// slot i from `items[i]`, each exactly as [`Pipeline::process_message`] computes a
-    /// single frame, a slot without an image (or whose frame does not fit the
-    /// configuration, e.g. the roi) padded and flagged invalid. `header` is the batch's.
-    /// Until the next call [`Pipeline::message`] holds the message (with ages 0 until
-    /// [`Pipeline::set_batch_ages`]) and [`Pipeline::tensor_bytes`] the N tensors.
-    pub fn process_batch(
+    /// Each input's operation (cached per slot and frame size) and geometry. A batch slot
+    /// without a frame, or whose frame the configuration refuses, gets none (it is
+    /// padded; the refusal is returned as (slot, reason)); for a single input the refusal
+    /// is the error.
+    fn resolve(
         &mut self,
-        items: &[BatchInput<'_, '_>],
-        header: &Header,
-    ) -> Result<BatchInfo> {
-        if self.batch_cached.len() != items.len() {
-            self.batch_cached = (0..items.len()).map(|_| None).collect();
-        }
-        if self.pad_op.is_none() {
-            self.pad_op = Some(pad_op(&self.config)?);
+        items: &[FrameInput<'_, '_>],
+        batch: bool,
+    ) -> Result<(Vec<Option<Geometry>>, Rejected)> {
+        if self.cached.len() != items.len() {
+            self.cached = (0..items.len()).map(|_| None).collect();
         }
         let mut geometries = Vec::with_capacity(items.len());
         let mut rejected = Vec::new();
-        let mut images: Vec<Option<&ImageView<'_>>> = Vec::with_capacity(items.len());
         for (i, it) in items.iter().enumerate() {
             let Some(image) = it.image else {
+                if !batch {
+                    return Err(Error::Operation("no frame to process".into()));
+                }
                 geometries.push(None);
-                images.push(None);
                 continue;
             };
             let key = (image.width(), image.height());
-            let entry = match self.batch_cached[i].take() {
+            let entry = match self.cached[i].take() {
                 Some(c) if c.0 == key => c,
                 _ => match Geometry::resolve(&self.config, key.0, key.1) {
                     Ok(g) => {
                         let op = preprocess_op(&self.config, &g);
                         (key, g, op)
                     }
-                    Err(e) => {
+                    Err(e) if batch => {
                         rejected.push((i, e.to_string()));
                         geometries.push(None);
-                        images.push(None);
                         continue;
                     }
+                    Err(e) => return Err(e.into()),
                 },
             };
-            let (_, g, op) = self.batch_cached[i].insert(entry);
+            let (_, g, op) = self.cached[i].insert(entry);
+            // Per-frame fields of the source (same size, maybe another encoding or step).
             op.params.set_source(image);
             geometries.push(Some(g.clone()));
-            images.push(Some(image));
         }
-        let desc = self
-            .pad_op
+        Ok((geometries, rejected))
+    }
+
+    /// The parameters of the tensors written (size, layout, dtype, normalization): the
+    /// pad operation's, which every slot shares; made on first use.
+    fn view_params(&mut self) -> Result<PreprocessParams> {
+        if self.pad_op.is_none() {
+            self.pad_op = Some(pad_op(&self.config)?);
+        }
+        self.pad_op
             .as_ref()
-            .map(|p| p.params.tensor_desc())
-            .ok_or_else(|| Error::Operation("no pad operation".into()))?;
-        self.batch_items = items
-            .iter()
-            .zip(&geometries)
-            .map(|(it, g)| {
-                let valid = g.is_some();
-                KeptItem {
-                    topic: it.topic.to_string(),
-                    valid,
-                    repeated: valid && it.repeated,
-                    header: if valid { it.header.clone() } else { Header::default() },
-                    source_encoding: if valid {
-                        it.source_encoding.to_string()
-                    } else {
-                        String::new()
-                    },
-                    geometry: g.clone(),
-                }
-            })
-            .collect();
-        let fields = batch_fields(&self.batch_items, &vec![0.0; items.len()]);
-        self.message.cdr = TensorCdr::batch(&TensorBatchFields {
-            header,
-            name: &self.config.tensor_name,
-            desc,
-            items: &fields,
-        });
-        self.recovery.frame += 1;
-        let (times, gpu_failure) = match self.run_batch(&images) {
-            Ok(times) => {
-                self.recovery.good_frame();
-                (times, None)
-            }
-            Err(e @ Error::Cuda(_)) if !self.recovery.fell_back => {
-                let (times, failure) =
-                    self.recover(e.to_string(), &mut |p| p.run_batch(&images))?;
-                (times, Some(failure))
-            }
-            Err(e) => return Err(e),
-        };
-        Ok(BatchInfo { desc, geometries, rejected, times, gpu_failure })
+            .map(|p| p.params)
+            .ok_or_else(|| Error::Operation("no pad operation".into()))
     }
 
-    /// Write each item's `age_us` (publish time minus its stamp) into the last batch's
-    /// message; `ages[i]` for slot i (ignored for invalid slots).
-    pub fn set_batch_ages(&mut self, ages: &[f32]) -> Result<()> {
-        write_batch_ages(&mut self.message, &self.batch_items, ages)
-    }
-
-    /// Take the last message out (with a batch's items, for
-    /// [`OwnedMessage::set_batch_ages`]), to publish it on another thread; the next frame
-    /// or batch goes into another buffer (one given back, or a new one). Dropping the
-    /// message gives its buffer back. After this, [`Pipeline::message`] is not that
-    /// message any more.
+    /// Take the last message out, to publish it on another thread; the next frame set
+    /// goes into another buffer (one given back, or a new one). Dropping the message
+    /// gives its buffer back. After this, [`Pipeline::message`] is not that message any
+    /// more.
     pub fn take_message(&mut self) -> OwnedMessage {
-        let next = self.pool.free().pop().unwrap_or_default();
-        let buf = std::mem::replace(&mut self.message, next);
-        self.pool.outstanding.fetch_add(1, Ordering::AcqRel);
-        OwnedMessage {
-            buf: Some(buf),
-            items: std::mem::take(&mut self.batch_items),
-            generation: self.pool.generation.load(Ordering::Acquire),
-            pool: Arc::clone(&self.pool),
-        }
+        self.pool.take(&mut self.message)
     }
 
-    /// Run the batch on the current backend (or fail as injected), into the message.
-    fn run_batch(&mut self, images: &[Option<&ImageView<'_>>]) -> Result<StageTimes> {
+    /// Run the set on the current backend (or fail as injected), the tensors landing
+    /// inside the message buffer: one frame on the single-frame entry point (its
+    /// per-encoding kernel), a batch as one operation.
+    fn run(&mut self, images: &[Option<&ImageView<'_>>]) -> Result<StageTimes> {
         #[cfg(feature = "fault-injection")]
         if let Some(kind) =
             self.recovery.injection.due(self.recovery.frame, self.recovery.fell_back)
@@ -515,32 +323,27 @@ impl Pipeline {
         let Some(pad) = self.pad_op.as_ref() else {
             return Err(Error::Operation("no pad operation".into()));
         };
-        let mut slots = Vec::with_capacity(images.len());
-        for (i, image) in images.iter().enumerate() {
-            let op = match (image, self.batch_cached.get(i)) {
-                (Some(_), Some(Some((_, _, op)))) => op,
-                _ => pad,
+        let out = self.message.prepare(self.backend.as_mut())?;
+        if !self.config.is_batch() {
+            return match (images.first(), self.cached.first()) {
+                (Some(Some(image)), Some(Some((_, _, op)))) => {
+                    self.backend.process_into(image, op, self.conv.as_ref(), out)
+                }
+                _ => Err(Error::Operation("no operation for this frame size".into())),
             };
-            slots.push(backend::BatchSlot { image: *image, op });
         }
-        let out = self.message.prepare(self.backend.as_mut())?;
+        let slots: Vec<backend::BatchSlot<'_, '_>> = images
+            .iter()
+            .enumerate()
+            .map(|(i, image)| {
+                let op = match (image, self.cached.get(i)) {
+                    (Some(_), Some(Some((_, _, op)))) => op,
+                    _ => pad,
+                };
+                backend::BatchSlot { image: *image, op }
+            })
+            .collect();
         self.backend.process_batch_into(&slots, self.conv.as_ref(), out)
-    }
-
-    /// Run the cached operation on the current backend (or fail as injected), the
-    /// tensor landing inside the message buffer.
-    fn run_backend(&mut self, image: &ImageView<'_>) -> Result<StageTimes> {
-        #[cfg(feature = "fault-injection")]
-        if let Some(kind) =
-            self.recovery.injection.due(self.recovery.frame, self.recovery.fell_back)
-        {
-            return Err(self.backend.inject_fault(kind));
-        }
-        let Some((_, _, op)) = &self.cached else {
-            return Err(Error::Operation("no operation for this frame size".into()));
-        };
-        let out = self.message.prepare(self.backend.as_mut())?;
-        self.backend.process_into(image, op, self.conv.as_ref(), out)
     }
 
     /// Replace the backend. The message buffer goes first: it may be pinned memory that
@@ -548,21 +351,10 @@ impl Pipeline {
     /// on the old backend's buffers were still not dropped after [`OUTSTANDING_WAIT`]
     /// (normally 0).
     fn replace_backend(&mut self, backend: Box<dyn Backend>) -> usize {
-        self.message.buf = None;
-        // Messages taken out on this backend's buffers: free those given back, and wait
-        // (bounded) for the ones still being published, so that no buffer of the old
-        // backend outlives it.
-        {
-            let mut free = self.pool.free();
-            self.pool.generation.fetch_add(1, Ordering::AcqRel);
-            free.clear();
-        }
-        let deadline = Instant::now() + OUTSTANDING_WAIT;
-        while self.pool.outstanding.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        self.message.release();
+        let left = self.pool.retire();
         self.backend = backend;
-        self.pool.outstanding.load(Ordering::Acquire)
+        left
     }
 
     /// `gpu_failure_policy` after the backend failed on `image` with `reason`: rebuild
@@ -624,26 +416,42 @@ impl Pipeline {
         Ok((times, GpuFailure { reason, action, backend, unreturned_messages: unreturned }))
     }
 
-    /// The bytes of the last tensor (little-endian, dense in its layout).
+    /// The bytes of the last tensor(s) (little-endian, dense in their layout; a batch's
+    /// items one after the other).
     pub fn tensor_bytes(&self) -> &[u8] {
         self.message.tensor()
     }
 
-    /// The serialized `vision_preproc_msgs/Tensor` of the last frame (CDR, what the
-    /// typed publisher would send), see [`Pipeline::process_message`].
+    /// The serialized `vision_preproc_msgs/Tensor` (or `TensorBatch`) of the last frame
+    /// set (CDR, what the typed publisher would send), see [`Pipeline::process_frames`].
     pub fn message(&self) -> &[u8] {
         self.message.message()
     }
 
-    /// The last tensor de-normalized to an 8-bit image (see [`preview`]).
+    /// The last tensor(s) de-normalized to an 8-bit image (see [`preview`]; a batch's
+    /// items stacked top to bottom).
     pub fn preview_image(&self) -> Result<PreviewImage> {
-        match &self.cached {
-            Some((_, _, op)) if self.tensor_bytes().len() == op.params.tensor_desc().byte_len() => {
-                Ok(preview(&op.params, self.tensor_bytes()))
-            }
-            _ => Err(Error::Operation("no frame has been processed yet".into())),
-        }
+        self.message.preview()
     }
+}
+
+/// The items of a batch as kept in its message until the ages are known.
+fn kept_items(items: &[FrameInput<'_, '_>], geometries: &[Option<Geometry>]) -> Vec<KeptItem> {
+    items
+        .iter()
+        .zip(geometries)
+        .map(|(it, g)| {
+            let valid = g.is_some();
+            KeptItem {
+                topic: it.topic.to_string(),
+                valid,
+                repeated: valid && it.repeated,
+                header: if valid { it.header.clone() } else { Header::default() },
+                source_encoding: if valid { it.source_encoding.to_string() } else { String::new() },
+                geometry: g.clone(),
+            }
+        })
+        .collect()
 }
 
 /// An 8-bit image of what the network sees.
@@ -678,6 +486,27 @@ pub fn preview(params: &PreprocessParams, tensor: &[u8]) -> PreviewImage {
         }
     }
     PreviewImage { width: desc.width, height: desc.height, channels: desc.channels, data }
+}
+
+/// [`preview`] of each of the tensors in `tensors` (one or a batch's items, all written
+/// by `params`), stacked top to bottom: one image `width` wide and `n * height` high.
+pub fn preview_items(params: &PreprocessParams, tensors: &[u8]) -> Result<PreviewImage> {
+    let one = params.tensor_desc().byte_len();
+    if one == 0 || tensors.len() % one != 0 {
+        return Err(Error::Operation(format!(
+            "{} tensor bytes are not a whole number of {one}-byte tensors",
+            tensors.len()
+        )));
+    }
+    let mut items = tensors.chunks_exact(one).map(|t| preview(params, t));
+    let Some(mut out) = items.next() else {
+        return Err(Error::Operation("no tensor to show".into()));
+    };
+    for item in items {
+        out.height += item.height;
+        out.data.extend_from_slice(&item.data);
+    }
+    Ok(out)
 }
 
 /// Resolve the fused operation for one geometry.
@@ -767,64 +596,78 @@ pub fn select_backend(cfg: &Config) -> Result<(Box<dyn Backend>, Option<String>)
 mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
+    use crate::wire::msgs::{Tensor, TensorBatch};
+    use std::time::Duration;
 
-    fn pipeline() -> Pipeline {
+    fn pipeline(inputs: &[&str]) -> Pipeline {
         let cfg = Config {
             network_image_width: 16,
             network_image_height: 8,
-            inputs: vec!["a/image".into(), "b/image".into()],
+            inputs: inputs.iter().map(|t| t.to_string()).collect(),
             ..Config::default()
         };
         Pipeline::new(cfg, Box::new(CpuBackend::new())).expect("pipeline")
     }
 
-    /// One batch of two 8x4 rgb8 frames whose pixels are all `v`.
-    fn batch(p: &mut Pipeline, v: u8, stamp: i32) -> Result<BatchInfo> {
-        let data = vec![v; 8 * 4 * 3];
-        let image = ImageView::new(8, 4, 24, "rgb8", false, &data).expect("image");
-        let header = Header { sec: stamp, nanosec: 0, frame_id: "cam".into() };
-        let inputs: Vec<BatchInput<'_, '_>> = ["a/image", "b/image"]
+    const TOPICS: [&str; 2] = ["a/image", "b/image"];
+
+    /// One 8x4 rgb8 frame per topic, pixels `v + camera index` (a batch of one with one
+    /// topic).
+    fn frames(p: &mut Pipeline, topics: &[&str], v: u8, stamp: i32) -> Result<Processed> {
+        let data: Vec<Vec<u8>> = (0..topics.len()).map(|i| vec![v + i as u8; 8 * 4 * 3]).collect();
+        let images: Vec<ImageView<'_>> = data
             .iter()
-            .map(|topic| BatchInput {
+            .map(|d| ImageView::new(8, 4, 24, "rgb8", false, d).expect("image"))
+            .collect();
+        let header = Header { sec: stamp, nanosec: 0, frame_id: "cam".into() };
+        let inputs: Vec<FrameInput<'_, '_>> = topics
+            .iter()
+            .zip(&images)
+            .map(|(topic, image)| FrameInput {
                 topic,
-                image: Some(&image),
+                image: Some(image),
                 header: &header,
                 source_encoding: "rgb8",
                 repeated: false,
             })
             .collect();
-        p.process_batch(&inputs, &header)
+        p.process_frames(&inputs, &header)
     }
 
     #[test]
     fn a_taken_message_stays_while_the_next_batch_is_written_and_its_buffer_comes_back() {
-        let mut p = pipeline();
-        batch(&mut p, 10, 1).expect("batch 1");
+        let mut p = pipeline(&TOPICS);
+        frames(&mut p, &TOPICS, 10, 1).expect("batch 1");
         let first = p.message().to_vec();
         let mut taken = p.take_message();
         assert_eq!(taken.bytes(), &first[..]);
-        batch(&mut p, 200, 2).expect("batch 2");
+        frames(&mut p, &TOPICS, 200, 2).expect("batch 2");
         let second = p.message().to_vec();
         assert_ne!(second, first, "the second batch went into another buffer");
         assert_eq!(taken.bytes(), &first[..], "the taken message is untouched");
-        // Ages are written into the taken message as Pipeline::set_batch_ages would.
-        taken.set_batch_ages(&[5.0, 7.0]).expect("ages");
-        let mut reference = pipeline();
-        batch(&mut reference, 10, 1).expect("reference");
-        reference.set_batch_ages(&[5.0, 7.0]).expect("ages");
-        assert_eq!(taken.bytes(), reference.message());
-        assert_eq!(p.pool.outstanding.load(Ordering::Acquire), 1);
+        // Ages are written into the taken message; everything else stays.
+        taken.set_ages(&[5.0, 7.0]).expect("ages");
+        let (before, after) = (
+            TensorBatch::decode(&first).expect("decode"),
+            TensorBatch::decode(taken.bytes()).expect("decode"),
+        );
+        assert_eq!(before.items.iter().map(|i| i.age_us).collect::<Vec<_>>(), [0.0, 0.0]);
+        assert_eq!(after.items.iter().map(|i| i.age_us).collect::<Vec<_>>(), [5.0, 7.0]);
+        assert_eq!(
+            (after.data, &after.shape, after.header),
+            (before.data, &before.shape, before.header)
+        );
+        assert_eq!(p.pool.counts(), (1, 0));
         drop(taken);
-        assert_eq!(p.pool.outstanding.load(Ordering::Acquire), 0);
-        assert_eq!(p.pool.free().len(), 1, "the buffer came back for the next take");
+        assert_eq!(p.pool.counts(), (0, 1), "the buffer came back for the next take");
         let _second_taken = p.take_message();
-        assert!(p.pool.free().is_empty(), "...and was reused");
+        assert_eq!(p.pool.counts(), (1, 0), "...and was reused");
     }
 
     #[test]
     fn a_replaced_backend_frees_the_buffers_of_its_messages() {
-        let mut p = pipeline();
-        batch(&mut p, 10, 1).expect("batch");
+        let mut p = pipeline(&TOPICS);
+        frames(&mut p, &TOPICS, 10, 1).expect("batch");
         let taken = p.take_message();
         let publisher = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50)); // publishing
@@ -834,8 +677,38 @@ mod tests {
         // instead of taking it back.
         let left = p.replace_backend(Box::new(CpuBackend::new()));
         assert_eq!(left, 0);
-        assert!(p.pool.free().is_empty(), "no buffer of the old backend kept");
+        assert_eq!(p.pool.counts(), (0, 0), "no buffer of the old backend kept");
         publisher.join().expect("publisher");
-        batch(&mut p, 10, 2).expect("a batch on the new backend");
+        frames(&mut p, &TOPICS, 10, 2).expect("a batch on the new backend");
+    }
+
+    #[test]
+    fn one_input_is_a_tensor_and_each_batch_item_is_that_tensor() {
+        let mut single = pipeline(&[]);
+        let info = frames(&mut single, &["image"], 10, 1).expect("single");
+        let msg = single.take_message();
+        let tensor = Tensor::decode(msg.bytes()).expect("a Tensor");
+        assert_eq!(tensor.data, msg.tensor());
+        assert_eq!(info.geometries.len(), 1);
+        let mut batched = pipeline(&TOPICS);
+        frames(&mut batched, &TOPICS, 10, 1).expect("batch");
+        let batch = TensorBatch::decode(batched.message()).expect("a TensorBatch");
+        assert_eq!(&batch.data[..tensor.data.len()], tensor.data, "item 0 = the single tensor");
+        assert_eq!(batch.shape[0], 2);
+    }
+
+    #[test]
+    fn the_preview_of_a_batch_stacks_its_items() {
+        let mut single = pipeline(&[]);
+        frames(&mut single, &["image"], 10, 1).expect("single");
+        let one = single.preview_image().expect("preview");
+        assert_eq!((one.width, one.height, one.channels), (16, 8, 3));
+        let mut batched = pipeline(&TOPICS);
+        frames(&mut batched, &TOPICS, 10, 1).expect("batch");
+        let taken = batched.take_message();
+        let both = taken.preview().expect("preview");
+        assert_eq!((both.width, both.height), (16, 16));
+        assert_eq!(&both.data[..one.data.len()], &one.data[..], "item 0 on top");
+        assert_ne!(&both.data[one.data.len()..], &one.data[..], "item 1 (pixels + 1) below");
     }
 }

@@ -5,14 +5,13 @@
 //! are read where rmw put them (no copy into a Rust `Image`). The command line is parsed
 //! by rcl itself (`rcl_parse_arguments`, what `rcl_init` does with the same `argv`): for
 //! the remapped name of the input topic (rclcpp's `get_publishers_info_by_topic` expands
-//! and remaps the same way) and for the parameters that size the Fast DDS segment,
-//! which has to be configured before the node's DDS participant is created.
+//! and remaps the same way) and for the node's parameters, read once before the node's
+//! DDS participant is created (its Fast DDS segment is sized from them).
 
-use crate::bag::msgs::Header;
-use crate::config::Config;
 use crate::image::ImageView;
+use crate::wire::msgs::Header;
 use r2r::sensor_msgs::msg::Image;
-use r2r::WrappedTypesupport;
+use r2r::{ParameterValue, WrappedTypesupport};
 use r2r_rcl as rcl;
 use std::ffi::{c_char, CStr, CString};
 
@@ -112,6 +111,78 @@ extern "C" {
         allocator: rcl::rcl_allocator_t,
         output_name: *mut *mut c_char,
     ) -> rcl::rcl_ret_t;
+    fn rcl_remap_node_name(
+        local_arguments: *const rcl::rcl_arguments_t,
+        global_arguments: *const rcl::rcl_arguments_t,
+        node_name: *const c_char,
+        allocator: rcl::rcl_allocator_t,
+        output_name: *mut *mut c_char,
+    ) -> rcl::rcl_ret_t;
+    fn rcl_remap_node_namespace(
+        local_arguments: *const rcl::rcl_arguments_t,
+        global_arguments: *const rcl::rcl_arguments_t,
+        node_name: *const c_char,
+        allocator: rcl::rcl_allocator_t,
+        output_namespace: *mut *mut c_char,
+    ) -> rcl::rcl_ret_t;
+}
+
+/// A parameter value as rcl parsed it (one of its pointers is set), as r2r reads it.
+///
+/// # Safety
+/// `v` comes from an `rcl_params_t` that is alive: each non-null pointer points to a
+/// value (an array: `size` elements at `values`/`data`, or none when that is null;
+/// strings NUL-terminated).
+unsafe fn parameter_value(v: &rcl::rcl_variant_t) -> ParameterValue {
+    unsafe fn array<T: Clone>(values: *const T, size: usize) -> Vec<T> {
+        if values.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: the caller's contract: `size` elements at `values`.
+        unsafe { std::slice::from_raw_parts(values, size) }.to_vec()
+    }
+    // SAFETY: (each arm) the pointer is non-null, so it points to a live value of its
+    // type (the function's contract).
+    unsafe {
+        if !v.bool_value.is_null() {
+            ParameterValue::Bool(*v.bool_value)
+        } else if !v.integer_value.is_null() {
+            ParameterValue::Integer(*v.integer_value)
+        } else if !v.double_value.is_null() {
+            ParameterValue::Double(*v.double_value)
+        } else if !v.string_value.is_null() {
+            ParameterValue::String(CStr::from_ptr(v.string_value).to_string_lossy().into_owned())
+        } else if !v.byte_array_value.is_null() {
+            let a = &*v.byte_array_value;
+            ParameterValue::ByteArray(array(a.values, a.size))
+        } else if !v.bool_array_value.is_null() {
+            let a = &*v.bool_array_value;
+            ParameterValue::BoolArray(array(a.values, a.size))
+        } else if !v.integer_array_value.is_null() {
+            let a = &*v.integer_array_value;
+            ParameterValue::IntegerArray(array(a.values, a.size))
+        } else if !v.double_array_value.is_null() {
+            let a = &*v.double_array_value;
+            ParameterValue::DoubleArray(array(a.values, a.size))
+        } else if !v.string_array_value.is_null() {
+            let a = &*v.string_array_value;
+            let strings = array(a.data.cast_const(), a.size);
+            ParameterValue::StringArray(
+                strings
+                    .iter()
+                    .map(|&c| {
+                        if c.is_null() {
+                            String::new()
+                        } else {
+                            CStr::from_ptr(c).to_string_lossy().into_owned()
+                        }
+                    })
+                    .collect(),
+            )
+        } else {
+            ParameterValue::NotSet
+        }
+    }
 }
 
 /// This process's ROS arguments, parsed by rcl.
@@ -201,70 +272,106 @@ impl RosArgs {
         Some(remapped)
     }
 
-    /// An upper bound of the configuration's output size over every parameter this
-    /// command line gives (`--params-file`, `-p`), for any node: the largest network
-    /// width and height found, over the defaults (whose 3 channels of float32 are the
-    /// widest element), and the longest `inputs` list (a batch of that many tensors).
-    /// Errs on the large side (another node's entries count too) so that the segment
-    /// sized from it holds the node's real output; the node checks that afterwards.
-    pub fn output_bound(&self) -> Config {
-        let mut cfg = Config::default();
+    /// The node's name after this command line's remapping (`-r __node:=name`), or `name`.
+    fn remapped_node_name(&self, name: &str) -> Option<String> {
+        let n = CString::new(name).ok()?;
+        self.remapped(|allocator, out| {
+            // SAFETY: valid argument struct (parsed above, alive), a NUL-terminated
+            // string that outlives the call, a valid out pointer; no local arguments.
+            unsafe { rcl_remap_node_name(std::ptr::null(), &self.args, n.as_ptr(), allocator, out) }
+        })
+        .map(|r| r.unwrap_or_else(|| name.to_string()))
+    }
+
+    /// The node's namespace after this command line's remapping (`-r __ns:=/robot`), or
+    /// `/`.
+    fn remapped_namespace(&self, name: &str) -> Option<String> {
+        let n = CString::new(name).ok()?;
+        self.remapped(|allocator, out| {
+            // SAFETY: as in `remapped_node_name`.
+            unsafe {
+                rcl_remap_node_namespace(std::ptr::null(), &self.args, n.as_ptr(), allocator, out)
+            }
+        })
+        .map(|r| r.unwrap_or_else(|| "/".to_string()))
+    }
+
+    /// Run one rcl remap call (`call(allocator, &mut out)`) and take its output string:
+    /// `Some(None)` when no rule applies, `None` when rcl fails.
+    fn remapped(
+        &self,
+        call: impl FnOnce(rcl::rcl_allocator_t, *mut *mut c_char) -> rcl::rcl_ret_t,
+    ) -> Option<Option<String>> {
+        let mut out: *mut c_char = std::ptr::null_mut();
+        // SAFETY: rcutils_get_default_allocator has no preconditions.
+        let allocator = unsafe { rcl::rcutils_get_default_allocator() };
+        if call(allocator, &mut out) != rcl::RCL_RET_OK as i32 {
+            // SAFETY: as in `parse`.
+            unsafe { rcl::rcutils_reset_error() };
+            return None;
+        }
+        if out.is_null() {
+            return Some(None);
+        }
+        // SAFETY: rcl returned a NUL-terminated string allocated with `allocator`; it is
+        // copied, then freed once with the same allocator.
+        let s = unsafe { CStr::from_ptr(out) }.to_string_lossy().into_owned();
+        if let Some(free) = allocator.deallocate {
+            // SAFETY: see above.
+            unsafe { free(out.cast(), allocator.state) };
+        }
+        Some(Some(s))
+    }
+
+    /// The parameters this command line gives (`--params-file`, `-p`) to the node named
+    /// `name` (after `__node`/`__ns` remapping): the entries of `/**` and of the node's
+    /// own name or fully qualified name, in rcl's order, a later value of a name
+    /// replacing an earlier one — what r2r gives the node once it exists, read before
+    /// its DDS participant is created.
+    pub fn parameter_overrides(&self, name: &str) -> Vec<(String, ParameterValue)> {
+        let node = self.remapped_node_name(name).unwrap_or_else(|| name.to_string());
+        let namespace = self.remapped_namespace(name).unwrap_or_else(|| "/".to_string());
+        let qualified = format!("{}/{node}", namespace.trim_end_matches('/'));
+        let mut out: Vec<(String, ParameterValue)> = Vec::new();
         let mut params: *mut rcl::rcl_params_t = std::ptr::null_mut();
         // SAFETY: valid arguments; a null-initialized out pointer that rcl fills with
         // a copy it allocates (freed below), or leaves null when there are none.
         let ret = unsafe { rcl::rcl_arguments_get_param_overrides(&self.args, &mut params) };
         if ret != rcl::RCL_RET_OK as i32 || params.is_null() {
-            return cfg;
+            return out;
         }
-        // SAFETY: `params` points to a valid rcl_params_t (see above); its arrays hold
-        // `num_nodes` entries, each with `num_params` names and values; strings are
-        // NUL-terminated; a non-null value pointer (integer, string array) points to a
-        // value rcl allocated (a string array's `size` is its element count); only read
-        // here, before the fini below.
+        // SAFETY: `params` points to a valid rcl_params_t (see above) whose arrays hold
+        // `num_nodes` node names and entries, each entry `num_params` names and values;
+        // strings are NUL-terminated; only read here, before the fini below.
         unsafe {
             let p = &*params;
-            if !p.params.is_null() {
-                for np in std::slice::from_raw_parts(p.params, p.num_nodes) {
-                    if np.parameter_names.is_null() || np.parameter_values.is_null() {
+            if !p.params.is_null() && !p.node_names.is_null() {
+                let names = std::slice::from_raw_parts(p.node_names, p.num_nodes);
+                let entries = std::slice::from_raw_parts(p.params, p.num_nodes);
+                for (&n, np) in names.iter().zip(entries) {
+                    let n = if n.is_null() { "" } else { CStr::from_ptr(n).to_str().unwrap_or("") };
+                    let ours = n == "/**" || n == "**" || n == qualified || n == node;
+                    if !ours || np.parameter_names.is_null() || np.parameter_values.is_null() {
                         continue;
                     }
-                    let names = std::slice::from_raw_parts(np.parameter_names, np.num_params);
+                    let keys = std::slice::from_raw_parts(np.parameter_names, np.num_params);
                     let values = std::slice::from_raw_parts(np.parameter_values, np.num_params);
-                    for (&n, v) in names.iter().zip(values) {
-                        if n.is_null() {
+                    for (&k, v) in keys.iter().zip(values) {
+                        if k.is_null() {
                             continue;
                         }
-                        // `inputs`: N >= 2 topics make the output a batch of N tensors.
-                        if CStr::from_ptr(n).to_bytes() == b"inputs"
-                            && !v.string_array_value.is_null()
-                        {
-                            let size = (*v.string_array_value).size;
-                            if size > cfg.inputs.len() {
-                                cfg.inputs = (0..size).map(|i| format!("input{i}")).collect();
-                            }
-                            continue;
-                        }
-                        if v.integer_value.is_null() {
-                            continue;
-                        }
-                        let Ok(i) = u32::try_from(*v.integer_value) else {
-                            continue;
-                        };
-                        match CStr::from_ptr(n).to_bytes() {
-                            b"network_image_width" => {
-                                cfg.network_image_width = cfg.network_image_width.max(i)
-                            }
-                            b"network_image_height" => {
-                                cfg.network_image_height = cfg.network_image_height.max(i)
-                            }
-                            _ => {}
+                        let key = CStr::from_ptr(k).to_string_lossy().into_owned();
+                        let value = parameter_value(v);
+                        match out.iter_mut().find(|(name, _)| *name == key) {
+                            Some(entry) => entry.1 = value,
+                            None => out.push((key, value)),
                         }
                     }
                 }
             }
             rcl::rcl_yaml_node_struct_fini(params);
         }
-        cfg
+        out
     }
 }
 

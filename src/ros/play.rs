@@ -5,9 +5,11 @@
 //! reason instead of being sent. With `--clock` it also publishes `/clock` with the
 //! bag's time, for nodes with `use_sim_time`.
 
-use crate::bag::msgs::{CameraInfo as BagCameraInfo, Image as BagImage};
-use crate::bag::{Bag, PlayOptions, PlayStats, CAMERA_INFO_TYPE, IMAGE_TYPE};
+use crate::bag::{Bag, PlayOptions, PlayStats};
 use crate::error::{Error, Result};
+use crate::wire::msgs::{
+    CameraInfo as BagCameraInfo, Image as BagImage, CAMERA_INFO_TYPE, IMAGE_TYPE,
+};
 use r2r::builtin_interfaces::msg::Time;
 use r2r::rosgraph_msgs::msg::Clock;
 use r2r::QosProfile;

@@ -5,15 +5,12 @@
 
 use crate::bag::{BagWriter, RecordOptions, RecordStats};
 use crate::error::{Error, Result};
+use crate::wire::msgs::{tensor_type, FRAME_TIMING_TYPE as TIMING_TYPE};
 use futures::{FutureExt, StreamExt};
 use r2r::QosProfile;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const TENSOR_TYPE: &str = "vision_preproc_msgs/msg/Tensor";
-const BATCH_TYPE: &str = "vision_preproc_msgs/msg/TensorBatch";
-const TIMING_TYPE: &str = "vision_preproc_msgs/msg/FrameTiming";
 
 fn ros_err(what: &str, e: r2r::Error) -> Error {
     Error::Bag { path: what.to_string(), message: e.to_string() }
@@ -27,7 +24,7 @@ fn now_ns() -> u64 {
 
 /// Record until `count` tensors arrived, `duration` passed, or SIGINT/SIGTERM.
 pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
-    let tensor_type = if opts.batch { BATCH_TYPE } else { TENSOR_TYPE };
+    let tensor_type = tensor_type(opts.batch);
     // (writer, tensor topic index, timing topic index); none with `--count-only`.
     let mut bag = match &opts.output {
         Some(path) => {
@@ -96,7 +93,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
                 stats.tensors += 1;
                 let ms = |stamp: i64| (i128::from(t) - i128::from(stamp)) as f64 / 1e6;
                 if opts.batch {
-                    if let Ok(b) = crate::bag::msgs::TensorBatch::decode(&msg) {
+                    if let Ok(b) = crate::wire::msgs::TensorBatch::decode(&msg) {
                         for it in b.items.iter().filter(|i| i.valid && !i.repeated) {
                             let h = &it.header;
                             stats
@@ -104,7 +101,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
                                 .push(ms(i64::from(h.sec) * 1_000_000_000 + i64::from(h.nanosec)));
                         }
                     }
-                } else if let Ok(stamp) = crate::bag::msgs::header_stamp_ns(&msg) {
+                } else if let Ok(stamp) = crate::wire::msgs::header_stamp_ns(&msg) {
                     stats.e2e_ms.push(ms(stamp));
                 }
                 let (first, _) = stats.first_last_ns.unwrap_or((t, t));
@@ -116,7 +113,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
                     bag.write(*timing_idx, now_ns(), &msg)?;
                 }
                 stats.timings += 1;
-                if let Ok(timing) = crate::bag::msgs::FrameTiming::decode(&msg) {
+                if let Ok(timing) = crate::wire::msgs::FrameTiming::decode(&msg) {
                     stats.node_ms.push(f64::from(timing.stages_us[4]) / 1e3);
                     let s = timing.stages_us;
                     stats.stages_us.push([s[0], s[1], s[2], s[3]]);

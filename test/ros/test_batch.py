@@ -279,11 +279,16 @@ def test_two_cameras_approximate_time_nhwc_float16(tmp_path: Path) -> None:
     args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", f"network_image_width:={NET_W}",
             "-p", f"network_image_height:={NET_H}", "-p", "resize_mode:=stretch", "-p", "output_layout:=NHWC",
             "-p", "output_dtype:=float16", "-p", "inputs:=[cam0/image, cam1/image]",
-            "-p", "batch_policy:=approximate_time", "-p", "max_interval_ms:=20", "-p", "batch_queue_size:=5"]
+            "-p", "batch_policy:=approximate_time", "-p", "max_interval_ms:=20", "-p", "batch_queue_size:=5",
+            "-p", "debug_image_rate:=50.0"]
     with NodeProcess(args, log=tmp_path / "node.log") as node:
         cams = Cameras(ns, 2)
+        debug: list[Image] = []
+        cams.node.create_subscription(Image, "debug_image", debug.append, RELIABLE)
         try:
             cams.wait_connected(ns)
+            cams.spin_until(lambda: cams.node.count_publishers(f"{ns}/debug_image") >= 1, 10, "debug_image")
+            cams.spin_for(0.5)
             sent = {}
             # Camera 0 at 20 Hz (stamps k * 50 ms), camera 1 at 10 Hz, 7 ms later: every
             # camera-1 frame pairs with the camera-0 frame 7 ms before it; camera-0 frames
@@ -314,6 +319,19 @@ def test_two_cameras_approximate_time_nhwc_float16(tmp_path: Path) -> None:
                 for i, it in enumerate(msg.items):
                     assert not it.repeated
                     check_item(it, data[i], sent, APPROX_CONFIG, f"{ns}/cam{i}/image", f"batch {j} item {i}")
+            # debug_image with 2 inputs: the batch's two network images stacked top to
+            # bottom, de-normalized (mean 0.5, stddev 0.5, pixel_scale 1/255: pixel =
+            # (value + 1) * 127.5), stamped like the batch.
+            assert debug, "no debug_image from the batched node"
+            by_stamp = {stamp_ns(m.header): m for m in cams.batches}
+            shown = [d for d in debug if stamp_ns(d.header) in by_stamp]
+            assert shown, "no debug_image carries the stamp of a received batch"
+            for d in shown:
+                assert (d.encoding, d.width, d.height, d.step) == ("rgb8", NET_W, 2 * NET_H, 3 * NET_W)
+                got = np.frombuffer(bytes(d.data), np.uint8).reshape(2 * NET_H, NET_W, 3).astype(int)
+                items = batch_items(by_stamp[stamp_ns(d.header)]).astype(np.float64)
+                want = np.clip(np.rint((items + 1.0) * 127.5), 0, 255).reshape(2 * NET_H, NET_W, 3)
+                assert np.abs(got - want).max() <= 1, np.abs(got - want).max()
         finally:
             cams.close()
         assert node.stop() == 0

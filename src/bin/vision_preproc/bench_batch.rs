@@ -1,5 +1,5 @@
 //! `vision_preproc bench-batch`: N cameras through ONE batched pipeline
-//! (`Pipeline::process_batch`, what a node with `inputs` of N topics runs) against N
+//! (`Pipeline::process_frames` with N inputs, what a node with `inputs` of N topics runs) against N
 //! single-camera pipelines (N nodes), both sides in one process, on the same backend and
 //! frames. Three figures, each batched vs separate:
 //! - work per batch: the backend's stage times (CUDA: event times of upload, fused
@@ -22,9 +22,9 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use std::time::{Duration, Instant};
-use vision_preproc::bag::msgs::Header;
 use vision_preproc::percentile::Summary;
-use vision_preproc::pipeline::{select_backend, BatchInput};
+use vision_preproc::pipeline::{select_backend, FrameInput};
+use vision_preproc::wire::msgs::Header;
 use vision_preproc::{Config, ImageView, Pipeline};
 
 /// Arguments of `bench-batch`.
@@ -100,10 +100,10 @@ fn stages(t: vision_preproc::backend::StageTimes) -> Stages {
 
 fn run_batch(p: &mut Pipeline, views: &[ImageView<'_>], topics: &[String]) -> Result<Stages> {
     let header = Header::default();
-    let inputs: Vec<BatchInput<'_, '_>> = views
+    let inputs: Vec<FrameInput<'_, '_>> = views
         .iter()
         .zip(topics)
-        .map(|(v, t)| BatchInput {
+        .map(|(v, t)| FrameInput {
             topic: t,
             image: Some(v),
             header: &header,
@@ -111,11 +111,11 @@ fn run_batch(p: &mut Pipeline, views: &[ImageView<'_>], topics: &[String]) -> Re
             repeated: false,
         })
         .collect();
-    Ok(stages(p.process_batch(&inputs, &header)?.times))
+    Ok(stages(p.process_frames(&inputs, &header)?.times))
 }
 
 fn run_one(p: &mut Pipeline, v: &ImageView<'_>) -> Result<Stages> {
-    Ok(stages(p.process_message(v, &Header::default(), "bgr8")?.times))
+    Ok(stages(p.process(v)?.times))
 }
 
 /// p50 of each stage.
@@ -142,7 +142,8 @@ pub fn run(a: BenchBatchArgs) -> Result<()> {
     let frames = frames(&a);
     let views = views(&a, &frames)?;
     let topics: Vec<String> = (0..a.cameras).map(|i| format!("/cam{i}/image")).collect();
-    let mut batched = pipeline(&cfg)?;
+    let batch_cfg = Config { inputs: topics.clone(), ..cfg.clone() };
+    let mut batched = pipeline(&batch_cfg)?;
     let mut single = pipeline(&cfg)?;
     let device = batched.backend().device_description();
     println!(

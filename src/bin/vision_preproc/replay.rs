@@ -8,11 +8,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
-use vision_preproc::bag::msgs::Image;
 use vision_preproc::bag::{Bag, BagWriter};
 use vision_preproc::config::BackendChoice;
 use vision_preproc::percentile::nearest_rank;
 use vision_preproc::pipeline::{frame_timing, select_backend};
+use vision_preproc::transport::batch_sync::Batch;
+use vision_preproc::wire::msgs::{tensor_type, Image, FRAME_TIMING_TYPE};
 use vision_preproc::{Error, ImageView, Pipeline};
 
 /// Arguments of `replay`.
@@ -111,198 +112,269 @@ fn open_backend(
     Ok((backend, name))
 }
 
-/// `replay` of several image topics: the bag's messages in storage order through the
-/// batch former (the node's, with the bag's receive times as arrivals), each batch
-/// through `Pipeline::process_batch`, one TensorBatch and one FrameTiming per batch,
-/// written at the receive time of the frame that completed it (or the deadline that did).
-/// Deterministic: the same bag and configuration give the same batches (and, on the CPU
+/// Counts of one replay, for its summary.
+#[derive(Default)]
+struct Tally {
+    frames: u64,
+    sets: u64,
+    stale_slots: u64,
+    rejected: BTreeMap<String, u64>,
+    skipped: BTreeMap<String, u64>,
+    stages: Stages,
+}
+
+impl Tally {
+    /// `reason` of input `slot` (named with 2+ inputs) into `map`.
+    fn count(map: &mut BTreeMap<String, u64>, topics: &[String], slot: usize, reason: String) {
+        let key = if topics.len() >= 2 { format!("{}: {reason}", topics[slot]) } else { reason };
+        *map.entry(key).or_default() += 1;
+    }
+}
+
+/// `replay`: the bag's messages of `topics` in storage order through the frame-set
+/// former (the node's, with the bag's receive times as arrivals; one topic is a batch of
+/// one, each frame a set), each set through `Pipeline::process_frames`, one message
+/// (`Tensor` for one topic, `TensorBatch` for 2+) and one FrameTiming per set, written at
+/// the receive time of the frame that completed it (or the deadline that did).
+/// Deterministic: the same bag and configuration give the same sets (and, on the CPU
 /// backend, the same bytes).
-fn replay_batch(
+fn replay(
     args: &ReplayArgs,
     mut cfg: vision_preproc::Config,
     bag: &Bag,
     topics: &[String],
 ) -> Result<()> {
-    use vision_preproc::bag::msgs::Header;
-    use vision_preproc::pipeline::batch_sync::{Batch, Batcher, Frame, Item};
-    use vision_preproc::pipeline::BatchInput;
-    cfg.inputs = topics.to_vec();
+    use vision_preproc::transport::batch_sync::{BatchPolicy, BatchSettings, Batcher, Frame};
+    if topics.len() >= 2 {
+        cfg.inputs = topics.to_vec();
+    } else {
+        cfg.inputs.clear();
+    }
     cfg.validate()?;
+    let batch = cfg.is_batch();
     let output = output_dir(args);
     let (backend, backend_name) = open_backend(&cfg)?;
     eprintln!(
-        "replay: {} [{} cameras: {}] -> {} on {} ({}), batch_policy {}",
+        "replay: {} [{}] -> {} on {} ({}){}",
         args.input.display(),
-        topics.len(),
         topics.join(", "),
         output.display(),
         backend_name,
         backend.device_description(),
-        cfg.batch_policy.name()
+        if batch { format!(", batch_policy {}", cfg.batch_policy.name()) } else { String::new() }
     );
-    let settings = vision_preproc::pipeline::batch_sync::BatchSettings::of(&cfg);
+    let mut settings = BatchSettings::of(&cfg);
+    if !batch {
+        settings.policy = BatchPolicy::Latest; // each frame a set of one
+    }
     let mut pipeline = Pipeline::new(cfg, backend)?;
     let mut out = BagWriter::create(&output)?;
     let ns = args.output_namespace.trim_end_matches('/');
-    let t_tensor = out.add_topic(&format!("{ns}/tensor"), "vision_preproc_msgs/msg/TensorBatch")?;
-    let t_timing = out.add_topic(&format!("{ns}/timing"), "vision_preproc_msgs/msg/FrameTiming")?;
+    let t_tensor = out.add_topic(&format!("{ns}/tensor"), tensor_type(batch))?;
+    let t_timing = out.add_topic(&format!("{ns}/timing"), FRAME_TIMING_TYPE)?;
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {pos} frames {per_sec} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
     let mut batcher: Option<Batcher<Recorded>> = None;
-    let mut stages = Stages::default();
-    let mut rejected: BTreeMap<String, u64> = BTreeMap::new();
-    let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
-    let (mut frames, mut batches, mut stale_slots) = (0u64, 0u64, 0u64);
+    let mut tally = Tally::default();
     let started = Instant::now();
-    let mut process = |batch: Batch<Recorded>,
-                       log_time: u64,
-                       out: &mut BagWriter|
-     -> vision_preproc::Result<()> {
-        let t0 = Instant::now();
-        let mut decoded = Vec::with_capacity(batch.items.len());
-        for (i, item) in batch.items.iter().enumerate() {
-            decoded.push(match item {
-                Item::Frame { frame, repeated } => match Image::decode(&frame.data.data) {
-                    Ok(img) => Some((img, *repeated)),
-                    Err(e) => {
-                        *skipped
-                            .entry(format!("{}: undecodable message: {e}", topics[i]))
-                            .or_default() += 1;
-                        None
-                    }
-                },
-                Item::Stale => {
-                    stale_slots += 1;
-                    None
-                }
-            });
-        }
-        let mut views = Vec::with_capacity(decoded.len());
-        for (i, d) in decoded.iter().enumerate() {
-            views.push(match d {
-                Some((img, repeated)) => match ImageView::new(
-                    img.width,
-                    img.height,
-                    img.step,
-                    &img.encoding,
-                    img.is_bigendian != 0,
-                    img.data,
-                ) {
-                    Ok(v) => Some(v),
-                    Err(e) => {
-                        if !repeated {
-                            *rejected.entry(format!("{}: {e}", topics[i])).or_default() += 1;
-                        }
-                        None
-                    }
-                },
-                None => None,
-            });
-        }
-        let empty = Header::default();
-        let inputs: Vec<BatchInput<'_, '_>> = decoded
-            .iter()
-            .zip(&views)
-            .enumerate()
-            .map(|(i, (d, v))| BatchInput {
-                topic: &topics[i],
-                image: v.as_ref(),
-                header: d.as_ref().map_or(&empty, |(img, _)| &img.header),
-                source_encoding: d.as_ref().map_or("", |(img, _)| img.encoding.as_str()),
-                repeated: d.as_ref().is_some_and(|(_, r)| *r),
-            })
-            .collect();
-        let header = inputs
-            .iter()
-            .filter(|i| i.image.is_some())
-            .map(|i| i.header)
-            .max_by_key(|h| (h.sec, h.nanosec))
-            .map(|h| Header { sec: h.sec, nanosec: h.nanosec, frame_id: String::new() })
-            .unwrap_or_default();
-        let info = pipeline.process_batch(&inputs, &header)?;
-        for (i, reason) in &info.rejected {
-            *rejected.entry(format!("{}: {reason}", topics[*i])).or_default() += 1;
-        }
-        out.write(t_tensor, log_time, pipeline.message())?;
-        let total = t0.elapsed().as_secs_f32() * 1e6;
-        let t = info.times;
-        let timing = frame_timing(&header, batches, &backend_name, &t, total, 0.0, 0);
-        out.write(t_timing, log_time, &timing.encode())?;
-        stages.upload.push(t.upload_us);
-        stages.preprocess.push(t.preprocess_us);
-        stages.conv.push(t.conv_us);
-        stages.download.push(t.download_us);
-        stages.total.push(total);
-        batches += 1;
-        Ok(())
+    let mut process = |set: Batch<Recorded>, log_time: u64, out: &mut BagWriter| {
+        process_set(&mut pipeline, &set, topics, &mut tally, &backend_name)?.map_or(
+            Ok(()),
+            |timing| {
+                out.write(t_tensor, log_time, pipeline.message())?;
+                out.write(t_timing, log_time, &timing.encode())
+            },
+        )
     };
     let index = |t: &str| topics.iter().position(|x| x == t);
     let mut last_time = 0i64;
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
     let damage = bag.for_each(&names, |m| {
         let Some(cam) = index(&m.topic) else { return Ok(()) };
-        frames += 1;
+        bar.inc(1);
         let now = i64::try_from(m.log_time).unwrap_or(i64::MAX);
         let b = batcher.get_or_insert_with(|| Batcher::new(topics.len(), settings, now));
         // Deadlines (a timeout, a camera going stale) that passed before this message.
         let mut guard = 0;
         while let Some(d) = b.deadline().filter(|&d| d < now) {
-            for batch in b.poll(d.saturating_add(1)) {
-                process(batch, d.saturating_add(1).max(0) as u64, &mut out)?;
+            for set in b.poll(d.saturating_add(1)) {
+                process(set, d.saturating_add(1).max(0) as u64, &mut out)?;
             }
             guard += 1;
             if guard > 4 * topics.len() {
                 break;
             }
         }
-        let stamp_ns = vision_preproc::bag::msgs::header_stamp_ns(&m.data).unwrap_or(0);
+        let stamp_ns = vision_preproc::wire::msgs::header_stamp_ns(&m.data).unwrap_or(0);
         let frame = Frame {
             stamp_ns,
             received_ns: now,
             data: std::sync::Arc::new(Recorded { data: m.data }),
         };
-        for batch in b.push(cam, frame) {
-            process(batch, m.log_time, &mut out)?;
+        for set in b.push(cam, frame) {
+            process(set, m.log_time, &mut out)?;
         }
         last_time = now;
         Ok(())
     })?;
+    bar.finish_and_clear();
     // The end of the bag: what a timeout would still have published (latest).
     let mut pending = 0u64;
     if let Some(b) = batcher.as_mut() {
         let end = last_time.saturating_add(settings.batch_timeout).saturating_add(1);
-        if settings.policy == vision_preproc::pipeline::batch_sync::BatchPolicy::Latest {
-            for batch in b.poll(end) {
-                process(batch, end.max(0) as u64, &mut out)?;
+        if settings.policy == BatchPolicy::Latest {
+            for set in b.poll(end) {
+                process(set, end.max(0) as u64, &mut out)?;
             }
         }
         pending = (0..b.len()).map(|i| b.pending(i)).sum();
     }
     let counts: Vec<_> =
         batcher.as_ref().map(|b| (0..b.len()).map(|i| b.counts(i)).collect()).unwrap_or_default();
+    tally.frames = counts.iter().map(|c| c.received).sum();
     let wall = started.elapsed().as_secs_f64();
     let out_dir = out.finish()?;
+    let (rejected, skipped) =
+        (tally.rejected.values().sum::<u64>(), tally.skipped.values().sum::<u64>());
     println!("replay summary: {} -> {}", args.input.display(), out_dir.display());
-    println!("  {} cameras, backend {backend_name}", topics.len());
-    println!(
-        "  frames {frames}: {batches} batches, {stale_slots} padded (stale) slots, rejected {}, \
-         skipped {}, left unbatched at the end {pending}",
-        rejected.values().sum::<u64>(),
-        skipped.values().sum::<u64>()
-    );
-    for (i, c) in counts.iter().enumerate() {
+    if batch {
+        println!("  {} cameras, backend {backend_name}", topics.len());
         println!(
-            "    {}: received {}, batched {}, dropped {}",
-            topics[i], c.received, c.batched, c.dropped
+            "  frames {}: {} batches, {} padded (stale) slots, rejected {rejected}, skipped \
+             {skipped}, left unbatched at the end {pending}",
+            tally.frames, tally.sets, tally.stale_slots
+        );
+        for (i, c) in counts.iter().enumerate() {
+            println!(
+                "    {}: received {}, batched {}, dropped {}",
+                topics[i], c.received, c.batched, c.dropped
+            );
+        }
+    } else {
+        println!("  topic {}, backend {backend_name}", topics[0]);
+        println!(
+            "  frames {}: published {}, rejected {rejected}, skipped {skipped}",
+            tally.frames, tally.sets
         );
     }
-    print_summary_tail(
-        &rejected,
-        &skipped,
-        &damage,
-        ("batches", batches as f64),
-        wall,
-        &mut stages,
-    );
+    let unit = if batch { ("batches", tally.sets as f64) } else { ("frames", tally.frames as f64) };
+    print_summary_tail(&tally.rejected, &tally.skipped, &damage, unit, wall, &mut tally.stages);
     Ok(())
+}
+
+/// One formed set: decode and validate its frames, run them, and return its
+/// FrameTiming (`None` when a single camera's frame was refused: nothing to write). The
+/// message is then in the pipeline.
+fn process_set(
+    pipeline: &mut Pipeline,
+    set: &Batch<Recorded>,
+    topics: &[String],
+    tally: &mut Tally,
+    backend_name: &str,
+) -> vision_preproc::Result<Option<vision_preproc::wire::msgs::FrameTiming>> {
+    use vision_preproc::pipeline::FrameInput;
+    use vision_preproc::transport::batch_sync::Item;
+    use vision_preproc::wire::msgs::Header;
+    let t0 = Instant::now();
+    let mut decoded = Vec::with_capacity(set.items.len());
+    for (i, item) in set.items.iter().enumerate() {
+        decoded.push(match item {
+            Item::Frame { frame, repeated } => match Image::decode(&frame.data.data) {
+                Ok(img) => Some((img, *repeated)),
+                Err(e) => {
+                    let why = format!("undecodable message: {e}");
+                    Tally::count(&mut tally.skipped, topics, i, why);
+                    None
+                }
+            },
+            Item::Stale => {
+                tally.stale_slots += 1;
+                None
+            }
+        });
+    }
+    let mut views = Vec::with_capacity(decoded.len());
+    for (i, d) in decoded.iter().enumerate() {
+        views.push(match d {
+            Some((img, repeated)) => {
+                let v = ImageView::new(
+                    img.width,
+                    img.height,
+                    img.step,
+                    &img.encoding,
+                    img.is_bigendian != 0,
+                    img.data,
+                );
+                match v {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        if !repeated {
+                            Tally::count(&mut tally.rejected, topics, i, e.to_string());
+                        }
+                        None
+                    }
+                }
+            }
+            None => None,
+        });
+    }
+    if topics.len() < 2 && views[0].is_none() {
+        return Ok(None);
+    }
+    let empty = Header::default();
+    let inputs: Vec<FrameInput<'_, '_>> = decoded
+        .iter()
+        .zip(&views)
+        .enumerate()
+        .map(|(i, (d, v))| FrameInput {
+            topic: &topics[i],
+            image: v.as_ref(),
+            header: d.as_ref().map_or(&empty, |(img, _)| &img.header),
+            source_encoding: d.as_ref().map_or("", |(img, _)| img.encoding.as_str()),
+            repeated: d.as_ref().is_some_and(|(_, r)| *r),
+        })
+        .collect();
+    // A single camera's header is its frame's; a batch's the newest valid stamp.
+    let header = match &inputs[..] {
+        [only] => only.header.clone(),
+        _ => inputs
+            .iter()
+            .filter(|i| i.image.is_some())
+            .map(|i| i.header)
+            .max_by_key(|h| (h.sec, h.nanosec))
+            .map(|h| Header { sec: h.sec, nanosec: h.nanosec, frame_id: String::new() })
+            .unwrap_or_default(),
+    };
+    let info = match pipeline.process_frames(&inputs, &header) {
+        Ok(info) => info,
+        Err(Error::Image(e)) => {
+            Tally::count(&mut tally.rejected, topics, 0, e.to_string());
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    for (i, reason) in info.rejected {
+        Tally::count(&mut tally.rejected, topics, i, reason);
+    }
+    let total = t0.elapsed().as_secs_f32() * 1e6;
+    let t = info.times;
+    // age_us: not meaningful offline (the stamps are from the recording), 0.
+    let timing = frame_timing(&header, tally.sets, backend_name, &t, total, 0.0, 0);
+    let s = &mut tally.stages;
+    for (v, x) in [
+        (&mut s.upload, t.upload_us),
+        (&mut s.preprocess, t.preprocess_us),
+        (&mut s.conv, t.conv_us),
+        (&mut s.download, t.download_us),
+        (&mut s.total, total),
+    ] {
+        v.push(x);
+    }
+    tally.sets += 1;
+    Ok(Some(timing))
 }
 
 pub fn run(args: ReplayArgs) -> Result<()> {
@@ -312,102 +384,15 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             .with_context(|| format!("--backend {b}: use auto, cuda or cpu"))?;
     }
     let bag = Bag::open(&args.input)?;
-    let wanted: Vec<String> = if args.topic.len() >= 2 {
+    let topics: Vec<String> = if args.topic.len() >= 2 {
         args.topic.clone()
     } else if args.topic.is_empty() && cfg.is_batch() {
         cfg.inputs.iter().map(|t| format!("/{}", t.trim_start_matches('/'))).collect()
     } else {
-        Vec::new()
+        vec![bag.image_topic(args.topic.first().map(String::as_str))?]
     };
-    if !wanted.is_empty() {
-        for t in &wanted {
-            bag.image_topic(Some(t))?;
-        }
-        return replay_batch(&args, cfg, &bag, &wanted);
+    for t in &topics {
+        bag.image_topic(Some(t))?;
     }
-    let topic = bag.image_topic(args.topic.first().map(String::as_str))?;
-    let output = output_dir(&args);
-
-    let (backend, backend_name) = open_backend(&cfg)?;
-    eprintln!(
-        "replay: {} [{topic}] -> {} on {} ({})",
-        args.input.display(),
-        output.display(),
-        backend_name,
-        backend.device_description()
-    );
-    let mut pipeline = Pipeline::new(cfg, backend)?;
-
-    let mut out = BagWriter::create(&output)?;
-    let ns = args.output_namespace.trim_end_matches('/');
-    let t_tensor = out.add_topic(&format!("{ns}/tensor"), "vision_preproc_msgs/msg/Tensor")?;
-    let t_timing = out.add_topic(&format!("{ns}/timing"), "vision_preproc_msgs/msg/FrameTiming")?;
-
-    let bar = ProgressBar::new_spinner();
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {pos} frames {per_sec} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
-    let mut stages = Stages::default();
-    let mut rejected: BTreeMap<String, u64> = BTreeMap::new();
-    let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
-    let (mut frames, mut published) = (0u64, 0u64);
-    let started = Instant::now();
-    let damage = bag.for_each(&[topic.as_str()], |m| {
-        frames += 1;
-        bar.inc(1);
-        let t0 = Instant::now();
-        let img = match Image::decode(&m.data) {
-            Ok(img) => img,
-            Err(e) => {
-                *skipped.entry(format!("undecodable message: {e}")).or_default() += 1;
-                return Ok(());
-            }
-        };
-        let view = ImageView::new(
-            img.width,
-            img.height,
-            img.step,
-            &img.encoding,
-            img.is_bigendian != 0,
-            img.data,
-        );
-        let info = match view
-            .map_err(Error::from)
-            .and_then(|v| pipeline.process_message(&v, &img.header, &img.encoding))
-        {
-            Ok(info) => info,
-            Err(Error::Image(e)) => {
-                *rejected.entry(e.to_string()).or_default() += 1;
-                return Ok(());
-            }
-            Err(e) => return Err(e),
-        };
-        out.write(t_tensor, m.log_time, pipeline.message())?;
-        let total = t0.elapsed().as_secs_f32() * 1e6;
-        let t = info.times;
-        // age_us: not meaningful offline (the stamps are from the recording), 0.
-        let timing = frame_timing(&img.header, published, &backend_name, &t, total, 0.0, 0);
-        out.write(t_timing, m.log_time, &timing.encode())?;
-        stages.upload.push(t.upload_us);
-        stages.preprocess.push(t.preprocess_us);
-        stages.conv.push(t.conv_us);
-        stages.download.push(t.download_us);
-        stages.total.push(total);
-        published += 1;
-        Ok(())
-    })?;
-    bar.finish_and_clear();
-    let wall = started.elapsed().as_secs_f64();
-    let out_dir = out.finish()?;
-
-    println!("replay summary: {} -> {}", args.input.display(), out_dir.display());
-    println!("  topic {topic}, backend {backend_name}");
-    println!(
-        "  frames {frames}: published {published}, rejected {}, skipped {}",
-        rejected.values().sum::<u64>(),
-        skipped.values().sum::<u64>()
-    );
-    print_summary_tail(&rejected, &skipped, &damage, ("frames", frames as f64), wall, &mut stages);
-    Ok(())
+    replay(&args, cfg, &bag, &topics)
 }

@@ -7,7 +7,7 @@
 //! answer changes.
 
 use super::native::{NativeImage, RosArgs};
-use super::{lock, Received, Shared};
+use super::shared::{lock, Received, Shared};
 use crate::config::QosPreset;
 use crate::transport::{
     adapt_to_offers, Adapted, DeliveryMonitor, Durability, Offer, Reliability, NO_PUBLISHER_YET,

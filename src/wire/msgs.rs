@@ -1,5 +1,6 @@
-//! The messages the CLI reads from and writes to bags, without ROS: decoded from and
-//! encoded to CDR with [`super::cdr`], and their `ros2msg` definitions for MCAP schemas.
+//! The messages of the live path and of bags, without ROS: decoded from and encoded to
+//! CDR with [`super::cdr`], their ROS type names, and their `ros2msg` definitions for
+//! MCAP schemas.
 
 use super::cdr::{CdrError, Reader, Writer};
 
@@ -320,6 +321,27 @@ impl FrameTiming {
     }
 }
 
+/// The ROS type name of images.
+pub const IMAGE_TYPE: &str = "sensor_msgs/msg/Image";
+/// The ROS type name of camera infos.
+pub const CAMERA_INFO_TYPE: &str = "sensor_msgs/msg/CameraInfo";
+/// The ROS type name of a single camera's output (`vision_preproc_msgs/Tensor`).
+pub const TENSOR_TYPE: &str = "vision_preproc_msgs/msg/Tensor";
+/// The ROS type name of a batched node's output (`vision_preproc_msgs/TensorBatch`).
+pub const TENSOR_BATCH_TYPE: &str = "vision_preproc_msgs/msg/TensorBatch";
+/// The ROS type name of the per-frame timing (`vision_preproc_msgs/FrameTiming`).
+pub const FRAME_TIMING_TYPE: &str = "vision_preproc_msgs/msg/FrameTiming";
+
+/// The type name of the `tensor` topic: [`TENSOR_BATCH_TYPE`] with 2+ inputs, else
+/// [`TENSOR_TYPE`].
+pub fn tensor_type(batch: bool) -> &'static str {
+    if batch {
+        TENSOR_BATCH_TYPE
+    } else {
+        TENSOR_TYPE
+    }
+}
+
 const SEPARATOR: &str =
     "================================================================================";
 const HEADER_MSG: &str = "builtin_interfaces/Time stamp\nstring frame_id\n";
@@ -329,13 +351,13 @@ const TIME_MSG: &str = "int32 sec\nuint32 nanosec\n";
 /// it into MCAP files.
 pub fn schema(type_name: &str) -> Option<String> {
     let main = match type_name {
-        "vision_preproc_msgs/msg/Tensor" => {
+        TENSOR_TYPE => {
             include_str!("../../msgs/vision_preproc_msgs/msg/Tensor.msg")
         }
-        "vision_preproc_msgs/msg/FrameTiming" => {
+        FRAME_TIMING_TYPE => {
             include_str!("../../msgs/vision_preproc_msgs/msg/FrameTiming.msg")
         }
-        "vision_preproc_msgs/msg/TensorBatch" => {
+        TENSOR_BATCH_TYPE => {
             // Dependencies in the order rosbag2 writes them: BatchItem, then Header.
             let item = include_str!("../../msgs/vision_preproc_msgs/msg/BatchItem.msg");
             let batch = include_str!("../../msgs/vision_preproc_msgs/msg/TensorBatch.msg");

@@ -1,0 +1,221 @@
+//! `/diagnostics`: one status named after the node, once per second of the node's clock
+//! (with sim time: per simulated second; none while `/clock` stands still): the frame
+//! counters and latency, the backend, each input (topic, QoS, publishers, delivery) and,
+//! with 2+ inputs, each camera's counters and staleness.
+
+use super::clock;
+use super::shared::{lock, Shared};
+use super::stats::{Counts, InputReport};
+use crate::ros::dds::shipped_dds_profile;
+use crate::transport::{delivery, Basis};
+use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Seconds of the node's clock between two `/diagnostics` statuses.
+const DIAGNOSTICS_PERIOD: Duration = Duration::from_secs(1);
+
+/// How often the diagnostics task looks at the node's clock (steady time).
+const CLOCK_POLL: Duration = Duration::from_millis(20);
+
+/// One status per [`DIAGNOSTICS_PERIOD`] of the node's clock (with sim time: per
+/// simulated second; none while `/clock` stands still), rates over that clock's seconds.
+pub async fn publish_diagnostics(
+    publisher: r2r::Publisher<DiagnosticArray>,
+    shared: Arc<Shared>,
+    name: String,
+) {
+    let mut poll = tokio::time::interval(CLOCK_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut previous = Counts::default();
+    let mut last: Option<Duration> = None;
+    let mut warned = vec![false; shared.inputs.len()];
+    let mut camera_previous: Vec<u64> = Vec::new();
+    loop {
+        poll.tick().await;
+        let Some(now) = shared.clock.now() else {
+            continue;
+        };
+        let Some(start) = last.filter(|&l| l <= now) else {
+            // First time, or the clock went back (a looped bag): start a new window.
+            last = Some(now);
+            previous = shared.stats.counts();
+            continue;
+        };
+        let seconds = (now - start).as_secs_f64();
+        if seconds < DIAGNOSTICS_PERIOD.as_secs_f64() {
+            continue;
+        }
+        last = Some(now);
+        let report = input_report(&shared, &mut warned, &mut camera_previous, seconds);
+        *lock(&shared.stats.input) = report;
+        let backend = lock(&shared.backend).clone();
+        let (status, counts) = shared.stats.status(&name, previous, seconds, &backend);
+        previous = counts;
+        let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
+        msg.header.stamp = clock::to_stamp(now);
+        if let Err(e) = publisher.publish(&msg) {
+            r2r::log_warn!(&shared.logger, "publishing /diagnostics: {e}");
+        }
+    }
+}
+
+/// The input part of `/diagnostics`: topic, QoS, publishers, delivery; and, while large
+/// best-effort frames arrive at a fraction of the camera's rate, the warning (logged once
+/// when it is raised, once when it clears). With 2+ inputs, for each camera (keys
+/// prefixed `Camera <i> `): the same, its rate over the window, received / published /
+/// dropped / rejected frames and staleness, and `Batches published`; the warning names
+/// the stale cameras (else a camera's delivery warning).
+fn input_report(
+    shared: &Shared,
+    warned: &mut [bool],
+    previous: &mut Vec<u64>,
+    seconds: f64,
+) -> InputReport {
+    if shared.inputs.len() < 2 {
+        return delivery_report(shared, 0, "", &mut warned[0]);
+    }
+    let cams = lock(&shared.cameras).clone();
+    previous.resize(cams.len(), 0);
+    let mut values = vec![(
+        "Batches published".to_string(),
+        shared.sets_published.load(Ordering::Relaxed).to_string(),
+    )];
+    let mut warnings = Vec::new();
+    let mut stale = Vec::new();
+    for (i, cam) in cams.iter().enumerate() {
+        let prefix = format!("Camera {i} ");
+        let report = delivery_report(shared, i, &prefix, &mut warned[i]);
+        let rate = cam.counts.received.saturating_sub(previous[i]) as f64 / seconds.max(1e-9);
+        previous[i] = cam.counts.received;
+        let since = cam.last_arrival.map_or_else(
+            || "no frame yet".to_string(),
+            |t| format!("last frame {:.0} ms ago", t.elapsed().as_secs_f64() * 1e3),
+        );
+        values.extend(report.values);
+        values.extend([
+            (format!("{prefix}rate (Hz)"), format!("{rate:.2}")),
+            (format!("{prefix}frames received"), cam.counts.received.to_string()),
+            (format!("{prefix}frames published"), cam.published.to_string()),
+            (format!("{prefix}frames dropped"), cam.counts.dropped.to_string()),
+            (format!("{prefix}frames rejected"), cam.rejected.to_string()),
+            (
+                format!("{prefix}state"),
+                format!("{} ({since})", if cam.stale { "stale" } else { "live" }),
+            ),
+        ]);
+        if cam.stale {
+            stale.push(format!("camera {i} ({})", cam.topic));
+        }
+        warnings.extend(report.warning.map(|w| format!("camera {i} ({}): {w}", cam.topic)));
+    }
+    let urgent = !stale.is_empty();
+    let warning = if stale.is_empty() {
+        warnings.into_iter().next()
+    } else {
+        Some(format!(
+            "stale: {} (no frame for stale_after_ms; slot padded and flagged invalid)",
+            stale.join(", ")
+        ))
+    };
+    InputReport { values, warning, urgent }
+}
+
+/// One input's topic, QoS, publishers and delivery (keys after `prefix`), and its
+/// warning while large best-effort frames are lost before the node.
+fn delivery_report(shared: &Shared, index: usize, prefix: &str, warned: &mut bool) -> InputReport {
+    let (topic, qos, publishers, best_effort, delivery, images_recently) = {
+        let mut st = lock(&shared.inputs[index]);
+        let now = Instant::now();
+        let d = st.monitor.assess(now);
+        let recent = st.monitor.images_recently(now);
+        (st.topic.clone(), st.qos.clone(), st.publishers, st.best_effort, d, recent)
+    };
+    let mut values = vec![
+        (format!("{prefix}Input topic"), topic.clone()),
+        (format!("{prefix}Input QoS"), qos),
+        (format!("{prefix}Input publishers"), publishers.to_string()),
+    ];
+    let losing = |d: &crate::transport::Delivery| {
+        best_effort
+            && d.fraction < delivery::RAISE_BELOW
+            && (d.largest_bytes >= delivery::LARGE_SAMPLE || d.largest_bytes == 0)
+    };
+    let Some(d) = delivery else {
+        // Not enough to judge this second (a late stamp in the fit): a raised warning
+        // stays until frames are seen arriving at the camera's rate, the subscription is
+        // no longer best effort, or no image came for STAMP_WINDOW (the camera is gone).
+        if *warned && (!best_effort || !images_recently) {
+            *warned = false;
+            r2r::log_info!(&shared.logger, "input: no image arrives any more; warning cleared");
+        }
+        let warning = warned.then(|| {
+            "frames lost before the node (large best-effort images; run the camera with \
+             config/fastdds_large_frames.xml or reliable)"
+                .to_string()
+        });
+        return InputReport { values, warning, urgent: false };
+    };
+    let basis = match d.basis {
+        Basis::CameraInfo => "camera_info",
+        Basis::Stamps => "image stamps",
+    };
+    values.push((
+        format!("{prefix}Input delivery"),
+        format!(
+            "{:.1} of {:.1} frames/s arrive ({:.0} %; camera rate from {basis})",
+            d.arrived_hz,
+            d.camera_hz,
+            100.0 * d.fraction
+        ),
+    ));
+    if !*warned && losing(&d) {
+        *warned = true;
+        let profile = shipped_dds_profile().map_or_else(
+            || "config/fastdds_large_frames.xml".to_string(),
+            |p| p.display().to_string(),
+        );
+        r2r::log_warn!(
+            &shared.logger,
+            "frames are lost before they reach the node: {:.1} of the camera's ~{:.1} \
+             frames/s arrive on {topic} ({:.1} MB best-effort images, camera rate from \
+             {basis}). Large best-effort samples that do not fit the camera's Fast DDS \
+             shared-memory segment go as UDP fragments, and one lost fragment loses the \
+             frame. Fix: start the camera driver with FASTDDS_DEFAULT_PROFILES_FILE={profile}, \
+             or make it publish reliable (input_qos auto then subscribes reliable)",
+            d.arrived_hz,
+            d.camera_hz,
+            d.largest_bytes as f64 / 1e6
+        );
+    } else if *warned && (d.fraction >= delivery::CLEAR_ABOVE || !best_effort) {
+        *warned = false;
+        r2r::log_info!(&shared.logger, "input: frames arrive at the camera's rate again");
+    }
+    let warning = warned.then(|| {
+        format!(
+            "frames lost before the node: {:.1} of ~{:.1} frames/s arrive (large best-effort \
+             images; run the camera with config/fastdds_large_frames.xml or reliable)",
+            d.arrived_hz, d.camera_hz
+        )
+    });
+    InputReport { values, warning, urgent: false }
+}
+
+/// A last status, ERROR, saying why the node exits (`reason`).
+pub fn publish_exit(
+    publisher: &r2r::Publisher<DiagnosticArray>,
+    shared: &Shared,
+    name: &str,
+    reason: &str,
+) {
+    let backend = lock(&shared.backend).clone();
+    let (mut status, _) = shared.stats.status(name, shared.stats.counts(), 1.0, &backend);
+    status.level = DiagnosticStatus::ERROR as u8;
+    status.message = format!("exiting: {reason}");
+    let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
+    msg.header.stamp = shared.clock.stamp();
+    if let Err(e) = publisher.publish(&msg) {
+        r2r::log_warn!(&shared.logger, "publishing /diagnostics: {e}");
+    }
+}

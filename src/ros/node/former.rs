@@ -1,0 +1,169 @@
+//! The frame-set former on the spin thread: every input's frames go through the batch
+//! synchronizer ([`crate::transport::batch_sync::Batcher`]), which decides which frame of
+//! each camera goes into the next set (`batch_policy`; a single camera is a batch of one:
+//! each frame forms a set as it arrives), and each set it forms goes to the keep-latest
+//! slot the processing thread takes from; a set replaced there counts its new frames as
+//! dropped.
+//!
+//! Times given to the former are the steady clock since the node started (arrivals,
+//! `batch_timeout_ms`, `stale_after_ms`: durations the node measures, like its stage
+//! times); the stamps `approximate_time` compares are the image headers'.
+//!
+//! Accounting, per frame: received (pushed to the former) = published (in a published
+//! set, counted once even when repeated) + dropped (replaced or discarded by the former,
+//! in a set replaced in the slot, or waiting at shutdown) + rejected (invalid: a batch
+//! slot is padded and flagged invalid, the batch goes out) + failed (the set failed).
+
+use super::shared::{lock, Received, Shared};
+use crate::config::Config;
+use crate::transport::batch_sync::{
+    Batch, BatchPolicy, BatchSettings, Batcher, CameraCounts, Frame, Item,
+};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A frame set handed to the processing thread, with the instant it was formed (the
+/// arrival of the frame that completed it, or the deadline's poll).
+pub struct Formed {
+    /// One item per input.
+    pub batch: Batch<Received>,
+    /// When it was formed.
+    pub at: Instant,
+}
+
+impl Formed {
+    /// Frames of the batch not in an earlier one.
+    pub fn new_frames(&self) -> u64 {
+        self.batch.items.iter().filter(|i| matches!(i, Item::Frame { repeated: false, .. })).count()
+            as u64
+    }
+}
+
+/// What `/diagnostics` shows of one camera (written by the spin thread and, for
+/// `published`, the processing thread).
+#[derive(Debug, Clone, Default)]
+pub struct CameraState {
+    /// The image topic, resolved.
+    pub topic: String,
+    /// The former's counters (received = batched + dropped + pending).
+    pub counts: CameraCounts,
+    /// No frame for `stale_after_ms`.
+    pub stale: bool,
+    /// When its last frame arrived.
+    pub last_arrival: Option<Instant>,
+    /// Its frames in published sets (once each).
+    pub published: u64,
+    /// Its frames rejected as invalid.
+    pub rejected: u64,
+}
+
+/// The frame-set former on the spin thread.
+pub struct Former {
+    batcher: Batcher<Received>,
+    start: Instant,
+    /// Sum of the former's drops already added to the node's counter.
+    dropped_seen: u64,
+    stale: Vec<bool>,
+    stale_after: Duration,
+}
+
+/// Longest wait of the spin loop (as the single-camera node).
+const SPIN_PERIOD: Duration = Duration::from_millis(20);
+
+impl Former {
+    /// A former for the inputs of `cfg` (`inputs`, or the single `image`), started now.
+    /// One camera forms a set of each frame as it arrives (`latest` with one camera).
+    pub fn new(cfg: &Config) -> Self {
+        let n = cfg.input_topics().len();
+        let mut settings = BatchSettings::of(cfg);
+        if n == 1 {
+            settings.policy = BatchPolicy::Latest;
+        }
+        Former {
+            batcher: Batcher::new(n, settings, 0),
+            start: Instant::now(),
+            dropped_seen: 0,
+            stale: vec![false; n],
+            stale_after: Duration::from_millis(u64::from(cfg.stale_after_ms)),
+        }
+    }
+
+    fn ns(&self, at: Instant) -> i64 {
+        i64::try_from(at.saturating_duration_since(self.start).as_nanos()).unwrap_or(i64::MAX)
+    }
+
+    /// A frame of camera `camera` arrived.
+    pub fn push(&mut self, camera: usize, r: Received, shared: &Shared) {
+        shared.stats.received.fetch_add(1, Ordering::Relaxed);
+        let frame =
+            Frame { stamp_ns: r.msg.stamp_ns(), received_ns: self.ns(r.at), data: Arc::new(r) };
+        let at = frame.data.at;
+        let batches = self.batcher.push(camera, frame);
+        lock(&shared.cameras)[camera].last_arrival = Some(at);
+        self.hand_over(batches, at, shared);
+    }
+
+    /// Time passed: stale cameras, `latest`'s timeout.
+    pub fn poll(&mut self, shared: &Shared) {
+        let now = Instant::now();
+        let batches = self.batcher.poll(self.ns(now));
+        self.hand_over(batches, now, shared);
+    }
+
+    /// How long the spin loop may wait for messages before [`Former::poll`] is due.
+    pub fn spin_timeout(&self) -> Duration {
+        let now = self.ns(Instant::now());
+        match self.batcher.deadline() {
+            Some(d) if d > now => {
+                Duration::from_nanos(u64::try_from(d - now).unwrap_or(0)).min(SPIN_PERIOD)
+            }
+            Some(_) => Duration::ZERO,
+            None => SPIN_PERIOD,
+        }
+    }
+
+    fn hand_over(&mut self, batches: Vec<Batch<Received>>, at: Instant, shared: &Shared) {
+        for batch in batches {
+            if let Some(old) = shared.sets.replace(Formed { batch, at }) {
+                shared.stats.dropped.fetch_add(old.new_frames(), Ordering::Relaxed);
+            }
+        }
+        self.sync(shared);
+    }
+
+    /// Copy the former's counters to the node's and log cameras going stale or live.
+    fn sync(&mut self, shared: &Shared) {
+        let n = self.batcher.len();
+        let dropped: u64 = (0..n).map(|i| self.batcher.counts(i).dropped).sum();
+        shared.stats.dropped.fetch_add(dropped - self.dropped_seen, Ordering::Relaxed);
+        self.dropped_seen = dropped;
+        let stale = self.batcher.stale();
+        let mut cams = lock(&shared.cameras);
+        for (i, cam) in cams.iter_mut().enumerate() {
+            cam.counts = self.batcher.counts(i);
+            cam.stale = stale[i];
+            // (One camera is never waited for: its staleness changes nothing.)
+            if stale[i] != self.stale[i] && n >= 2 {
+                if stale[i] {
+                    r2r::log_warn!(
+                        &shared.logger,
+                        "camera {i} ({}) is stale: no frame for {} ms; its batch slot is padded \
+                         and flagged invalid until its next frame",
+                        cam.topic,
+                        self.stale_after.as_millis()
+                    );
+                } else {
+                    r2r::log_info!(&shared.logger, "camera {i} ({}) is live again", cam.topic);
+                }
+            }
+        }
+        self.stale = stale;
+    }
+
+    /// At shutdown: frames still held by the former count as dropped.
+    pub fn finish(&mut self, shared: &Shared) {
+        let pending: u64 = (0..self.batcher.len()).map(|i| self.batcher.pending(i)).sum();
+        shared.stats.dropped.fetch_add(pending, Ordering::Relaxed);
+    }
+}

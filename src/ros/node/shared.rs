@@ -1,0 +1,201 @@
+//! The state the node's threads share: the received frames and formed sets, the
+//! counters, each input's and camera's state, the parameters, the clock and the backend
+//! as `/diagnostics` shows it; the output publishers; the rate-limited error log.
+
+use super::clock::{self, NodeClock};
+use super::former::{CameraState, Formed};
+use super::input::InputState;
+use super::native::NativeImage;
+use super::params::NodeParams;
+use super::stats::{BackendInfo, Stats};
+use crate::transport::Latest;
+use r2r::sensor_msgs::msg::{CameraInfo, Image};
+use r2r::QosProfile;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Seconds between two logs of rejected frames (the count in between is logged).
+const REJECT_LOG_PERIOD: Duration = Duration::from_secs(2);
+
+/// A mutex's value, also after a thread panicked holding it.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A frame as received (the C message rmw deserialized into), with the instant it
+/// arrived.
+pub struct Received {
+    /// The message, read in place.
+    pub msg: NativeImage,
+    /// When the spin thread took it from the subscription.
+    pub at: Instant,
+}
+
+/// The QoS of the outputs.
+pub fn output_qos(profile: crate::config::QosPreset, depth: u32) -> QosProfile {
+    use crate::config::QosPreset as P;
+    let base = match profile {
+        P::SensorData => QosProfile::sensor_data(),
+        // `auto` is refused for the outputs by `Config::validate`.
+        P::Default | P::Auto => QosProfile::default(),
+        P::SystemDefault => QosProfile::system_default(),
+    };
+    base.keep_last(depth as usize)
+}
+
+/// The publishers of the publishing thread. `tensor` and `timing` publish the serialized
+/// messages the pipeline and `frame_timing` write (`publish_raw`).
+pub struct Outputs {
+    /// `tensor`: a `Tensor` with one input, a `TensorBatch` with 2+.
+    pub tensor: r2r::PublisherUntyped,
+    /// `timing`: one `FrameTiming` per tensor.
+    pub timing: r2r::PublisherUntyped,
+    /// Per input, the scaled camera_info: `tensor/camera_info` with one input,
+    /// `tensor/camera_info_<i>` for batch item i with 2+.
+    pub camera_info: Vec<r2r::Publisher<CameraInfo>>,
+    /// `debug_image`: what the network sees.
+    pub debug_image: r2r::Publisher<Image>,
+}
+
+impl Outputs {
+    /// The publishers of a node with `inputs` inputs.
+    pub fn create(node: &mut r2r::Node, inputs: usize, qos: &QosProfile) -> r2r::Result<Self> {
+        let batch = inputs >= 2;
+        let camera_info = if batch {
+            (0..inputs)
+                .map(|i| node.create_publisher(&format!("tensor/camera_info_{i}"), qos.clone()))
+                .collect::<r2r::Result<Vec<_>>>()?
+        } else {
+            vec![node.create_publisher("tensor/camera_info", qos.clone())?]
+        };
+        Ok(Outputs {
+            tensor: node.create_publisher_untyped(
+                "tensor",
+                crate::wire::msgs::tensor_type(batch),
+                qos.clone(),
+            )?,
+            timing: node.create_publisher_untyped(
+                "timing",
+                crate::wire::msgs::FRAME_TIMING_TYPE,
+                qos.clone(),
+            )?,
+            camera_info,
+            debug_image: node.create_publisher("debug_image", qos.clone())?,
+        })
+    }
+}
+
+/// State shared between the spin thread, the processing and publishing threads and the
+/// tasks (parameter services, diagnostics).
+pub struct Shared {
+    /// The keep-latest slot of formed frame sets (one frame each for a single camera).
+    pub sets: Latest<Formed>,
+    /// The node's counters.
+    pub stats: Stats,
+    /// Each input as the spin thread sees it (topic, QoS, publishers, arrivals).
+    pub inputs: Vec<Mutex<InputState>>,
+    /// Each camera's counters and staleness.
+    pub cameras: Mutex<Vec<CameraState>>,
+    /// Tensors (batches with 2+ inputs) published.
+    pub sets_published: AtomicU64,
+    /// The parameters as set (the processing thread applies a new generation).
+    pub params: Arc<Mutex<NodeParams>>,
+    /// The newest camera_info of each input.
+    pub camera_infos: Vec<Mutex<Option<CameraInfo>>>,
+    /// The node's logger name.
+    pub logger: String,
+    /// The node's clock (ROS time; `/clock` with `use_sim_time`).
+    pub clock: NodeClock,
+    /// What diagnostics say about the backend (changes when `gpu_failure_policy` acts).
+    pub backend: Mutex<BackendInfo>,
+    /// Set by the processing thread when the node must exit with an error
+    /// (`gpu_failure_policy: exit`), with `fatal_signal` notified.
+    pub fatal: Mutex<Option<String>>,
+    /// Notified with `fatal`.
+    pub fatal_signal: tokio::sync::Notify,
+}
+
+impl Shared {
+    /// The state of a node with the given input topics.
+    pub fn new(
+        topics: &[String],
+        params: Arc<Mutex<NodeParams>>,
+        logger: String,
+        clock: NodeClock,
+        backend: BackendInfo,
+    ) -> Self {
+        Shared {
+            sets: Latest::default(),
+            stats: Stats::default(),
+            inputs: topics.iter().map(|_| Mutex::new(InputState::default())).collect(),
+            cameras: Mutex::new(vec![CameraState::default(); topics.len()]),
+            sets_published: AtomicU64::new(0),
+            params,
+            camera_infos: topics.iter().map(|_| Mutex::new(None)).collect(),
+            logger,
+            clock,
+            backend: Mutex::new(backend),
+            fatal: Mutex::new(None),
+            fatal_signal: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Stop ingest and processing; a set still waiting counts its new frames as dropped.
+    pub fn stop(&self) {
+        if let Some(set) = self.sets.stop_and_take() {
+            self.stats.dropped.fetch_add(set.new_frames(), Ordering::Relaxed);
+        }
+    }
+
+    /// True once [`Shared::stop`] was called.
+    pub fn is_stopped(&self) -> bool {
+        self.sets.is_stopped()
+    }
+
+    /// `gpu_failure_policy: exit` after a GPU failure, or another error the node cannot
+    /// go on after (`reason`): log it, count the `frames` it took as failed, and stop the
+    /// node with the reason. The caller's processing loop then ends.
+    pub fn exit_fatal(&self, reason: String, frames: u64) {
+        r2r::log_fatal!(self.logger.as_str(), "{reason}; the node exits");
+        for _ in 0..frames {
+            self.stats.failed(reason.clone());
+        }
+        *lock(&self.fatal) = Some(reason);
+        self.stop();
+        self.fatal_signal.notify_one();
+    }
+}
+
+/// Logs errors at most once per [`REJECT_LOG_PERIOD`] of the node's clock, with the count
+/// between.
+pub struct RateLimitedLog {
+    throttle: clock::Throttle,
+    clock: NodeClock,
+    suppressed: u64,
+}
+
+impl RateLimitedLog {
+    /// One log line per [`REJECT_LOG_PERIOD`] of the node's clock.
+    pub fn new(clock: &NodeClock) -> Self {
+        RateLimitedLog {
+            throttle: clock::Throttle::new(REJECT_LOG_PERIOD),
+            clock: clock.clone(),
+            suppressed: 0,
+        }
+    }
+
+    /// Log `what` as an error, unless one was logged less than a period ago.
+    pub fn error(&mut self, logger: &str, what: &str) {
+        if !self.throttle.ready(self.clock.now()) {
+            self.suppressed += 1;
+            return;
+        }
+        if self.suppressed > 0 {
+            r2r::log_error!(logger, "{what} (and {} more since the last message)", self.suppressed);
+        } else {
+            r2r::log_error!(logger, "{what}");
+        }
+        self.suppressed = 0;
+    }
+}

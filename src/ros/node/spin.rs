@@ -1,0 +1,81 @@
+//! The spin thread: owns the node while it runs. r2r delivers subscription messages and
+//! service requests from `spin_once`; after each, the images that arrived (native C
+//! messages, not copied) go to the frame-set former, `input_qos: auto` adapts the
+//! subscriptions to the publishers, and `use_sim_time` (re)subscribes to `/clock`. The
+//! input subscriptions are made on this thread (their native messages are not `Send`
+//! until wrapped) and reported back before anything else starts.
+
+use super::former::Former;
+use super::input::Input;
+use super::native::RosArgs;
+use super::shared::{lock, Shared};
+use crate::config::QosPreset;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+/// What the spin thread subscribes to.
+pub struct Subscriptions {
+    /// The input image topics, in slot order.
+    pub topics: Vec<String>,
+    /// `input_qos`.
+    pub preset: QosPreset,
+    /// `input_qos_depth`.
+    pub depth: u32,
+    /// The command line (for the remapped input names).
+    pub ros_args: Option<RosArgs>,
+}
+
+/// The spin thread's body: subscribe, say so on `ready`, then spin until the node stops.
+/// Returns the node (kept until the end: dropping it invalidates every publisher).
+pub fn spin(
+    mut node: r2r::Node,
+    subs: Subscriptions,
+    mut former: Former,
+    shared: Arc<Shared>,
+    ready: Sender<Result<(), String>>,
+) -> r2r::Node {
+    let mut inputs = Vec::with_capacity(subs.topics.len());
+    for (i, topic) in subs.topics.iter().enumerate() {
+        match Input::new(
+            &mut node,
+            subs.ros_args.as_ref(),
+            (i, topic),
+            subs.preset,
+            subs.depth,
+            &shared,
+        ) {
+            Ok(input) => inputs.push(input),
+            Err(e) => {
+                let _ = ready.send(Err(format!("subscribing to the input {topic}: {e}")));
+                return node;
+            }
+        }
+    }
+    for (cam, input) in lock(&shared.cameras).iter_mut().zip(&inputs) {
+        cam.topic = input.topic().to_string();
+    }
+    let _ = ready.send(Ok(()));
+    let mut sim_time = false;
+    while !shared.is_stopped() {
+        // use_sim_time as set (start-up, `ros2 param set`): the /clock subscription
+        // belongs to the node, so it is made here.
+        if let Err(e) = shared.clock.apply(&mut node, &mut sim_time) {
+            r2r::log_error!(&shared.logger, "use_sim_time: {e}");
+            sim_time = shared.clock.sim_time();
+        }
+        node.spin_once(former.spin_timeout());
+        for (i, input) in inputs.iter_mut().enumerate() {
+            for r in input.drain(&shared) {
+                former.push(i, r, &shared);
+            }
+        }
+        former.poll(&shared);
+        for input in &mut inputs {
+            if let Err(e) = input.adapt(&mut node, &shared) {
+                r2r::log_error!(&shared.logger, "input_qos auto: resubscribing: {e}");
+            }
+        }
+    }
+    former.finish(&shared);
+    node
+}
