@@ -58,6 +58,21 @@ impl<'a, 'b> FrameInput<'a, 'b> {
     }
 }
 
+/// The header of a frame set: a single camera's own header; for a batch, the stamp of
+/// its newest item with a frame (no frame_id: the items keep theirs).
+pub fn set_header(items: &[FrameInput<'_, '_>]) -> Header {
+    if let [only] = items {
+        return only.header.clone();
+    }
+    items
+        .iter()
+        .filter(|i| i.image.is_some())
+        .map(|i| i.header)
+        .max_by_key(|h| (h.sec, h.nanosec))
+        .map(|h| Header { sec: h.sec, nanosec: h.nanosec, frame_id: String::new() })
+        .unwrap_or_default()
+}
+
 /// One processed frame set: the message is in the [`Pipeline`]'s buffer
 /// ([`Pipeline::message`], [`Pipeline::take_message`]).
 #[derive(Debug, Clone)]

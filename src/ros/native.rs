@@ -237,39 +237,23 @@ impl RosArgs {
             CString::new(name).ok()?,
             CString::new(namespace).ok()?,
         );
-        let mut out: *mut c_char = std::ptr::null_mut();
-        // SAFETY: rcutils_get_default_allocator has no preconditions.
-        let allocator = unsafe { rcl::rcutils_get_default_allocator() };
-        // SAFETY: valid argument struct (parsed above, alive), NUL-terminated strings
-        // that outlive the call, a valid out pointer; no local arguments (r2r creates
-        // the node with the default options, which have none).
-        let ret = unsafe {
-            rcl_remap_topic_name(
-                std::ptr::null(),
-                &self.args,
-                t.as_ptr(),
-                n.as_ptr(),
-                ns.as_ptr(),
-                allocator,
-                &mut out,
-            )
-        };
-        if ret != rcl::RCL_RET_OK as i32 {
-            // SAFETY: as in `parse`.
-            unsafe { rcl::rcutils_reset_error() };
-            return None;
-        }
-        if out.is_null() {
-            return Some(expanded);
-        }
-        // SAFETY: rcl returned a NUL-terminated string allocated with `allocator`; it is
-        // copied, then freed once with the same allocator.
-        let remapped = unsafe { CStr::from_ptr(out) }.to_string_lossy().into_owned();
-        if let Some(free) = allocator.deallocate {
-            // SAFETY: see above.
-            unsafe { free(out.cast(), allocator.state) };
-        }
-        Some(remapped)
+        let remapped = self.remapped(|allocator, out| {
+            // SAFETY: valid argument struct (parsed above, alive), NUL-terminated strings
+            // that outlive the call, a valid out pointer; no local arguments (r2r creates
+            // the node with the default options, which have none).
+            unsafe {
+                rcl_remap_topic_name(
+                    std::ptr::null(),
+                    &self.args,
+                    t.as_ptr(),
+                    n.as_ptr(),
+                    ns.as_ptr(),
+                    allocator,
+                    out,
+                )
+            }
+        })?;
+        Some(remapped.unwrap_or(expanded))
     }
 
     /// The node's name after this command line's remapping (`-r __node:=name`), or `name`.

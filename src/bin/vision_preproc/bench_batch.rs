@@ -135,6 +135,110 @@ fn summary(v: &[f64]) -> serde_json::Value {
     }
 }
 
+/// On each camera's own thread and pipeline (N single-camera nodes), `f(pipeline, frame)`
+/// after one warm-up frame; the results in camera order.
+fn per_camera<T: Send>(
+    cfg: &Config,
+    views: &[ImageView<'_>],
+    f: impl Fn(&mut Pipeline, &ImageView<'_>) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = views
+            .iter()
+            .map(|v| {
+                let f = &f;
+                s.spawn(move || -> Result<T> {
+                    let mut p = pipeline(cfg)?;
+                    run_one(&mut p, v)?;
+                    f(&mut p, v)
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().map_err(|_| anyhow::anyhow!("a camera thread panicked"))?)
+            .collect()
+    })
+}
+
+/// Calls of `f` per second, back to back for `span`.
+fn rate(span: Duration, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let t = Instant::now();
+    let mut n = 0u64;
+    while t.elapsed() < span {
+        f()?;
+        n += 1;
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+/// `f` once per `period` for `span`: the latency of each call from its tick, ms.
+fn paced(span: Duration, period: Duration, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+    let start = Instant::now();
+    let mut lat = Vec::new();
+    let mut k = 0u32;
+    while start.elapsed() < span {
+        let tick = start + period * k;
+        if let Some(wait) = tick.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        f()?;
+        lat.push(tick.elapsed().as_secs_f64() * 1e3);
+        k += 1;
+    }
+    Ok(lat)
+}
+
+/// Stage times (p50) of one batch and of one frame, and the batch's sample count.
+fn work(
+    a: &BenchBatchArgs,
+    batched: &mut Pipeline,
+    single: &mut Pipeline,
+    views: &[ImageView<'_>],
+    topics: &[String],
+) -> Result<(Stages, Stages, usize)> {
+    for _ in 0..a.iterations.min(30) {
+        run_batch(batched, views, topics)?;
+        run_one(single, &views[0])?;
+    }
+    let mut work_batch = Vec::new();
+    let mut work_one = Vec::new();
+    for _ in 0..a.iterations {
+        work_batch.push(run_batch(batched, views, topics)?);
+        for v in views {
+            work_one.push(run_one(single, v)?);
+        }
+    }
+    let (sb, so) = (p50s(&work_batch), p50s(&work_one));
+    println!(
+        "stage p50 (us) [upload (host staging + H2D), preprocess, conv, download]: batch of {} \
+         {:.1} {:.1} {:.1} {:.1}; one frame {:.1} {:.1} {:.1} {:.1}",
+        a.cameras, sb[0], sb[1], sb[2], sb[3], so[0], so[1], so[2], so[3]
+    );
+    // GPU work: the device's own time (events) of the fused kernel and conv2d.
+    let (gb, go) = (sb[1] + sb[2], so[1] + so[2]);
+    let n = a.cameras as f64;
+    println!(
+        "GPU work (kernels, events, p50): batch of {} {gb:.1} us vs one frame {go:.1} us: {:.2}x \
+         one camera's ({} frames: {:.1} us)",
+        a.cameras,
+        gb / go,
+        a.cameras,
+        go * n
+    );
+    let (wb50, wo50) = (sb[4], so[4]);
+    println!(
+        "all stages (p50): batch of {} {wb50:.1} us; one frame {wo50:.1} us ({} frames: {:.1} \
+         us); batch / one camera = {:.2}x, batch / {} frames = {:.2}x",
+        a.cameras,
+        a.cameras,
+        wo50 * n,
+        wb50 / wo50,
+        a.cameras,
+        wb50 / (wo50 * n)
+    );
+    Ok((sb, so, work_batch.len()))
+}
+
 /// Run `bench-batch`.
 pub fn run(a: BenchBatchArgs) -> Result<()> {
     anyhow::ensure!(a.cameras >= 2, "--cameras must be at least 2");
@@ -158,85 +262,21 @@ pub fn run(a: BenchBatchArgs) -> Result<()> {
     );
 
     // 1. Work: stage times of one batch vs one frame (medians; N frames = N x one frame).
-    for _ in 0..a.iterations.min(30) {
-        run_batch(&mut batched, &views, &topics)?;
-        run_one(&mut single, &views[0])?;
-    }
-    let mut work_batch = Vec::new();
-    let mut work_one = Vec::new();
-    for _ in 0..a.iterations {
-        work_batch.push(run_batch(&mut batched, &views, &topics)?);
-        for v in &views {
-            work_one.push(run_one(&mut single, v)?);
-        }
-    }
-    let (sb, so) = (p50s(&work_batch), p50s(&work_one));
-    let (wb50, wo50) = (sb[4], so[4]);
-    // GPU work: the device's own time (events) of the fused kernel and conv2d.
-    let (gb, go) = (sb[1] + sb[2], so[1] + so[2]);
-    println!(
-        "stage p50 (us) [upload (host staging + H2D), preprocess, conv, download]: batch of {} \
-         {:.1} {:.1} {:.1} {:.1}; one frame {:.1} {:.1} {:.1} {:.1}",
-        a.cameras, sb[0], sb[1], sb[2], sb[3], so[0], so[1], so[2], so[3]
-    );
-    println!(
-        "GPU work (kernels, events, p50): batch of {} {:.1} us vs one frame {:.1} us: {:.2}x one \
-         camera's ({} frames: {:.1} us)",
-        a.cameras,
-        gb,
-        go,
-        gb / go,
-        a.cameras,
-        go * a.cameras as f64
-    );
-    println!(
-        "all stages (p50): batch of {} {:.1} us; one frame {:.1} us ({} frames: {:.1} us); \
-         batch / one camera = {:.2}x, batch / {} frames = {:.2}x",
-        a.cameras,
-        wb50,
-        wo50,
-        a.cameras,
-        wo50 * a.cameras as f64,
-        wb50 / wo50,
-        a.cameras,
-        wb50 / (wo50 * a.cameras as f64)
-    );
+    let (sb, so, samples) = work(&a, &mut batched, &mut single, &views, &topics)?;
+    let ((gb, go), (wb50, wo50)) = ((sb[1] + sb[2], so[1] + so[2]), (sb[4], so[4]));
 
     // 2. Highest rate, back to back.
     let span = Duration::from_secs_f64(a.seconds);
-    let t = Instant::now();
-    let mut batches = 0u64;
-    while t.elapsed() < span {
-        run_batch(&mut batched, &views, &topics)?;
-        batches += 1;
-    }
-    let batched_fps = batches as f64 * a.cameras as f64 / t.elapsed().as_secs_f64();
-    let separate_fps: f64 = std::thread::scope(|s| -> Result<f64> {
-        let jobs: Vec<_> = views
-            .iter()
-            .map(|v| {
-                let cfg = &cfg;
-                s.spawn(move || -> Result<f64> {
-                    let mut p = pipeline(cfg)?;
-                    for _ in 0..10 {
-                        run_one(&mut p, v)?;
-                    }
-                    let t = Instant::now();
-                    let mut n = 0u64;
-                    while t.elapsed() < span {
-                        run_one(&mut p, v)?;
-                        n += 1;
-                    }
-                    Ok(n as f64 / t.elapsed().as_secs_f64())
-                })
-            })
-            .collect();
-        let mut sum = 0.0;
-        for j in jobs {
-            sum += j.join().map_err(|_| anyhow::anyhow!("a camera thread panicked"))??;
+    let batched_fps =
+        rate(span, || run_batch(&mut batched, &views, &topics).map(|_| ()))? * a.cameras as f64;
+    let separate_fps: f64 = per_camera(&cfg, &views, |p, v| {
+        for _ in 0..9 {
+            run_one(p, v)?;
         }
-        Ok(sum)
-    })?;
+        rate(span, || run_one(p, v).map(|_| ()))
+    })?
+    .iter()
+    .sum();
     println!(
         "highest rate (back to back, {:.0} s): batched {:.1} frames/s ({:.1} batches/s) vs {} \
          separate pipelines on {} threads {:.1} frames/s: {:.2}x",
@@ -261,41 +301,10 @@ pub fn run(a: BenchBatchArgs) -> Result<()> {
 
     // 3. Latency at the camera rate.
     let period = Duration::from_secs_f64(1.0 / a.rate);
-    let paced = |mut f: Box<dyn FnMut() -> Result<()> + '_>| -> Result<Vec<f64>> {
-        let start = Instant::now();
-        let mut lat = Vec::new();
-        let mut k = 0u32;
-        while start.elapsed() < span {
-            let tick = start + period * k;
-            if let Some(wait) = tick.checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
-            }
-            f()?;
-            lat.push(tick.elapsed().as_secs_f64() * 1e3);
-            k += 1;
-        }
-        Ok(lat)
-    };
-    let lat_batch = paced(Box::new(|| run_batch(&mut batched, &views, &topics).map(|_| ())))?;
-    let lat_separate: Vec<f64> = std::thread::scope(|s| -> Result<Vec<f64>> {
-        let jobs: Vec<_> = views
-            .iter()
-            .map(|v| {
-                let cfg = &cfg;
-                let paced = &paced;
-                s.spawn(move || -> Result<Vec<f64>> {
-                    let mut p = pipeline(cfg)?;
-                    run_one(&mut p, v)?;
-                    paced(Box::new(move || run_one(&mut p, v).map(|_| ())))
-                })
-            })
-            .collect();
-        let mut all = Vec::new();
-        for j in jobs {
-            all.extend(j.join().map_err(|_| anyhow::anyhow!("a camera thread panicked"))??);
-        }
-        Ok(all)
-    })?;
+    let lat_batch = paced(span, period, || run_batch(&mut batched, &views, &topics).map(|_| ()))?;
+    let lat_separate: Vec<f64> =
+        per_camera(&cfg, &views, |p, v| paced(span, period, || run_one(p, v).map(|_| ())))?
+            .concat();
     let (lb, ls) = (Summary::of(&lat_batch), Summary::of(&lat_separate));
     println!(
         "latency at {:.0} Hz per camera (tick -> message ready, ms): batched p50 {:.2} p99 {:.2}; \
@@ -317,7 +326,7 @@ pub fn run(a: BenchBatchArgs) -> Result<()> {
                              "batch": sb, "one_frame": so},
             "gpu_kernels_p50_us": {"batch": gb, "one_frame": go, "ratio": gb / go},
             "total_p50_us": {"batch": wb50, "one_frame": wo50, "ratio": wb50 / wo50,
-                             "samples": work_batch.len()},
+                             "samples": samples},
             "highest_rate_fps": {"batched": batched_fps, "separate": separate_fps,
                                  "ratio": batched_fps / separate_fps, "seconds": a.seconds},
             "latency_ms": {"rate_hz": a.rate, "batched": summary(&lat_batch),

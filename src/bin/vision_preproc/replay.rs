@@ -337,17 +337,7 @@ fn process_set(
             repeated: d.as_ref().is_some_and(|(_, r)| *r),
         })
         .collect();
-    // A single camera's header is its frame's; a batch's the newest valid stamp.
-    let header = match &inputs[..] {
-        [only] => only.header.clone(),
-        _ => inputs
-            .iter()
-            .filter(|i| i.image.is_some())
-            .map(|i| i.header)
-            .max_by_key(|h| (h.sec, h.nanosec))
-            .map(|h| Header { sec: h.sec, nanosec: h.nanosec, frame_id: String::new() })
-            .unwrap_or_default(),
-    };
+    let header = vision_preproc::pipeline::set_header(&inputs);
     let info = match pipeline.process_frames(&inputs, &header) {
         Ok(info) => info,
         Err(Error::Image(e)) => {

@@ -12,7 +12,9 @@ use super::clock::{self, Throttle};
 use super::native::ros_header;
 use super::shared::{lock, Outputs, RateLimitedLog, Received, Shared};
 use crate::backend::StageTimes;
-use crate::pipeline::{frame_timing, FrameInput, Geometry, GpuFailure, OwnedMessage, Pipeline};
+use crate::pipeline::{
+    frame_timing, set_header, FrameInput, Geometry, GpuFailure, OwnedMessage, Pipeline,
+};
 use crate::transport::batch_sync::Item;
 use crate::wire::msgs::Header;
 use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
@@ -62,22 +64,6 @@ pub fn process_loop(pipeline: Pipeline, shared: &Shared, out: Outputs) {
         }
         drop(tx); // the publishing thread publishes what it has, then ends
     });
-}
-
-/// The header of a set: a single camera's own header; for a batch, the stamp of its
-/// newest valid item (no frame_id: the items keep theirs).
-fn set_header(slots: &[Slot<'_>], valid: &[bool]) -> Header {
-    if let [only] = slots {
-        return only.header.clone();
-    }
-    slots
-        .iter()
-        .zip(valid)
-        .filter(|(_, &v)| v)
-        .map(|(s, _)| &s.header)
-        .max_by_key(|h| (h.sec, h.nanosec))
-        .map(|h| Header { sec: h.sec, nanosec: h.nanosec, frame_id: String::new() })
-        .unwrap_or_default()
 }
 
 /// A frame refused (`what`: why, after the kind of refusal `kind` in the log line):
@@ -158,7 +144,7 @@ fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
                 repeated: s.repeated,
             })
             .collect();
-        let header = set_header(&slots, &valid);
+        let header = set_header(&inputs);
         let new_valid = slots.iter().zip(&valid).filter(|(s, &v)| v && !s.repeated).count() as u64;
         let info = match pipeline.process_frames(&inputs, &header) {
             Ok(info) => info,
@@ -235,14 +221,8 @@ fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
             continue;
         }
         shared.sets_published.fetch_add(1, Ordering::Relaxed);
-        let set_header = ros_header(&ready.header);
-        publish_debug_image(
-            &ready.message,
-            &set_header,
-            &out.debug_image,
-            &mut debug_throttle,
-            shared,
-        );
+        let stamp = ros_header(&ready.header);
+        publish_debug_image(&ready.message, &stamp, &out.debug_image, &mut debug_throttle, shared);
         drop(ready.message); // the buffer goes back to the pipeline for the next set
         for (i, g) in ready.geometries.iter().enumerate() {
             let (Some(g), Some(publisher)) = (g, out.camera_info.get(i)) else {

@@ -7,19 +7,17 @@
 
 use r2r::diagnostic_msgs::msg::{DiagnosticStatus, KeyValue};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// Counters shared by the ingest task, the processing thread and the diagnostics timer.
 #[derive(Default)]
 pub struct Stats {
-    /// Frames taken from the subscription (counted by the keep-latest slot, which
-    /// shares it).
-    pub received: Arc<AtomicU64>,
+    /// Frames taken from the subscriptions (counted by the frame-set former).
+    pub received: AtomicU64,
     /// Tensors published.
     pub published: AtomicU64,
-    /// Frames replaced by a newer one before processing (keep-latest queue; shared with
-    /// it).
-    pub dropped: Arc<AtomicU64>,
+    /// Frames replaced by a newer one before processing, or never put in a set.
+    pub dropped: AtomicU64,
     /// Frames rejected as invalid (bad header, unsupported encoding, roi outside, ...).
     pub rejected: AtomicU64,
     /// Frames lost to a backend or publish error.
