@@ -11,6 +11,7 @@ from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
 from vptools import ROOT
 from vptools.sources import Frame
+from vptools.tolerances import tensor_array  # noqa: F401 (callers import it from here)
 
 MSGS = ROOT / "msgs" / "vision_preproc_msgs" / "msg"
 
@@ -85,7 +86,3 @@ def read_outputs(path: Path) -> tuple[list, list]:
             (tensors if conn.msgtype.endswith(("/Tensor", "/TensorBatch")) else timings).append(msg)
     return tensors, timings
 
-
-def tensor_array(t) -> np.ndarray:
-    dtype = {"float32": "<f4", "float16": "<f2"}[t.dtype]
-    return np.frombuffer(t.data.tobytes(), dtype=dtype).reshape(tuple(int(x) for x in t.shape))

@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from vptools import BIN_DIR, ROOT
+from vptools.tolerances import tensor_array  # noqa: F401 (callers import it from here)
 
 NODE_BIN = BIN_DIR / "vision_preproc_node"
 #: The node built with the test hooks (cargo feature `fault-injection`), which the product
@@ -96,12 +97,6 @@ def image_msg(pixels: np.ndarray, encoding: str, stamp_ns: int, frame_id: str, s
     msg.step = row.shape[1]
     msg.data = np.ascontiguousarray(row).tobytes()
     return msg
-
-
-def tensor_array(msg: Tensor) -> np.ndarray:
-    """The tensor's values as a NumPy array of its shape (little-endian)."""
-    dtype = {"float32": "<f4", "float16": "<f2"}[msg.dtype]
-    return np.frombuffer(bytes(msg.data), dtype=dtype).reshape(tuple(msg.shape))
 
 
 def stamp_ns(header) -> int:

@@ -19,6 +19,16 @@ PREVIEW_U8_ABS: int = _T["preview_u8_abs"]
 #: FrameTiming.age_us against a /clock that stands still: microseconds.
 AGE_US_ABS: float = _T["age_us_abs"]
 
+#: The NumPy type of each output dtype (`output_dtype`; little-endian, as messages carry it).
+NUMPY_DTYPE = {"float32": "<f4", "float16": "<f2"}
+
+
+def tensor_array(msg) -> np.ndarray:
+    """A Tensor's or TensorBatch's values as a NumPy array of its shape: `msg.data`
+    (bytes, an array or a NumPy array, from rclpy or rosbags), `msg.dtype`, `msg.shape`."""
+    data = msg.data.tobytes() if hasattr(msg.data, "tobytes") else bytes(msg.data)
+    return np.frombuffer(data, NUMPY_DTYPE[msg.dtype]).reshape(tuple(int(x) for x in msg.shape))
+
 
 def assert_preview_close(actual: np.ndarray, expected: np.ndarray, what: str = "") -> None:
     """Assert an 8-bit preview image equals `expected` (rounded 8-bit values) within

@@ -24,16 +24,10 @@ from sensor_msgs.msg import CameraInfo, Image
 from vptools import oracle
 from vptools.rosharness import RELIABLE, NodeProcess, Peer, image_msg, stamp_ns, tensor_array
 from vptools.sources import photo_frame
-from vptools.tolerances import assert_close
+from vptools.tolerances import assert_close, assert_preview_close
 from vision_preproc_msgs.msg import FrameTiming, TensorBatch
 
 NET_W, NET_H = 48, 32
-
-
-def batch_items(msg: TensorBatch) -> np.ndarray:
-    """The batch's data as an array of its shape."""
-    dtype = {"float32": "<f4", "float16": "<f2"}[msg.dtype]
-    return np.frombuffer(bytes(msg.data), dtype=dtype).reshape(tuple(msg.shape))
 
 
 def frame_msg(frame, stamp: int, frame_id: str) -> Image:
@@ -193,7 +187,7 @@ def test_four_cameras_latest_stale_and_back(tmp_path: Path) -> None:
             stale_seen = False
             for b, msg in enumerate(cams.batches):
                 assert list(msg.shape) == [n, 3, NET_H, NET_W] and msg.layout == "NCHW" and msg.dtype == "float32"
-                data = batch_items(msg)
+                data = tensor_array(msg)
                 assert [it.topic for it in msg.items] == topics
                 valid_stamps = [stamp_ns(it.header) for it in msg.items if it.valid]
                 assert stamp_ns(msg.header) == max(valid_stamps) and msg.header.frame_id == ""
@@ -309,7 +303,7 @@ def test_two_cameras_approximate_time_nhwc_float16(tmp_path: Path) -> None:
             previous = (0, 0)
             for j, msg in enumerate(cams.batches):
                 assert list(msg.shape) == [2, NET_H, NET_W, 3] and msg.layout == "NHWC" and msg.dtype == "float16"
-                data = batch_items(msg)
+                data = tensor_array(msg)
                 stamps = tuple(stamp_ns(it.header) for it in msg.items)
                 # The ApproximateTime rule: spread <= max_interval, sets never cross, a
                 # frame used once; here exactly the (k, k + 7 ms) pairs.
@@ -330,9 +324,9 @@ def test_two_cameras_approximate_time_nhwc_float16(tmp_path: Path) -> None:
             for d in shown:
                 assert (d.encoding, d.width, d.height, d.step) == ("rgb8", NET_W, 2 * NET_H, 3 * NET_W)
                 got = np.frombuffer(bytes(d.data), np.uint8).reshape(2 * NET_H, NET_W, 3).astype(int)
-                items = batch_items(by_stamp[stamp_ns(d.header)]).astype(np.float64)
+                items = tensor_array(by_stamp[stamp_ns(d.header)]).astype(np.float64)
                 want = np.clip(np.rint((items + 1.0) * 127.5), 0, 255).reshape(2 * NET_H, NET_W, 3)
-                assert np.abs(got - want).max() <= 1, np.abs(got - want).max()
+                assert_preview_close(got, want, "debug_image of a 2-camera batch")
         finally:
             cams.close()
         assert node.stop() == 0
@@ -539,7 +533,7 @@ def test_a_batched_node_recovers_from_a_gpu_failure(tmp_path: Path, policy: str,
             fresh = [m for m in cams.batches if all(it.valid and not it.repeated for it in m.items)]
             assert len(fresh) == 6, [tuple(stamp_ns(it.header) for it in m.items) for m in cams.batches]
             for j, msg in enumerate(fresh):
-                data = batch_items(msg)
+                data = tensor_array(msg)
                 for i, it in enumerate(msg.items):
                     check_item(it, data[i], sent, LATEST_CONFIG, f"{ns}/cam{i}/image", f"{policy}: batch {j} item {i}")
             s = [s for s in status_of(cams, name) if value(s, "GPU failure action") == action][-1]
