@@ -101,7 +101,7 @@ pub const ENCODINGS: &[&str] = &[
 ];
 
 /// Bytes per pixel of the first plane and the subsampling rule of each valid name: the
-/// specification (README "Supported encodings", `sensor_msgs/image_encodings.hpp`), written
+/// specification (docs/SPEC.md, `sensor_msgs/image_encodings.hpp`), written
 /// here independently of `vision_preproc::Encoding`.
 fn spec(name: &str) -> Option<(u64, Subsampling)> {
     use Subsampling::*;
@@ -387,7 +387,7 @@ fn fill(data: &mut [u8], src: &[u8]) {
     }
 }
 
-/// Everything wrong with a header, by field, as the specification says (README:
+/// Everything wrong with a header, by field, as the specification says (docs/SPEC.md:
 /// `data` is exactly `step * height` bytes, `step * height * 3 / 2` for NV12/NV21; step
 /// at least width * bytes per pixel; no zero size; even width for 4:2:2 and even size for
 /// 4:2:0; at most 2^31 - 1 bytes). Empty: the frame is valid.

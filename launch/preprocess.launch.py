@@ -71,6 +71,6 @@ def generate_launch_description():
           for name, default, description in ARGUMENTS],
         # No Fast DDS profile is set here: the node sizes its own shared-memory segment from
         # its output unless FASTDDS_DEFAULT_PROFILES_FILE is set. The camera driver is the
-        # one that needs config/fastdds_large_frames.xml (see the README).
+        # one that needs config/fastdds_large_frames.xml (see docs/QOS_AND_TRANSPORTS.md).
         OpaqueFunction(function=launch_node),
     ])
