@@ -124,6 +124,22 @@ impl CameraInfo {
     }
 }
 
+/// The fields `Tensor` and `TensorBatch` begin with: header, name, layout, dtype, shape,
+/// data.
+type TensorHead<'a> = (Header, &'a str, &'a str, &'a str, Vec<u32>, &'a [u8]);
+
+fn tensor_head<'a>(r: &mut Reader<'a>) -> Result<TensorHead<'a>, CdrError> {
+    let header = Header::read(r)?;
+    Ok((
+        header,
+        r.str("name")?,
+        r.str("layout")?,
+        r.str("dtype")?,
+        r.u32_seq("shape")?,
+        r.bytes("data")?,
+    ))
+}
+
 /// `vision_preproc_msgs/Tensor`, decoded with `data` borrowed from the message. (The
 /// node and `replay` write it with [`crate::pipeline::TensorCdr`].)
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -154,12 +170,7 @@ impl<'a> Tensor<'a> {
     /// Decode a CDR `vision_preproc_msgs/Tensor`.
     pub fn decode(cdr: &'a [u8]) -> Result<Self, CdrError> {
         let mut r = Reader::new(cdr)?;
-        let header = Header::read(&mut r)?;
-        let name = r.str("name")?;
-        let layout = r.str("layout")?;
-        let dtype = r.str("dtype")?;
-        let shape = r.u32_seq("shape")?;
-        let data = r.bytes("data")?;
+        let (header, name, layout, dtype, shape, data) = tensor_head(&mut r)?;
         let mut geometry = [0f32; 4];
         for (g, field) in geometry.iter_mut().zip(["scale_x", "scale_y", "offset_x", "offset_y"]) {
             *g = r.f32(field)?;
@@ -225,12 +236,7 @@ impl<'a> TensorBatch<'a> {
     /// Decode a CDR `vision_preproc_msgs/TensorBatch`.
     pub fn decode(cdr: &'a [u8]) -> Result<Self, CdrError> {
         let mut r = Reader::new(cdr)?;
-        let header = Header::read(&mut r)?;
-        let name = r.str("name")?;
-        let layout = r.str("layout")?;
-        let dtype = r.str("dtype")?;
-        let shape = r.u32_seq("shape")?;
-        let data = r.bytes("data")?;
+        let (header, name, layout, dtype, shape, data) = tensor_head(&mut r)?;
         let n = r.u32("items")?;
         let mut items = Vec::new();
         for _ in 0..n {
