@@ -13,7 +13,7 @@
 //!
 //! Every [`Source`] reads rows of a validated [`ImageView`]; the pixel coordinates come
 //! from sampling tables checked against the image size before the pass starts
-//! (`check_op` in the parent module), so the slice indexing here cannot fail.
+//! (`PreprocessOp::check`), so the slice indexing here cannot fail.
 
 use crate::image::ImageView;
 
