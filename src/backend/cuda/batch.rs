@@ -14,42 +14,19 @@
 //! finish (the tensors straight into `out` when it is pinned memory of this context).
 
 use super::{drv_err, map_words, stage_copy, CudaBackend, Target, EVENTS};
-use crate::backend::{AxisMap, BatchSlot, Conv2dOp, PreprocessParams, StageTimes};
+use crate::backend::{AxisMap, BatchSlot, Conv2dOp, StageTimes};
 use crate::config::{DType, Layout, MemoryMode};
-use crate::error::{CudaError, Result};
+use crate::error::{CudaError, Error, Result};
 use crate::image::Encoding;
 use cudarc::driver::sys::{self, CUdeviceptr};
-use cudarc::driver::{CudaEvent, CudaStream, DeviceRepr};
+use cudarc::driver::{CudaEvent, CudaStream};
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::kernels::RESIZE_NORMALIZE_BATCH;
-use super::launch;
+use super::launch::{self, BatchItemDesc, MAX_BATCH_SLOTS};
 use super::memory::{DeviceBuffer, PinnedBuffer, PinnedKind, SRC_SLACK};
 use crate::launch_kernel;
-
-/// One slot of a batched fused launch, one row of the device table.
-/// Keep in sync with `struct BatchItemDesc` in `kernels/common.cuh` (checked at every
-/// compilation: kernels.rs `layout_defines`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct BatchItemDesc {
-    /// The slot's operation (a padded slot: empty content rectangle).
-    pub p: PreprocessParams,
-    /// 0 (aligns the addresses to 8 bytes).
-    pub reserved: u32,
-    /// Device address of the frame (0 for a padded slot).
-    pub src: u64,
-    /// Device address of its sampling tables (0 for a padded slot).
-    pub maps: u64,
-    /// Device address of this slot's output.
-    pub dst: u64,
-}
-
-// SAFETY: #[repr(C)] of 4-byte fields, one u32 and three u64 (no implicit padding: 100 +
-// 4 bytes before the first u64), with the C twin's size and offsets checked by
-// static_assert at every compilation.
-unsafe impl DeviceRepr for BatchItemDesc {}
 
 /// Batches in flight at once through [`CudaBackend::submit_batch`].
 pub const BATCH_RING: usize = 2;
@@ -234,8 +211,11 @@ impl CudaBackend {
         target: Option<Target>,
     ) -> Result<()> {
         let n = slots.len();
-        if n > 32 {
-            return Err(drv_err("batch", format!("{n} slots; at most 32 per launch")).into());
+        if n > MAX_BATCH_SLOTS {
+            return Err(Error::Operation(format!(
+                "a batch of {n} slots; the CUDA backend runs at most {MAX_BATCH_SLOTS} in one \
+                 launch (launch::MAX_BATCH_SLOTS): split the batch"
+            )));
         }
         let item_len = slots[0].op.params.tensor_desc().byte_len();
         let r = self.batch_entry()?;
@@ -412,13 +392,10 @@ impl CudaBackend {
         let Some(table_host) = e.table_host.as_mut() else {
             return Err(drv_err("staging", "batch table buffer missing").into());
         };
-        // SAFETY: BatchItemDesc is plain #[repr(C)] data without padding (see its
-        // DeviceRepr note), so its bytes may be viewed as u8; the table buffer is free
-        // (this entry's previous batch completed).
+        // SAFETY: the table buffer is free (this entry's previous batch completed).
         unsafe {
-            let bytes = std::slice::from_raw_parts(rows.as_ptr().cast::<u8>(), table_len);
-            table_host.host_mut()[..table_len].copy_from_slice(bytes);
-        }
+            table_host.host_mut()[..table_len].copy_from_slice(BatchItemDesc::as_bytes(&rows))
+        };
         let table = e.table_dev.ensure(&up, table_len, "the batch table")?;
         // SAFETY: pinned source of table_len bytes, alive and untouched until the batch
         // completes; table (this entry's, free) has table_len bytes.

@@ -5,8 +5,7 @@
 //! CLI's benchmark and its `baselines.cu`) compiles and loads them through the same
 //! functions, as a [`KernelSource`].
 
-use crate::backend::cuda::batch::BatchItemDesc;
-use crate::backend::cuda::launch::{self, Conv2dParams};
+use crate::backend::cuda::launch::{self, BatchItemDesc, Conv2dParams};
 use crate::backend::ops::PreprocessParams;
 use crate::config::{Border, DType, Interpolation, Layout, MAX_CONV_SIZE};
 use crate::error::CudaError;
