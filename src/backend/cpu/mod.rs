@@ -101,11 +101,7 @@ impl CpuBackend {
     ) -> Result<()> {
         op.check(image)?;
         crate::backend::check_out_len(op, out)?;
-        let desc = op.params.tensor_desc();
-        let store = match desc.dtype {
-            DType::Float32 => Store::F32Le,
-            DType::Float16 => Store::F16Le,
-        };
+        let store = Store::of(op.params.dtype);
         fused(image, op, out, store, self.simd, &mut self.bands);
         Ok(())
     }
@@ -129,11 +125,7 @@ impl CpuBackend {
 /// Store f32 values as little-endian bytes of `dtype` into `out` (`src.len()` elements
 /// of `dtype`; a shorter `out` stores fewer).
 pub fn store(src: &[f32], dtype: DType, out: &mut [u8]) {
-    let es = dtype.size();
-    let store = match dtype {
-        DType::Float32 => Store::F32Le,
-        DType::Float16 => Store::F16Le,
-    };
+    let (es, store) = (dtype.size(), Store::of(dtype));
     const CHUNK: usize = 1 << 14;
     out.par_chunks_mut(CHUNK * es)
         .zip(src.par_chunks(CHUNK))
@@ -190,6 +182,14 @@ enum Store {
 }
 
 impl Store {
+    /// The little-endian tensor bytes of `dtype`.
+    fn of(dtype: DType) -> Store {
+        match dtype {
+            DType::Float32 => Store::F32Le,
+            DType::Float16 => Store::F16Le,
+        }
+    }
+
     fn size(self) -> usize {
         match self {
             Store::F32Le | Store::F32Native => 4,
