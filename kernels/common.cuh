@@ -60,7 +60,7 @@ struct Conv2dParams {
 };
 
 // One slot of a batched fused launch (grid z = slot), read from a small device table.
-// keep in sync with src/backend/cuda/batch.rs (struct BatchItemDesc)
+// keep in sync with src/backend/cuda/launch.rs (struct BatchItemDesc)
 struct BatchItemDesc {
     PreprocessParams p;     // this slot's operation (a padded slot: empty content rectangle)
     u32 reserved;           // 0 (aligns the addresses)

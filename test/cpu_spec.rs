@@ -10,8 +10,8 @@
 //!
 //! Parity with OpenCV on real photographs is the Python suite (test/python).
 
-use vision_preproc::backend::cpu::{check_op, reference, CpuBackend, Simd};
-use vision_preproc::backend::{read_elements, Backend, PreprocessOp};
+use vision_preproc::backend::cpu::{reference, CpuBackend, Simd};
+use vision_preproc::backend::{read_elements, Backend, BatchSlot, PreprocessOp};
 use vision_preproc::config::{
     ChannelOrder, Config, DType, Interpolation, Layout, LetterboxAnchor, ResizeMode,
 };
@@ -381,7 +381,7 @@ fn mismatched_operations_are_errors_not_panics() {
     let img = ImageView::with_encoding(8, 6, step, Encoding::Rgb8, false, &data).unwrap();
     let cfg = Config { network_image_width: 4, network_image_height: 4, ..Config::default() };
     let good = op_for(&cfg, &img);
-    check_op(&img, &good).unwrap();
+    good.check(&img).unwrap();
     let msg = |op: &PreprocessOp| match CpuBackend::new().preprocess(&img, op, &mut Vec::new()) {
         Err(e @ Error::Operation(_)) => e.to_string(),
         other => panic!("expected Error::Operation, got {other:?}"),
@@ -420,6 +420,51 @@ fn mismatched_operations_are_errors_not_panics() {
         msg(&op),
         "preprocessing operation does not match the image: x table has non-finite weights"
     );
+}
+
+/// The source fields an operation carries for the frame (`set_source`: step, encoding,
+/// byte order) must be the frame's: the CUDA kernels read them from the operation, so
+/// every backend refuses a mismatch the same way, as an operation error.
+#[test]
+fn an_operation_for_another_encoding_step_or_byte_order_is_an_operation_error() {
+    let (data, step) = random_image(Encoding::Rgb16, 8, 6, 4, 2);
+    let img = ImageView::with_encoding(8, 6, step, Encoding::Rgb16, false, &data).unwrap();
+    let cfg = Config { network_image_width: 4, network_image_height: 4, ..Config::default() };
+    let good = op_for(&cfg, &img);
+    let mut out = vec![0u8; good.params.tensor_desc().byte_len()];
+    CpuBackend::new().process_into(&img, &good, None, &mut out).unwrap();
+    type Change = fn(&mut PreprocessOp);
+    let cases: [(&str, Change); 4] = [
+        ("(52, bgr16, 0)", |op| op.params.encoding = Encoding::Bgr16 as u32),
+        ("(48, rgb16, 0)", |op| op.params.src_step = 48),
+        ("(52, rgb16, 1)", |op| op.params.big_endian = 1),
+        ("(52, code 99, 0)", |op| op.params.encoding = 99),
+    ];
+    for (fields, change) in cases {
+        let mut op = good.clone();
+        change(&mut op);
+        let inner = format!(
+            "op.params (src_step, encoding, big_endian) are {fields} but the image has (52, \
+             rgb16, 0); call op.params.set_source(&image) for each frame"
+        );
+        let want = format!("preprocessing operation does not match the image: {inner}");
+        let single = CpuBackend::new().process_into(&img, &op, None, &mut out);
+        assert!(matches!(&single, Err(Error::Operation(_))), "{single:?}");
+        assert_eq!(single.unwrap_err().to_string(), want);
+        assert_eq!(op.check(&img).unwrap_err().to_string(), want);
+        // In a batch the error names the slot (a padded slot's operation is not checked
+        // against a frame).
+        let slots = [
+            BatchSlot { image: Some(&img), op: &good },
+            BatchSlot { image: None, op: &op },
+            BatchSlot { image: Some(&img), op: &op },
+        ];
+        let mut batch = vec![0u8; 3 * out.len()];
+        match CpuBackend::new().process_batch_into(&slots, None, &mut batch) {
+            Err(Error::Operation(m)) => assert_eq!(m, format!("batch slot 2: {inner}")),
+            other => panic!("expected Error::Operation, got {other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -8,19 +8,26 @@
 //! Scenarios: fallback; retry after a transient fault (out of memory: a new backend is
 //! built and carries on); retry after a sticky fault (illegal address: whether a new
 //! backend can work in the same process is what the probe finds; on the H200 it cannot,
-//! so retry uses up its attempts and falls back); retry with a GPU that stays broken (every attempt fails: bounded rebuilds, then the CPU); exit
-//! (the frame's error names the fault). First it checks the injected fault is sticky (the
-//! same backend fails on the next frame too) and probes, step by step, what it takes to
-//! use the device again; last, that a new backend works on the device afterwards.
+//! so retry uses up its attempts and falls back); retry with a GPU that stays broken (every
+//! attempt fails: bounded rebuilds, then the CPU); exit (the frame's error names the
+//! fault). First it checks that a wrong operation is refused as the caller's mistake (the
+//! operation error, on every entry point and inside a pipeline: no policy starts), then
+//! that the injected fault is sticky (the same backend fails on the next frame too) and
+//! probes, step by step, what it takes to use the device again; last, that a new backend
+//! works on the device afterwards.
 //!
 //! A `harness = false` target: without a GPU it prints "no GPU: GPU fault drill NOT run
 //! (not counted as passed)" and exits 0; on a GPU it exits 1 if any check fails.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
-use vision_preproc::backend::cuda::CudaBackend;
-use vision_preproc::backend::{read_elements, Backend};
+use vision_preproc::backend::cuda::{CudaBackend, MAX_BATCH_SLOTS};
+use vision_preproc::backend::{
+    read_elements, Backend, BatchSlot, Conv2dOp, HostBuffer, PreprocessOp, StageTimes,
+};
 use vision_preproc::config::{
     BackendChoice, ConvConfig, ConvKernel, DType, GpuFailurePolicy, MemoryMode,
 };
@@ -193,13 +200,155 @@ fn sticky(seed: u64) -> Result<String, String> {
     let view = f.view()?;
     let g = vision_preproc::Geometry::resolve(&cfg, f.w, f.h).map_err(|e| e.to_string())?;
     let mut op = vision_preproc::pipeline::preprocess_op(&cfg, &g);
-    op.params.src_step = f.w * f.enc.bytes_per_pixel();
-    op.params.encoding = f.enc as u32;
+    op.params.set_source(&view);
     let mut out = Vec::new();
     match b.process(&view, &op, None, &mut out) {
         Ok(_) => Err(format!("after `{fault}` the same context still works: not sticky")),
         Err(e) => Ok(format!("injected: {fault}\n  next frame on the same backend: {e}")),
     }
+}
+
+/// `r` must be the operation error (a caller's mistake), not a device error: returns its
+/// message.
+fn operation_error<T>(r: vision_preproc::Result<T>, what: &str) -> Result<String, String> {
+    match r {
+        Err(Error::Operation(m)) => Ok(m),
+        Err(e) => Err(format!("{what}: {e:?} instead of Error::Operation")),
+        Ok(_) => Err(format!("{what}: a wrong operation was accepted")),
+    }
+}
+
+/// A backend that hands the CUDA backend a wrong operation (another encoding) when told
+/// to: what a caller's mistake looks like from inside a pipeline.
+struct WrongOp {
+    gpu: CudaBackend,
+    wrong: Arc<AtomicBool>,
+}
+
+impl Backend for WrongOp {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+    fn device_description(&self) -> String {
+        self.gpu.device_description()
+    }
+    fn process_into(
+        &mut self,
+        image: &ImageView<'_>,
+        op: &PreprocessOp,
+        conv: Option<&Conv2dOp>,
+        out: &mut [u8],
+    ) -> vision_preproc::Result<StageTimes> {
+        let mut op = op.clone();
+        if self.wrong.load(Ordering::SeqCst) {
+            op.params.encoding = Encoding::Rgb8 as u32;
+        }
+        self.gpu.process_into(image, &op, conv, out)
+    }
+    fn alloc_host(&mut self, len: usize) -> vision_preproc::Result<HostBuffer> {
+        self.gpu.alloc_host(len)
+    }
+}
+
+/// A frame whose operation does not fit it is the caller's mistake on the GPU as on the
+/// CPU: `process_into` (heap and pinned destination), `submit`, `process_batch_into` and
+/// `submit_batch` (one slot wrong, or more slots than one launch takes) return the
+/// operation error, not `Error::Cuda`, queue nothing, and the backend goes on. Through a
+/// pipeline with `gpu_failure_policy: exit` the frame's error is that operation error
+/// (no policy starts) and the next frame runs on the GPU.
+fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
+    let cfg = config(GpuFailurePolicy::Exit, BackendChoice::Cuda);
+    let mut b = CudaBackend::new(0, MemoryMode::Auto).map_err(|e| e.to_string())?;
+    let f = frame(&mut Rng::new(seed), 0);
+    let view = f.view()?;
+    let g = vision_preproc::Geometry::resolve(&cfg, f.w, f.h).map_err(|e| e.to_string())?;
+    let mut good = vision_preproc::pipeline::preprocess_op(&cfg, &g);
+    good.params.set_source(&view);
+    let conv = conv_op(&cfg).map_err(|e| e.to_string())?;
+    let len = good.params.tensor_desc().byte_len();
+    type Change = fn(&mut PreprocessOp);
+    let wrong: [(&str, Change); 4] = [
+        ("encoding", |op| op.params.encoding = Encoding::Rgb8 as u32),
+        ("size", |op| op.params.src_width -= 2),
+        ("step", |op| op.params.src_step += 64),
+        ("table index", |op| op.x_map.i1[0] = 1280),
+    ];
+    let (mut heap, mut batch) = (vec![0u8; len], vec![0u8; 2 * len]);
+    let mut pinned = b.alloc_host(len).map_err(|e| e.to_string())?;
+    let mut lines = Vec::new();
+    for (name, change) in wrong {
+        let mut op = good.clone();
+        change(&mut op);
+        let what = |call: &str| format!("{call} with a wrong {name}");
+        let m = operation_error(
+            b.process_into(&view, &op, conv.as_ref(), &mut heap),
+            &what("process_into"),
+        )?;
+        let dst = &mut pinned.as_mut_slice()[..len];
+        operation_error(
+            b.process_into(&view, &op, conv.as_ref(), dst),
+            &what("process_into (pinned)"),
+        )?;
+        operation_error(b.submit(&view, &op, None), &what("submit"))?;
+        let slots = [
+            BatchSlot { image: Some(&view), op: &good },
+            BatchSlot { image: Some(&view), op: &op },
+        ];
+        let mb = operation_error(
+            b.process_batch_into(&slots, conv.as_ref(), &mut batch),
+            &what("process_batch_into"),
+        )?;
+        if !mb.starts_with("batch slot 1: ") {
+            return Err(format!(
+                "{}: the error does not name the slot: {mb}",
+                what("process_batch_into")
+            ));
+        }
+        operation_error(b.submit_batch(&slots, conv.as_ref()), &what("submit_batch"))?;
+        if b.batches_in_flight() != 0 {
+            return Err(format!("{}: a refused batch is in flight", what("submit_batch")));
+        }
+        lines.push(format!("  wrong {name}: {m}"));
+    }
+    // A finish_batch buffer of the wrong length is refused; the batch stays queued.
+    let slots = [BatchSlot { image: Some(&view), op: &good }; 2];
+    b.submit_batch(&slots, None).map_err(|e| format!("submit_batch: {e}"))?;
+    operation_error(b.finish_batch(&mut batch[..len]), "finish_batch into half the bytes")?;
+    if b.batches_in_flight() != 1 {
+        return Err("finish_batch with a wrong buffer dropped the batch".into());
+    }
+    b.finish_batch(&mut batch).map_err(|e| format!("finish_batch after the refusal: {e}"))?;
+    let many = vec![BatchSlot { image: Some(&view), op: &good }; MAX_BATCH_SLOTS + 1];
+    let mut out = vec![0u8; many.len() * len];
+    let m = operation_error(b.process_batch_into(&many, None, &mut out), "too many slots")?;
+    lines.push(format!("  {} slots: {m}", many.len()));
+    // The backend goes on.
+    b.process_into(&view, &good, conv.as_ref(), &mut heap).map_err(|e| e.to_string())?;
+    let mut want = vec![0u8; len];
+    let mut cpu = CpuBackend::new();
+    cpu.process_into(&view, &good, conv.as_ref(), &mut want).map_err(|e| e.to_string())?;
+    let d = max_diff(&heap, &want)?;
+    if d > tol {
+        return Err(format!("a good frame after the refused ones: max diff {d:.3e}"));
+    }
+    // Inside a pipeline with gpu_failure_policy exit.
+    let flag = Arc::new(AtomicBool::new(false));
+    let backend = WrongOp { gpu: b, wrong: flag.clone() };
+    let mut p = Pipeline::new(cfg, Box::new(backend)).map_err(|e| e.to_string())?;
+    p.process(&view).map_err(|e| format!("pipeline, good frame: {e}"))?;
+    flag.store(true, Ordering::SeqCst);
+    let m = operation_error(p.process(&view), "pipeline (policy exit), wrong operation")?;
+    flag.store(false, Ordering::SeqCst);
+    let info = p.process(&view).map_err(|e| format!("pipeline, the frame after: {e}"))?;
+    if info.gpu_failure.is_some() || p.backend().name() != "cuda" {
+        return Err(format!("a failure policy ran: {:?}", info.gpu_failure));
+    }
+    let d = max_diff(p.tensor_bytes(), &want)?;
+    if d > tol {
+        return Err(format!("pipeline, the frame after: max diff {d:.3e}"));
+    }
+    lines.push(format!("  pipeline (policy exit): {m}; the next frame on cuda, max diff {d:.2e}"));
+    Ok(format!("every wrong operation refused as such:\n{}", lines.join("\n")))
 }
 
 /// What it takes to use the device again after a sticky fault, step by step: a new
@@ -347,6 +496,7 @@ fn child(args: &[String]) -> ExitCode {
     let reopen_works = args.get(1).is_some_and(|a| a == "reopen-works");
     let r = tolerance().and_then(|tol| match name {
         "sticky" => sticky(seed),
+        "wrong-op" => wrong_op(seed, tol),
         "probe" => probe(seed, tol),
         "healthy" => healthy(seed, tol),
         _ => {
@@ -434,6 +584,7 @@ fn main() -> ExitCode {
             }
         }
     };
+    run(&["wrong-op"]);
     run(&["sticky"]);
     let probe = run(&["probe"]);
     let reopen_works = probe.contains(REOPEN_WORKS);

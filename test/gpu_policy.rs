@@ -22,13 +22,22 @@ struct FakeGpu {
     cpu: CpuBackend,
     /// Fail on this call of `process` (1-based), if any.
     fail_on_call: Option<u32>,
+    /// Run this call (1-based) with an operation for another encoding: the caller's
+    /// mistake, which the backend refuses with the operation error.
+    wrong_op_on_call: Option<u32>,
     calls: u32,
     broken: bool,
 }
 
 impl FakeGpu {
     fn new(fail_on_call: Option<u32>) -> Self {
-        FakeGpu { cpu: CpuBackend::new(), fail_on_call, calls: 0, broken: false }
+        FakeGpu {
+            cpu: CpuBackend::new(),
+            fail_on_call,
+            wrong_op_on_call: None,
+            calls: 0,
+            broken: false,
+        }
     }
     fn error(&self, what: &str) -> Error {
         Error::Cuda(CudaError::Driver {
@@ -58,6 +67,11 @@ impl Backend for FakeGpu {
         }
         if self.broken {
             return Err(self.error("fake kernel"));
+        }
+        if self.wrong_op_on_call == Some(self.calls) {
+            let mut wrong = op.clone();
+            wrong.params.encoding ^= 1;
+            return self.cpu.process_into(image, &wrong, conv, out);
         }
         self.cpu.process_into(image, op, conv, out)
     }
@@ -256,6 +270,27 @@ fn exit_returns_the_reason_and_other_errors_do_not_trigger_the_policy() {
     let e = p.process(&view).unwrap_err();
     assert!(matches!(e, Error::Image(_)), "{e:?}");
     assert_eq!(p.backend().name(), "cuda");
+}
+
+#[test]
+fn an_operation_that_does_not_fit_the_frame_starts_no_failure_policy() {
+    // The backend refuses the wrong operation with the operation error (as the CUDA
+    // backend does, test/gpu_fault.rs `wrong-op`): a caller's mistake, so even with the
+    // exit policy the pipeline only returns it, and the next frame runs on the same GPU.
+    let cfg = config(GpuFailurePolicy::Exit);
+    let mut fake = FakeGpu::new(None);
+    fake.wrong_op_on_call = Some(2);
+    let (mut p, opened) = pipeline(&cfg, fake, None, 0);
+    let (w, h, data) = frame(1);
+    let view = ImageView::new(w, h, w * 3, "bgr8", false, &data).unwrap();
+    p.process(&view).unwrap();
+    let e = p.process(&view).unwrap_err();
+    assert!(matches!(e, Error::Operation(_)), "{e:?}");
+    assert!(e.to_string().contains("set_source"), "{e}");
+    let info = p.process(&view).unwrap();
+    assert!(info.gpu_failure.is_none(), "{:?}", info.gpu_failure);
+    assert_eq!(p.tensor_bytes(), reference(&cfg, 1).as_slice());
+    assert_eq!((p.backend().name(), opened.load(Ordering::SeqCst)), ("cuda", 0));
 }
 
 #[test]

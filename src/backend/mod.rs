@@ -214,19 +214,25 @@ pub(crate) fn check_batch(slots: &[BatchSlot<'_, '_>], out: &[u8]) -> Result<usi
     Ok(item_len)
 }
 
-/// Check a batch's slots: at least one, the same tensor in every slot. Returns the bytes
-/// of one slot.
+/// Check a batch's slots: at least one, the same tensor in every slot, each frame's
+/// operation built for it ([`PreprocessOp::check`], the error naming the slot). Returns
+/// the bytes of one slot.
 pub(crate) fn check_batch_shape(slots: &[BatchSlot<'_, '_>]) -> Result<usize> {
     let Some(first) = slots.first() else {
         return Err(Error::Operation("a batch needs at least one slot".into()));
     };
     let desc = first.op.params.tensor_desc();
-    if let Some(i) = slots.iter().position(|s| s.op.params.tensor_desc() != desc) {
-        return Err(Error::Operation(format!(
-            "batch slot {i} has tensor {:?}, slot 0 {desc:?}; build every slot's operation \
-             from one configuration",
-            slots[i].op.params.tensor_desc()
-        )));
+    for (i, slot) in slots.iter().enumerate() {
+        if slot.op.params.tensor_desc() != desc {
+            return Err(Error::Operation(format!(
+                "batch slot {i} has tensor {:?}, slot 0 {desc:?}; build every slot's \
+                 operation from one configuration",
+                slot.op.params.tensor_desc()
+            )));
+        }
+        if let Some(why) = slot.image.and_then(|image| slot.op.mismatch(image)) {
+            return Err(Error::Operation(format!("batch slot {i}: {why}")));
+        }
     }
     Ok(desc.byte_len())
 }

@@ -5,6 +5,8 @@
 //! enums themselves, so no code can hold (or turn into a default) an unknown one.
 
 use crate::config::{Border, DType, Interpolation, Layout};
+use crate::error::{Error, Result};
+use crate::image::{Encoding, ImageView};
 
 /// Per-axis sampling table: for each destination index `d` in the content rectangle, the
 /// two source indices (absolute, in the full image) and the weight of the second, as
@@ -77,6 +79,22 @@ impl AxisMap {
             map.w1.push(f);
         }
         map
+    }
+
+    /// What is wrong with a table of `len` samples on a source axis of `src` pixels, if
+    /// anything (part of [`PreprocessOp::check`]).
+    fn mismatch(&self, axis: &str, len: u32, src: u32) -> Option<String> {
+        let n = len as usize;
+        if self.i0.len() != n || self.i1.len() != n || self.w1.len() != n {
+            let (i0, i1, w1) = (self.i0.len(), self.i1.len(), self.w1.len());
+            return Some(format!("{axis} table lengths {i0}/{i1}/{w1} (i0/i1/w1), expected {n}"));
+        }
+        let inside = |i: &i32| *i >= 0 && (*i as u32) < src;
+        if !self.i0.iter().all(inside) || !self.i1.iter().all(inside) {
+            return Some(format!("{axis} table indexes outside 0..{src}"));
+        }
+        let finite = self.w1.iter().all(|w| w.is_finite());
+        (!finite).then(|| format!("{axis} table has non-finite weights"))
     }
 }
 
@@ -174,7 +192,7 @@ pub struct PreprocessParams {
 impl PreprocessParams {
     /// Take the per-frame fields of the source from `image` (an operation is cached per
     /// frame size; the step, encoding and byte order may change from frame to frame).
-    pub fn set_source(&mut self, image: &crate::image::ImageView<'_>) {
+    pub fn set_source(&mut self, image: &ImageView<'_>) {
         self.src_step = image.step();
         self.encoding = image.encoding() as u32;
         self.big_endian = u32::from(image.big_endian());
@@ -234,6 +252,68 @@ pub struct PreprocessOp {
     pub y_map: AxisMap,
 }
 
+impl PreprocessOp {
+    /// Check that this operation was built for `image` (source size and per-frame fields
+    /// of [`PreprocessParams::set_source`], channels, the content rectangle inside the
+    /// network image, the sampling tables: lengths, indexes inside the image, finite
+    /// weights), so that no pass reads out of bounds: the one check of the CPU backend
+    /// and both CUDA paths, before a frame is touched. A mismatch is the caller's
+    /// mistake, [`Error::Operation`], never a device failure.
+    pub fn check(&self, image: &ImageView<'_>) -> Result<()> {
+        self.mismatch(image).map_or(Ok(()), |why| Err(Error::Operation(why)))
+    }
+
+    /// What [`PreprocessOp::check`] finds wrong, if anything.
+    pub(crate) fn mismatch(&self, image: &ImageView<'_>) -> Option<String> {
+        let p = &self.params;
+        if p.src_width != image.width() || p.src_height != image.height() {
+            return Some(format!(
+                "built for a {}x{} source, image is {}x{}",
+                p.src_width,
+                p.src_height,
+                image.width(),
+                image.height()
+            ));
+        }
+        let source = (p.src_step, p.encoding, p.big_endian);
+        let frame = (image.step(), image.encoding() as u32, u32::from(image.big_endian()));
+        if source != frame {
+            let name = |code: u32| {
+                Encoding::ALL.get(code as usize).map_or(format!("code {code}"), |e| e.to_string())
+            };
+            return Some(format!(
+                "op.params (src_step, encoding, big_endian) are ({}, {}, {}) but the image has \
+                 ({}, {}, {}); call op.params.set_source(&image) for each frame",
+                p.src_step,
+                name(p.encoding),
+                p.big_endian,
+                frame.0,
+                name(frame.1),
+                frame.2
+            ));
+        }
+        if p.channels != 1 && p.channels != 3 {
+            return Some(format!("channels {} (1 or 3)", p.channels));
+        }
+        if p.dst_width == 0 || p.dst_height == 0 {
+            return Some(format!("network size {}x{}", p.dst_width, p.dst_height));
+        }
+        let fits = |o: u32, l: u32, n: u32| u64::from(o) + u64::from(l) <= u64::from(n);
+        if p.content_w == 0
+            || p.content_h == 0
+            || !fits(p.content_x, p.content_w, p.dst_width)
+            || !fits(p.content_y, p.content_h, p.dst_height)
+        {
+            return Some(format!(
+                "content [{}, {}, {}, {}] not inside the {}x{} network image",
+                p.content_x, p.content_y, p.content_w, p.content_h, p.dst_width, p.dst_height
+            ));
+        }
+        let x = self.x_map.mismatch("x", p.content_w, image.width());
+        x.or_else(|| self.y_map.mismatch("y", p.content_h, image.height()))
+    }
+}
+
 /// conv2d on each channel of the normalized network image (correlation, like
 /// `cv2.filter2D`), before the output dtype conversion. Built by
 /// `pipeline::conv::conv_op`; semantics in `docs/SPEC_conv2d.md`.
@@ -268,10 +348,10 @@ impl Conv2dOp {
     }
 
     /// Check the invariants the backends rely on (odd size 1..=15, weight counts).
-    pub fn check(&self) -> crate::error::Result<()> {
+    pub fn check(&self) -> Result<()> {
         let n = self.size as usize;
         let bad = |what: String| {
-            Err(crate::error::Error::config(
+            Err(Error::config(
                 "conv",
                 what,
                 format!(

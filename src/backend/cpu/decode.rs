@@ -13,7 +13,7 @@
 //!
 //! Every [`Source`] reads rows of a validated [`ImageView`]; the pixel coordinates come
 //! from sampling tables checked against the image size before the pass starts
-//! (`check_op` in the parent module), so the slice indexing here cannot fail.
+//! (`PreprocessOp::check`), so the slice indexing here cannot fail.
 
 use crate::image::ImageView;
 
@@ -270,6 +270,20 @@ fn row_of<'a>(img: &ImageView<'a>, y: usize) -> &'a [u8] {
     &img.data()[y * step..(y + 1) * step]
 }
 
+/// The rows of a [`Source`] whose pixels all lie in one row of its image (`img`).
+macro_rules! byte_rows {
+    () => {
+        type Row<'r>
+            = &'r [u8]
+        where
+            Self: 'r;
+        #[inline(always)]
+        fn row(&self, y: usize) -> &[u8] {
+            row_of(&self.img, y)
+        }
+    };
+}
+
 /// 8-bit packed RGB family: `rgb8` (BPP 3, R 0, G 1, B 2), `bgr8` (3, 2, 1, 0), `rgba8`
 /// (4, 0, 1, 2), `bgra8` (4, 2, 1, 0). OpenCV: none / `COLOR_BGR2RGB` / `COLOR_RGBA2RGB` /
 /// `COLOR_BGRA2RGB` (byte shuffles; alpha is ignored).
@@ -290,14 +304,7 @@ impl<'a, const BPP: usize, const R: usize, const G: usize, const B: usize>
 impl<const BPP: usize, const R: usize, const G: usize, const B: usize> Source
     for Packed8<'_, BPP, R, G, B>
 {
-    type Row<'r>
-        = &'r [u8]
-    where
-        Self: 'r;
-    #[inline(always)]
-    fn row(&self, y: usize) -> &[u8] {
-        row_of(&self.img, y)
-    }
+    byte_rows!();
     #[inline(always)]
     fn rgb(row: &[u8], x: usize) -> [f32; 3] {
         let p = &row[x * BPP..x * BPP + BPP];
@@ -325,14 +332,7 @@ impl<'a> Mono8<'a> {
 }
 
 impl Source for Mono8<'_> {
-    type Row<'r>
-        = &'r [u8]
-    where
-        Self: 'r;
-    #[inline(always)]
-    fn row(&self, y: usize) -> &[u8] {
-        row_of(&self.img, y)
-    }
+    byte_rows!();
     #[inline(always)]
     fn rgb(row: &[u8], x: usize) -> [f32; 3] {
         let v = f32::from(row[x]);
@@ -379,14 +379,7 @@ impl<'a, const CH: usize, const R: usize, const G: usize, const B: usize, const 
 impl<const CH: usize, const R: usize, const G: usize, const B: usize, const BE: bool> Source
     for Packed16<'_, CH, R, G, B, BE>
 {
-    type Row<'r>
-        = &'r [u8]
-    where
-        Self: 'r;
-    #[inline(always)]
-    fn row(&self, y: usize) -> &[u8] {
-        row_of(&self.img, y)
-    }
+    byte_rows!();
     #[inline(always)]
     fn rgb(row: &[u8], x: usize) -> [f32; 3] {
         if CH == 1 {
@@ -433,14 +426,7 @@ impl<'a, const Y: usize, const U: usize, const V: usize> Yuv422<'a, Y, U, V> {
 }
 
 impl<const Y: usize, const U: usize, const V: usize> Source for Yuv422<'_, Y, U, V> {
-    type Row<'r>
-        = &'r [u8]
-    where
-        Self: 'r;
-    #[inline(always)]
-    fn row(&self, y: usize) -> &[u8] {
-        row_of(&self.img, y)
-    }
+    byte_rows!();
     #[inline(always)]
     fn rgb(row: &[u8], x: usize) -> [f32; 3] {
         rgb_f32(yuv422_rgb::<Y, U, V>(row, x))

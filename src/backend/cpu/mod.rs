@@ -31,7 +31,7 @@ use crate::backend::{
     AxisMap, Backend, BatchSlot, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes,
 };
 use crate::config::{DType, Layout};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::image::ImageView;
 use decode::{with_source, Source};
 use half::slice::HalfFloatSliceExt;
@@ -99,13 +99,9 @@ impl CpuBackend {
         op: &PreprocessOp,
         out: &mut [u8],
     ) -> Result<()> {
-        check_op(image, op)?;
+        op.check(image)?;
         crate::backend::check_out_len(op, out)?;
-        let desc = op.params.tensor_desc();
-        let store = match desc.dtype {
-            DType::Float32 => Store::F32Le,
-            DType::Float16 => Store::F16Le,
-        };
+        let store = Store::of(op.params.dtype);
         fused(image, op, out, store, self.simd, &mut self.bands);
         Ok(())
     }
@@ -113,7 +109,7 @@ impl CpuBackend {
     /// The same pass into [`CpuBackend::f32_tensor`]: the normalized tensor as native
     /// f32 in the output layout, before any dtype conversion (for conv2d).
     pub fn preprocess_f32(&mut self, image: &ImageView<'_>, op: &PreprocessOp) -> Result<()> {
-        check_op(image, op)?;
+        op.check(image)?;
         self.scratch.resize(op.params.tensor_desc().len(), 0.0);
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.scratch[..]);
         fused(image, op, bytes, Store::F32Native, self.simd, &mut self.bands);
@@ -129,11 +125,7 @@ impl CpuBackend {
 /// Store f32 values as little-endian bytes of `dtype` into `out` (`src.len()` elements
 /// of `dtype`; a shorter `out` stores fewer).
 pub fn store(src: &[f32], dtype: DType, out: &mut [u8]) {
-    let es = dtype.size();
-    let store = match dtype {
-        DType::Float32 => Store::F32Le,
-        DType::Float16 => Store::F16Le,
-    };
+    let (es, store) = (dtype.size(), Store::of(dtype));
     const CHUNK: usize = 1 << 14;
     out.par_chunks_mut(CHUNK * es)
         .zip(src.par_chunks(CHUNK))
@@ -190,6 +182,14 @@ enum Store {
 }
 
 impl Store {
+    /// The little-endian tensor bytes of `dtype`.
+    fn of(dtype: DType) -> Store {
+        match dtype {
+            DType::Float32 => Store::F32Le,
+            DType::Float16 => Store::F16Le,
+        }
+    }
+
     fn size(self) -> usize {
         match self {
             Store::F32Le | Store::F32Native => 4,
@@ -272,63 +272,6 @@ impl Backend for CpuBackend {
         store(&self.scratch, desc.dtype, out);
         Ok(StageTimes { preprocess_us, conv_us, ..StageTimes::default() })
     }
-}
-
-/// Check that `op` was built for `image` (sizes, table lengths, every table index inside
-/// the image, the content rectangle inside the network image), so that the passes never
-/// index out of bounds. [`crate::pipeline::preprocess_op`] always builds a consistent
-/// operation; this guards hand-made ones.
-pub fn check_op(image: &ImageView<'_>, op: &PreprocessOp) -> Result<()> {
-    let p = &op.params;
-    let bad = |what: String| Err(Error::Operation(what));
-    if p.src_width != image.width() || p.src_height != image.height() {
-        return bad(format!(
-            "built for a {}x{} source, image is {}x{}",
-            p.src_width,
-            p.src_height,
-            image.width(),
-            image.height()
-        ));
-    }
-    if p.channels != 1 && p.channels != 3 {
-        return bad(format!("channels {} (1 or 3)", p.channels));
-    }
-    if p.dst_width == 0 || p.dst_height == 0 {
-        return bad(format!("network size {}x{}", p.dst_width, p.dst_height));
-    }
-    let fits = |o: u32, l: u32, n: u32| u64::from(o) + u64::from(l) <= u64::from(n);
-    if p.content_w == 0
-        || p.content_h == 0
-        || !fits(p.content_x, p.content_w, p.dst_width)
-        || !fits(p.content_y, p.content_h, p.dst_height)
-    {
-        return bad(format!(
-            "content [{}, {}, {}, {}] not inside the {}x{} network image",
-            p.content_x, p.content_y, p.content_w, p.content_h, p.dst_width, p.dst_height
-        ));
-    }
-    check_map("x", &op.x_map, p.content_w, image.width())?;
-    check_map("y", &op.y_map, p.content_h, image.height())
-}
-
-fn check_map(axis: &str, m: &AxisMap, len: u32, src: u32) -> Result<()> {
-    let n = len as usize;
-    if m.i0.len() != n || m.i1.len() != n || m.w1.len() != n {
-        return Err(Error::Operation(format!(
-            "{axis} table lengths {}/{}/{} (i0/i1/w1), expected {n}",
-            m.i0.len(),
-            m.i1.len(),
-            m.w1.len()
-        )));
-    }
-    let inside = |i: &i32| *i >= 0 && (*i as u32) < src;
-    if !m.i0.iter().all(inside) || !m.i1.iter().all(inside) {
-        return Err(Error::Operation(format!("{axis} table indexes outside 0..{src}")));
-    }
-    if !m.w1.iter().all(|w| w.is_finite()) {
-        return Err(Error::Operation(format!("{axis} table has non-finite weights")));
-    }
-    Ok(())
 }
 
 /// Per-band scratch: two horizontally blended source rows (planar, `C` planes of

@@ -16,14 +16,13 @@
 //! stored as f32, or f16 rounded to nearest even, at desc.index(c, y, x), little-endian
 //! ```
 
-use super::check_op;
 use super::decode::{pixel_grey, pixel_rgb};
 use crate::backend::{write_element, PreprocessOp};
 use crate::error::Result;
 use crate::image::ImageView;
 
 /// Element (c, y, x) of the tensor `op` computes from `img`, as f32 (before the f16
-/// conversion). `op` must have passed [`check_op`] for `img`.
+/// conversion). `op` must have passed [`PreprocessOp::check`] for `img`.
 pub fn element(img: &ImageView<'_>, op: &PreprocessOp, c: usize, y: usize, x: usize) -> f32 {
     let p = &op.params;
     let (cx, cy) = (p.content_x as usize, p.content_y as usize);
@@ -50,7 +49,7 @@ pub fn element(img: &ImageView<'_>, op: &PreprocessOp, c: usize, y: usize, x: us
 /// The whole tensor, element by element (slow: for tests and as the readable
 /// definition). Same output as [`super::CpuBackend::preprocess`].
 pub fn preprocess(img: &ImageView<'_>, op: &PreprocessOp, out: &mut Vec<u8>) -> Result<()> {
-    check_op(img, op)?;
+    op.check(img)?;
     let desc = op.params.tensor_desc();
     out.clear();
     out.resize(desc.byte_len(), 0);

@@ -1,7 +1,7 @@
 //! Test hooks of the CUDA backend (feature `fault-injection`, off in the product): real
 //! device faults for `Backend::inject_fault`, and poisoned outputs.
 
-use super::{drv_err, launch, launch_kernel, CudaBackend, CONV_SIZES};
+use super::{drv_err, launch, launch_kernel, CudaBackend};
 use crate::backend::FaultKind;
 use crate::config::{Border, DType, Layout};
 use crate::error::{CudaError, Error, Result};
@@ -11,7 +11,7 @@ impl CudaBackend {
     /// Fill every output and scratch buffer with NaN bytes (0xFF) before each frame, so
     /// an element the kernels fail to write shows up as NaN.
     pub fn set_poison_outputs(&mut self, on: bool) {
-        self.poison = on;
+        self.gpu.poison = on;
     }
 }
 
@@ -31,7 +31,7 @@ pub(super) fn memset(ptr: CUdeviceptr, len: usize, stream: sys::CUstream) -> Res
 pub(super) fn inject(b: &mut CudaBackend, kind: FaultKind) -> Error {
     let call = format!("injected {kind:?} fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only)");
     let fault = || -> Result<(), CudaError> {
-        b.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+        b.gpu.bind()?;
         if kind == FaultKind::Transient {
             let bytes = 1usize << 50;
             // SAFETY: a plain allocation call; on success the memory is freed at once.
@@ -42,8 +42,7 @@ pub(super) fn inject(b: &mut CudaBackend, kind: FaultKind) -> Error {
                 .map_err(|e| drv_err("cuMemFree", e))?;
             return Ok(());
         }
-        let k = CONV_SIZES.iter().position(|&k| k == 3).unwrap_or(0);
-        let f = &b.conv_tiled[k];
+        let (f, _) = b.conv_kernel(3, false);
         let cp = launch::Conv2dParams {
             width: 64,
             height: 64,
@@ -58,7 +57,7 @@ pub(super) fn inject(b: &mut CudaBackend, kind: FaultKind) -> Error {
         // (The macro's SAFETY note covers the argument list; the null pointers are the
         // point: the device traps the access, no host memory is involved.)
         launch_kernel!(
-            b.stream,
+            b.gpu.stream,
             f,
             "conv2d_tiled_k3",
             launch::conv_tiled_cfg(64, 64),
@@ -66,7 +65,8 @@ pub(super) fn inject(b: &mut CudaBackend, kind: FaultKind) -> Error {
             &null,
             &null
         )?;
-        b.stream
+        b.gpu
+            .stream
             .synchronize()
             .map_err(|e| drv_err(format!("{call}: conv2d_tiled_k3 on a null pointer"), e))
     };

@@ -5,8 +5,8 @@
 //! CLI's benchmark and its `baselines.cu`) compiles and loads them through the same
 //! functions, as a [`KernelSource`].
 
-use crate::backend::cuda::batch::BatchItemDesc;
-use crate::backend::cuda::launch::{self, Conv2dParams};
+use super::drv_err;
+use super::launch::{self, BatchItemDesc, Conv2dParams};
 use crate::backend::ops::PreprocessParams;
 use crate::config::{Border, DType, Interpolation, Layout, MAX_CONV_SIZE};
 use crate::error::CudaError;
@@ -196,9 +196,9 @@ pub fn nvrtc_available() -> bool {
 pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
     let (mut major, mut minor) = (0, 0);
     // SAFETY: both pointers are valid for writes for the duration of the call.
-    unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) }.result().map_err(|e| {
-        CudaError::Driver { call: "nvrtcVersion".into(), message: format!("{e:?}") }
-    })?;
+    unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| drv_err("nvrtcVersion", e))?;
     Ok((major, minor))
 }
 
@@ -431,22 +431,17 @@ pub fn load_prepared(
     ctx: &Arc<CudaContext>,
     p: Prepared,
 ) -> Result<(Arc<CudaModule>, LoadReport), CudaError> {
-    let load = |cubin: Vec<u8>| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin));
-    let p = match load(p.cubin.clone()) {
+    let load = |p: &Prepared| {
+        ctx.load_module(cudarc::nvrtc::Ptx::from_binary(p.cubin.clone())).map_err(|e| {
+            drv_err(format!("cuModuleLoadData({} for {})", p.file.file_name, p.arch), e)
+        })
+    };
+    let p = match load(&p) {
         Ok(module) => return Ok((module, p.report)),
         Err(_) if p.report.cached => compile_prepared(p.file, &p.arch, p.options, p.path)?,
-        Err(e) => {
-            return Err(CudaError::Driver {
-                call: format!("cuModuleLoadData({} for {})", p.file.file_name, p.arch),
-                message: format!("{e:?}"),
-            })
-        }
+        Err(e) => return Err(e),
     };
-    let module = load(p.cubin).map_err(|e| CudaError::Driver {
-        call: format!("cuModuleLoadData({} for {})", p.file.file_name, p.arch),
-        message: format!("{e:?}"),
-    })?;
-    Ok((module, p.report))
+    Ok((load(&p)?, p.report))
 }
 
 /// [`prepare`] then [`load_prepared`].
@@ -499,12 +494,86 @@ pub fn functions(
     names
         .iter()
         .map(|n| {
-            module.load_function(n).map_err(|e| CudaError::Driver {
-                call: format!("cuModuleGetFunction({n} in {})", file.file_name),
-                message: format!("{e:?}"),
-            })
+            module
+                .load_function(n)
+                .map_err(|e| drv_err(format!("cuModuleGetFunction({n} in {})", file.file_name), e))
         })
         .collect()
+}
+
+/// Every function the backend launches, loaded ([`load_backend`]).
+pub(super) struct BackendKernels {
+    /// How each module was obtained.
+    pub loads: Vec<LoadReport>,
+    /// The fused kernel of each encoding (indexed by its code) and its name.
+    pub resize: Vec<CudaFunction>,
+    pub resize_names: Vec<String>,
+    /// [`RESIZE_NORMALIZE_BATCH`].
+    pub resize_batch: CudaFunction,
+    /// `conv2d_tiled_k<K>` and `conv2d_separable_k<K>`, indexed like [`CONV_SIZES`].
+    pub conv_tiled: Vec<CudaFunction>,
+    pub conv_separable: Vec<CudaFunction>,
+    /// The conv2d module (its constant memory holds the weights).
+    pub conv_module: Arc<CudaModule>,
+}
+
+/// Compile (or read from the cache) every kernel file of the backend for `arch`, one
+/// thread per file, then load them into `ctx` and look up every entry point. `staged`:
+/// the fused kernel reads packed encodings through shared memory (`-DRN_STAGED=1`).
+pub(super) fn load_backend(
+    ctx: &Arc<CudaContext>,
+    arch: &str,
+    driver_version: i32,
+    cache: Option<&std::path::Path>,
+    staged: bool,
+) -> Result<BackendKernels, CudaError> {
+    let err = |message: &str| drv_err("loading kernels", message);
+    let prepared: Vec<Result<Prepared, CudaError>> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = KernelFile::ALL
+            .iter()
+            .map(|&file| {
+                let extra = match file {
+                    KernelFile::ResizeNormalize if staged => vec!["-DRN_STAGED=1".to_string()],
+                    _ => Vec::new(),
+                };
+                scope.spawn(move || prepare(file, arch, driver_version, cache, &extra))
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err(err("a compiling thread panicked"))))
+            .collect()
+    });
+    let mut loads = Vec::new();
+    let mut modules = Vec::new();
+    for p in prepared {
+        let (m, report) = load_prepared(ctx, p?)?;
+        loads.push(report);
+        modules.push(m);
+    }
+    let [rn_module, conv_module] =
+        <[Arc<CudaModule>; 2]>::try_from(modules).map_err(|_| err("expected two modules"))?;
+    let rn = KernelFile::ResizeNormalize;
+    let resize_names: Vec<String> =
+        Encoding::ALL.iter().map(|&e| resize_normalize_entry(e)).collect();
+    let resize = functions(&rn_module, rn, &resize_names)?;
+    let resize_batch = functions(&rn_module, rn, &[RESIZE_NORMALIZE_BATCH.to_string()])?
+        .into_iter()
+        .next()
+        .ok_or_else(|| err("resize_normalize_batch missing"))?;
+    let names = |kind: &str| -> Vec<String> {
+        CONV_SIZES.iter().map(|k| format!("conv2d_{kind}_k{k}")).collect()
+    };
+    let conv_tiled = functions(&conv_module, KernelFile::Conv2dTiled, &names("tiled"))?;
+    let conv_separable = functions(&conv_module, KernelFile::Conv2dTiled, &names("separable"))?;
+    Ok(BackendKernels {
+        loads,
+        resize,
+        resize_names,
+        resize_batch,
+        conv_tiled,
+        conv_separable,
+        conv_module,
+    })
 }
 
 #[cfg(test)]

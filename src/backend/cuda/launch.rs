@@ -1,5 +1,6 @@
 //! Launch shapes of every kernel, as named constants and one helper per kernel, and
-//! the by-value parameter structs that are not operation structs. The kernels get the
+//! the `#[repr(C)]` structs the kernels read that are not operation structs (the conv2d
+//! parameters, the batch's slot table). The kernels get the
 //! constants from here as `-D` defines (`kernels::host_defines`).
 
 use crate::backend::ops::{AxisMap, PreprocessParams};
@@ -56,6 +57,39 @@ pub struct Conv2dParams {
     pub skip: u32,
 }
 
+/// Most slots of one batched launch: one bit each in [`Conv2dParams::skip`]. The
+/// configuration's input limit fits (checked when this compiles), so a batch of the node
+/// always does; a larger hand-made batch is refused as an operation error.
+pub const MAX_BATCH_SLOTS: usize = u32::BITS as usize;
+const _: () = assert!(crate::config::MAX_INPUTS <= MAX_BATCH_SLOTS);
+
+/// One slot of a batched fused launch, one row of the device table.
+/// Keep in sync with `struct BatchItemDesc` in `kernels/common.cuh` (checked at every
+/// compilation: kernels.rs `layout_defines`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BatchItemDesc {
+    /// The slot's operation (a padded slot: empty content rectangle).
+    pub p: PreprocessParams,
+    /// 0 (aligns the addresses to 8 bytes).
+    pub reserved: u32,
+    /// Device address of the frame (0 for a padded slot).
+    pub src: u64,
+    /// Device address of its sampling tables (0 for a padded slot).
+    pub maps: u64,
+    /// Device address of this slot's output.
+    pub dst: u64,
+}
+
+impl BatchItemDesc {
+    /// The table's bytes, as the kernel reads them.
+    pub fn as_bytes(rows: &[BatchItemDesc]) -> &[u8] {
+        // SAFETY: BatchItemDesc is plain #[repr(C)] data without padding (see its
+        // DeviceRepr note), so its bytes may be viewed as u8 for as long as `rows` lives.
+        unsafe { std::slice::from_raw_parts(rows.as_ptr().cast(), std::mem::size_of_val(rows)) }
+    }
+}
+
 // SAFETY: #[repr(C)], only 4-byte fields (u32, f32, and #[repr(u32)] enums whose
 // discriminants are the kernels' codes; no padding, no pointers), and the C twin's size
 // and offsets are checked by static_assert at every compilation (kernels.rs
@@ -64,6 +98,10 @@ unsafe impl DeviceRepr for PreprocessParams {}
 // SAFETY: as above: #[repr(C)], eight 4-byte u32 / #[repr(u32)] fields, layout checked
 // against the C twin.
 unsafe impl DeviceRepr for Conv2dParams {}
+// SAFETY: #[repr(C)] of 4-byte fields, one u32 and three u64 (no implicit padding: 100 +
+// 4 bytes before the first u64), with the C twin's size and offsets checked by
+// static_assert at every compilation.
+unsafe impl DeviceRepr for BatchItemDesc {}
 
 fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32), smem: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: smem }

@@ -2,6 +2,7 @@
 //! anything the CPU reads, optionally mapped into the device address space) and device
 //! buffers that grow only when a frame needs more.
 
+use super::drv_err as drv;
 use crate::error::CudaError;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
@@ -43,10 +44,6 @@ pub struct PinnedBuffer {
 // shared with other Rust values, so moving it to another thread is sound (the CUDA
 // context it belongs to is itself Send + Sync).
 unsafe impl Send for PinnedBuffer {}
-
-fn drv(call: impl Into<String>, e: impl std::fmt::Debug) -> CudaError {
-    CudaError::Driver { call: call.into(), message: format!("{e:?}") }
-}
 
 impl PinnedBuffer {
     /// Allocate at least `len` bytes (rounded up to [`STAGING_ALIGN`]), zeroed.
@@ -128,6 +125,23 @@ impl Drop for PinnedBuffer {
         // synchronized every use before dropping (type invariant).
         let r = unsafe { cudarc::driver::result::free_host(self.ptr.as_ptr() as *mut _) };
         self.ctx.record_err(r);
+    }
+}
+
+/// A pinned buffer handed out by `Backend::alloc_host`.
+pub(super) struct PinnedHost(pub PinnedBuffer);
+
+impl crate::backend::HostMemory for PinnedHost {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the backend uses a buffer it handed out only inside `process_into` and
+        // `process_batch_into`, which wait for all GPU work on it before returning (also
+        // on errors); so whenever the owner can call this, nothing on the GPU writes it.
+        unsafe { self.0.host() }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`: no GPU work on this buffer is pending outside
+        // `process_into` and `process_batch_into`.
+        unsafe { self.0.host_mut() }
     }
 }
 
