@@ -141,6 +141,14 @@ unsafe fn parameter_value(v: &rcl::rcl_variant_t) -> ParameterValue {
         // SAFETY: the caller's contract: `size` elements at `values`.
         unsafe { std::slice::from_raw_parts(values, size) }.to_vec()
     }
+    // An array value `$p` (non-null: a live rcl array of `size` elements, or none when
+    // `values` is null) as `$variant`; used inside the unsafe block below.
+    macro_rules! array_value {
+        ($p:expr, $variant:ident) => {{
+            let a = &*$p;
+            ParameterValue::$variant(array(a.values, a.size))
+        }};
+    }
     // SAFETY: (each arm) the pointer is non-null, so it points to a live value of its
     // type (the function's contract).
     unsafe {
@@ -153,32 +161,24 @@ unsafe fn parameter_value(v: &rcl::rcl_variant_t) -> ParameterValue {
         } else if !v.string_value.is_null() {
             ParameterValue::String(CStr::from_ptr(v.string_value).to_string_lossy().into_owned())
         } else if !v.byte_array_value.is_null() {
-            let a = &*v.byte_array_value;
-            ParameterValue::ByteArray(array(a.values, a.size))
+            array_value!(v.byte_array_value, ByteArray)
         } else if !v.bool_array_value.is_null() {
-            let a = &*v.bool_array_value;
-            ParameterValue::BoolArray(array(a.values, a.size))
+            array_value!(v.bool_array_value, BoolArray)
         } else if !v.integer_array_value.is_null() {
-            let a = &*v.integer_array_value;
-            ParameterValue::IntegerArray(array(a.values, a.size))
+            array_value!(v.integer_array_value, IntegerArray)
         } else if !v.double_array_value.is_null() {
-            let a = &*v.double_array_value;
-            ParameterValue::DoubleArray(array(a.values, a.size))
+            array_value!(v.double_array_value, DoubleArray)
         } else if !v.string_array_value.is_null() {
             let a = &*v.string_array_value;
             let strings = array(a.data.cast_const(), a.size);
-            ParameterValue::StringArray(
-                strings
-                    .iter()
-                    .map(|&c| {
-                        if c.is_null() {
-                            String::new()
-                        } else {
-                            CStr::from_ptr(c).to_string_lossy().into_owned()
-                        }
-                    })
-                    .collect(),
-            )
+            let text = |&c: &*mut c_char| {
+                if c.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(c).to_string_lossy().into_owned()
+                }
+            };
+            ParameterValue::StringArray(strings.iter().map(text).collect())
         } else {
             ParameterValue::NotSet
         }

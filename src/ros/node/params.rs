@@ -400,46 +400,25 @@ pub fn value_from_msg(m: &ValueMsg) -> ParameterValue {
 /// r2r's value as a `rcl_interfaces/ParameterValue`.
 pub fn value_to_msg(v: &ParameterValue) -> ValueMsg {
     let mut m = ValueMsg::default();
-    let t = match v {
+    // Set field `$f` of the message to `$x`; the type is `$t`.
+    macro_rules! set {
+        ($f:ident, $x:expr, $t:ident) => {{
+            m.$f = $x.clone();
+            T::$t as u8
+        }};
+    }
+    m.type_ = match v {
         ParameterValue::NotSet => T::PARAMETER_NOT_SET as u8,
-        ParameterValue::Bool(b) => {
-            m.bool_value = *b;
-            T::PARAMETER_BOOL as u8
-        }
-        ParameterValue::Integer(i) => {
-            m.integer_value = *i;
-            T::PARAMETER_INTEGER as u8
-        }
-        ParameterValue::Double(d) => {
-            m.double_value = *d;
-            T::PARAMETER_DOUBLE as u8
-        }
-        ParameterValue::String(s) => {
-            m.string_value = s.clone();
-            T::PARAMETER_STRING as u8
-        }
-        ParameterValue::ByteArray(a) => {
-            m.byte_array_value = a.clone();
-            T::PARAMETER_BYTE_ARRAY as u8
-        }
-        ParameterValue::BoolArray(a) => {
-            m.bool_array_value = a.clone();
-            T::PARAMETER_BOOL_ARRAY as u8
-        }
-        ParameterValue::IntegerArray(a) => {
-            m.integer_array_value = a.clone();
-            T::PARAMETER_INTEGER_ARRAY as u8
-        }
-        ParameterValue::DoubleArray(a) => {
-            m.double_array_value = a.clone();
-            T::PARAMETER_DOUBLE_ARRAY as u8
-        }
-        ParameterValue::StringArray(a) => {
-            m.string_array_value = a.clone();
-            T::PARAMETER_STRING_ARRAY as u8
-        }
+        ParameterValue::Bool(x) => set!(bool_value, x, PARAMETER_BOOL),
+        ParameterValue::Integer(x) => set!(integer_value, x, PARAMETER_INTEGER),
+        ParameterValue::Double(x) => set!(double_value, x, PARAMETER_DOUBLE),
+        ParameterValue::String(x) => set!(string_value, x, PARAMETER_STRING),
+        ParameterValue::ByteArray(x) => set!(byte_array_value, x, PARAMETER_BYTE_ARRAY),
+        ParameterValue::BoolArray(x) => set!(bool_array_value, x, PARAMETER_BOOL_ARRAY),
+        ParameterValue::IntegerArray(x) => set!(integer_array_value, x, PARAMETER_INTEGER_ARRAY),
+        ParameterValue::DoubleArray(x) => set!(double_array_value, x, PARAMETER_DOUBLE_ARRAY),
+        ParameterValue::StringArray(x) => set!(string_array_value, x, PARAMETER_STRING_ARRAY),
     };
-    m.type_ = t;
     m
 }
 
