@@ -221,9 +221,6 @@ fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
             continue;
         }
         shared.sets_published.fetch_add(1, Ordering::Relaxed);
-        let stamp = ros_header(&ready.header);
-        publish_debug_image(&ready.message, &stamp, &out.debug_image, &mut debug_throttle, shared);
-        drop(ready.message); // the buffer goes back to the pipeline for the next set
         for (i, g) in ready.geometries.iter().enumerate() {
             let (Some(g), Some(publisher)) = (g, out.camera_info.get(i)) else {
                 continue;
@@ -264,6 +261,11 @@ fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
             r2r::log_warn!(logger, "publishing timing: {e}");
         }
         sequence += 1;
+        // After the timing, so that total_us does not count it (it is made only while
+        // someone watches).
+        let stamp = ros_header(&ready.header);
+        publish_debug_image(&ready.message, &stamp, &out.debug_image, &mut debug_throttle, shared);
+        // The message's buffer goes back to the pipeline when `ready` is dropped here.
     }
 }
 
