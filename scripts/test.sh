@@ -24,6 +24,26 @@ cargo clippy --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" 
 # ROS and without CUDA (docs/ARCHITECTURE.md).
 cargo clippy --release --all-targets --no-default-features -- -D warnings
 
+section "the product binaries hold no code of the crates Cargo.toml compiles at opt-level 0"
+python3 - <<'EOF'
+import glob, re, subprocess, tomllib
+packages = tomllib.load(open("Cargo.toml", "rb"))["profile"]["release"].get("package", {})
+crates = sorted(n.replace("-", "_") for n, p in packages.items() if str(p.get("opt-level")) == "0")
+pattern = re.compile(r"(?<![\w:])(%s)::" % "|".join(crates))
+def found(binary):
+    nm = subprocess.run(["nm", "-C", binary], capture_output=True, text=True, check=True).stdout
+    return sorted({m.group(1) for m in pattern.finditer(nm)})
+for b in ["target/release/vision_preproc_node", "target/release/vision_preproc"]:
+    assert not found(b), (f"{b} holds code of {found(b)}, which Cargo.toml's [profile.release.package.*] "
+                          "compiles at opt-level 0 (as code generators for build scripts only): remove the "
+                          "override of a crate the product now uses")
+# The check can fail: the build script that runs these generators holds their code.
+witness = found(glob.glob("target/release/build/r2r_msg_gen-*/build-script-build")[0])
+assert len(witness) >= 3, witness
+print(f"{len(crates)} crates at opt-level 0 ({', '.join(crates)}): none in the product binaries; "
+      f"r2r_msg_gen's build script holds {', '.join(witness)}")
+EOF
+
 section "Rust tests (unit + integration, CPU, with the test hooks; GPU tests report 'no GPU' and are not counted)"
 cargo test --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" 2>&1
 
