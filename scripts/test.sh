@@ -6,7 +6,10 @@
 # and `bench`, which the product does not contain); the Python tests run the product
 # binaries of target/release/, except the fault-injection tests, which run the node with
 # the hooks from target/fault-injection/ (scripts/test_hooks_build.sh). Both builds stay
-# cached side by side, so `make demo` afterwards compiles nothing.
+# cached side by side, so `make demo` afterwards compiles nothing. The colcon test builds
+# from a copy of target/release (test/ros/conftest.py) and compiles nothing either.
+#
+# Each stage's wall time is printed at the end (the machine is 2 cores: compare stages).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -14,25 +17,82 @@ cd "$ROOT"
 source .ros/env.sh
 export VISION_PREPROC_TEST_FEATURES="fault-injection,bench"
 
-section() { printf '\n==== %s ====\n' "$*"; }
+STAGE="" STAGE_T0=$SECONDS NVRTC_PID=""
+TIMES=()
+stage_done() { [ -z "$STAGE" ] || TIMES+=("$(printf '%5d s  %s' $((SECONDS - STAGE_T0)) "$STAGE")"); }
+# section NAME DESCRIPTION: starts the stage NAME of the time summary.
+section() { stage_done; STAGE="$1" STAGE_T0=$SECONDS; printf '\n==== %s ====\n' "$2"; }
+summary() { stage_done; STAGE=""; printf '\n==== wall time per stage (uptime: %s) ====\n' "$(uptime | sed 's/.*load/load/')"; printf '%s\n' "${TIMES[@]}"; }
+trap summary EXIT
 
-section "lint: cargo fmt --check, cargo clippy -D warnings (the product, with the test hooks, without ROS and CUDA)"
+section lint "lint: cargo fmt --check, cargo clippy -D warnings (the product, with the test hooks, without ROS and CUDA)"
 cargo fmt --check
+# Three configurations, because each compiles code the others do not: the product alone
+# reports what only the test hooks use (dead code, unused imports in the product); with
+# the hooks, the hooks themselves; without the default features, the stubs
+# (`#[cfg(not(feature = "ros"/"cuda"))]`).
 cargo clippy --release --all-targets -- -D warnings
 cargo clippy --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" -- -D warnings
 # The library, the CLI and the stubs (ros_stub.rs, backend/cuda_stub.rs) build without
 # ROS and without CUDA (docs/ARCHITECTURE.md).
 cargo clippy --release --all-targets --no-default-features -- -D warnings
 
-section "Rust tests (unit + integration, CPU, with the test hooks; GPU tests report 'no GPU' and are not counted)"
-cargo test --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" 2>&1
+section profile "the product binaries hold no code of the crates Cargo.toml compiles at opt-level 0"
+python3 - <<'EOF'
+import glob, re, subprocess, tomllib
+packages = tomllib.load(open("Cargo.toml", "rb"))["profile"]["release"].get("package", {})
+crates = sorted(n.replace("-", "_") for n, p in packages.items() if str(p.get("opt-level")) == "0")
+pattern = re.compile(r"(?<![\w:])(%s)::" % "|".join(crates))
+def found(binary):
+    nm = subprocess.run(["nm", "-C", binary], capture_output=True, text=True, check=True).stdout
+    return sorted({m.group(1) for m in pattern.finditer(nm)})
+for b in ["target/release/vision_preproc_node", "target/release/vision_preproc"]:
+    assert not found(b), (f"{b} holds code of {found(b)}, which Cargo.toml's [profile.release.package.*] "
+                          "compiles at opt-level 0 (as code generators for build scripts only): remove the "
+                          "override of a crate the product now uses")
+# The check can fail: the build script that runs these generators holds their code.
+witness = found(glob.glob("target/release/build/r2r_msg_gen-*/build-script-build")[0])
+assert len(witness) >= 3, witness
+print(f"{len(crates)} crates at opt-level 0 ({', '.join(crates)}): none in the product binaries; "
+      f"r2r_msg_gen's build script holds {', '.join(witness)}")
+EOF
 
-section "the example: Config -> backend -> Pipeline::process on a photograph (examples/preprocess_file.rs)"
+section rust "Rust tests (unit + integration, CPU, with the test hooks; GPU tests report 'no GPU' and are not counted)"
+cargo test --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" --no-run 2>&1
+# test/nvrtc_compile.rs compiles every kernel with NVRTC, on one core, for about a minute:
+# it runs in the background beside the other Rust tests, the example and the Python tests
+# without ROS (none of which measures time), and is waited for before the ROS tests.
+NVRTC_LOG=target/nvrtc_compile.log
+cargo test --release --features "$VISION_PREPROC_TEST_FEATURES" --test nvrtc_compile >"$NVRTC_LOG" 2>&1 &
+NVRTC_PID=$!
+# If this script stops early: stop that cargo and the test binary it runs.
+trap '[ -z "$NVRTC_PID" ] || { pkill -P "$NVRTC_PID" || true; kill "$NVRTC_PID" || true; } 2>/dev/null; summary' EXIT
+# Every other target of --all-targets: the integration tests named from Cargo.toml.
+mapfile -t other_tests < <(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+targets = [t for p in json.load(sys.stdin)["packages"] if p["name"] == "vision_preproc" for t in p["targets"]]
+for t in targets:
+    if "test" in t["kind"] and t["name"] != "nvrtc_compile":
+        print("--test=" + t["name"])')
+cargo test --release --lib --bins --examples --benches "${other_tests[@]}" --features "$VISION_PREPROC_TEST_FEATURES" 2>&1
+
+section example "the example: Config -> backend -> Pipeline::process on a photograph (examples/preprocess_file.rs)"
 example="$(cargo run -q --release --features "$VISION_PREPROC_TEST_FEATURES" --example preprocess_file -- test/data/chelsea.png)"
 echo "$example"
 grep -q "451x300 -> tensor \[1, 3, 320, 320\] float32" <<<"$example" || { echo "the example printed something else"; exit 1; }
 
+section hooks "the binaries with the test hooks (target/fault-injection/)"
 scripts/test_hooks_build.sh
 
-section "Python tests (OpenCV oracle, real DDS between processes, colcon install)"
-python3 -m pytest -v -rA --durations=15 test/python test/ros
+section python "Python tests without ROS (OpenCV oracle, the CLI, replay, layering, docs)"
+python3 -m pytest -v -rA --durations=10 test/python
+
+section nvrtc "test/nvrtc_compile.rs (NVRTC, started in the background after the Rust build)"
+nvrtc_status=0
+wait "$NVRTC_PID" || nvrtc_status=$?
+NVRTC_PID=""
+cat "$NVRTC_LOG"
+[ "$nvrtc_status" -eq 0 ] || { echo "test/nvrtc_compile.rs failed (exit $nvrtc_status)"; exit 1; }
+
+section ros "ROS tests (real DDS between processes, colcon install)"
+python3 -m pytest -v -rA --durations=15 test/ros

@@ -9,37 +9,100 @@ import pytest
 
 from vptools.rosharness import ROOT
 
+#: The colcon workspace of the tests (build/, install/, log/): under target/, so that it
+#: never touches the build/ and install/ a user's own `colcon build` writes at the
+#: repository root, and `make clean` / `cargo clean` remove it.
+COLCON_WS = ROOT / "target" / "colcon"
 
-def seed_cargo_cache() -> None:
-    """Before the first colcon build of a checkout: start colcon's cargo target directory
-    (build/vision_preproc, what colcon-cargo passes as --target-dir) as a copy of
-    target/release, which `make test` has just built, mtimes kept. Cargo then reuses the
-    dependencies that do not depend on the environment (about 250 crates: 7 of the 10
-    minutes of a first colcon build on 2 cores) and rebuilds r2r and this crate, whose
-    build scripts watch AMENT_PREFIX_PATH / CMAKE_PREFIX_PATH, which colcon changes (the
-    interface package of install/ in front), exactly as from scratch: r2r's bindings go
-    to a new directory named by the hash of those variables, so r2r's stale-cache trap
-    (shared notes) cannot fire. The colcon command itself is unchanged."""
-    dest = ROOT / "build" / "vision_preproc" / "release"
+
+def colcon_build(*args: str) -> None:
+    """`colcon build ARGS` from the repository root into COLCON_WS."""
+    cmd = ["colcon", "--log-base", str(COLCON_WS / "log"), "build", "--build-base", str(COLCON_WS / "build"),
+           "--install-base", str(COLCON_WS / "install"), "--event-handlers", "console_cohesion-", *args]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+
+
+def seed_cargo_target() -> Path:
+    """Make colcon's cargo target directory (COLCON_WS/build/vision_preproc, what
+    colcon-cargo passes as --target-dir) a fresh copy of target/release, which `make test`
+    has just built in the same environment (.ros/env.sh): cargo then finds every unit up
+    to date, r2r and this crate included, and compiles nothing.
+
+    Why the copy cannot hit r2r's stale-cache trap (README, "After changing a message"):
+    r2r's build script keeps its generated bindings in OUT_DIR/<hash of AMENT_PREFIX_PATH,
+    CMAKE_PREFIX_PATH, IDL_PACKAGE_FILTER, ...>/ with a `done` marker, and prints its
+    `cfg` flags (the sim-time API among them) only when it generates them. Cargo reruns
+    that script only when one of those variables changed since its last run. Here they
+    are the ones target/release was built with, so the script does not rerun and cargo
+    replays its recorded output, flags included. Should they differ (pytest started from
+    another shell), the script reruns; the `done` markers are deleted from the copy
+    (forget_cached_bindings), so it then generates the bindings again, flags included,
+    instead of reusing a directory another environment left. target/ itself is never
+    written to."""
+    dest = COLCON_WS / "build" / "vision_preproc" / "release"
     src = ROOT / "target" / "release"
-    if dest.exists() or not (src / "deps").is_dir():
-        return
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name("release.seeding")
-    subprocess.run(["rm", "-rf", str(tmp)], check=True)
-    subprocess.run(["cp", "-a", str(src), str(tmp)], check=True, timeout=600)
-    tmp.rename(dest)
+    subprocess.run(["rm", "-rf", str(dest), str(tmp)], check=True, timeout=600)
+    if (src / "deps").is_dir():
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-a", str(src), str(tmp)], check=True, timeout=600)
+        forget_cached_bindings(tmp)
+        tmp.rename(dest)
+    return dest
+
+
+def forget_cached_bindings(release: Path) -> list[Path]:
+    """Delete the `done` markers of the bindings r2r's crates cached in their OUT_DIRs
+    under `release`: a rerun of their build scripts then generates the bindings (and
+    r2r's cfg flags) instead of reusing them. Returns the markers deleted."""
+    markers = sorted(release.glob("build/r2r*-*/out/*/done"))
+    for m in markers:
+        m.unlink()
+    return markers
+
+
+def r2r_runs_without_cfg_flags(release: Path) -> list[Path]:
+    """The recorded outputs of r2r's build script under `release` that lack the cfg flags
+    (what the stale-cache trap leaves: r2r then compiles without `get_time_source`)."""
+    outputs = [p for p in release.glob("build/r2r-*/output")
+               if "cargo:rerun-if-env-changed=IDL_PACKAGE_FILTER" in p.read_text()]
+    return [p for p in outputs if "cargo:rustc-cfg=r2r__rosgraph_msgs__msg__Clock" not in p.read_text()]
 
 
 @pytest.fixture(scope="session")
 def colcon_install() -> Path:
-    """Build the workspace with colcon exactly as the README says (both packages; the
-    nested interface package named with --base-paths), into build/ and install/ at the
-    repository root, and return the install base. Incremental after the first build;
-    the first starts from a copy of target/release's compiled dependencies
-    (seed_cargo_cache)."""
-    seed_cargo_cache()
-    cmd = ["colcon", "build", "--base-paths", ".", "msgs", "--cargo-args", "--release"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
-    assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
-    return ROOT / "install"
+    """Build the workspace with colcon as the README says, into COLCON_WS, and return the
+    install base. Two colcon builds from the repository root, which together do what the
+    README's `colcon build --base-paths . msgs --cargo-args --release` does:
+
+    1. `--base-paths . msgs --packages-up-to vision_preproc --packages-skip vision_preproc`:
+       colcon finds both packages from the README's base paths, vision_preproc depends on
+       vision_preproc_msgs (else up-to would select nothing to build), and builds the
+       interface package as the README command does (ament_cmake, default options, its own
+       install prefix).
+    2. `--cargo-args --release` (base path `.`): the node package with colcon-ros-cargo
+       (cargo-ament-build), against the interface package of the environment
+       (.ros/install, which scripts/setup.sh builds with colcon from the same msgs/); it
+       installs the binaries under lib/vision_preproc/ and launch/, config/ under
+       share/vision_preproc/.
+
+    The one difference from the single README command: there, the node package compiles
+    against step 1's copy of the interface package, so AMENT_PREFIX_PATH and
+    CMAKE_PREFIX_PATH start with its prefix, which makes cargo rebuild r2r and this crate
+    (build scripts that watch those variables; about 3 minutes on 2 cores). Built in the
+    environment target/release was built in, step 2 reuses all of target/release
+    (seed_cargo_target) and compiles nothing."""
+    release = seed_cargo_target()
+    colcon_build("--base-paths", ".", "msgs", "--packages-up-to", "vision_preproc", "--packages-skip",
+                 "vision_preproc")
+    install = COLCON_WS / "install"
+    assert (install / "vision_preproc_msgs" / "share" / "vision_preproc_msgs" / "package.xml").exists(), \
+        "colcon did not build vision_preproc_msgs as a dependency of vision_preproc"
+    try:
+        colcon_build("--base-paths", ".", "--cargo-args", "--release")
+    except AssertionError as e:
+        trapped = r2r_runs_without_cfg_flags(release)
+        raise AssertionError(f"{e}\nr2r build outputs without cfg flags (stale cached bindings): {trapped}"
+                             if trapped else str(e)) from None
+    return install

@@ -302,7 +302,9 @@ def test_signals_stop_the_node_cleanly_under_load(tmp_path: Path, sig: int) -> N
             shm_check = node_files_left(held, before)
         finally:
             if player is not None:
-                player.communicate(timeout=30)  # it stops by itself (--duration)
+                # Done with the player: the rest of its --duration would only be waited out.
+                player.terminate()
+                player.communicate(timeout=30)
             peer.close()
     out = node.output()
     m = re.search(r"stopped: (\d+) frames received, (\d+) published, (\d+) dropped \(queue\), "
