@@ -185,6 +185,7 @@ def test_four_cameras_latest_stale_and_back(tmp_path: Path) -> None:
             pad = (114 / 255 - 0.5) / 0.5  # the normalized pad value: (114/255 - 0.5) / 0.5
             last = [0] * n
             stale_seen = False
+            seen = [False] * n  # camera i's frames have been in a batch
             for b, msg in enumerate(cams.batches):
                 assert list(msg.shape) == [n, 3, NET_H, NET_W] and msg.layout == "NCHW" and msg.dtype == "float32"
                 data = tensor_array(msg)
@@ -193,13 +194,17 @@ def test_four_cameras_latest_stale_and_back(tmp_path: Path) -> None:
                 assert stamp_ns(msg.header) == max(valid_stamps) and msg.header.frame_id == ""
                 for i, it in enumerate(msg.items):
                     if not it.valid:
-                        # Stale: the pad value everywhere, empty metadata.
-                        assert i == 3, f"batch {b}: camera {i} invalid"
-                        stale_seen = True
+                        # Stale: the pad value everywhere, empty metadata. Only camera 3
+                        # stops; a camera whose first frame has not arrived yet is stale
+                        # too when stale_after_ms passed since the node started ("or none
+                        # yet": a loaded machine can take that long to connect).
+                        assert i == 3 or not seen[i], f"batch {b}: camera {i} invalid after it had sent"
+                        stale_seen = stale_seen or seen[i]
                         np.testing.assert_allclose(data[i], np.full((3, NET_H, NET_W), pad, np.float32), atol=1e-6)
                         assert (it.source_encoding, it.source_width, it.header.stamp.sec, it.scale_x) == ("", 0, 0, 0.0)
                         continue
                     check_item(it, data[i], sent, LATEST_CONFIG, topics[i], f"batch {b} item {i}")
+                    seen[i] = True
                     s = stamp_ns(it.header)
                     # latest: a camera's items never go back; `repeated` exactly when the
                     # frame was in the previous batch that had this camera.
@@ -211,7 +216,8 @@ def test_four_cameras_latest_stale_and_back(tmp_path: Path) -> None:
                 assert any(it.valid and not it.repeated for it in msg.items), f"batch {b} has no new frame"
             assert stale_seen, "no batch with camera 3 flagged stale"
             assert all(it.valid for it in phase3[-1].items), "camera 3 did not come back"
-            assert all(msg.items[3].valid for msg in phase1[1:]), "camera 3 stale while it ran"
+            first3 = next(j for j, msg in enumerate(phase1) if msg.items[3].valid)
+            assert all(msg.items[3].valid for msg in phase1[first3:]), "camera 3 stale while it ran"
             # Camera 3 at half rate: in phase 1 some batches repeat its frame.
             assert any(msg.items[3].repeated for msg in phase1)
             # The newest frame of every camera ends in the last batch.
