@@ -73,6 +73,15 @@ pub fn set_header(items: &[FrameInput<'_, '_>]) -> Header {
         .unwrap_or_default()
 }
 
+/// Why input `slot`'s frame was refused, as counted and logged: with 2+ inputs after its
+/// topic (`/cam1/image: ...`), with one input the reason alone.
+pub fn slot_reason(topics: &[String], slot: usize, why: &str) -> String {
+    match topics.get(slot) {
+        Some(topic) if topics.len() >= 2 => format!("{topic}: {why}"),
+        _ => why.to_string(),
+    }
+}
+
 /// One processed frame set: the message is in the [`Pipeline`]'s buffer
 /// ([`Pipeline::message`], [`Pipeline::take_message`]).
 #[derive(Debug, Clone)]

@@ -57,12 +57,15 @@ pub struct BatchSettings {
 
 impl BatchSettings {
     /// The settings of a configuration's `batch_policy`, `batch_timeout_ms`,
-    /// `max_interval_ms`, `stale_after_ms` and `batch_queue_size`.
+    /// `max_interval_ms`, `stale_after_ms` and `batch_queue_size`. One input (a
+    /// configuration that is not a batch) is `Latest` whatever `batch_policy` says: each
+    /// frame forms a set of one as it arrives.
     pub fn of(cfg: &crate::config::Config) -> Self {
         use crate::config::BatchPolicyChoice as C;
         let ms = |v: u32| i64::from(v) * 1_000_000;
         BatchSettings {
             policy: match cfg.batch_policy {
+                _ if !cfg.is_batch() => BatchPolicy::Latest,
                 C::Latest => BatchPolicy::Latest,
                 C::ApproximateTime => BatchPolicy::ApproximateTime,
             },

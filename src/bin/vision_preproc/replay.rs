@@ -11,6 +11,7 @@ use std::time::Instant;
 use vision_preproc::bag::{Bag, BagWriter};
 use vision_preproc::config::BackendChoice;
 use vision_preproc::percentile::nearest_rank;
+use vision_preproc::pipeline::slot_reason;
 use vision_preproc::pipeline::{frame_timing, select_backend};
 use vision_preproc::transport::batch_sync::Batch;
 use vision_preproc::wire::msgs::{tensor_type, Image, FRAME_TIMING_TYPE};
@@ -126,8 +127,7 @@ struct Tally {
 impl Tally {
     /// `reason` of input `slot` (named with 2+ inputs) into `map`.
     fn count(map: &mut BTreeMap<String, u64>, topics: &[String], slot: usize, reason: String) {
-        let key = if topics.len() >= 2 { format!("{}: {reason}", topics[slot]) } else { reason };
-        *map.entry(key).or_default() += 1;
+        *map.entry(slot_reason(topics, slot, &reason)).or_default() += 1;
     }
 }
 
@@ -163,10 +163,7 @@ fn replay(
         backend.device_description(),
         if batch { format!(", batch_policy {}", cfg.batch_policy.name()) } else { String::new() }
     );
-    let mut settings = BatchSettings::of(&cfg);
-    if !batch {
-        settings.policy = BatchPolicy::Latest; // each frame a set of one
-    }
+    let settings = BatchSettings::of(&cfg); // one topic: each frame a set of one
     let mut pipeline = Pipeline::new(cfg, backend)?;
     let mut out = BagWriter::create(&output)?;
     let ns = args.output_namespace.trim_end_matches('/');

@@ -16,9 +16,7 @@
 
 use super::shared::{lock, Received, Shared};
 use crate::config::Config;
-use crate::transport::batch_sync::{
-    Batch, BatchPolicy, BatchSettings, Batcher, CameraCounts, Frame, Item,
-};
+use crate::transport::batch_sync::{Batch, BatchSettings, Batcher, CameraCounts, Frame, Item};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -76,12 +74,8 @@ impl Former {
     /// One camera forms a set of each frame as it arrives (`latest` with one camera).
     pub fn new(cfg: &Config) -> Self {
         let n = cfg.input_topics().len();
-        let mut settings = BatchSettings::of(cfg);
-        if n == 1 {
-            settings.policy = BatchPolicy::Latest;
-        }
         Former {
-            batcher: Batcher::new(n, settings, 0),
+            batcher: Batcher::new(n, BatchSettings::of(cfg), 0),
             start: Instant::now(),
             dropped_seen: 0,
             stale: vec![false; n],

@@ -13,7 +13,7 @@ use super::native::ros_header;
 use super::shared::{lock, Outputs, RateLimitedLog, Received, Shared};
 use crate::backend::StageTimes;
 use crate::pipeline::{
-    frame_timing, set_header, FrameInput, Geometry, GpuFailure, OwnedMessage, Pipeline,
+    frame_timing, set_header, slot_reason, FrameInput, Geometry, GpuFailure, OwnedMessage, Pipeline,
 };
 use crate::transport::batch_sync::Item;
 use crate::wire::msgs::Header;
@@ -77,8 +77,7 @@ fn reject(
     what: (&str, &str),
 ) {
     let (kind, why) = what;
-    let reason =
-        if topics.len() >= 2 { format!("{}: {why}", topics[slot]) } else { why.to_string() };
+    let reason = slot_reason(topics, slot, why);
     log.error(&shared.logger, &format!("frame rejected: {kind}{reason}"));
     shared.stats.rejected(reason);
     lock(&shared.cameras)[slot].rejected += 1;
