@@ -14,7 +14,8 @@ ament_cmake_python) would install:
   and a `<name>-<version>.dist-info` with its `entry_points.txt` is written (ros2cli's
   verbs and launch's frontends are found through entry points); each `console_scripts`
   entry becomes an executable in PREFIX/bin/.
-- a package with only a CMakeLists.txt (qt_gui, rqt_py_common): the Python packages under
+- a package with a CMakeLists.txt (python_qt_binding, qt_gui, qt_gui_py_common,
+  rqt_py_common: ament_cmake_python; a setup.py beside it is catkin's, unused): the Python packages under
   `src/` (or the package folder), package.xml, plugin.xml and resource/ into
   share/<pkg>/, and the ament index marker.
 
@@ -137,8 +138,9 @@ def main() -> int:
     index.mkdir(parents=True, exist_ok=True)
     for arg in sys.argv[2:]:
         pkg = Path(arg).resolve()
-        name = install_setup_py(pkg, prefix, site) if (pkg / "setup.py").exists() else \
-            install_cmake_only(pkg, prefix, site)
+        # An ament_cmake package's setup.py, if any, is a leftover of catkin (distutils).
+        name = install_cmake_only(pkg, prefix, site) if (pkg / "CMakeLists.txt").exists() else \
+            install_setup_py(pkg, prefix, site)
         marker = index / name
         if not marker.exists():
             marker.write_text("")

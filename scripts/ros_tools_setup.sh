@@ -105,7 +105,7 @@ fi
 
 # composition_interfaces: a real interface package (three services), built with colcon
 # as setup.sh builds msgs/, into its own install base.
-if [ ! -f "$TOOLS/interfaces/composition_interfaces/share/composition_interfaces/package.xml" ]; then
+if [ ! -f "$TOOLS/interfaces/share/composition_interfaces/package.xml" ]; then
   echo "ros_tools: colcon build composition_interfaces"
   colcon --log-base "$TOOLS/log" build --base-paths "${cmake_pkgs[@]}" --build-base "$TOOLS/build" \
     --install-base "$TOOLS/interfaces" --merge-install --event-handlers console_cohesion- \
