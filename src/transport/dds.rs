@@ -85,6 +85,80 @@ pub fn socket_buffer_limit() -> Option<usize> {
     Some(read("/proc/sys/net/core/rmem_max")?.min(read("/proc/sys/net/core/wmem_max")?))
 }
 
+/// The kernel settings that ROS 2's DDS tuning guide raises for large samples over UDP
+/// (`docs.ros.org/en/kilted/How-To-Guides/DDS-tuning.html`): socket receive buffers,
+/// and the memory and time the kernel gives IP fragments to reassemble. They matter
+/// when frames cross a network (datagrams of 64 KB are cut into MTU-sized IP
+/// fragments); on one machine (loopback, 64 KB MTU) they changed nothing measurable
+/// (docs/QOS_AND_TRANSPORTS.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelUdp {
+    /// `net.core.rmem_max`, bytes: the largest socket receive buffer a process may ask.
+    pub rmem_max: u64,
+    /// `net.ipv4.ipfrag_high_thresh`, bytes: memory for fragments being reassembled.
+    pub ipfrag_high_thresh: u64,
+    /// `net.ipv4.ipfrag_time`, s: how long an incomplete datagram holds that memory.
+    pub ipfrag_time: u64,
+}
+
+impl KernelUdp {
+    /// The tuning guide's values.
+    pub const GUIDE: KernelUdp =
+        KernelUdp { rmem_max: 2_147_483_647, ipfrag_high_thresh: 134_217_728, ipfrag_time: 3 };
+
+    /// This machine's settings, if `/proc/sys` can be read.
+    pub fn read() -> Option<KernelUdp> {
+        let read = |p: &str| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok();
+        Some(KernelUdp {
+            rmem_max: read("/proc/sys/net/core/rmem_max")?,
+            ipfrag_high_thresh: read("/proc/sys/net/ipv4/ipfrag_high_thresh")?,
+            ipfrag_time: read("/proc/sys/net/ipv4/ipfrag_time")?,
+        })
+    }
+
+    /// The settings, each with the guide's value where it differs in the guide's
+    /// direction (buffers smaller, fragment time longer).
+    pub fn describe(&self) -> String {
+        let g = KernelUdp::GUIDE;
+        let mark = |below: bool, guide: u64| {
+            if below {
+                format!(" (guide: {guide})")
+            } else {
+                String::new()
+            }
+        };
+        format!(
+            "net.core.rmem_max={}{}, net.ipv4.ipfrag_high_thresh={}{}, net.ipv4.ipfrag_time={}{}",
+            self.rmem_max,
+            mark(self.rmem_max < g.rmem_max, g.rmem_max),
+            self.ipfrag_high_thresh,
+            mark(self.ipfrag_high_thresh < g.ipfrag_high_thresh, g.ipfrag_high_thresh),
+            self.ipfrag_time,
+            mark(self.ipfrag_time > g.ipfrag_time, g.ipfrag_time),
+        )
+    }
+
+    /// `sysctl` commands that set what differs from the guide (empty when nothing does).
+    pub fn advice(&self) -> String {
+        let g = KernelUdp::GUIDE;
+        let mut set = Vec::new();
+        if self.rmem_max < g.rmem_max {
+            set.push(format!("net.core.rmem_max={}", g.rmem_max));
+        }
+        if self.ipfrag_high_thresh < g.ipfrag_high_thresh {
+            set.push(format!("net.ipv4.ipfrag_high_thresh={}", g.ipfrag_high_thresh));
+        }
+        if self.ipfrag_time > g.ipfrag_time {
+            set.push(format!("net.ipv4.ipfrag_time={}", g.ipfrag_time));
+        }
+        if set.is_empty() {
+            String::new()
+        } else {
+            format!("sudo sysctl -w {}", set.join(" "))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +189,28 @@ mod tests {
             segment_size(largest_output(&big)),
             (4 * (99_532_800usize + 4096)).next_multiple_of(1 << 20)
         );
+    }
+
+    #[test]
+    fn kernel_settings_are_compared_with_the_tuning_guide() {
+        // Debian's defaults on this VM (rmem_max raised to 4 MB by its image).
+        let here =
+            KernelUdp { rmem_max: 4_194_304, ipfrag_high_thresh: 4_194_304, ipfrag_time: 30 };
+        assert_eq!(
+            here.describe(),
+            "net.core.rmem_max=4194304 (guide: 2147483647), net.ipv4.ipfrag_high_thresh=4194304 \
+             (guide: 134217728), net.ipv4.ipfrag_time=30 (guide: 3)"
+        );
+        assert_eq!(
+            here.advice(),
+            "sudo sysctl -w net.core.rmem_max=2147483647 net.ipv4.ipfrag_high_thresh=134217728 \
+             net.ipv4.ipfrag_time=3"
+        );
+        let tuned = KernelUdp { ipfrag_time: 2, ..KernelUdp::GUIDE };
+        assert_eq!(tuned.advice(), "");
+        assert!(!tuned.describe().contains("guide"), "{}", tuned.describe());
+        // This machine's are readable (Linux).
+        assert!(KernelUdp::read().is_some_and(|k| k.rmem_max > 0 && k.ipfrag_time > 0));
     }
 
     #[test]

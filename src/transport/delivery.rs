@@ -9,6 +9,17 @@
 //! of its frame period; the largest period that fits every gap, with at least two
 //! different multiples (a steady slow camera fits with all gaps = 1 period), is taken.
 //! A slow camera whose frames all arrive is never flagged: its gaps are one period.
+//!
+//! Frames that arrive late ([`Timeliness`]): a transport that repairs lost fragments (a
+//! reliable camera whose large frames go over UDP) delivers frames late and in bursts,
+//! several at once after a stall. The age of a frame (arrival - stamp) alone cannot say
+//! so: the camera's clock may be another machine's, or a recording's (a bag replayed
+//! without `--clock` has stamps hours old, by design). So only the arrival pattern
+//! is judged, against the stamps' own spacing: how much later than the window's
+//! quickest frame each frame arrives (any clock offset cancels), and how many frames
+//! arrive much closer together than they were stamped. Both are judged only while the
+//! stamps advance at the arrival rate (a live camera, or a replay at rate 1): a replay
+//! at another rate, or as fast as possible, is not a camera's transport.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -45,6 +56,26 @@ const MAX_GAP_S: f64 = 60.0;
 const MIN_CAMERA_INFOS: usize = 10;
 /// Shortest observation before anything is said.
 const MIN_SPAN: Duration = Duration::from_secs(3);
+/// How far back arrivals are judged for their timeliness (shorter than [`WINDOW`]: a
+/// transport that recovers is seen on time again within seconds).
+pub const TIMELY_WINDOW: Duration = Duration::from_secs(5);
+/// Frames in [`TIMELY_WINDOW`] needed before their timeliness is judged.
+pub const MIN_TIMED: usize = 20;
+/// A frame arrives "in a burst" when it comes less than this fraction of its stamp gap
+/// after the previous frame (a frame that waited for repairs, released with the next).
+pub const BURST_GAP: f64 = 0.25;
+/// Late: at least this share of the window's frames arrive in bursts...
+pub const BURSTS_RAISE: f64 = 0.10;
+/// ...or the median frame arrives at least this many frame periods later than the
+/// window's quickest frame.
+pub const LATE_RAISE_PERIODS: f64 = 1.0;
+/// On time again: fewer bursts than this share...
+pub const BURSTS_CLEAR: f64 = 0.05;
+/// ...and the median frame less than this many periods behind the quickest.
+pub const LATE_CLEAR_PERIODS: f64 = 0.5;
+/// The stamps advance at the arrival rate when (arrival span) / (stamp span) is within
+/// these bounds.
+pub const REAL_TIME: (f64, f64) = (0.8, 1.25);
 
 /// Where the camera's rate came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +99,100 @@ pub struct Delivery {
     pub basis: Basis,
     /// Largest image that arrived, bytes.
     pub largest_bytes: usize,
+}
+
+/// When the frames of the window arrived, against their stamps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Timeliness {
+    /// The stamps advance at the arrival rate: the pattern is judged.
+    RealTime {
+        /// The stamps' median spacing, s (the camera's period, or a multiple under loss).
+        period_s: f64,
+        /// How much later than the window's quickest frame the median frame arrives
+        /// (relative to its stamp), s.
+        late_p50_s: f64,
+        /// The same, 90th percentile, s.
+        late_p90_s: f64,
+        /// Share of frames that arrived in a burst ([`BURST_GAP`]).
+        bursts: f64,
+        /// Frames judged.
+        frames: usize,
+    },
+    /// The stamps advance at `ratio` times the arrival rate (a replay at another rate):
+    /// not judged.
+    OtherRate {
+        /// (stamp span) / (arrival span).
+        ratio: f64,
+    },
+}
+
+impl Timeliness {
+    /// Frames arrive late or in bursts ([`BURSTS_RAISE`], [`LATE_RAISE_PERIODS`]).
+    pub fn late(&self) -> bool {
+        match *self {
+            Timeliness::RealTime { period_s, late_p50_s, bursts, .. } => {
+                bursts >= BURSTS_RAISE || late_p50_s >= LATE_RAISE_PERIODS * period_s
+            }
+            Timeliness::OtherRate { .. } => false,
+        }
+    }
+
+    /// Frames arrive on time again ([`BURSTS_CLEAR`], [`LATE_CLEAR_PERIODS`]), or the
+    /// pattern is no longer judged.
+    pub fn on_time(&self) -> bool {
+        match *self {
+            Timeliness::RealTime { period_s, late_p50_s, bursts, .. } => {
+                bursts < BURSTS_CLEAR && late_p50_s < LATE_CLEAR_PERIODS * period_s
+            }
+            Timeliness::OtherRate { .. } => true,
+        }
+    }
+}
+
+/// The timeliness of frames that arrived at `arrivals` (s, any origin, in arrival order)
+/// with header stamps `stamps_ns`; `None` with fewer than [`MIN_TIMED`] frames or
+/// stamps that never advance.
+pub fn timeliness(arrivals: &[f64], stamps_ns: &[i64]) -> Option<Timeliness> {
+    let n = arrivals.len().min(stamps_ns.len());
+    if n < MIN_TIMED {
+        return None;
+    }
+    let stamp = |i: usize| (stamps_ns[i] - stamps_ns[0]) as f64 * 1e-9;
+    let stamp_span = stamp(n - 1);
+    let arrival_span = arrivals[n - 1] - arrivals[0];
+    if stamp_span <= 0.0 || arrival_span <= 0.0 {
+        return None;
+    }
+    let ratio = stamp_span / arrival_span;
+    if !(REAL_TIME.0..=REAL_TIME.1).contains(&ratio) {
+        return Some(Timeliness::OtherRate { ratio });
+    }
+    let mut gaps = Vec::with_capacity(n);
+    let mut bursts = 0usize;
+    for i in 1..n {
+        let stamp_gap = stamp(i) - stamp(i - 1);
+        if stamp_gap > 0.0 {
+            gaps.push(stamp_gap);
+            bursts += usize::from(arrivals[i] - arrivals[i - 1] < BURST_GAP * stamp_gap);
+        }
+    }
+    if gaps.is_empty() {
+        return None;
+    }
+    // Arrival relative to the stamp, behind the quickest frame of the window.
+    let mut late: Vec<f64> = (0..n).map(|i| (arrivals[i] - arrivals[0]) - stamp(i)).collect();
+    let quickest = late.iter().copied().fold(f64::INFINITY, f64::min);
+    late.iter_mut().for_each(|l| *l -= quickest);
+    late.sort_by(f64::total_cmp);
+    gaps.sort_by(f64::total_cmp);
+    let at = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    Some(Timeliness::RealTime {
+        period_s: at(&gaps, 0.5),
+        late_p50_s: at(&late, 0.5),
+        late_p90_s: at(&late, 0.9),
+        bursts: bursts as f64 / gaps.len() as f64,
+        frames: n,
+    })
 }
 
 /// Arrivals of images and camera_infos over the last [`WINDOW`].
@@ -126,6 +251,25 @@ impl DeliveryMonitor {
         while self.infos.front().is_some_and(|&t| t < from) {
             self.infos.pop_front();
         }
+    }
+
+    /// When the frames of the last [`TIMELY_WINDOW`] arrived against their stamps
+    /// ([`timeliness`]).
+    pub fn timeliness(&mut self, now: Instant) -> Option<Timeliness> {
+        self.trim(now);
+        let from = now.checked_sub(TIMELY_WINDOW)?;
+        let recent: Vec<&(Instant, i64, usize)> =
+            self.images.iter().filter(|i| i.0 >= from).collect();
+        let first = recent.first()?.0;
+        let arrivals: Vec<f64> =
+            recent.iter().map(|i| i.0.duration_since(first).as_secs_f64()).collect();
+        let stamps: Vec<i64> = recent.iter().map(|i| i.1).collect();
+        timeliness(&arrivals, &stamps)
+    }
+
+    /// The largest image of the last [`WINDOW`], bytes.
+    pub fn largest(&self) -> usize {
+        self.images.iter().map(|i| i.2).max().unwrap_or(0)
     }
 
     /// Arrival against the camera's rate, or `None` while there is not enough to say.
@@ -318,6 +462,75 @@ mod tests {
         }
         let d = m.assess(t0 + Duration::from_secs(5)).unwrap();
         assert_eq!((d.basis, d.fraction, d.largest_bytes), (Basis::CameraInfo, 0.0, 0));
+    }
+
+    /// Arrivals (s) and stamps (ns, from `origin_s`) of `n` frames of a 30 Hz camera,
+    /// frame `i` arriving `delay(i)` s after its stamp.
+    fn paced(n: usize, origin_s: f64, delay: impl Fn(usize) -> f64) -> (Vec<f64>, Vec<i64>) {
+        let stamps: Vec<f64> = (0..n).map(|i| i as f64 / 30.0).collect();
+        let arrivals = stamps.iter().enumerate().map(|(i, s)| s + delay(i)).collect();
+        (arrivals, stamps.iter().map(|s| ((origin_s + s) * 1e9) as i64).collect())
+    }
+
+    #[test]
+    fn frames_on_time_are_on_time_whatever_the_clock_offset() {
+        // 3 +- 1 ms of transit, stamps of now or of a recording three years old.
+        for origin in [1.7e9, 1.6e9] {
+            let (a, s) = paced(120, origin, |i| 0.003 + 0.001 * ((i % 3) as f64 - 1.0));
+            let t = timeliness(&a, &s).unwrap();
+            let Timeliness::RealTime { period_s, late_p50_s, bursts, frames, .. } = t else {
+                panic!("{t:?}")
+            };
+            assert!((period_s - 1.0 / 30.0).abs() < 1e-6 && frames == 120, "{t:?}");
+            // (stamps in f64 ns near 1.7e18 are exact to ~256 ns)
+            assert!((late_p50_s - 0.001).abs() < 1e-6 && bursts == 0.0, "{t:?}");
+            assert!(!t.late() && t.on_time());
+        }
+    }
+
+    #[test]
+    fn repair_bursts_are_late() {
+        // Every 5th frame waits ~100 ms for a repair, and the frames behind it wait for
+        // it (in-order delivery): released together.
+        let delay = |i: usize| {
+            let k = i % 5;
+            if k < 3 {
+                0.100 - k as f64 / 30.0
+            } else {
+                0.003
+            }
+        };
+        let (a, s) = paced(150, 1.7e9, delay);
+        let t = timeliness(&a, &s).unwrap();
+        let Timeliness::RealTime { late_p50_s, late_p90_s, bursts, .. } = t else {
+            panic!("{t:?}")
+        };
+        // Frames 1-3 of each 5 come 0-3 ms after the previous one, 33 ms apart in stamps.
+        assert!((bursts - 0.6).abs() < 0.02, "{t:?}");
+        // Behind the quickest (3 ms): 0, 0, 30, 64, 97 ms.
+        assert!((late_p50_s - 0.0303).abs() < 1e-3 && (late_p90_s - 0.097).abs() < 1e-3, "{t:?}");
+        assert!(t.late() && !t.on_time());
+        // Steadily 60 ms late and never in a burst cannot be told from a clock offset:
+        // the age alone is not judged.
+        let (a, s) = paced(150, 1.7e9, |_| 0.060);
+        assert!(timeliness(&a, &s).unwrap().on_time());
+    }
+
+    #[test]
+    fn a_replay_at_another_rate_is_not_judged() {
+        // Stamps 33 ms apart arriving 5 ms apart: `play --max`.
+        let stamps: Vec<i64> =
+            (0..60).map(|i| 1_600_000_000_000_000_000 + i * 33_333_333).collect();
+        let arrivals: Vec<f64> = (0..60).map(|i| f64::from(i) * 0.005).collect();
+        let t = timeliness(&arrivals, &stamps).unwrap();
+        assert!(
+            matches!(t, Timeliness::OtherRate { ratio } if (ratio - 6.67).abs() < 0.01),
+            "{t:?}"
+        );
+        assert!(!t.late() && t.on_time());
+        // Too few frames, or stamps that stand still: nothing said.
+        assert_eq!(timeliness(&arrivals[..19], &stamps[..19]), None);
+        assert_eq!(timeliness(&arrivals, &[7; 60]), None);
     }
 
     #[test]

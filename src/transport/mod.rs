@@ -10,6 +10,6 @@ pub mod delivery;
 pub mod latest;
 pub mod qos;
 
-pub use delivery::{Basis, Delivery, DeliveryMonitor};
+pub use delivery::{Basis, Delivery, DeliveryMonitor, Timeliness};
 pub use latest::Latest;
 pub use qos::{adapt_to_offers, Adapted, Durability, Offer, Reliability, NO_PUBLISHER_YET};

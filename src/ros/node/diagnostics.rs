@@ -7,7 +7,8 @@ use super::clock;
 use super::shared::{lock, Shared};
 use super::stats::{Counts, InputReport};
 use crate::ros::dds::shipped_dds_profile;
-use crate::transport::{delivery, Basis};
+use crate::transport::dds::KernelUdp;
+use crate::transport::{delivery, Basis, Timeliness};
 use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,7 +31,7 @@ pub async fn publish_diagnostics(
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut previous = Counts::default();
     let mut last: Option<Duration> = None;
-    let mut warned = vec![false; shared.inputs.len()];
+    let mut warned = vec![Raised::default(); shared.inputs.len()];
     let mut camera_previous: Vec<u64> = Vec::new();
     loop {
         poll.tick().await;
@@ -61,15 +62,15 @@ pub async fn publish_diagnostics(
     }
 }
 
-/// The input part of `/diagnostics`: topic, QoS, publishers, delivery; and, while large
-/// best-effort frames arrive at a fraction of the camera's rate, the warning (logged once
-/// when it is raised, once when it clears). With 2+ inputs, for each camera (keys
+/// The input part of `/diagnostics`: topic, QoS, publishers, delivery, timeliness; and,
+/// while large frames arrive at a fraction of the camera's rate or late and in bursts,
+/// the warning (logged once when it is raised, once when it clears). With 2+ inputs, for each camera (keys
 /// prefixed `Camera <i> `): the same, its rate over the window, received / published /
 /// dropped / rejected frames and staleness, and `Batches published`; the warning names
 /// the stale cameras (else a camera's delivery warning).
 fn input_report(
     shared: &Shared,
-    warned: &mut [bool],
+    warned: &mut [Raised],
     previous: &mut Vec<u64>,
     seconds: f64,
 ) -> InputReport {
@@ -83,6 +84,7 @@ fn input_report(
         shared.sets_published.load(Ordering::Relaxed).to_string(),
     )];
     let mut warnings = Vec::new();
+    let mut urgent = false;
     let mut stale = Vec::new();
     for (i, cam) in cams.iter().enumerate() {
         let prefix = format!("Camera {i} ");
@@ -108,9 +110,10 @@ fn input_report(
         if cam.stale {
             stale.push(format!("camera {i} ({})", cam.topic));
         }
+        urgent |= report.urgent;
         warnings.extend(report.warning.map(|w| format!("camera {i} ({}): {w}", cam.topic)));
     }
-    let urgent = !stale.is_empty();
+    let urgent = urgent || !stale.is_empty();
     let warning = if stale.is_empty() {
         warnings.into_iter().next()
     } else {
@@ -122,84 +125,200 @@ fn input_report(
     InputReport { values, warning, urgent }
 }
 
-/// One input's topic, QoS, publishers and delivery (keys after `prefix`), and its
-/// warning while large best-effort frames are lost before the node.
-fn delivery_report(shared: &Shared, index: usize, prefix: &str, warned: &mut bool) -> InputReport {
-    let (topic, qos, publishers, best_effort, delivery, images_recently) = {
+/// The input warnings raised for one camera (each logged once when raised, once when
+/// cleared).
+#[derive(Debug, Default, Clone, Copy)]
+struct Raised {
+    /// Large frames are lost before the node.
+    lost: bool,
+    /// Frames reach the node late, in bursts (a transport that repairs fragments).
+    late: bool,
+}
+
+/// One input's topic, QoS, publishers, delivery and timeliness (keys after `prefix`),
+/// and its warning while large frames are lost before the node or arrive late.
+fn delivery_report(
+    shared: &Shared,
+    index: usize,
+    prefix: &str,
+    raised: &mut Raised,
+) -> InputReport {
+    let (topic, qos, publishers, best_effort, delivery, timeliness, largest, images_recently) = {
         let mut st = lock(&shared.inputs[index]);
         let now = Instant::now();
         let d = st.monitor.assess(now);
+        let t = st.monitor.timeliness(now);
         let recent = st.monitor.images_recently(now);
-        (st.topic.clone(), st.qos.clone(), st.publishers, st.best_effort, d, recent)
+        let largest = st.monitor.largest();
+        (st.topic.clone(), st.qos.clone(), st.publishers, st.best_effort, d, t, largest, recent)
     };
     let mut values = vec![
         (format!("{prefix}Input topic"), topic.clone()),
         (format!("{prefix}Input QoS"), qos),
         (format!("{prefix}Input publishers"), publishers.to_string()),
     ];
-    let losing = |d: &crate::transport::Delivery| {
-        best_effort
-            && d.fraction < delivery::RAISE_BELOW
-            && (d.largest_bytes >= delivery::LARGE_SAMPLE || d.largest_bytes == 0)
-    };
-    let Some(d) = delivery else {
-        // Not enough to judge this second (a late stamp in the fit): a raised warning
-        // stays until frames are seen arriving at the camera's rate, the subscription is
-        // no longer best effort, or no image came for STAMP_WINDOW (the camera is gone).
-        if *warned && (!best_effort || !images_recently) {
-            *warned = false;
-            r2r::log_info!(&shared.logger, "input: no image arrives any more; warning cleared");
-        }
-        let warning = warned.then(|| {
-            "frames lost before the node (large best-effort images; run the camera with \
-             config/fastdds_large_frames.xml or reliable)"
-                .to_string()
-        });
-        return InputReport { values, warning, urgent: false };
-    };
-    let basis = match d.basis {
-        Basis::CameraInfo => "camera_info",
-        Basis::Stamps => "image stamps",
-    };
-    values.push((
-        format!("{prefix}Input delivery"),
-        format!(
-            "{:.1} of {:.1} frames/s arrive ({:.0} %; camera rate from {basis})",
-            d.arrived_hz,
-            d.camera_hz,
-            100.0 * d.fraction
-        ),
-    ));
-    if !*warned && losing(&d) {
-        *warned = true;
-        let profile = shipped_dds_profile().map_or_else(
+    let kind = if best_effort { "best-effort" } else { "reliable" };
+    let profile = || {
+        shipped_dds_profile().map_or_else(
             || "config/fastdds_large_frames.xml".to_string(),
             |p| p.display().to_string(),
-        );
-        r2r::log_warn!(
-            &shared.logger,
-            "frames are lost before they reach the node: {:.1} of the camera's ~{:.1} \
-             frames/s arrive on {topic} ({:.1} MB best-effort images, camera rate from \
-             {basis}). Large best-effort samples that do not fit the camera's Fast DDS \
-             shared-memory segment go as UDP fragments, and one lost fragment loses the \
-             frame. Fix: start the camera driver with FASTDDS_DEFAULT_PROFILES_FILE={profile}, \
-             or make it publish reliable (input_qos auto then subscribes reliable)",
-            d.arrived_hz,
-            d.camera_hz,
-            d.largest_bytes as f64 / 1e6
-        );
-    } else if *warned && (d.fraction >= delivery::CLEAR_ABOVE || !best_effort) {
-        *warned = false;
-        r2r::log_info!(&shared.logger, "input: frames arrive at the camera's rate again");
-    }
-    let warning = warned.then(|| {
-        format!(
-            "frames lost before the node: {:.1} of ~{:.1} frames/s arrive (large best-effort \
-             images; run the camera with config/fastdds_large_frames.xml or reliable)",
-            d.arrived_hz, d.camera_hz
         )
-    });
-    InputReport { values, warning, urgent: false }
+    };
+    let kernel = KernelUdp::read();
+    let across_machines = |k: &Option<KernelUdp>| match k.map(|k| k.advice()) {
+        Some(a) if !a.is_empty() => format!(
+            " Across machines (IP fragments), ROS 2's DDS tuning guide also raises the \
+             kernel's limits: {a}"
+        ),
+        _ => String::new(),
+    };
+    match delivery {
+        Some(d) => {
+            let basis = match d.basis {
+                Basis::CameraInfo => "camera_info",
+                Basis::Stamps => "image stamps",
+            };
+            values.push((
+                format!("{prefix}Input delivery"),
+                format!(
+                    "{:.1} of {:.1} frames/s arrive ({:.0} %; camera rate from {basis})",
+                    d.arrived_hz,
+                    d.camera_hz,
+                    100.0 * d.fraction
+                ),
+            ));
+            let losing = d.fraction < delivery::RAISE_BELOW
+                && (d.largest_bytes >= delivery::LARGE_SAMPLE || d.largest_bytes == 0);
+            if !raised.lost && losing {
+                raised.lost = true;
+                let cause = if best_effort {
+                    "Large best-effort samples that do not fit the camera's Fast DDS \
+                     shared-memory segment go as UDP fragments, and one lost fragment loses \
+                     the frame"
+                } else {
+                    "Large reliable samples that do not fit the camera's Fast DDS \
+                     shared-memory segment go as UDP fragments; while lost fragments are \
+                     repaired, the camera's writer history fills and newer frames replace \
+                     the unrepaired ones"
+                };
+                r2r::log_warn!(
+                    &shared.logger,
+                    "frames are lost before they reach the node: {:.1} of the camera's ~{:.1} \
+                     frames/s arrive on {topic} ({:.1} MB {kind} images, camera rate from \
+                     {basis}). {cause}. Fix: start the camera driver with \
+                     FASTDDS_DEFAULT_PROFILES_FILE={}{}.{}",
+                    d.arrived_hz,
+                    d.camera_hz,
+                    d.largest_bytes as f64 / 1e6,
+                    profile(),
+                    if best_effort {
+                        ", or make it publish reliable (input_qos auto then subscribes reliable)"
+                    } else {
+                        ""
+                    },
+                    across_machines(&kernel)
+                );
+            } else if raised.lost && d.fraction >= delivery::CLEAR_ABOVE {
+                raised.lost = false;
+                r2r::log_info!(&shared.logger, "input: frames arrive at the camera's rate again");
+            }
+        }
+        // Not enough to judge this second (a late stamp in the fit): a raised warning
+        // stays until frames are seen arriving at the camera's rate, or no image came
+        // for STAMP_WINDOW (the camera is gone).
+        None if raised.lost && !images_recently => {
+            raised.lost = false;
+            r2r::log_info!(&shared.logger, "input: no image arrives any more; warning cleared");
+        }
+        None => {}
+    }
+    if let Some(t) = timeliness {
+        values.push((format!("{prefix}Input timeliness"), describe_timeliness(&t)));
+        if !raised.late && t.late() {
+            raised.late = true;
+            if let Timeliness::RealTime { late_p50_s, late_p90_s, bursts, .. } = t {
+                r2r::log_warn!(
+                    &shared.logger,
+                    "frames reach the node late: over the last {} s the median frame arrived \
+                     {:.0} ms and one in ten {:.0} ms later than the quickest, {:.0} % of them \
+                     in bursts, on {topic} ({:.1} MB {kind} images). The camera's transport \
+                     is the bottleneck: samples that do not fit its Fast DDS shared-memory \
+                     segment go as UDP fragments, and every repair of a lost fragment holds \
+                     back the frames behind it. Fix: start the camera driver with \
+                     FASTDDS_DEFAULT_PROFILES_FILE={} (shared memory on one machine).{}",
+                    delivery::TIMELY_WINDOW.as_secs(),
+                    late_p50_s * 1e3,
+                    late_p90_s * 1e3,
+                    100.0 * bursts,
+                    largest as f64 / 1e6,
+                    profile(),
+                    across_machines(&kernel)
+                );
+            }
+        } else if raised.late && t.on_time() {
+            raised.late = false;
+            r2r::log_info!(&shared.logger, "input: frames arrive on time again");
+        }
+    } else if raised.late && !images_recently {
+        raised.late = false;
+        r2r::log_info!(&shared.logger, "input: no image arrives any more; warning cleared");
+    }
+    if (raised.lost || raised.late) && largest >= delivery::LARGE_SAMPLE {
+        if let Some(k) = kernel {
+            values.push((format!("{prefix}Kernel UDP settings"), k.describe()));
+        }
+    }
+    let warning = if raised.lost {
+        Some(match delivery {
+            Some(d) => format!(
+                "frames lost before the node: {:.1} of ~{:.1} frames/s arrive (large {kind} \
+                 images; run the camera with config/fastdds_large_frames.xml{})",
+                d.arrived_hz,
+                d.camera_hz,
+                if best_effort { " or reliable" } else { "" }
+            ),
+            None => format!(
+                "frames lost before the node (large {kind} images; run the camera with \
+                 config/fastdds_large_frames.xml{})",
+                if best_effort { " or reliable" } else { "" }
+            ),
+        })
+    } else if raised.late {
+        Some(match timeliness {
+            Some(Timeliness::RealTime { late_p90_s, bursts, .. }) => format!(
+                "camera transport too slow: frames arrive up to {:.0} ms late (p90), {:.0} % in \
+                 bursts (repaired UDP fragments; run the camera with \
+                 config/fastdds_large_frames.xml)",
+                late_p90_s * 1e3,
+                100.0 * bursts
+            ),
+            _ => "camera transport too slow: frames arrive late, in bursts (run the camera \
+                  with config/fastdds_large_frames.xml)"
+                .to_string(),
+        })
+    } else {
+        None
+    };
+    // Late frames come in bursts, and a burst's frames replace each other in the node's
+    // keep-latest slot: the transport is the cause of those drops, so it is named first.
+    InputReport { values, warning, urgent: raised.late && !raised.lost }
+}
+
+/// The `Input timeliness` value.
+fn describe_timeliness(t: &Timeliness) -> String {
+    match *t {
+        Timeliness::RealTime { late_p50_s, late_p90_s, bursts, frames, .. } => format!(
+            "behind the quickest frame: median {:.1} ms, p90 {:.1} ms; {:.0} % in bursts \
+             ({frames} frames)",
+            late_p50_s * 1e3,
+            late_p90_s * 1e3,
+            100.0 * bursts
+        ),
+        Timeliness::OtherRate { ratio } => format!(
+            "not judged: the stamps advance {ratio:.2}x as fast as frames arrive (a replay \
+             at another rate)"
+        ),
+    }
 }
 
 /// A last status, ERROR, saying why the node exits (`reason`).

@@ -40,7 +40,8 @@ pub struct InputReport {
     /// Set while frames are being lost before the node: the status message (WARN).
     pub warning: Option<String>,
     /// The warning outranks dropped frames in the status message (a stale camera of a
-    /// batching node: its drops are the other cameras' frames replaced while waiting).
+    /// batching node: its drops are the other cameras' frames replaced while waiting; a
+    /// late camera transport: its bursts replace each other in the keep-latest slot).
     pub urgent: bool,
 }
 
