@@ -92,6 +92,29 @@ class EnvironmentVariable(_Subst):
         self.name, self.default_value = name, default_value
 
 
+class FindPackagePrefix(_Subst):
+    def __init__(self, package: str):
+        self.package = package
+
+    def perform(self, context) -> str:
+        return context["prefix"]
+
+
+class PythonExpression(_Subst):
+    def __init__(self, parts):
+        self.parts = parts
+
+    def perform(self, context) -> str:
+        return str(eval(_perform_all(self.parts, context)))  # noqa: S307 - launch's own rule
+
+
+def _perform_all(value, context) -> str:
+    """A launch value: a string, a substitution or a list of them (concatenated)."""
+    if isinstance(value, (list, tuple)):
+        return "".join(_perform(v, context) for v in value)
+    return _perform(value, context)
+
+
 class _Action:
     def __init__(self, *args, **kwargs):
         self.args, self.kwargs = args, kwargs
@@ -99,15 +122,22 @@ class _Action:
 
 def _stub_modules() -> dict:
     mods = {name: types.ModuleType(name) for name in
-            ["launch", "launch.actions", "launch.substitutions", "launch_ros", "launch_ros.actions",
-             "launch_ros.substitutions"]}
+            ["launch", "launch.actions", "launch.conditions", "launch.launch_description_sources",
+             "launch.substitutions", "launch_ros", "launch_ros.actions", "launch_ros.substitutions"]}
     mods["launch"].LaunchDescription = lambda entities: list(entities)
-    for name in ["DeclareLaunchArgument", "OpaqueFunction", "SetEnvironmentVariable"]:
+    for name in ["DeclareLaunchArgument", "OpaqueFunction", "SetEnvironmentVariable", "ExecuteProcess",
+                 "GroupAction", "IncludeLaunchDescription"]:
         setattr(mods["launch.actions"], name, type(name, (_Action,), {}))
-    for cls in [LaunchConfiguration, PathJoinSubstitution, EnvironmentVariable]:
+    mods["launch.conditions"].UnlessCondition = type("UnlessCondition", (_Action,), {})
+    mods["launch.launch_description_sources"].PythonLaunchDescriptionSource = \
+        type("PythonLaunchDescriptionSource", (_Action,), {})
+    for cls in [LaunchConfiguration, PathJoinSubstitution, EnvironmentVariable, PythonExpression]:
         setattr(mods["launch.substitutions"], cls.__name__, cls)
     mods["launch_ros.actions"].Node = type("Node", (_Action,), {})
+    for name in ["PushROSNamespace", "SetParameter"]:
+        setattr(mods["launch_ros.actions"], name, type(name, (_Action,), {}))
     mods["launch_ros.substitutions"].FindPackageShare = FindPackageShare
+    mods["launch_ros.substitutions"].FindPackagePrefix = FindPackagePrefix
     return mods
 
 
@@ -118,7 +148,7 @@ def load_python_launch(name: str = "preprocess.launch.py"):
     try:
         module = types.ModuleType(name.replace(".", "_"))
         source = (LAUNCH / name).read_text()
-        exec(compile(source, str(LAUNCH / name), "exec"), module.__dict__)
+        exec(compile(source, str(LAUNCH / name), "exec"), module.__dict__)  # noqa: S102
         return module
     finally:
         for k, v in saved.items():
@@ -278,3 +308,110 @@ def test_node_started_as_the_launch_file_starts_it(tmp_path: Path, colcon_instal
             finally:
                 peer.close()
             assert proc.stop() == 0, proc.output()
+
+
+# ---------------------------------------------------------------- the robot bringup example
+
+BRINGUP = "examples/robot_bringup.launch.py"
+
+
+def run_bringup(args: dict[str, str], share: Path, prefix: Path) -> dict:
+    """Evaluate examples/robot_bringup.launch.py as launch does, with the stand-ins: the
+    pushed namespace, the global parameters, the included file with its arguments, the
+    bag player (or None when its condition says no), and the Node the included
+    preprocess.launch.py starts."""
+    ld = load_python_launch(BRINGUP).generate_launch_description()
+    context = {"args": {}, "share": str(share), "prefix": str(prefix)}
+    for a in ld:
+        if type(a).__name__ == "DeclareLaunchArgument":
+            context["args"][a.args[0]] = _perform(a.kwargs["default_value"], context)
+    unknown = set(args) - set(context["args"])
+    assert not unknown, f"not arguments of {BRINGUP}: {unknown}"
+    context["args"].update(args)
+    groups = [a for a in ld if type(a).__name__ == "GroupAction"]
+    assert len(groups) == 1, ld
+    out: dict = {"namespace": [], "global": {}, "include": None, "player": None}
+    for a in groups[0].args[0]:
+        kind = type(a).__name__
+        if kind == "PushROSNamespace":
+            out["namespace"].append(_perform_all(a.args[0], context))
+        elif kind == "SetParameter":
+            out["global"][a.kwargs["name"]] = _perform_all(a.kwargs["value"], context)
+        elif kind == "IncludeLaunchDescription":
+            path = _perform_all(a.args[0].args[0], context)
+            out["include"] = (path, {k: _perform_all(v, context) for k, v in a.kwargs["launch_arguments"]})
+        elif kind == "ExecuteProcess":
+            condition = a.kwargs.get("condition")
+            skip = condition is not None and _perform_all(condition.args[0], context) == "True"
+            out["player"] = None if skip else [_perform_all(c, context) for c in a.kwargs["cmd"]]
+        else:
+            raise AssertionError(f"{BRINGUP}: an action the test does not model: {kind}")
+    path, forwarded = out["include"]
+    assert path == f"{share}/launch/preprocess.launch.py", path
+    out["node"] = run_python_launch(forwarded, share)
+    out["forwarded"] = forwarded
+    return out
+
+
+def test_robot_bringup_example_includes_ours_as_a_bringup_does(tmp_path: Path) -> None:
+    """The example bringup (docs/NODE.md, "In a robot's bringup"): robot namespace, shared
+    parameters file, sim time for every node, our launch file included with the camera
+    remapped and respawn on; the bag player only with bag:=, publishing with --clock where
+    the node listens. Then the node started exactly so (launch_ros's command line, as the
+    real `ros2 launch` printed it) has the values of its section of the shared file, found
+    by its full name, and use_sim_time from the bringup."""
+    prefix = Path("/opt/robot")
+    run = run_bringup({}, ROOT, prefix)
+    assert run["player"] is None  # no bag: a real camera
+    run = run_bringup({"bag": "/bags/drive", "use_sim_time": "true", "robot": "r2"}, ROOT, prefix)
+    node, ns = run["node"], "/" + "/".join(n.strip("/") for n in run["namespace"])
+    fqn = f"{ns}/{node['namespace']}/{node['name']}"
+    assert fqn == "/r2/perception/vision_preproc", fqn
+    assert run["global"] == {"use_sim_time": "true"}
+    assert (node["respawn"], node["respawn_delay"]) == (True, 1.0)
+    remap = dict(node["remappings"])
+    assert remap == {"image": "/r2/front_camera/image_raw", "camera_info": "/r2/front_camera/camera_info"}
+    player = run["player"]
+    assert player[0] == f"{prefix}/lib/vision_preproc/vision_preproc" and player[1:3] == ["play", "/bags/drive"]
+    assert "--clock" in player and "--loop" in player
+    assert player[player.index("--image-topic") + 1] == remap["image"]
+    assert player[player.index("--camera-info-topic") + 1] == remap["camera_info"]
+    # Every argument forwarded is one of preprocess.launch.py's.
+    assert set(run["forwarded"]) <= {a[0] for a in python_arguments()}
+
+    # The shipped shared file: a /** section and a section keyed by the node's full name
+    # under the default robot namespace (rclcpp, rclpy and the node all match that form).
+    run = run_bringup({"use_sim_time": "true"}, ROOT, prefix)
+    node = run["node"]
+    assert node["parameters"] == [f"{ROOT}/config/examples/robot_params.yaml"]
+    shared = yaml.safe_load(Path(node["parameters"][0]).read_text())
+    fqn = f"/{run['namespace'][0]}/{node['namespace']}/{node['name']}"
+    assert "/**" in shared and fqn in shared, (fqn, list(shared))
+    ours = shared[fqn]["ros__parameters"]
+    assert set(ours) <= node_parameters()
+    # launch_ros's command line: the global parameter after the names, then the files.
+    ros_args = ros_arguments(dict(node, namespace=f"/{run['namespace'][0]}/{node['namespace']}"), tmp_path)
+    at = ros_args.index("--params-file")
+    ros_args[at:at] = ["-p", f"use_sim_time:={run['global']['use_sim_time']}"]
+    with NodeProcess(ros_args, log=tmp_path / "bringup_node.log") as proc:
+        peer = Peer(f"/{run['namespace'][0]}/{node['namespace']}", publish_images=False)
+        try:
+            names = sorted(ours) + ["use_sim_time"]
+            values = get_params(peer, fqn, names)
+            got = {n: _param_value(v) for n, v in zip(names, values)}
+        finally:
+            peer.close()
+        assert proc.stop() == 0, proc.output()
+    for name, want in ours.items():
+        assert got[name] == want, (name, got[name], want, proc.output())
+    assert got["use_sim_time"] is True
+    assert "`robot_description_frame_prefix` is not a parameter" in proc.output()
+
+
+def _param_value(v):
+    """A ParameterValue as the YAML value it was given as (integers in a double array as
+    YAML writes them compare equal)."""
+    kind = v.type
+    return {1: lambda: v.bool_value, 2: lambda: v.integer_value, 3: lambda: v.double_value,
+            4: lambda: v.string_value, 7: lambda: list(v.integer_array_value),
+            8: lambda: list(v.double_array_value), 9: lambda: list(v.string_array_value)}[kind]()
