@@ -154,9 +154,9 @@ param get /robot1/perception/vision_preproc network_image_height
 param get /robot1/perception/vision_preproc gpu_failure_policy
 run ros2 node list
 run ros2 topic list
-run timeout 10 ros2 topic echo --once --no-daemon /clock
-run timeout 15 ros2 topic echo --once --no-daemon --field header /robot1/perception/timing
-run timeout 15 ros2 topic echo --once --no-daemon --field age_us /robot1/perception/timing
+run timeout 10 ros2 topic echo --once /clock
+run timeout 15 ros2 topic echo --once --field header /robot1/perception/timing
+run timeout 15 ros2 topic echo --once --field age_us /robot1/perception/timing
 respawn_check; sleep 4
 run timeout 15 ros2 topic echo --once --field sequence /robot1/perception/timing
 stop_launch

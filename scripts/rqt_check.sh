@@ -115,5 +115,17 @@ for screen in "${SCREENS[@]}"; do
   fi
 done
 cp "$RUN"/shots/*.png docs/img/ 2>/dev/null || true
+# What every screen saw, in one file (docs/evidence/ keeps the run docs/WATCHING.md cites).
+python3 - "$RUN" <<'PY'
+import glob, json, os, subprocess, sys, time
+run = sys.argv[1]
+screens = [json.load(open(f)) for f in sorted(glob.glob(f"{run}/shots/rqt_*.json"))]
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+sources = open(f"{os.path.dirname(run)}/sources.txt").read().split("\n")
+json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+           "loadavg": os.getloadavg(), "sources": [s for s in sources if s], "screens": screens},
+          open(f"{run}/rqt_check.json", "w"), indent=1)
+print(f"rqt_check: {run}/rqt_check.json")
+PY
 ls -l docs/img/rqt_*.png
 exit $status
