@@ -1,4 +1,4 @@
-"""config/diagnostic_aggregator.yaml against the statuses real nodes publish.
+"""config/aggregator/vision_preproc_analyzers.yaml against the statuses real nodes publish.
 
 diagnostic_aggregator (a C++ package: rclcpp, pluginlib) has no PyPI wheel, so its
 aggregator_node cannot run here (docs/WATCHING.md). This test reads the file as the
@@ -23,7 +23,7 @@ from rclpy.node import Node
 
 from vptools.rosharness import ROOT, NodeProcess
 
-CONFIG = ROOT / "config" / "diagnostic_aggregator.yaml"
+CONFIG = ROOT / "config" / "aggregator" / "vision_preproc_analyzers.yaml"
 # The analyzer types of diagnostic_aggregator's plugin_description.xml that the file may use.
 TYPES = {"diagnostic_aggregator/AnalyzerGroup", "diagnostic_aggregator/GenericAnalyzer",
          "diagnostic_aggregator/DiscardAnalyzer", "diagnostic_aggregator/IgnoreAnalyzer"}
