@@ -196,7 +196,6 @@ class Session:
 
     def monitor(self):
         w = self.widget("RuntimeMonitorWidget")
-        self.window().resize(WINDOW[0], 990)
         yield 5.0
         names = {}
         for i in range(w.tree_widget.topLevelItemCount()):
@@ -204,6 +203,7 @@ class Session:
             names[top.text(0)] = [top.child(j).text(0) for j in range(top.childCount())]
             top.setExpanded(True)
         self.step("statuses", tree=names)
+        self.window().resize(WINDOW[0], 990)  # room for more of the selected status's keys
         # Select the batched node's status: its keys fill the right-hand pane.
         target = self.args.batch_node.strip("/")
         for i in range(w.tree_widget.topLevelItemCount()):
