@@ -3,6 +3,7 @@
 #
 #   scripts/rqt_check.sh                    # every screen: topic plot reconfigure console monitor
 #   scripts/rqt_check.sh monitor            # only some (e.g. retake the monitor screen)
+#   RQT_STOCK_CAMERA=0 scripts/rqt_check.sh monitor   # the monitor without the stock camera
 #
 # 1. scripts/ros_tools_setup.sh (idempotent): Xvfb, PyQt5, rqt and its plugins from their
 #    repositories' sources, ros2cli; nothing of it is used by `make test`.
@@ -13,7 +14,12 @@
 #      restamped (so ages and rqt_plot's time axis read as live);
 #    - for the monitor screen, /batch/vision_preproc: config/four_cameras_640.yaml (four
 #      cameras batched) fed by four players at 10 Hz, the rear one stopped after a few
-#      seconds: a stale camera, the node's WARN.
+#      seconds: a stale camera, the node's WARN;
+#    - for the monitor screen (unless RQT_STOCK_CAMERA=0), /stock/vision_preproc (default
+#      parameters, CPU) fed by a stock camera in its own process (bench/rclpy_publisher.py:
+#      rclpy, 1920x1080 bgr8 at 30 Hz, reliable, no Fast DDS profile: the frames go as UDP
+#      fragments): the node's WARN that the camera's transport is too slow; the monitor
+#      selects that node's status.
 # 3. scripts/rqt_screens.py per screen: rqt's plugin standalone, driven as a user would,
 #    screenshots into docs/img/rqt_*.png (8-bit PNG), what each step saw into
 #    .ros/tools/run/shots/rqt_<screen>.json; then `ros2 param get` of what rqt_reconfigure
@@ -87,11 +93,21 @@ param() {  # ros2 param VERB /vision_preproc ARGS...: echoed as typed, with its 
   echo "\$ ros2 param $*"; echo "$out"
 }
 
+SELECT=/batch/vision_preproc
+start_stock() {  # a stock 1080p camera (rclpy, reliable, no profile) into /stock/vision_preproc
+  [ "${RQT_STOCK_CAMERA:-1}" != 0 ] || return 0
+  start stock_node.log "$RUN/bin/vision_preproc_node" --ros-args -p backend:=cpu -r __ns:=/stock
+  start stock_camera.log env -u FASTDDS_DEFAULT_PROFILES_FILE python3 bench/rclpy_publisher.py --topic /stock/image \
+    --width 1920 --height 1080 --rate 30 --reliable --seconds 600 --wait-reliable-subscriber
+  SELECT=/stock/vision_preproc
+  sleep 8  # the node judges the last 5 s of arrivals
+}
+
 status=0
 for screen in "${SCREENS[@]}"; do
-  [ "$screen" != monitor ] || { start_batch; sleep 2; }
+  [ "$screen" != monitor ] || { start_batch; start_stock; sleep 2; }
   echo "rqt_check: screen $screen"
-  timeout 180 python3 scripts/rqt_screens.py "$screen" "$RUN/shots" >"$RUN/rqt_$screen.log" 2>&1 &
+  timeout 180 python3 scripts/rqt_screens.py "$screen" "$RUN/shots" --batch-node "$SELECT" >"$RUN/rqt_$screen.log" 2>&1 &
   rqt=$!
   if [ "$screen" = console ]; then
     # Records while the console listens: a node starting (its rear camera going stale),

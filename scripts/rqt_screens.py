@@ -4,6 +4,7 @@ user would, and save screenshots of its window: called by scripts/rqt_check.sh, 
 screen, with .ros/env.sh and .ros/tools/env.sh sourced and DISPLAY on an Xvfb server.
 
     python3 scripts/rqt_screens.py SCREEN OUTDIR [--node /vision_preproc] [--batch-node /batch/vision_preproc]
+    (--batch-node: the node whose status the monitor screen selects)
 
 SCREEN is one of topic, plot, reconfigure, console, monitor. The steps run inside rqt's
 own Qt event loop (a timer started once rqt's QApplication exists), touching the
@@ -257,7 +258,8 @@ def main() -> int:
     ap.add_argument("screen", choices=sorted(PLUGINS))
     ap.add_argument("out", type=Path)
     ap.add_argument("--node", default="/vision_preproc")
-    ap.add_argument("--batch-node", default="/batch/vision_preproc")
+    ap.add_argument("--batch-node", default="/batch/vision_preproc",
+                    help="monitor: the node whose status is selected (its keys shown)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     session = Session(args.screen, args.out, args)
