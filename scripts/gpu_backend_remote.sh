@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA backend on the GPU machine, remote side (THERE, from the repository root, after
 # scripts/gpu_backend_stage.sh staged the binaries and this script into .device/):
-#   bash .device/gpu_backend_remote.sh smoke   # context, NVRTC for the device, both memory
-#                                      # modes, a parity sample, start-up times, tool presence
+#   bash .device/gpu_backend_remote.sh smoke   # context, both memory modes, start-up with the
+#                                      # embedded cubin / PTX / NVRTC side by side, parity
+#                                      # samples under each, tool presence
 #   bash .device/gpu_backend_remote.sh full    # full parity, compute-sanitizer memcheck and
 #                                      # racecheck, the benchmark (results.json)
 #   bash .device/gpu_backend_remote.sh reliability   # GPU fault drill (gpu_failure_policy with a
@@ -30,10 +31,36 @@ if [[ "$MODE" == smoke ]]; then
     {
     section "info (backend auto)"
     "$D/vision_preproc" info || status=1
-    section "start-up: cold (empty cache), then warm (cached), separate processes"
-    rm -rf /tmp/vp_startup
-    for i in 1 2 3; do "$D/vision_preproc" bench --startup /tmp/vp_startup || status=1; done
+    section "start-up, side by side, each in a fresh process with an empty kernel cache:"
+    echo "embedded cubin (default) | embedded PTX (driver JIT) | NVRTC at start-up (VISION_PREPROC_KERNELS=nvrtc: what every earlier release did)"
+    for i in 1 2 3; do
+        for policy in auto ptx nvrtc; do
+            rm -rf /tmp/vp_startup
+            echo "-- $policy, run $i"
+            VISION_PREPROC_KERNELS=$policy "$D/vision_preproc" bench --startup /tmp/vp_startup --hold-ms 1 \
+                | python3 -c 'import json, sys
+for line in sys.stdin:
+    if line.startswith("startup-json: "):
+        r = json.loads(line[len("startup-json: "):])
+        print("kernels:", [(k["file"], k["origin"], round(k["compile_ms"], 1)) for k in r["kernels"]])
+    else:
+        print(line, end="")' || status=1
+        done
+    done
+    section "start-up: process start -> backend ready, timed from outside (empty cache)"
+    for policy in auto nvrtc; do
+        rm -rf /tmp/vp_startup
+        t0=$(date +%s.%N)
+        VISION_PREPROC_KERNELS=$policy "$D/vision_preproc" bench --startup /tmp/vp_startup >/dev/null || status=1
+        echo "$policy: whole process (start, context, kernels, one frame, 100 frames, exit) $(echo "$(date +%s.%N) - $t0" | bc) s"
+    done
     } 2>&1 | tee "$OUT/smoke.log"
+    section "parity sample with the embedded PTX (every ${SMOKE_STRIDE:-9}th case)"
+    VISION_PREPROC_KERNELS=ptx "$D/gpu_parity" --stride "${SMOKE_STRIDE:-9}" >"$OUT/parity_ptx.log" 2>&1 || status=1
+    grep -v '^ok ' "$OUT/parity_ptx.log" | cut -c1-200 | tail -5
+    section "parity sample with NVRTC at start-up (every ${SMOKE_STRIDE:-9}th case)"
+    VISION_PREPROC_KERNELS=nvrtc "$D/gpu_parity" --stride "${SMOKE_STRIDE:-9}" >"$OUT/parity_nvrtc.log" 2>&1 || status=1
+    grep -v '^ok ' "$OUT/parity_nvrtc.log" | cut -c1-200 | tail -5
     section "parity sample (every ${SMOKE_STRIDE:-9}th case, both memory modes)"
     "$D/gpu_parity" --stride "${SMOKE_STRIDE:-9}" >"$OUT/parity_smoke.log" 2>&1 || status=1
     grep -v '^ok ' "$OUT/parity_smoke.log" | cut -c1-200 | tail -25

@@ -1,5 +1,6 @@
-//! CI check that needs no GPU: every kernel file compiles with NVRTC for the Jetson Orin
-//! (sm_87) and the H200 test machine (sm_90) with no error AND no warning, and the
+//! CI check that needs no GPU: every kernel file is embedded, compiled by NVRTC at build
+//! time for the Jetson Orin (sm_87), the H200 test machine (sm_90) and as PTX, with no
+//! error AND no warning; the run-time NVRTC fallback compiles too; and the
 //! `#[repr(C)]` structs passed by value match their C twins (the static_asserts in
 //! kernels/common.cuh, fed with offsets computed from the Rust structs).
 //!
@@ -7,10 +8,9 @@
 //! through LD_LIBRARY_PATH set by .ros/env.sh). Missing NVRTC FAILS this test.
 
 use vision_preproc::backend::cuda::kernels::{
-    compile, compile_options, compile_with_options, nvrtc_available, nvrtc_version, KernelFile,
+    compile, compile_options, compile_with_options, embedded, nvrtc_available, nvrtc_version,
+    KernelFile,
 };
-
-const ARCHES: [&str; 2] = ["sm_87", "sm_90"];
 
 fn require_nvrtc() {
     assert!(
@@ -21,34 +21,41 @@ fn require_nvrtc() {
 }
 
 #[test]
-fn every_kernel_compiles_for_sm87_and_sm90_without_warnings() {
+fn every_kernel_is_embedded_for_sm87_and_sm90_without_warnings() {
+    // build.rs compiled them with the same NVRTC when this test binary was built (every
+    // entry point in every module, and which one a device gets, is checked by the unit
+    // tests of src/backend/cuda/kernels.rs).
     require_nvrtc();
     let (major, minor) = nvrtc_version().unwrap();
     assert!(major >= 12, "NVRTC {major}.{minor}: the Jetson's CUDA 12 line or newer is needed");
-    for arch in ARCHES {
+    assert_eq!(embedded::NOT_EMBEDDED, "", "the build embedded no kernels");
+    assert_eq!(embedded::BUILD_NVRTC, format!("{major}.{minor}"));
+    for target in ["sm_87", "sm_90", "compute_87"] {
         for file in KernelFile::ALL {
-            let t = std::time::Instant::now();
-            let c = compile(file, arch).unwrap_or_else(|e| panic!("NVRTC {major}.{minor}: {e}"));
-            let secs = t.elapsed().as_secs_f64();
+            let e = embedded::EMBEDDED
+                .iter()
+                .find(|e| e.file == file.file_name() && e.target == target)
+                .unwrap_or_else(|| panic!("{} for {target} is not embedded", file.file_name()));
             assert!(
-                c.log.is_empty(),
-                "{} for {arch}: NVRTC {major}.{minor} printed warnings:\n{}",
-                file.file_name(),
-                c.log
+                e.log.is_empty(),
+                "{} for {target}: NVRTC printed warnings:\n{}",
+                e.file,
+                e.log
             );
-            assert!(c.cubin.starts_with(b"\x7fELF"), "{}: not an ELF cubin", file.file_name());
-            for entry in file.entry_points() {
-                let found = c.cubin.windows(entry.len()).any(|w| w == entry.as_bytes());
-                assert!(found, "{} for {arch}: entry point {entry} missing", file.file_name());
-            }
-            println!(
-                "{} {arch}: {} entry points, {} bytes of CUBIN, {secs:.1} s",
-                file.file_name(),
-                file.entry_points().len(),
-                c.cubin.len()
-            );
+            let want = compile_options(target).join("\n");
+            assert_eq!(e.options, want, "{} for {target}: other options", e.file);
+            println!("{} {target}: {} bytes embedded", e.file, e.code.len());
         }
     }
+}
+
+#[test]
+fn every_kernel_compiles_at_run_time_too() {
+    // The NVRTC fallback (other architectures): one file, one architecture, no warning.
+    require_nvrtc();
+    let c = compile(KernelFile::Conv2dTiled, "sm_87").unwrap();
+    assert!(c.log.is_empty(), "{}", c.log);
+    assert!(c.cubin.starts_with(b"\x7fELF"));
 }
 
 #[test]

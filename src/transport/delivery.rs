@@ -257,7 +257,9 @@ impl DeliveryMonitor {
     /// ([`timeliness`]).
     pub fn timeliness(&mut self, now: Instant) -> Option<Timeliness> {
         self.trim(now);
-        let from = now.checked_sub(TIMELY_WINDOW)?;
+        // Not the first MIN_SPAN after the first frame: a node that starts (or a camera
+        // that connects) on a loaded machine takes its first frames in a burst.
+        let from = now.checked_sub(TIMELY_WINDOW)?.max(self.started? + MIN_SPAN);
         let recent: Vec<&(Instant, i64, usize)> =
             self.images.iter().filter(|i| i.0 >= from).collect();
         let first = recent.first()?.0;

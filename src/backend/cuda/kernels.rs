@@ -1,4 +1,5 @@
-//! The kernel sources (embedded), their NVRTC compilation for the device's own
+//! The kernel sources (embedded), the kernels compiled ahead of time (CUBIN for sm_87
+//! and sm_90, PTX for compute_87: `build.rs`), their NVRTC compilation for any other
 //! architecture, the on-disk cache of compiled modules, and loading. One module owns
 //! this: [`KernelFile::ALL`] lists every file of the backend, and the entry-point tables
 //! below list every function the host launches. A harness with kernels of its own (the
@@ -352,17 +353,167 @@ pub fn cache_dir() -> Option<PathBuf> {
         .map(|h| PathBuf::from(h).join(".cache/vision_preproc/kernels"))
 }
 
+/// A kernel module compiled when the binary was built (`build.rs`).
+#[derive(Debug)]
+pub struct Embedded {
+    /// The kernel file, e.g. `resize_normalize.cu`.
+    pub file: &'static str,
+    /// `sm_87`, `sm_90` (CUBIN) or `compute_87` (PTX, JIT-compiled by the driver).
+    pub target: &'static str,
+    /// Every NVRTC option it was compiled with, one per line: it is used only when they
+    /// are exactly the options this binary would compile it with.
+    pub options: &'static str,
+    /// NVRTC's log (warnings; empty when it had nothing to say).
+    pub log: &'static str,
+    /// The CUBIN, or the PTX text (NUL-terminated).
+    pub code: &'static [u8],
+}
+
+/// The kernels embedded by `build.rs`.
+pub mod embedded {
+    use super::Embedded;
+    include!(concat!(env!("OUT_DIR"), "/embedded_kernels.rs"));
+}
+
+/// The options `nvrtc_options.txt` must hold: [`host_defines`] and [`layout_defines`]
+/// (`build.rs` compiles the embedded kernels with them; the test of this module checks
+/// the file).
+pub fn nvrtc_options_file() -> String {
+    let mut text = String::from(
+        "# The -D options of every kernel compilation, written by the test of\n\
+         # src/backend/cuda/kernels.rs (VISION_PREPROC_WRITE_NVRTC_OPTIONS=1): build.rs reads\n\
+         # them to compile the embedded kernels without the crate's types.\n",
+    );
+    for o in host_defines().into_iter().chain(layout_defines()) {
+        text.push_str(&o);
+        text.push('\n');
+    }
+    text
+}
+
+/// Which kernels the backend loads (`VISION_PREPROC_KERNELS`): `auto` (default: the
+/// embedded CUBIN of the device's architecture, else the embedded PTX, else NVRTC),
+/// `ptx` (the embedded PTX, else NVRTC) or `nvrtc` (compile at start-up, or read the
+/// disk cache, as without embedded kernels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelPolicy {
+    /// CUBIN, then PTX, then NVRTC.
+    Auto,
+    /// PTX, then NVRTC.
+    Ptx,
+    /// NVRTC (or its disk cache) only.
+    Nvrtc,
+}
+
+impl KernelPolicy {
+    /// From `VISION_PREPROC_KERNELS` (unset or empty: `auto`).
+    pub fn from_env() -> Result<KernelPolicy, CudaError> {
+        match std::env::var("VISION_PREPROC_KERNELS").unwrap_or_default().as_str() {
+            "" | "auto" => Ok(KernelPolicy::Auto),
+            "ptx" => Ok(KernelPolicy::Ptx),
+            "nvrtc" => Ok(KernelPolicy::Nvrtc),
+            other => Err(CudaError::Unavailable(format!(
+                "VISION_PREPROC_KERNELS={other}: expected auto, ptx or nvrtc"
+            ))),
+        }
+    }
+}
+
+/// Where a module came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The CUBIN embedded at build time for the device's architecture.
+    EmbeddedCubin,
+    /// The embedded PTX, JIT-compiled by the driver.
+    EmbeddedPtx,
+    /// The disk cache of an earlier NVRTC compilation.
+    Cache,
+    /// Compiled with NVRTC at start-up.
+    Compiled,
+}
+
+impl Origin {
+    /// For logs and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::EmbeddedCubin => "embedded cubin",
+            Origin::EmbeddedPtx => "embedded ptx",
+            Origin::Cache => "nvrtc cache",
+            Origin::Compiled => "nvrtc",
+        }
+    }
+}
+
 /// How one module was obtained, for the start-up log and the benchmark.
 #[derive(Debug, Clone)]
 pub struct LoadReport {
     /// The kernel file.
     pub file: &'static str,
-    /// True when the CUBIN came from the disk cache.
-    pub cached: bool,
-    /// Milliseconds spent compiling (0 when cached).
+    /// Where it came from.
+    pub origin: Origin,
+    /// Milliseconds spent compiling (0 unless [`Origin::Compiled`]) or, for embedded
+    /// code, loading it (the driver's JIT for PTX).
     pub compile_ms: f64,
     /// NVRTC's log (warnings), empty when cached or silent.
     pub log: String,
+    /// Why the embedded code was not used (empty when it was).
+    pub why_not_embedded: String,
+}
+
+impl LoadReport {
+    /// One line for logs: `resize_normalize.cu: embedded cubin (sm_90)`.
+    pub fn describe(&self, arch: &str) -> String {
+        let mut s =
+            format!("{}: {} ({arch}, {:.0} ms)", self.file, self.origin.name(), self.compile_ms);
+        if !self.why_not_embedded.is_empty() {
+            s.push_str(&format!(": {}", self.why_not_embedded));
+        }
+        s
+    }
+}
+
+/// The embedded module of `file` for the device's `arch` under `policy`, with `options`
+/// (NVRTC options for `arch`), or why there is none.
+fn find_embedded(
+    file: &str,
+    arch: &str,
+    extra: &[String],
+    policy: KernelPolicy,
+) -> Result<(&'static Embedded, Origin), String> {
+    if policy == KernelPolicy::Nvrtc {
+        return Err("VISION_PREPROC_KERNELS=nvrtc".into());
+    }
+    if embedded::EMBEDDED.is_empty() {
+        return Err(format!("this binary embeds no kernels ({})", embedded::NOT_EMBEDDED));
+    }
+    let wanted = |target: &str| {
+        let mut o = compile_options(target);
+        o.extend(extra.iter().cloned());
+        o.join("\n")
+    };
+    let find = |target: &str| {
+        embedded::EMBEDDED
+            .iter()
+            .find(|e| e.file == file && e.target == target && e.options == wanted(target))
+    };
+    if policy == KernelPolicy::Auto {
+        if let Some(e) = find(arch) {
+            return Ok((e, Origin::EmbeddedCubin));
+        }
+    }
+    // PTX of compute_XY runs on sm_XY and newer.
+    let cc =
+        |t: &str| t.trim_start_matches("sm_").trim_start_matches("compute_").parse::<u32>().ok();
+    match embedded::EMBEDDED.iter().find(|e| e.file == file && e.target.starts_with("compute_")) {
+        Some(ptx) if cc(arch) >= cc(ptx.target) => match find(ptx.target) {
+            Some(e) => Ok((e, Origin::EmbeddedPtx)),
+            None => Err(format!("the embedded {file} was built with other options")),
+        },
+        Some(ptx) => {
+            Err(format!("no embedded cubin for {arch}, and its PTX ({}) is newer", ptx.target))
+        }
+        None => Err(format!("no embedded {file}")),
+    }
 }
 
 /// A kernel file's CUBIN, from the disk cache or freshly compiled (no GPU involved: this
@@ -401,8 +552,13 @@ pub fn prepare(
     let stem = file.file_name.trim_end_matches(".cu");
     let path = cache.map(|d| d.join(format!("{stem}-{arch}-{key:016x}.cubin")));
     if let Some(cubin) = path.as_ref().and_then(|p| read_cached(p)) {
-        let report =
-            LoadReport { file: file.file_name, cached: true, compile_ms: 0.0, log: String::new() };
+        let report = LoadReport {
+            file: file.file_name,
+            origin: Origin::Cache,
+            compile_ms: 0.0,
+            log: String::new(),
+            why_not_embedded: String::new(),
+        };
         return Ok(Prepared { file, arch: arch.into(), options, path, cubin, report });
     }
     compile_prepared(file, arch, options, path)
@@ -421,7 +577,13 @@ fn compile_prepared(
         // A cache that cannot be written only costs the next start its compile time.
         let _ = write_cached(p, &compiled.cubin);
     }
-    let report = LoadReport { file: file.file_name, cached: false, compile_ms, log: compiled.log };
+    let report = LoadReport {
+        file: file.file_name,
+        origin: Origin::Compiled,
+        compile_ms,
+        log: compiled.log,
+        why_not_embedded: String::new(),
+    };
     Ok(Prepared { file, arch: arch.into(), options, path, cubin: compiled.cubin, report })
 }
 
@@ -438,7 +600,9 @@ pub fn load_prepared(
     };
     let p = match load(&p) {
         Ok(module) => return Ok((module, p.report)),
-        Err(_) if p.report.cached => compile_prepared(p.file, &p.arch, p.options, p.path)?,
+        Err(_) if p.report.origin == Origin::Cache => {
+            compile_prepared(p.file, &p.arch, p.options, p.path)?
+        }
         Err(e) => return Err(e),
     };
     Ok((load(&p)?, p.report))
@@ -517,9 +681,37 @@ pub(super) struct BackendKernels {
     pub conv_module: Arc<CudaModule>,
 }
 
-/// Compile (or read from the cache) every kernel file of the backend for `arch`, one
-/// thread per file, then load them into `ctx` and look up every entry point. `staged`:
-/// the fused kernel reads packed encodings through shared memory (`-DRN_STAGED=1`).
+/// Load the embedded module (`e`), timing it.
+fn load_embedded(
+    ctx: &Arc<CudaContext>,
+    e: &Embedded,
+    origin: Origin,
+) -> Result<(Arc<CudaModule>, LoadReport), CudaError> {
+    let t = Instant::now();
+    // cudarc passes the bytes to cuModuleLoadData, which takes a CUBIN or PTX text.
+    let image = match origin {
+        Origin::EmbeddedPtx => cudarc::nvrtc::Ptx::from_src(
+            String::from_utf8_lossy(e.code).trim_end_matches('\0').to_string(),
+        ),
+        _ => cudarc::nvrtc::Ptx::from_binary(e.code.to_vec()),
+    };
+    let module = ctx
+        .load_module(image)
+        .map_err(|err| drv_err(format!("cuModuleLoadData({} {})", e.file, e.target), err))?;
+    let report = LoadReport {
+        file: e.file,
+        origin,
+        compile_ms: t.elapsed().as_secs_f64() * 1e3,
+        log: String::new(),
+        why_not_embedded: String::new(),
+    };
+    Ok((module, report))
+}
+
+/// Load every kernel file of the backend for `arch`: the embedded code when it fits
+/// (`VISION_PREPROC_KERNELS`, [`KernelPolicy`]), else compiled with NVRTC (or read from
+/// its disk cache), one thread per file; then look up every entry point. `staged`: the
+/// fused kernel reads packed encodings through shared memory (`-DRN_STAGED=1`).
 pub(super) fn load_backend(
     ctx: &Arc<CudaContext>,
     arch: &str,
@@ -528,25 +720,64 @@ pub(super) fn load_backend(
     staged: bool,
 ) -> Result<BackendKernels, CudaError> {
     let err = |message: &str| drv_err("loading kernels", message);
-    let prepared: Vec<Result<Prepared, CudaError>> = std::thread::scope(|scope| {
+    let policy = KernelPolicy::from_env()?;
+    let extra = |file: KernelFile| match file {
+        KernelFile::ResizeNormalize if staged => vec!["-DRN_STAGED=1".to_string()],
+        _ => Vec::new(),
+    };
+    // The embedded modules first; a file without one (or whose load fails) is compiled.
+    let mut loaded: Vec<Option<(Arc<CudaModule>, LoadReport)>> = Vec::new();
+    let mut why_not: Vec<String> = Vec::new();
+    for file in KernelFile::ALL {
+        let found = find_embedded(file.file_name(), arch, &extra(file), policy);
+        let attempt = found.and_then(|(e, origin)| {
+            load_embedded(ctx, e, origin).map_err(|e| format!("the driver refused it: {e}"))
+        });
+        match attempt {
+            Ok(m) => {
+                loaded.push(Some(m));
+                why_not.push(String::new());
+            }
+            Err(why) => {
+                loaded.push(None);
+                why_not.push(why);
+            }
+        }
+    }
+    if loaded.iter().any(Option::is_none) && !nvrtc_available() {
+        return Err(CudaError::Unavailable(format!(
+            "libnvrtc.so could not be loaded, and the embedded kernels cannot be used ({}): \
+             install the CUDA 12 NVRTC (JetPack, or PyPI nvidia-cuda-nvrtc-cu12) and put its \
+             lib directory on LD_LIBRARY_PATH",
+            why_not.iter().find(|w| !w.is_empty()).map_or("", String::as_str)
+        )));
+    }
+    let prepared: Vec<Option<Result<Prepared, CudaError>>> = std::thread::scope(|scope| {
         let jobs: Vec<_> = KernelFile::ALL
             .iter()
-            .map(|&file| {
-                let extra = match file {
-                    KernelFile::ResizeNormalize if staged => vec!["-DRN_STAGED=1".to_string()],
-                    _ => Vec::new(),
-                };
-                scope.spawn(move || prepare(file, arch, driver_version, cache, &extra))
+            .zip(&loaded)
+            .map(|(&file, done)| {
+                let extra = extra(file);
+                done.is_none().then(|| {
+                    scope.spawn(move || prepare(file, arch, driver_version, cache, &extra))
+                })
             })
             .collect();
         jobs.into_iter()
-            .map(|j| j.join().unwrap_or_else(|_| Err(err("a compiling thread panicked"))))
+            .map(|j| {
+                j.map(|j| j.join().unwrap_or_else(|_| Err(err("a compiling thread panicked"))))
+            })
             .collect()
     });
     let mut loads = Vec::new();
     let mut modules = Vec::new();
-    for p in prepared {
-        let (m, report) = load_prepared(ctx, p?)?;
+    for ((done, p), why) in loaded.into_iter().zip(prepared).zip(why_not) {
+        let (m, mut report) = match (done, p) {
+            (Some(m), _) => m,
+            (None, Some(p)) => load_prepared(ctx, p?)?,
+            (None, None) => return Err(err("a kernel file was neither embedded nor compiled")),
+        };
+        report.why_not_embedded = why;
         loads.push(report);
         modules.push(m);
     }
@@ -579,6 +810,69 @@ pub(super) fn load_backend(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nvrtc_options_file_is_current() {
+        // build.rs compiles the embedded kernels with kernels/nvrtc_options.txt: it must
+        // hold exactly this crate's defines (else the embedded kernels would not match
+        // and every start would compile). VISION_PREPROC_WRITE_NVRTC_OPTIONS=1 rewrites it.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/nvrtc_options.txt");
+        let want = nvrtc_options_file();
+        if std::env::var_os("VISION_PREPROC_WRITE_NVRTC_OPTIONS").is_some() {
+            std::fs::write(path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            have == want,
+            "kernels/nvrtc_options.txt is out of date: run \
+             VISION_PREPROC_WRITE_NVRTC_OPTIONS=1 cargo test --release --lib nvrtc_options"
+        );
+    }
+
+    #[test]
+    fn embedded_kernels_are_found_by_architecture_and_options() {
+        // Built with NVRTC (make build's environment): every file for sm_87, sm_90 and
+        // compute_87 with this binary's options.
+        if !embedded::NOT_EMBEDDED.is_empty() {
+            assert!(embedded::EMBEDDED.is_empty());
+            return;
+        }
+        let none: &[String] = &[];
+        let staged = ["-DRN_STAGED=1".to_string()];
+        for file in KernelFile::ALL {
+            let f = file.file_name();
+            for arch in ["sm_87", "sm_90"] {
+                let (e, origin) = find_embedded(f, arch, none, KernelPolicy::Auto).unwrap();
+                assert_eq!((e.target, origin), (arch, Origin::EmbeddedCubin));
+                assert!(e.code.starts_with(b"\x7fELF"), "{f} {arch}");
+                // Forced PTX: the compute_87 PTX.
+                let (e, origin) = find_embedded(f, arch, none, KernelPolicy::Ptx).unwrap();
+                assert_eq!((e.target, origin), ("compute_87", Origin::EmbeddedPtx));
+                assert!(e.code.starts_with(b"//") && e.code.ends_with(b"\0"), "{f} ptx");
+            }
+            // Newer than both: the PTX; older than the PTX: nothing (NVRTC then).
+            assert_eq!(
+                find_embedded(f, "sm_100", none, KernelPolicy::Auto).unwrap().1,
+                Origin::EmbeddedPtx
+            );
+            let why = find_embedded(f, "sm_75", none, KernelPolicy::Auto).unwrap_err();
+            assert!(why.contains("no embedded cubin for sm_75"), "{why}");
+            assert!(find_embedded(f, "sm_90", none, KernelPolicy::Nvrtc).is_err());
+            // Every entry point is in every embedded module of the file.
+            for e in embedded::EMBEDDED.iter().filter(|e| e.file == f) {
+                for entry in file.entry_points() {
+                    let found = e.code.windows(entry.len()).any(|w| w == entry.as_bytes());
+                    assert!(found, "{f} {}: entry point {entry} missing", e.target);
+                }
+            }
+        }
+        // The staged variant of the fused kernel (tests and benchmark only) is not
+        // embedded: other options never match, not even the PTX.
+        let rn = KernelFile::ResizeNormalize.file_name();
+        let why = find_embedded(rn, "sm_87", &staged, KernelPolicy::Auto).unwrap_err();
+        assert!(why.contains("built with other options"), "{why}");
+        assert_eq!(embedded::EMBEDDED.len(), 6);
+    }
 
     #[test]
     fn fnv_separates_parts_and_detects_changes() {

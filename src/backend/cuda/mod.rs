@@ -183,14 +183,6 @@ impl CudaBackend {
                 format!("{} cannot map host memory; use upload or auto", device.name),
             ));
         }
-        if !kernels::nvrtc_available() {
-            return Err(CudaError::Unavailable(
-                "libnvrtc.so could not be loaded: install the CUDA 12 NVRTC (JetPack, or \
-                 PyPI nvidia-cuda-nvrtc-cu12) and put its lib directory on LD_LIBRARY_PATH"
-                    .into(),
-            )
-            .into());
-        }
         let kernels = kernels::load_backend(
             &ctx,
             &device.arch,
@@ -353,6 +345,15 @@ impl Backend for CudaBackend {
                 d.max_sm_clock_mhz.map_or_else(|| "unknown".to_string(), |c| format!("{c:.0}")),
             ),
             ("GPU memory mode".to_string(), self.gpu.mode_name().to_string()),
+            (
+                "GPU kernels".to_string(),
+                self.kernels
+                    .loads
+                    .iter()
+                    .map(|l| l.describe(&d.arch))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
         ]
     }
 

@@ -197,13 +197,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let (frame, hold) = (args.startup_frame, args.hold_ms);
         let mut report = |r: &serde_json::Value| {
             let num = |k: &str| r.get(k).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
-            let cached = r.get("cached").and_then(serde_json::Value::as_bool).unwrap_or(false);
+            let flag = |k: &str| r.get(k).and_then(serde_json::Value::as_bool).unwrap_or(false);
+            let kernels = if flag("embedded") {
+                "embedded kernels"
+            } else if flag("cached") {
+                "kernels from the cache"
+            } else {
+                "kernels compiled or JIT-compiled"
+            };
             println!(
                 "startup: context {:.1} ms, backend open {:.1} ms ({}), first {}x{} frame {:.1} ms, \
                  context to first tensor {:.1} ms, RSS {:.1} MB",
                 num("context_ms"),
                 num("open_ms"),
-                if cached { "kernels from the cache" } else { "kernels compiled" },
+                kernels,
                 frame.0,
                 frame.1,
                 num("first_frame_ms"),

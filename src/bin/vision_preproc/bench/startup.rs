@@ -87,9 +87,11 @@ pub fn startup(
         "context_ms": context_ms,
         "open_ms": open_ms,
         "kernels": loads.iter().map(|l| serde_json::json!({
-            "file": l.file, "cached": l.cached, "compile_ms": l.compile_ms,
+            "file": l.file, "origin": l.origin.name(), "compile_ms": l.compile_ms,
+            "why_not_embedded": l.why_not_embedded,
         })).collect::<Vec<_>>(),
-        "cached": loads.iter().all(|l| l.cached),
+        "cached": loads.iter().all(|l| l.origin == vision_preproc::backend::cuda::kernels::Origin::Cache),
+        "embedded": loads.iter().all(|l| l.origin == vision_preproc::backend::cuda::kernels::Origin::EmbeddedCubin),
         "first_frame_ms": frame_ms,
         "context_to_first_tensor_ms": first_tensor_ms,
         "rss_kb": rss,
