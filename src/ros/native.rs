@@ -308,8 +308,9 @@ impl RosArgs {
     }
 
     /// The parameters this command line gives (`--params-file`, `-p`) to the node named
-    /// `name` (after `__node`/`__ns` remapping): the entries of `/**` and of the node's
-    /// own name or fully qualified name, in rcl's order, a later value of a name
+    /// `name` (after `__node`/`__ns` remapping): the entries of every section that
+    /// matches the node's fully qualified name by rclcpp's rule (`/**`, `/*` wildcards:
+    /// [`section_matches`]) or is its bare name, in rcl's order, a later value of a name
     /// replacing an earlier one — what r2r gives the node once it exists, read before
     /// its DDS participant is created.
     pub fn parameter_overrides(&self, name: &str) -> Vec<(String, ParameterValue)> {
@@ -334,7 +335,7 @@ impl RosArgs {
                 let entries = std::slice::from_raw_parts(p.params, p.num_nodes);
                 for (&n, np) in names.iter().zip(entries) {
                     let n = if n.is_null() { "" } else { CStr::from_ptr(n).to_str().unwrap_or("") };
-                    let ours = n == "/**" || n == "**" || n == qualified || n == node;
+                    let ours = n == node || section_matches(n, &qualified);
                     if !ours || np.parameter_names.is_null() || np.parameter_values.is_null() {
                         continue;
                     }
@@ -359,9 +360,57 @@ impl RosArgs {
     }
 }
 
+/// Whether the parameters-file section `section` applies to the node `fqn`, by rclcpp's
+/// rule (`rclcpp::parameter_map_from`): a section without a leading `/` gets one, `/*`
+/// stands for one namespace or name token and `/**` for any number of them (none
+/// included), everything else is literal.
+fn section_matches(section: &str, fqn: &str) -> bool {
+    fn tokens(s: &str) -> Vec<&str> {
+        s.split('/').filter(|t| !t.is_empty()).collect()
+    }
+    fn walk(pattern: &[&str], name: &[&str]) -> bool {
+        match (pattern.first(), name.first()) {
+            (None, None) => true,
+            (Some(&"**"), _) => {
+                walk(&pattern[1..], name) || (!name.is_empty() && walk(pattern, &name[1..]))
+            }
+            (Some(&p), Some(&n)) if p == "*" || p == n => walk(&pattern[1..], &name[1..]),
+            _ => false,
+        }
+    }
+    walk(&tokens(section), &tokens(fqn))
+}
+
 impl Drop for RosArgs {
     fn drop(&mut self) {
         // SAFETY: `args` came from a successful rcl_parse_arguments and is finalized once.
         unsafe { rcl::rcl_arguments_fini(&mut self.args) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::section_matches;
+
+    #[test]
+    fn sections_match_as_in_rclcpp() {
+        let fqn = "/robot1/front_camera/vision_preproc";
+        for yes in [
+            "/**",
+            "**",
+            "/**/vision_preproc",
+            "/robot1/**",
+            "/robot1/*/vision_preproc",
+            "/*/*/vision_preproc",
+            "robot1/front_camera/vision_preproc",
+            "/robot1/**/front_camera/vision_preproc",
+        ] {
+            assert!(section_matches(yes, fqn), "{yes}");
+        }
+        for no in ["/vision_preproc", "/*/vision_preproc", "/robot2/**", "/**/other", "/robot1/*"] {
+            assert!(!section_matches(no, fqn), "{no}");
+        }
+        assert!(section_matches("/**/vision_preproc", "/vision_preproc"));
+        assert!(section_matches("/*", "/vision_preproc"));
     }
 }

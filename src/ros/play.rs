@@ -53,8 +53,11 @@ impl ClockOut {
     }
 }
 
-/// Play the bag. Blocks until the end (or forever with `repeat`).
+/// Play the bag. Blocks until the end (or forever with `repeat`), or until SIGINT or
+/// SIGTERM (then it stops after the message being published, as at the end).
 pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
+    let stop = super::stop_on_signal()?;
+    let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
     let bag = Bag::open(&opts.input)?;
     let image_topic = bag.image_topic(opts.topic.as_deref())?;
     let topics = bag.topics()?;
@@ -91,6 +94,7 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     if opts.wait_subscribers > 0 {
         let deadline = Instant::now() + Duration::from_secs(20);
         while image_pub.get_inter_process_subscription_count().unwrap_or(0) < opts.wait_subscribers
+            && !stopped()
         {
             if Instant::now() > deadline {
                 return Err(Error::Bag {
@@ -111,7 +115,7 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     }
     let started = Instant::now();
     let out_of_time =
-        |now: Instant| opts.duration.is_some_and(|d| now.duration_since(started) >= d);
+        |now: Instant| stopped() || opts.duration.is_some_and(|d| now.duration_since(started) >= d);
     // The schedule runs on across passes of `repeat`: a pass starts one frame period
     // (the bag's mean image period) after the previous pass's last message, so a looped
     // bag of N frames recorded at 30 Hz plays at 30 Hz, not N frames per (N-1) periods.

@@ -8,8 +8,7 @@ use crate::error::{Error, Result};
 use crate::wire::msgs::{tensor_type, FRAME_TIMING_TYPE as TIMING_TYPE};
 use futures::{FutureExt, StreamExt};
 use r2r::QosProfile;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 fn ros_err(what: &str, e: r2r::Error) -> Error {
@@ -63,16 +62,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
     };
     let mut last_status = std::collections::HashMap::<String, String>::new();
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let watcher = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::io("starting the signal watcher", e))?;
-    let flag = Arc::clone(&stop);
-    std::thread::spawn(move || {
-        watcher.block_on(super::shutdown_signal());
-        flag.store(true, Ordering::Relaxed);
-    });
+    let stop = super::stop_on_signal()?;
     let started = Instant::now();
     let mut stats = RecordStats::default();
     let done = |stats: &RecordStats| {

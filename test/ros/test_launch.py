@@ -415,3 +415,26 @@ def _param_value(v):
     return {1: lambda: v.bool_value, 2: lambda: v.integer_value, 3: lambda: v.double_value,
             4: lambda: v.string_value, 7: lambda: list(v.integer_array_value),
             8: lambda: list(v.double_array_value), 9: lambda: list(v.string_array_value)}[kind]()
+
+
+def test_wildcard_sections_of_a_parameters_file_apply_as_in_rclcpp(tmp_path: Path) -> None:
+    """A shared file with rclcpp's wildcards (`/**` any namespaces, `/*` one token): the
+    sections that match the node's full name apply, in file order; others do not."""
+    params = tmp_path / "shared.yaml"
+    params.write_text(
+        "/**/vision_preproc:\n  ros__parameters:\n    network_image_height: 256\n    tensor_name: any_depth\n"
+        "/wild/*/vision_preproc:\n  ros__parameters:\n    tensor_name: one_token\n"
+        "/other/**:\n  ros__parameters:\n    network_image_width: 99\n"
+        "/wild/*:\n  ros__parameters:\n    output_dtype: float16\n")
+    with NodeProcess(["-r", "__ns:=/wild/front", "-p", "backend:=cpu", "--params-file", str(params)],
+                     log=tmp_path / "node.log") as proc:
+        peer = Peer("/wild/front", publish_images=False)
+        try:
+            values = get_params(peer, "/wild/front/vision_preproc",
+                                ["network_image_height", "tensor_name", "network_image_width", "output_dtype"])
+        finally:
+            peer.close()
+        assert proc.stop() == 0, proc.output()
+    got = [_param_value(v) for v in values]
+    # /wild/* is one token: it names a node /wild/<name>, not /wild/front/vision_preproc.
+    assert got == [256, "one_token", 640, "float32"], (got, proc.output())

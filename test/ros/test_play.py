@@ -125,3 +125,20 @@ def test_clock_and_restamp_are_refused_together(tmp_path: Path) -> None:
     p = subprocess.run([str(CLI), "play", str(tmp_path / "none"), "--clock", "--restamp"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode != 0 and "--restamp" in p.stderr and "--clock" in p.stderr, p.stderr
+
+
+def test_sigint_stops_play_as_its_end(tmp_path: Path) -> None:
+    """Ctrl-C (as `ros2 launch` sends it at shutdown) ends a looping play with its summary
+    and exit 0, not killed by the signal."""
+    import signal
+    import time
+    frames = [photo_frame("rgb8", "chelsea.png", size=(64, 48)) for _ in range(5)]
+    write_bag(tmp_path / "in", frames, storage="mcap", period_ns=33_333_333, with_camera_info=False)
+    p = subprocess.Popen([str(CLI), "play", str(tmp_path / "in"), "--loop", "--image-topic", "/sigint_test/image"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=10)
+    assert p.returncode == 0, (p.returncode, err)
+    n = int(out.split("play: ")[1].split(" images")[0])
+    assert n >= 20, out
