@@ -73,12 +73,15 @@ impl Loops for Neon {
 
     #[inline(always)]
     fn decode_at<S: Source, const C: usize>(row: S::Row<'_>, xs: &[i32], out: &mut [f32]) {
-        match S::packed8(row) {
+        let done = match S::packed8(row) {
             // SAFETY: as in `hblend`: NEON was detected.
             Some((bytes, [3, r, g, b])) => unsafe { packed8_at::<3, C>(bytes, [r, g, b], xs, out) },
             // SAFETY: as in `hblend`: NEON was detected.
             Some((bytes, [4, r, g, b])) => unsafe { packed8_at::<4, C>(bytes, [r, g, b], xs, out) },
-            _ => S::decode_at::<C>(row, xs, out),
+            _ => false,
+        };
+        if !done {
+            S::decode_at::<C>(row, xs, out);
         }
     }
 }
@@ -127,12 +130,23 @@ unsafe fn vblend(dst: &mut [f32], t: &[f32], u: &[f32], two: bool, wy: f32, scal
     let v = n / 4 * 4;
     let (s, b) = (vdupq_n_f32(scale), vdupq_n_f32(bias));
     let w = (vdupq_n_f32(1.0 - wy), vdupq_n_f32(wy));
-    let chunks = dst[..v].chunks_exact_mut(4).zip(t[..v].chunks_exact(4));
-    for ((d, t), u) in chunks.zip(u[..v].chunks_exact(4)) {
-        // SAFETY: every chunk holds exactly 4 f32 (`chunks_exact`).
-        unsafe {
-            let r = vblend4(vld1q_f32(t.as_ptr()), vld1q_f32(u.as_ptr()), two, w, s, b);
-            vst1q_f32(d.as_mut_ptr(), r);
+    // Two loops, so that neither tests `two` per vector.
+    if two {
+        let chunks = dst[..v].chunks_exact_mut(4).zip(t[..v].chunks_exact(4));
+        for ((d, t), u) in chunks.zip(u[..v].chunks_exact(4)) {
+            // SAFETY: every chunk holds exactly 4 f32 (`chunks_exact`).
+            unsafe {
+                let r = vblend4(vld1q_f32(t.as_ptr()), vld1q_f32(u.as_ptr()), true, w, s, b);
+                vst1q_f32(d.as_mut_ptr(), r);
+            }
+        }
+    } else {
+        for (d, t) in dst[..v].chunks_exact_mut(4).zip(t[..v].chunks_exact(4)) {
+            // SAFETY: every chunk holds exactly 4 f32 (`chunks_exact`).
+            unsafe {
+                let t = vld1q_f32(t.as_ptr());
+                vst1q_f32(d.as_mut_ptr(), vblend4(t, t, false, w, s, b));
+            }
         }
     }
     Portable::vblend(&mut dst[v..n], &t[v..n], &u[v..n], two, wy, scale, bias);
@@ -231,7 +245,9 @@ unsafe fn grey4(r: uint16x4_t, g: uint16x4_t, b: uint16x4_t) -> uint32x4_t {
 /// The taps `xs` of a packed 8-bit row (`BPP` bytes per pixel, R G B at byte offsets
 /// `rgb`) into the `C` planes of `xs.len()` values of `out`: eight pixels at a time, one
 /// `ld3`/`ld4` lane load each (the pixel's bytes spread over 3 or 4 vectors), widened to
-/// u32 and converted (exact); grey as `rgb_to_grey`.
+/// u32 and converted (exact); grey as `rgb_to_grey`. Returns false, having written
+/// nothing, if a tap lies outside the row (never, for checked sampling tables: the
+/// caller then runs the portable decoder, which reports it).
 #[target_feature(enable = "neon")]
 #[inline]
 unsafe fn packed8_at<const BPP: usize, const C: usize>(
@@ -239,43 +255,51 @@ unsafe fn packed8_at<const BPP: usize, const C: usize>(
     rgb: [usize; 3],
     xs: &[i32],
     out: &mut [f32],
-) {
+) -> bool {
     let n = xs.len();
+    // Every tap lies in the row (the sampling tables were checked against the image, so
+    // this holds; checked once per row here, where the loads below rely on it).
+    let (lo, hi) = xs.iter().fold((i32::MAX, i32::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    if n > 0 && (lo < 0 || hi as usize * BPP + BPP > row.len()) {
+        return false;
+    }
     let v = n / 8 * 8;
+    let base = row.as_ptr();
     for (k, x8) in xs[..v].chunks_exact(8).enumerate() {
-        // Each pixel's BPP bytes, bounds-checked (the sampling tables were checked
-        // against the image, so this never fails).
-        let px: [&[u8]; 8] = std::array::from_fn(|l| {
-            let x = x8[l] as usize;
-            &row[x * BPP..x * BPP + BPP]
+        let px: [*const u8; 8] = std::array::from_fn(|l| {
+            // SAFETY: `0 <= x8[l] <= hi` and `hi * BPP + BPP <= row.len()` (checked
+            // above): the pixel's BPP bytes lie in `row`.
+            unsafe { base.add(x8[l] as usize * BPP) }
         });
         let z = vdup_n_u8(0);
         let ch: [uint8x8_t; 4] = if BPP == 3 {
             let mut v = uint8x8x3_t(z, z, z);
-            // SAFETY: each `px[l]` holds BPP = 3 bytes, what one `ld3` lane load reads.
+            // SAFETY: each `px[l]` points at BPP = 3 bytes of `row`, what one `ld3` lane
+            // load reads.
             unsafe {
-                v = vld3_lane_u8::<0>(px[0].as_ptr(), v);
-                v = vld3_lane_u8::<1>(px[1].as_ptr(), v);
-                v = vld3_lane_u8::<2>(px[2].as_ptr(), v);
-                v = vld3_lane_u8::<3>(px[3].as_ptr(), v);
-                v = vld3_lane_u8::<4>(px[4].as_ptr(), v);
-                v = vld3_lane_u8::<5>(px[5].as_ptr(), v);
-                v = vld3_lane_u8::<6>(px[6].as_ptr(), v);
-                v = vld3_lane_u8::<7>(px[7].as_ptr(), v);
+                v = vld3_lane_u8::<0>(px[0], v);
+                v = vld3_lane_u8::<1>(px[1], v);
+                v = vld3_lane_u8::<2>(px[2], v);
+                v = vld3_lane_u8::<3>(px[3], v);
+                v = vld3_lane_u8::<4>(px[4], v);
+                v = vld3_lane_u8::<5>(px[5], v);
+                v = vld3_lane_u8::<6>(px[6], v);
+                v = vld3_lane_u8::<7>(px[7], v);
             }
             [v.0, v.1, v.2, z]
         } else {
             let mut v = uint8x8x4_t(z, z, z, z);
-            // SAFETY: each `px[l]` holds BPP = 4 bytes, what one `ld4` lane load reads.
+            // SAFETY: each `px[l]` points at BPP = 4 bytes of `row`, what one `ld4` lane
+            // load reads.
             unsafe {
-                v = vld4_lane_u8::<0>(px[0].as_ptr(), v);
-                v = vld4_lane_u8::<1>(px[1].as_ptr(), v);
-                v = vld4_lane_u8::<2>(px[2].as_ptr(), v);
-                v = vld4_lane_u8::<3>(px[3].as_ptr(), v);
-                v = vld4_lane_u8::<4>(px[4].as_ptr(), v);
-                v = vld4_lane_u8::<5>(px[5].as_ptr(), v);
-                v = vld4_lane_u8::<6>(px[6].as_ptr(), v);
-                v = vld4_lane_u8::<7>(px[7].as_ptr(), v);
+                v = vld4_lane_u8::<0>(px[0], v);
+                v = vld4_lane_u8::<1>(px[1], v);
+                v = vld4_lane_u8::<2>(px[2], v);
+                v = vld4_lane_u8::<3>(px[3], v);
+                v = vld4_lane_u8::<4>(px[4], v);
+                v = vld4_lane_u8::<5>(px[5], v);
+                v = vld4_lane_u8::<6>(px[6], v);
+                v = vld4_lane_u8::<7>(px[7], v);
             }
             [v.0, v.1, v.2, v.3]
         };
@@ -312,6 +336,7 @@ unsafe fn packed8_at<const BPP: usize, const C: usize>(
             out[2 * n + i] = b as f32;
         }
     }
+    true
 }
 
 #[cfg(test)]
