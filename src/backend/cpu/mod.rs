@@ -454,19 +454,20 @@ unsafe fn band_avx2<S: Source, const C: usize>(
 trait Loops {
     /// `out[i] = a[i] * (1 - w[i]) + b[i] * w[i]` (the horizontal blend).
     fn hblend(out: &mut [f32], a: &[f32], b: &[f32], w: &[f32]);
-    /// `dst[i] = (t[i] * (1 - wy) + u[i] * wy) * scale + bias`, or `t[i] * scale + bias`
-    /// when `!two` (the vertical blend and the normalization, one contiguous plane).
-    fn vblend(dst: &mut [f32], t: &[f32], u: &[f32], two: bool, wy: f32, scale: f32, bias: f32);
-    /// [`Loops::vblend`] of three planes into interleaved pixels (NHWC, 3 channels):
-    /// `dst[3 * i + c]` from `t[c][i]`, `u[c][i]`, `scale[c]`, `bias[c]`.
-    fn vblend3(
-        dst: &mut [f32],
-        t: [&[f32]; 3],
-        u: [&[f32]; 3],
-        two: bool,
-        wy: f32,
-        scale: [f32; 3],
-        bias: [f32; 3],
+    /// The vertical blend and the normalization of one output row's content: output
+    /// channel c of columns `cx..cx + cw` of `row` (`C` planes of `w`, or `w` pixels of `C`
+    /// values in NHWC) is `(t[i] * (1 - wy) + u[i] * wy) * scale[c] + bias[c]` (or
+    /// `t[i] * scale[c] + bias[c]` without `two`), `t`, `u` plane `src_plane[c]` of the
+    /// two horizontally blended rows `h`.
+    #[allow(clippy::too_many_arguments)]
+    fn vblend_row<const C: usize>(
+        row: &mut [f32],
+        h: (&[f32], &[f32]),
+        src_plane: [usize; 3],
+        wy: (bool, f32),
+        cols: (usize, usize, usize),
+        nhwc: bool,
+        p: &PreprocessParams,
     );
     /// Convert an f32 row as `store` says, into `dst`.
     fn emit(vals: &[f32], dst: &mut [u8], store: Store, half_buf: &mut Vec<half::f16>);
@@ -487,22 +488,27 @@ impl Loops for Portable {
     }
 
     #[inline(always)]
-    fn vblend(dst: &mut [f32], t: &[f32], u: &[f32], two: bool, wy: f32, scale: f32, bias: f32) {
-        vblend(dst.iter_mut(), t, u, two, wy, scale, bias);
-    }
-
-    #[inline(always)]
-    fn vblend3(
-        dst: &mut [f32],
-        t: [&[f32]; 3],
-        u: [&[f32]; 3],
-        two: bool,
-        wy: f32,
-        scale: [f32; 3],
-        bias: [f32; 3],
+    fn vblend_row<const C: usize>(
+        row: &mut [f32],
+        (h0, h1): (&[f32], &[f32]),
+        src_plane: [usize; 3],
+        (two, wy): (bool, f32),
+        (cx, cw, w): (usize, usize, usize),
+        nhwc: bool,
+        p: &PreprocessParams,
     ) {
-        for c in 0..3 {
-            vblend(dst.iter_mut().skip(c).step_by(3), t[c], u[c], two, wy, scale[c], bias[c]);
+        for c in 0..C {
+            let sp = src_plane[c];
+            let t = &h0[sp * cw..(sp + 1) * cw];
+            let u = &h1[sp * cw..(sp + 1) * cw];
+            let (scale, bias) = (p.scale[c], p.bias[c]);
+            if nhwc {
+                let dst = &mut row[cx * C..(cx + cw) * C];
+                vblend(dst.iter_mut().skip(c).step_by(C), t, u, two, wy, scale, bias);
+            } else {
+                let dst = &mut row[c * w + cx..c * w + cx + cw];
+                vblend(dst.iter_mut(), t, u, two, wy, scale, bias);
+            }
         }
     }
 
@@ -555,22 +561,8 @@ fn band<S: Source, const C: usize, L: Loops>(
             fill_pad::<C>(&mut sc.row, &p.pad, 0..cx, w, nhwc);
             fill_pad::<C>(&mut sc.row, &p.pad, cx + cw..w, w, nhwc);
             let (h0, h1) = (&sc.hrows[s0], &sc.hrows[s1]);
-            fn plane<'h>(h: &'h [f32], f: &Frame<'_>, c: usize, cw: usize) -> &'h [f32] {
-                let sp = f.src_plane[c];
-                &h[sp * cw..(sp + 1) * cw]
-            }
-            let plane = |h, c| plane(h, f, c, cw);
-            if nhwc && C == 3 {
-                let dst = &mut sc.row[cx * 3..(cx + cw) * 3];
-                let (t, u) = ([0, 1, 2].map(|c| plane(h0, c)), [0, 1, 2].map(|c| plane(h1, c)));
-                L::vblend3(dst, t, u, two, wy, p.scale, p.bias);
-            } else {
-                // NCHW, or NHWC with one channel: each channel is a contiguous run.
-                for c in 0..C {
-                    let dst = &mut sc.row[c * w + cx..c * w + cx + cw];
-                    L::vblend(dst, plane(h0, c), plane(h1, c), two, wy, p.scale[c], p.bias[c]);
-                }
-            }
+            let dst = &mut sc.row[..];
+            L::vblend_row::<C>(dst, (h0, h1), f.src_plane, (two, wy), (cx, cw, w), nhwc, p);
         }
         // Store the row (f32 or f16, little-endian) into the output.
         if nhwc {

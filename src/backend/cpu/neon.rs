@@ -20,7 +20,7 @@
 //! CPU has it: it is part of the architecture's baseline).
 
 use super::decode::{Source, GREY_SHIFT, GREY_WEIGHTS};
-use super::{Loops, Portable, Store};
+use super::{Loops, Portable, PreprocessParams, Store};
 use std::arch::aarch64::*;
 use std::arch::asm;
 
@@ -35,23 +35,32 @@ impl Loops for Neon {
     }
 
     #[inline(always)]
-    fn vblend(dst: &mut [f32], t: &[f32], u: &[f32], two: bool, wy: f32, scale: f32, bias: f32) {
-        // SAFETY: as in `hblend`: NEON was detected.
-        unsafe { vblend(dst, t, u, two, wy, scale, bias) }
-    }
-
-    #[inline(always)]
-    fn vblend3(
-        dst: &mut [f32],
-        t: [&[f32]; 3],
-        u: [&[f32]; 3],
-        two: bool,
-        wy: f32,
-        scale: [f32; 3],
-        bias: [f32; 3],
+    fn vblend_row<const C: usize>(
+        row: &mut [f32],
+        (h0, h1): (&[f32], &[f32]),
+        src_plane: [usize; 3],
+        (two, wy): (bool, f32),
+        (cx, cw, w): (usize, usize, usize),
+        nhwc: bool,
+        p: &PreprocessParams,
     ) {
-        // SAFETY: as in `hblend`: NEON was detected.
-        unsafe { vblend3(dst, t, u, two, wy, scale, bias) }
+        // The columns of output channel c's source plane in `h0`, `h1`.
+        let plane = |c: usize| src_plane[c] * cw..(src_plane[c] + 1) * cw;
+        if nhwc && C == 3 {
+            let dst = &mut row[cx * 3..(cx + cw) * 3];
+            let t = [0, 1, 2].map(|c| &h0[plane(c)]);
+            let u = [0, 1, 2].map(|c| &h1[plane(c)]);
+            // SAFETY: `Neon` runs only where `Simd::detect` found NEON (`band_dispatch`).
+            unsafe { vblend3(dst, t, u, two, wy, p.scale, p.bias) }
+        } else {
+            // NCHW, or NHWC with one channel: each channel is a contiguous run.
+            for c in 0..C {
+                let dst = &mut row[c * w + cx..c * w + cx + cw];
+                let (t, u) = (&h0[plane(c)], &h1[plane(c)]);
+                // SAFETY: as above: NEON was detected.
+                unsafe { vblend(dst, t, u, two, wy, p.scale[c], p.bias[c]) }
+            }
+        }
     }
 
     #[inline(always)]
@@ -105,7 +114,7 @@ unsafe fn hblend(out: &mut [f32], a: &[f32], b: &[f32], w: &[f32]) {
     Portable::hblend(&mut out[v..n], &a[v..n], &b[v..n], &w[v..n]);
 }
 
-/// One vector of [`Loops::vblend`]: `(t * iw + u * wy) * s + b`, or `t * s + b`.
+/// One vector of [`vblend`]: `(t * iw + u * wy) * s + b`, or `t * s + b`.
 #[target_feature(enable = "neon")]
 #[inline]
 unsafe fn vblend4(
@@ -120,7 +129,8 @@ unsafe fn vblend4(
     vaddq_f32(vmulq_f32(m, s), b)
 }
 
-/// [`Loops::vblend`].
+/// The vertical blend and normalization of one contiguous plane:
+/// `dst[i] = (t[i] * (1 - wy) + u[i] * wy) * scale + bias`, or `t[i] * scale + bias`.
 #[target_feature(enable = "neon")]
 #[inline]
 unsafe fn vblend(dst: &mut [f32], t: &[f32], u: &[f32], two: bool, wy: f32, scale: f32, bias: f32) {
@@ -149,10 +159,12 @@ unsafe fn vblend(dst: &mut [f32], t: &[f32], u: &[f32], two: bool, wy: f32, scal
             }
         }
     }
-    Portable::vblend(&mut dst[v..n], &t[v..n], &u[v..n], two, wy, scale, bias);
+    super::vblend(dst[v..n].iter_mut(), &t[v..n], &u[v..n], two, wy, scale, bias);
 }
 
-/// [`Loops::vblend3`]: three channels of 4 pixels, interleaved by one `st3`.
+/// [`vblend`] of three planes into interleaved pixels (NHWC, 3 channels):
+/// `dst[3 * i + c]` from `t[c][i]`, `u[c][i]`, `scale[c]`, `bias[c]`; three channels of
+/// 4 pixels at a time, interleaved by one `st3`.
 #[target_feature(enable = "neon")]
 #[inline]
 unsafe fn vblend3(
@@ -187,8 +199,10 @@ unsafe fn vblend3(
         // 4-lane vectors writes.
         unsafe { vst3q_f32(d.as_mut_ptr(), float32x4x3_t(px[0], px[1], px[2])) };
     }
-    let (tt, ut) = (t.map(|p| &p[v..n]), u.map(|p| &p[v..n]));
-    Portable::vblend3(&mut dst[3 * v..3 * n], tt, ut, two, wy, scale, bias);
+    for c in 0..3 {
+        let dst = dst[3 * v..3 * n].iter_mut().skip(c).step_by(3);
+        super::vblend(dst, &t[c][v..n], &u[c][v..n], two, wy, scale[c], bias[c]);
+    }
 }
 
 /// The f16 store of the first multiple of 8 values of `vals` into `dst` (2 bytes each,
