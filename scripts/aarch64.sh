@@ -22,7 +22,7 @@
 #    (docs/JETSON.md: there is none here, so it says so and skips).
 #
 # Profile `aarch64` (Cargo.toml): release without debug info, dependencies at opt-level 1.
-# Usage: scripts/aarch64.sh            (about N minutes from a fresh clone: docs/JETSON.md)
+# Usage: scripts/aarch64.sh      (a fresh clone: about 12-20 minutes on 2 cores, docs/JETSON.md)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -90,7 +90,9 @@ step "clippy -D warnings (aarch64)"
 # 3. The CLI for both architectures.
 xcargo build "${ARM_ARGS[@]}" --bin vision_preproc
 ARM_CLI="$ARM_DIR/$TARGET/aarch64/vision_preproc"
-file "$ARM_CLI" | tee /dev/stderr | grep -q "ARM aarch64" || { log "$ARM_CLI is not an aarch64 binary"; exit 1; }
+kind="$(file "$ARM_CLI")"
+echo "$kind"
+grep -q "ARM aarch64" <<<"$kind" || { log "$ARM_CLI is not an aarch64 binary"; exit 1; }
 step "build the aarch64 CLI"
 CARGO_TARGET_DIR="$X86_DIR" cargo build --profile aarch64 --no-default-features --features cuda \
     --bin vision_preproc

@@ -71,7 +71,7 @@ def count(qemu, cli, bench_args, frames):
 
 def symbols(cli, load_base):
     """(sorted start addresses, names) of the binary's functions at its load address."""
-    out = subprocess.run(["aarch64-linux-gnu-nm", "-C", "--defined-only", cli],
+    out = subprocess.run([os.environ.get("NM", "aarch64-linux-gnu-nm"), "-C", "--defined-only", cli],
                          capture_output=True, text=True, check=True).stdout
     syms = []
     for line in out.splitlines():
