@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 ENV := source .ros/env.sh
 
-.PHONY: demo test setup build lint colcon clean
+.PHONY: demo test setup build lint colcon aarch64 clean
 
 demo: build
 	$(ENV) && python3 scripts/demo.py
@@ -24,6 +24,11 @@ lint: setup
 	$(ENV) && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings \
 	  && cargo clippy --release --all-targets --features fault-injection,bench -- -D warnings \
 	  && cargo clippy --release --all-targets --no-default-features -- -D warnings
+
+# The Jetson's CPU: cross build for aarch64, clippy for aarch64, the CPU specification
+# tests and a bit-exact CLI parity check under qemu (docs/JETSON.md). Needs no ROS set-up.
+aarch64:
+	scripts/aarch64.sh
 
 # Build both packages with colcon into build/ install/ (what a ROS user does).
 colcon: setup

@@ -96,3 +96,11 @@ cat "$NVRTC_LOG"
 
 section ros "ROS tests (real DDS between processes, colcon install)"
 python3 -m pytest -v -rA --durations=15 test/ros
+
+# The aarch64 stage (docs/JETSON.md): a second toolchain and two more builds, about
+# 15 minutes on the 2-core machine from a fresh clone, which would put `make test` over
+# its budget; so only when asked.
+if [ "${VP_AARCH64:-0}" = 1 ]; then
+    section aarch64 "aarch64: cross build, clippy, the CPU spec tests and the CLI parity under qemu (VP_AARCH64=1)"
+    scripts/aarch64.sh
+fi

@@ -37,12 +37,12 @@ fn op_for(cfg: &Config, img: &ImageView<'_>) -> PreprocessOp {
 }
 
 /// The fast pass (both builds of its inner loops: baseline and, where the CPU has it,
-/// AVX2) and the reference, byte for byte.
+/// AVX2 on x86-64 or NEON on aarch64) and the reference, byte for byte.
 fn assert_fast_equals_reference(img: &ImageView<'_>, cfg: &Config, what: &str) {
     let op = op_for(cfg, img);
     let mut slow = Vec::new();
     reference::preprocess(img, &op, &mut slow).unwrap();
-    for simd in [Simd::Baseline, Simd::Avx2] {
+    for simd in [Simd::Baseline, Simd::detect()] {
         let mut cpu = CpuBackend::new();
         cpu.set_simd(simd);
         let mut fast = Vec::new();
@@ -57,6 +57,28 @@ fn assert_fast_equals_reference(img: &ImageView<'_>, cfg: &Config, what: &str) {
             );
         }
     }
+}
+
+/// The build the spec tests compare with the baseline is the one a robot runs: NEON on
+/// every aarch64 CPU (part of the architecture's baseline), AVX2 on the x86-64 machines
+/// this is developed on. A build where detection failed would test the baseline twice.
+#[test]
+fn the_fast_build_of_this_cpu_is_detected_and_chosen() {
+    let mut cpu = CpuBackend::new();
+    assert_eq!(cpu.simd(), Simd::detect());
+    #[cfg(target_arch = "aarch64")]
+    assert_eq!(Simd::detect(), Simd::Neon);
+    #[cfg(target_arch = "x86_64")]
+    assert_ne!(Simd::detect(), Simd::Neon);
+    cpu.set_simd(Simd::Baseline);
+    assert_eq!(cpu.simd(), Simd::Baseline);
+    // A build this CPU does not have falls back to the baseline.
+    let other = if cfg!(target_arch = "aarch64") { Simd::Avx2 } else { Simd::Neon };
+    cpu.set_simd(other);
+    assert_eq!(cpu.simd(), Simd::Baseline);
+    cpu.set_simd(Simd::detect());
+    assert_eq!(cpu.simd(), Simd::detect());
+    assert!(cpu.device_description().contains(&format!("{:?}", Simd::detect())));
 }
 
 fn configs() -> Vec<(String, Config)> {

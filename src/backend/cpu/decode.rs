@@ -232,6 +232,15 @@ pub trait Source: Sync {
             put::<C>(out, n, i, pixel::<Self, C>(row, x0 + i));
         }
     }
+    /// A packed 8-bit RGB row ([`Packed8`]) as its bytes with `[bytes per pixel, R, G, B
+    /// byte offsets]`, for the NEON tap decoder; `None` for every other source.
+    #[inline(always)]
+    fn packed8<'r>(_row: Self::Row<'r>) -> Option<(&'r [u8], [usize; 4])>
+    where
+        Self: 'r,
+    {
+        None
+    }
     /// Pixels `xs[i]` of the row into `out`, planar: `C` planes of `xs.len()` values.
     /// Same values as [`Source::rgb`] / [`Source::grey`]; encodings override it where a
     /// block of pixels converts faster than one at a time.
@@ -305,6 +314,13 @@ impl<const BPP: usize, const R: usize, const G: usize, const B: usize> Source
     for Packed8<'_, BPP, R, G, B>
 {
     byte_rows!();
+    #[inline(always)]
+    fn packed8<'r>(row: &'r [u8]) -> Option<(&'r [u8], [usize; 4])>
+    where
+        Self: 'r,
+    {
+        Some((row, [BPP, R, G, B]))
+    }
     #[inline(always)]
     fn rgb(row: &[u8], x: usize) -> [f32; 3] {
         let p = &row[x * BPP..x * BPP + BPP];

@@ -17,12 +17,17 @@
 //!   are plain slice loops: the compiler vectorizes them;
 //! - on x86-64 the band loop is also compiled for AVX2 and chosen at run time
 //!   ([`Simd`]); the values are the same (no fused multiply-add, exact integers);
+//! - on aarch64 the band loop's inner loops are written with NEON intrinsics
+//!   (`neon.rs`: the blends, the packed-8-bit taps, the f16 store), chosen at run time
+//!   like AVX2; the same IEEE operations in the same order, so the same values;
 //! - taps of weight 0 (nearest; integer downscale factors such as 1920 -> 640) are not
 //!   read: `a * (1 - 0) + b * 0 == a` exactly, so this changes no value;
 //! - no intermediate full-size image: every sample is decoded from the source bytes.
 
 mod conv;
 pub mod decode;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod reference;
 
 pub use conv::{border_index, conv2d, ConvScratch};
@@ -69,9 +74,10 @@ impl CpuBackend {
     }
 
     /// Choose the build of the inner loops (the values are the same; tests run both).
-    /// `Simd::Avx2` falls back to the baseline on a CPU without AVX2.
+    /// `Simd::Avx2` and `Simd::Neon` fall back to the baseline on a CPU (or target)
+    /// without them.
     pub fn set_simd(&mut self, simd: Simd) {
-        self.simd = if simd == Simd::Avx2 { Simd::detect() } else { Simd::Baseline };
+        self.simd = if simd == Simd::detect() { simd } else { Simd::Baseline };
     }
 
     /// The build of the inner loops in use.
@@ -152,11 +158,15 @@ fn fused(
 /// Which build of the inner loops runs (same values; see [`CpuBackend::set_simd`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Simd {
-    /// The target's baseline instructions (SSE2 on x86-64, NEON on aarch64).
+    /// The portable loops, compiled for the target's baseline (SSE2 on x86-64; on
+    /// aarch64 the compiler may use NEON where it vectorizes them by itself).
     #[default]
     Baseline,
-    /// AVX2 (x86-64 only, when the CPU has it).
+    /// AVX2 (x86-64 only, when the CPU has it): the same loops compiled for AVX2.
     Avx2,
+    /// NEON (aarch64 only, when the CPU has it): the inner loops written with NEON
+    /// intrinsics (`backend/cpu/neon.rs`).
+    Neon,
 }
 
 impl Simd {
@@ -165,6 +175,10 @@ impl Simd {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2") {
             return Simd::Avx2;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Simd::Neon;
         }
         Simd::Baseline
     }
@@ -313,8 +327,8 @@ struct Frame<'a> {
     src_plane: [usize; 3],
     layout: Layout,
     store: Store,
-    /// Run the AVX2 build of the band loop.
-    avx2: bool,
+    /// The build of the band loop to run (AVX2 and NEON only where detected).
+    simd: Simd,
 }
 
 fn run<S: Source, const C: usize>(
@@ -355,7 +369,7 @@ fn run<S: Source, const C: usize>(
         src_plane: if swap { [2, 1, 0] } else { [0, 1, 2] },
         layout: desc.layout,
         store,
-        avx2: simd == Simd::Avx2,
+        simd,
     };
     // Bands of whole rows: several per thread so a busy core does not hold the frame up.
     let n_bands = (rayon::current_num_threads() * 4).clamp(1, h);
@@ -393,9 +407,10 @@ fn run<S: Source, const C: usize>(
     }
 }
 
-/// [`band`], compiled for AVX2 when the frame says the CPU has it (x86-64; the
-/// baseline is SSE2). The values are the same: IEEE f32 operations in the same order,
-/// no fused multiply-add, integer arithmetic exact.
+/// [`band`] in the build the frame chose: compiled for AVX2 (x86-64; the baseline is
+/// SSE2), with the NEON inner loops (aarch64), or the portable loops. The values are the
+/// same: IEEE f32 operations in the same order, no fused multiply-add, integer
+/// arithmetic exact.
 fn band_dispatch<S: Source, const C: usize>(
     src: &S,
     f: &Frame<'_>,
@@ -403,14 +418,18 @@ fn band_dispatch<S: Source, const C: usize>(
     outs: [&mut [u8]; 3],
     sc: &mut Scratch,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if f.avx2 {
-        // SAFETY: `f.avx2` is set only when `is_x86_feature_detected!("avx2")` is true
-        // (see `Simd::detect`), so every instruction of `band_avx2` exists on this CPU.
-        unsafe { band_avx2::<S, C>(src, f, rows, outs, sc) };
-        return;
+    match f.simd {
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 => {
+            // SAFETY: `f.simd` is `Avx2` only when `is_x86_feature_detected!("avx2")` is
+            // true (`Simd::detect`, `CpuBackend::set_simd`), so every instruction of
+            // `band_avx2` exists on this CPU.
+            unsafe { band_avx2::<S, C>(src, f, rows, outs, sc) };
+        }
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        Simd::Neon => band::<S, C, neon::Neon>(src, f, rows, outs, sc),
+        _ => band::<S, C, Portable>(src, f, rows, outs, sc),
     }
-    band::<S, C>(src, f, rows, outs, sc);
 }
 
 /// [`band`] compiled with AVX2 enabled.
@@ -426,13 +445,88 @@ unsafe fn band_avx2<S: Source, const C: usize>(
     outs: [&mut [u8]; 3],
     sc: &mut Scratch,
 ) {
-    band::<S, C>(src, f, rows, outs, sc);
+    band::<S, C, Portable>(src, f, rows, outs, sc);
+}
+
+/// The inner loops of [`band`] that have a hand-written NEON build (`neon.rs`). The
+/// portable ones ([`Portable`]) are the definition; another build computes the same IEEE
+/// f32 operations in the same order (and exact integers), so the same bits.
+trait Loops {
+    /// `out[i] = a[i] * (1 - w[i]) + b[i] * w[i]` (the horizontal blend).
+    fn hblend(out: &mut [f32], a: &[f32], b: &[f32], w: &[f32]);
+    /// The vertical blend and the normalization of one output row's content: output
+    /// channel c of columns `cx..cx + cw` of `row` (`C` planes of `w`, or `w` pixels of `C`
+    /// values in NHWC) is `(t[i] * (1 - wy) + u[i] * wy) * scale[c] + bias[c]` (or
+    /// `t[i] * scale[c] + bias[c]` without `two`), `t`, `u` plane `src_plane[c]` of the
+    /// two horizontally blended rows `h`.
+    #[allow(clippy::too_many_arguments)]
+    fn vblend_row<const C: usize>(
+        row: &mut [f32],
+        h: (&[f32], &[f32]),
+        src_plane: [usize; 3],
+        wy: (bool, f32),
+        cols: (usize, usize, usize),
+        nhwc: bool,
+        p: &PreprocessParams,
+    );
+    /// Convert an f32 row as `store` says, into `dst`.
+    fn emit(vals: &[f32], dst: &mut [u8], store: Store, half_buf: &mut Vec<half::f16>);
+    /// The taps `xs` of a source row, as [`Source::decode_at`].
+    fn decode_at<S: Source, const C: usize>(row: S::Row<'_>, xs: &[i32], out: &mut [f32]);
+}
+
+/// The portable inner loops (the compiler vectorizes them for the target's baseline, or
+/// for AVX2 inside `band_avx2`).
+struct Portable;
+
+impl Loops for Portable {
+    #[inline(always)]
+    fn hblend(out: &mut [f32], a: &[f32], b: &[f32], w: &[f32]) {
+        for (((d, &a), &b), &w) in out.iter_mut().zip(a).zip(b).zip(w) {
+            *d = a * (1.0 - w) + b * w;
+        }
+    }
+
+    #[inline(always)]
+    fn vblend_row<const C: usize>(
+        row: &mut [f32],
+        (h0, h1): (&[f32], &[f32]),
+        src_plane: [usize; 3],
+        (two, wy): (bool, f32),
+        (cx, cw, w): (usize, usize, usize),
+        nhwc: bool,
+        p: &PreprocessParams,
+    ) {
+        for c in 0..C {
+            let sp = src_plane[c];
+            let t = &h0[sp * cw..(sp + 1) * cw];
+            let u = &h1[sp * cw..(sp + 1) * cw];
+            let (scale, bias) = (p.scale[c], p.bias[c]);
+            if nhwc {
+                let dst = &mut row[cx * C..(cx + cw) * C];
+                vblend(dst.iter_mut().skip(c).step_by(C), t, u, two, wy, scale, bias);
+            } else {
+                let dst = &mut row[c * w + cx..c * w + cx + cw];
+                vblend(dst.iter_mut(), t, u, two, wy, scale, bias);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn emit(vals: &[f32], dst: &mut [u8], store: Store, half_buf: &mut Vec<half::f16>) {
+        emit(vals, dst, store, half_buf);
+    }
+
+    #[inline(always)]
+    fn decode_at<S: Source, const C: usize>(row: S::Row<'_>, xs: &[i32], out: &mut [f32]) {
+        S::decode_at::<C>(row, xs, out);
+    }
 }
 
 /// Output rows `rows` into `outs` (NHWC: `outs[0]` holds the band's rows; NCHW:
 /// `outs[c]` holds the band's rows of plane c).
 #[inline(always)]
-fn band<S: Source, const C: usize>(
+fn band<S: Source, const C: usize, L: Loops>(
     src: &S,
     f: &Frame<'_>,
     rows: std::ops::Range<usize>,
@@ -462,34 +556,23 @@ fn band<S: Source, const C: usize>(
             let dy = y - cy;
             let (y0, y1, wy) = (f.y_map.i0[dy] as usize, f.y_map.i1[dy] as usize, f.y_map.w1[dy]);
             let two = wy != 0.0;
-            let s0 = ensure_row::<S, C>(src, f, sc, y0, two.then_some(y1));
-            let s1 = if two { ensure_row::<S, C>(src, f, sc, y1, Some(y0)) } else { s0 };
+            let s0 = ensure_row::<S, C, L>(src, f, sc, y0, two.then_some(y1));
+            let s1 = if two { ensure_row::<S, C, L>(src, f, sc, y1, Some(y0)) } else { s0 };
             fill_pad::<C>(&mut sc.row, &p.pad, 0..cx, w, nhwc);
             fill_pad::<C>(&mut sc.row, &p.pad, cx + cw..w, w, nhwc);
             let (h0, h1) = (&sc.hrows[s0], &sc.hrows[s1]);
-            for c in 0..C {
-                let sp = f.src_plane[c];
-                let t = &h0[sp * cw..(sp + 1) * cw];
-                let u = &h1[sp * cw..(sp + 1) * cw];
-                let (scale, bias) = (p.scale[c], p.bias[c]);
-                if nhwc {
-                    let dst = &mut sc.row[cx * C..(cx + cw) * C];
-                    vblend(dst.iter_mut().skip(c).step_by(C), t, u, two, wy, scale, bias);
-                } else {
-                    let dst = &mut sc.row[c * w + cx..c * w + cx + cw];
-                    vblend(dst.iter_mut(), t, u, two, wy, scale, bias);
-                }
-            }
+            let dst = &mut sc.row[..];
+            L::vblend_row::<C>(dst, (h0, h1), f.src_plane, (two, wy), (cx, cw, w), nhwc, p);
         }
         // Store the row (f32 or f16, little-endian) into the output.
         if nhwc {
             let n = w * C;
             let dst = &mut outs[0][i * n * es..(i + 1) * n * es];
-            emit(&sc.row[..n], dst, f.store, &mut sc.half);
+            L::emit(&sc.row[..n], dst, f.store, &mut sc.half);
         } else {
             for (c, plane) in outs.iter_mut().enumerate().take(C) {
                 let dst = &mut plane[i * w * es..(i + 1) * w * es];
-                emit(&sc.row[c * w..(c + 1) * w], dst, f.store, &mut sc.half);
+                L::emit(&sc.row[c * w..(c + 1) * w], dst, f.store, &mut sc.half);
             }
         }
     }
@@ -569,7 +652,7 @@ fn emit(vals: &[f32], dst: &mut [u8], store: Store, half_buf: &mut Vec<half::f16
 /// Make sure the horizontal blend of source row `y` is in one of the two slots (without
 /// evicting `keep`), and return the slot.
 #[inline(always)]
-fn ensure_row<S: Source, const C: usize>(
+fn ensure_row<S: Source, const C: usize, L: Loops>(
     src: &S,
     f: &Frame<'_>,
     sc: &mut Scratch,
@@ -581,7 +664,7 @@ fn ensure_row<S: Source, const C: usize>(
     }
     let slot = if keep.is_some() && sc.keys[0] == keep { 1 } else { 0 };
     let taps = (&mut sc.tap0[..], &mut sc.tap1[..]);
-    hpass::<S, C>(src, f, y, &mut sc.hrows[slot], &mut sc.decoded, taps);
+    hpass::<S, C, L>(src, f, y, &mut sc.hrows[slot], &mut sc.decoded, taps);
     sc.keys[slot] = Some(y);
     slot
 }
@@ -589,7 +672,7 @@ fn ensure_row<S: Source, const C: usize>(
 /// Horizontal pass of source row `y` into `out` (`C` planes of `content_w`):
 /// `out[k][dx] = s(i0[dx])[k] * (1 - w1[dx]) + s(i1[dx])[k] * w1[dx]`.
 #[inline(always)]
-fn hpass<S: Source, const C: usize>(
+fn hpass<S: Source, const C: usize, L: Loops>(
     src: &S,
     f: &Frame<'_>,
     y: usize,
@@ -606,7 +689,7 @@ fn hpass<S: Source, const C: usize>(
             S::decode_row::<C>(row, f.x_start, f.x_len, decoded);
             gather::<C>(decoded, f.x_len, &f.rel_i0[..cw], out);
         } else {
-            S::decode_at::<C>(row, &m.i0, out);
+            L::decode_at::<S, C>(row, &m.i0, out);
         }
         return;
     }
@@ -617,16 +700,14 @@ fn hpass<S: Source, const C: usize>(
         gather::<C>(decoded, f.x_len, &f.rel_i0[..cw], tap0);
         gather::<C>(decoded, f.x_len, &f.rel_i1[..cw], tap1);
     } else {
-        S::decode_at::<C>(row, &m.i0, tap0);
-        S::decode_at::<C>(row, &m.i1, tap1);
+        L::decode_at::<S, C>(row, &m.i0, tap0);
+        L::decode_at::<S, C>(row, &m.i1, tap1);
     }
     // The blend, in a straight loop that vectorizes.
     let w1 = &m.w1[..cw];
     for k in 0..C {
         let (t0, t1) = (&tap0[k * cw..(k + 1) * cw], &tap1[k * cw..(k + 1) * cw]);
-        for (((d, &a), &b), &w) in out[k * cw..(k + 1) * cw].iter_mut().zip(t0).zip(t1).zip(w1) {
-            *d = a * (1.0 - w) + b * w;
-        }
+        L::hblend(&mut out[k * cw..(k + 1) * cw], t0, t1, w1);
     }
 }
 

@@ -6,12 +6,11 @@
 //! float32, and 1280x720 yuv422_yuy2 -> 640x480 stretch. `bench/bench_cpu.py` runs this
 //! on real photographs next to the OpenCV + NumPy equivalent.
 
-use crate::input::{load_image, ConfigArgs, OwnedImage, RawArgs};
+use crate::input::{load_image, ConfigArgs, CpuSimd, OwnedImage, RawArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
-use vision_preproc::backend::cpu::{CpuBackend, Simd};
 use vision_preproc::percentile::Summary;
 use vision_preproc::Pipeline;
 
@@ -37,7 +36,11 @@ pub struct BenchCpuArgs {
     /// One JSON object per scenario (with every sample) instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Run the baseline build of the inner loops even where the CPU has AVX2.
+    /// The inner loops: `auto` (AVX2 on x86-64, NEON on aarch64, when the CPU has them)
+    /// or `baseline` (the portable loops; the same values).
+    #[arg(long, value_enum, default_value_t = CpuSimd::Auto)]
+    pub cpu_simd: CpuSimd,
+    /// The same as `--cpu-simd baseline`.
     #[arg(long)]
     pub no_avx2: bool,
 }
@@ -88,10 +91,7 @@ pub fn run(args: BenchCpuArgs) -> Result<()> {
         cfg_args.set = sets;
         let cfg = cfg_args.load()?;
         let view = sc.image.view()?;
-        let mut cpu = CpuBackend::new();
-        if args.no_avx2 {
-            cpu.set_simd(Simd::Baseline);
-        }
+        let cpu = if args.no_avx2 { CpuSimd::Baseline.backend() } else { args.cpu_simd.backend() };
         let simd = cpu.simd();
         let mut pipeline = Pipeline::new(cfg, Box::new(cpu))?;
         for _ in 0..args.warmup {

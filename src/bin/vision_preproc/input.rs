@@ -5,8 +5,30 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
+use vision_preproc::backend::cpu::{CpuBackend, Simd};
 use vision_preproc::config::Loaded;
 use vision_preproc::{Config, Encoding, ImageView};
+
+/// `--cpu-simd`: which build of the CPU backend's inner loops runs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CpuSimd {
+    /// The best one the CPU has: AVX2 on x86-64, NEON on aarch64, else the baseline.
+    #[default]
+    Auto,
+    /// The portable loops (the same values; for comparisons and benchmarks).
+    Baseline,
+}
+
+impl CpuSimd {
+    /// A CPU backend with these loops.
+    pub fn backend(self) -> CpuBackend {
+        let mut cpu = CpuBackend::new();
+        if self == CpuSimd::Baseline {
+            cpu.set_simd(Simd::Baseline);
+        }
+        cpu
+    }
+}
 
 /// `--config FILE` and `--set key=value`.
 #[derive(Args, Debug, Clone, Default)]

@@ -1,7 +1,7 @@
 //! `vision_preproc run-file`: one image file through the pipeline, the tensor to `.npy`
 //! and, optionally, a preview PNG of what the network sees.
 
-use crate::input::{load_image, ConfigArgs, RawArgs};
+use crate::input::{load_image, ConfigArgs, CpuSimd, RawArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use npyz::WriterBuilder;
@@ -28,6 +28,10 @@ pub struct RunFileArgs {
     /// shown as is; RGB or grey).
     #[arg(long, value_name = "OUT.png")]
     pub preview: Option<PathBuf>,
+    /// The CPU backend's inner loops: `auto` (AVX2 or NEON when the CPU has them) or
+    /// `baseline` (the portable loops, same values; implies the CPU backend).
+    #[arg(long, value_enum, default_value_t = CpuSimd::Auto)]
+    pub cpu_simd: CpuSimd,
 }
 
 /// Run `run-file`.
@@ -35,10 +39,15 @@ pub fn run(args: RunFileArgs) -> Result<()> {
     let cfg = args.config.load()?;
     let img = load_image(&args.image, &args.raw)?;
     let view = img.view().with_context(|| format!("image {}", args.image.display()))?;
-    let (backend, fallback) = select_backend(&cfg)?;
-    if let Some(reason) = fallback {
-        eprintln!("note: using the CPU backend ({reason})");
-    }
+    let backend: Box<dyn vision_preproc::backend::Backend> = if args.cpu_simd == CpuSimd::Auto {
+        let (backend, fallback) = select_backend(&cfg)?;
+        if let Some(reason) = fallback {
+            eprintln!("note: using the CPU backend ({reason})");
+        }
+        backend
+    } else {
+        Box::new(args.cpu_simd.backend())
+    };
     let mut pipeline = Pipeline::new(cfg, backend)?;
     let info =
         pipeline.process(&view).with_context(|| format!("processing {}", args.image.display()))?;
