@@ -26,6 +26,13 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# The kernels for the Orin (sm_87) are compiled by build.rs on this (host) machine when
+# NVRTC is there: the set-up's PyPI NVRTC, if `make build` has run (else the aarch64 CLI
+# compiles them at start-up, and cargo says so).
+NVRTC_LIB="$ROOT/.ros/venv/lib/python3.11/site-packages/nvidia/cuda_nvrtc/lib"
+if [ -z "${VISION_PREPROC_NVRTC_DIR:-}" ] && [ -d "$NVRTC_LIB" ]; then
+    export VISION_PREPROC_NVRTC_DIR="$NVRTC_LIB"
+fi
 TARGET=aarch64-unknown-linux-gnu
 ARM_DIR="$ROOT/target/aarch64"
 X86_DIR="$ROOT/target/aarch64-x86"
