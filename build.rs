@@ -257,7 +257,7 @@ mod aot {
         println!("cargo:rerun-if-changed=kernels");
         println!("cargo:rerun-if-env-changed=VISION_PREPROC_NVRTC_DIR");
         println!("cargo:rerun-if-env-changed=VISION_PREPROC_EMBED_KERNELS");
-        let table = match embed(&manifest) {
+        let table = match embed(&manifest, &out) {
             Ok(t) => t,
             Err(why) => {
                 println!(
@@ -276,7 +276,7 @@ mod aot {
         }
     }
 
-    fn embed(manifest: &Path) -> Result<String, String> {
+    fn embed(manifest: &Path, out: &Path) -> Result<String, String> {
         if std::env::var("VISION_PREPROC_EMBED_KERNELS").is_ok_and(|v| v == "0") {
             return Err("VISION_PREPROC_EMBED_KERNELS=0".into());
         }
@@ -363,13 +363,18 @@ mod aot {
         let _ = writeln!(t, "pub const BUILD_NVRTC: &str = {version:?};");
         let _ = writeln!(t, "/// The embedded kernels.");
         let _ = writeln!(t, "pub static EMBEDDED: &[Embedded] = &[");
-        for (file, _, target, options, path) in &jobs {
+        for (file, _, target, options, cached) in &jobs {
+            // Included from OUT_DIR, not from the cache: cargo records paths inside the
+            // target directory relative to it, so a copy of the target directory (the
+            // colcon test seeds its own from target/release) stays up to date.
+            let path = out.join(cached.file_name().unwrap_or_default());
+            std::fs::copy(cached, &path).map_err(|e| format!("{}: {e}", path.display()))?;
             let _ = writeln!(
                 t,
                 "    Embedded {{ file: {file:?}, target: {target:?}, options: {:?}, log: {:?}, \
                  code: include_bytes!({:?}) }},",
                 options.join("\n"),
-                std::fs::read_to_string(path.with_extension("log")).unwrap_or_default(),
+                std::fs::read_to_string(cached.with_extension("log")).unwrap_or_default(),
                 path.display().to_string()
             );
         }
