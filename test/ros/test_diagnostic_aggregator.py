@@ -7,8 +7,8 @@ aggregator reads its parameters (`analyzers: ros__parameters:`, AnalyzerGroup wi
 `expected`, `timeout` as generic_analyzer.cpp parses them: string arrays) and applies
 GenericAnalyzer::match (regex by std::regex_match, i.e. the whole name) to the status
 names that real nodes publish on /diagnostics: one camera at the root and in a namespace,
-four cameras batched in a nested namespace. The names come from those nodes, not from a
-list here.
+four cameras batched in a nested namespace (which adds one status per camera). The names
+come from those nodes, not from a list here.
 """
 
 from __future__ import annotations
@@ -102,19 +102,26 @@ def test_aggregator_analyzers_group_every_node_status(tmp_path: Path) -> None:
     for p in procs:
         p.__enter__()
     try:
-        seen = published_statuses(20.0, len(nodes))
+        # Three node statuses and one per camera of the batched node.
+        seen = published_statuses(20.0, len(nodes) + 4)
     finally:
         for p in procs:
             p.__exit__(None, None, None)
     ours = sorted(seen)
-    assert len(ours) == len(nodes), (ours, [p.output()[-2000:] for p in procs])
-    # Each status is named after its node's full name; the batched node's cameras never
-    # send: it WARNs (stale), the others are OK.
-    assert seen["agg_robot/perception/vision_preproc"] == {1}, seen
+    batched = "agg_robot/perception/vision_preproc"
+    cameras = [f"{batched}: camera {i}" for i in range(4)]
+    assert ours == sorted(["vision_preproc", "agg_front_camera/vision_preproc", batched, *cameras]), \
+        (ours, [p.output()[-2000:] for p in procs])
+    # Each node status is named after its node's full name; the batched node's cameras
+    # never send: it and each camera WARN (stale), the others are OK.
+    assert seen[batched] == {1} and all(seen[c] == {1} for c in cameras), seen
     assert seen["agg_front_camera/vision_preproc"] == {0} and seen["vision_preproc"] == {0}, seen
+    placed = {}
     for name in ours:
-        placed = [path for path, a in analyzers if matches(a, name)]
-        assert len(placed) == 1, f"status {name!r} is grouped under {placed} (want exactly one analyzer)"
+        placed[name] = [path for path, a in analyzers if matches(a, name)]
+        assert len(placed[name]) == 1, f"status {name!r} is grouped under {placed[name]} (want exactly one analyzer)"
+    # Nodes in one group, their cameras in another.
+    assert {placed[n][0] for n in ours if n not in cameras} != {placed[c][0] for c in cameras}, placed
     # And nothing else: a node merely named alike is not grouped with them.
     for stranger in ["vision_preproc_monitor", "camera/vision_preproc_bridge", "vision_preprocessor"]:
         assert not any(matches(a, stranger) for _, a in analyzers), stranger

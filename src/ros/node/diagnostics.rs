@@ -1,7 +1,8 @@
 //! `/diagnostics`: one status named after the node, once per second of the node's clock
 //! (with sim time: per simulated second; none while `/clock` stands still): the frame
 //! counters and latency, the backend, each input (topic, QoS, publishers, delivery) and,
-//! with 2+ inputs, each camera's counters and staleness.
+//! with 2+ inputs, each camera's counters and staleness; with 2+ inputs also one status
+//! per camera (`<node>: camera <i>`), for aggregators.
 
 use super::clock;
 use super::shared::{lock, Shared};
@@ -49,12 +50,13 @@ pub async fn publish_diagnostics(
             continue;
         }
         last = Some(now);
-        let report = input_report(&shared, &mut warned, &mut camera_previous, seconds);
+        let (report, cameras) = input_report(&shared, &mut warned, &mut camera_previous, seconds);
         *lock(&shared.stats.input) = report;
         let backend = lock(&shared.backend).clone();
         let (status, counts) = shared.stats.status(&name, previous, seconds, &backend);
         previous = counts;
         let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
+        msg.status.extend(cameras.into_iter().map(|c| c.status(&name)));
         msg.header.stamp = clock::to_stamp(now);
         if let Err(e) = publisher.publish(&msg) {
             r2r::log_warn!(&shared.logger, "publishing /diagnostics: {e}");
@@ -73,10 +75,11 @@ fn input_report(
     warned: &mut [Raised],
     previous: &mut Vec<u64>,
     seconds: f64,
-) -> InputReport {
+) -> (InputReport, Vec<CameraStatus>) {
     if shared.inputs.len() < 2 {
-        return delivery_report(shared, 0, "", &mut warned[0]);
+        return (delivery_report(shared, 0, "", &mut warned[0]), Vec::new());
     }
+    let mut cameras = Vec::new();
     let cams = lock(&shared.cameras).clone();
     previous.resize(cams.len(), 0);
     let mut values = vec![(
@@ -95,6 +98,7 @@ fn input_report(
             || "no frame yet".to_string(),
             |t| format!("last frame {:.0} ms ago", t.elapsed().as_secs_f64() * 1e3),
         );
+        let first = values.len();
         values.extend(report.values);
         values.extend([
             (format!("{prefix}rate (Hz)"), format!("{rate:.2}")),
@@ -107,6 +111,21 @@ fn input_report(
                 format!("{} ({since})", if cam.stale { "stale" } else { "live" }),
             ),
         ]);
+        cameras.push(CameraStatus {
+            index: i,
+            topic: cam.topic.clone(),
+            warning: if cam.stale {
+                Some(format!(
+                    "stale: no frame for stale_after_ms ({since}); slot padded and flagged invalid"
+                ))
+            } else {
+                report.warning.clone()
+            },
+            values: values[first..]
+                .iter()
+                .map(|(k, v)| (k.strip_prefix(&prefix).unwrap_or(k).to_string(), v.clone()))
+                .collect(),
+        });
         if cam.stale {
             stale.push(format!("camera {i} ({})", cam.topic));
         }
@@ -122,7 +141,38 @@ fn input_report(
             stale.join(", ")
         ))
     };
-    InputReport { values, warning, urgent }
+    (InputReport { values, warning, urgent }, cameras)
+}
+
+/// One camera of a node with 2+ inputs, as a status of its own (so that an aggregator
+/// can place each camera: `<node>: camera <i>`, hardware id its topic, the node's
+/// `Camera <i> ...` keys without the prefix, WARN while it is stale or its delivery
+/// warns).
+struct CameraStatus {
+    index: usize,
+    topic: String,
+    warning: Option<String>,
+    values: Vec<(String, String)>,
+}
+
+impl CameraStatus {
+    fn status(self, node: &str) -> DiagnosticStatus {
+        let (level, message) = match self.warning {
+            Some(w) => (DiagnosticStatus::WARN as u8, w),
+            None => (DiagnosticStatus::OK as u8, "live".to_string()),
+        };
+        DiagnosticStatus {
+            level,
+            name: format!("{node}: camera {}", self.index),
+            message,
+            hardware_id: self.topic,
+            values: self
+                .values
+                .into_iter()
+                .map(|(key, value)| r2r::diagnostic_msgs::msg::KeyValue { key, value })
+                .collect(),
+        }
+    }
 }
 
 /// The input warnings raised for one camera (each logged once when raised, once when
