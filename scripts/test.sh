@@ -59,9 +59,11 @@ EOF
 
 section rust "Rust tests (unit + integration, CPU, with the test hooks; GPU tests report 'no GPU' and are not counted)"
 cargo test --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" --no-run 2>&1
-# test/nvrtc_compile.rs compiles every kernel with NVRTC, on one core, for about a minute:
-# it runs in the background beside the other Rust tests, the example and the Python tests
-# without ROS (none of which measures time), and is waited for before the ROS tests.
+# test/nvrtc_compile.rs checks the kernels build.rs embedded and compiles one file with
+# NVRTC (a few seconds; it compiled every kernel, about a minute, before they were
+# embedded): it runs in the background beside the other Rust tests, the example and the
+# Python tests without ROS (none of which measures time), and is waited for before the
+# ROS tests.
 NVRTC_LOG=target/nvrtc_compile.log
 cargo test --release --features "$VISION_PREPROC_TEST_FEATURES" --test nvrtc_compile >"$NVRTC_LOG" 2>&1 &
 NVRTC_PID=$!

@@ -15,34 +15,48 @@ pub use crate::bag::{PlayOptions, PlayStats, RecordOptions, RecordStats};
 pub use play::play;
 pub use record::record;
 
+/// SIGINT (Ctrl-C) and SIGTERM, listened to from the moment this value exists (made
+/// early, a signal that arrives while the process is still starting is not lost, and
+/// does not kill the process half-way: it ends it as a later one would).
+struct ShutdownSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    /// Start listening. Needs a tokio runtime context (`Runtime::enter`).
+    fn listen() -> std::io::Result<ShutdownSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(ShutdownSignals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// Resolves on the first SIGINT or SIGTERM since [`ShutdownSignals::listen`].
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+}
+
 /// A flag set on SIGINT (Ctrl-C) or SIGTERM, for the CLI's blocking loops (`play`,
 /// `record`), which then end as they would at their end: summary printed, exit 0 (as
 /// `ros2 bag play` does when a launch file is stopped).
 fn stop_on_signal() -> crate::error::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| crate::error::Error::io("starting the signal watcher", e))?;
+    let io = |e| crate::error::Error::io("starting the signal watcher", e);
+    let watcher = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(io)?;
+    let mut signals = {
+        let _context = watcher.enter();
+        ShutdownSignals::listen().map_err(io)?
+    };
     let flag = std::sync::Arc::clone(&stop);
     std::thread::spawn(move || {
-        watcher.block_on(shutdown_signal());
+        watcher.block_on(signals.recv());
         flag.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     Ok(stop)
-}
-
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }

@@ -111,10 +111,22 @@ fn open_backend(
         config.output_dtype.name(),
         config.resize_mode
     );
+    // Where the CUDA kernels came from: embedded at build time, or compiled now (NVRTC,
+    // another architecture or a build without NVRTC) and why.
+    if let Some((_, kernels)) = backend_info.details.iter().find(|(k, _)| k == "GPU kernels") {
+        r2r::log_info!(logger, "GPU kernels: {kernels}");
+    }
     Ok((backend, backend_info))
 }
 
 fn run() -> anyhow::Result<()> {
+    // Listen for SIGINT/SIGTERM before anything else: a signal during start-up then
+    // ends the node as a later one does (it used to kill it, or be lost).
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut signals = {
+        let _context = rt.enter();
+        super::ShutdownSignals::listen()?
+    };
     let ros_args = RosArgs::parse();
     // Parameters: command line / params file over the defaults, validated; names the
     // node does not have (a shared `/**` file) are ignored with a warning. An invalid
@@ -171,7 +183,6 @@ fn run() -> anyhow::Result<()> {
     let pipeline = Pipeline::new(config, backend)?;
     let shared =
         Arc::new(Shared::new(&topics, params, logger.clone(), clock.clone(), backend_info));
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
 
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let spin_shared = shared.clone();
@@ -201,7 +212,7 @@ fn run() -> anyhow::Result<()> {
             )),
         ];
         tokio::select! {
-            _ = super::shutdown_signal() => {}
+            _ = signals.recv() => {}
             _ = shared.fatal_signal.notified() => {}
         }
         r2r::log_info!(&logger, "shutting down");
