@@ -93,6 +93,53 @@ pub trait Backend: Send {
         Ok(total)
     }
 
+    /// How many submissions ([`Backend::submit_into`]) may be in flight at once: 1 for a
+    /// backend that computes a submission before `submit_into` returns (the default),
+    /// 2 for the CUDA backend (frame k+1 staged and uploaded while frame k computes).
+    fn max_in_flight(&self) -> usize {
+        1
+    }
+
+    /// The pipelined form of [`Backend::process_into`] / [`Backend::process_batch_into`]:
+    /// check `job` and queue its work, its tensor(s) going to the `len` bytes at `out`.
+    /// The job's frames are not read after the call returns (they are staged); `out` is
+    /// written until the matching [`Backend::finish_oldest`] returns. A job that fails its
+    /// checks (an operation that does not fit its frame, a wrong `len`) is refused with
+    /// an operation error before anything is queued. The default computes the job before
+    /// returning ([`Queued::Done`]); a backend with [`Backend::max_in_flight`] above 1
+    /// returns [`Queued::Pending`] and the stage times come from `finish_oldest`.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes of `len` bytes, and neither read nor written by
+    /// anyone else, until this submission's `finish_oldest` returned (Ok or Err) or
+    /// [`Backend::abandon_all`] returned.
+    unsafe fn submit_into(
+        &mut self,
+        job: Job<'_, '_>,
+        conv: Option<&Conv2dOp>,
+        out: *mut u8,
+        len: usize,
+    ) -> Result<Queued> {
+        // SAFETY: the caller's promise (above); the work completes before this returns.
+        let out = unsafe { std::slice::from_raw_parts_mut(out, len) };
+        let times = match job {
+            Job::Frame { image, op } => self.process_into(image, op, conv, out)?,
+            Job::Batch(slots) => self.process_batch_into(slots, conv, out)?,
+        };
+        Ok(Queued::Done(times))
+    }
+
+    /// Wait for the oldest [`Queued::Pending`] submission and return its stage times (its
+    /// tensors are then in its `out`). After an error every queued submission is
+    /// abandoned (as [`Backend::abandon_all`]). The default has none in flight.
+    fn finish_oldest(&mut self) -> Result<StageTimes> {
+        Err(Error::Operation(format!("finish_oldest: nothing in flight on {}", self.name())))
+    }
+
+    /// Wait for everything queued (errors are ignored: they are the failure being
+    /// handled) and forget it: no submission's `out` is written after this returns.
+    fn abandon_all(&mut self) {}
+
     /// [`Backend::process_into`] a `Vec`, resized to fit.
     fn process(
         &mut self,
@@ -188,6 +235,30 @@ impl std::fmt::Debug for HostBuffer {
     }
 }
 
+/// What [`Backend::submit_into`] runs: one frame (the single-frame entry, a kernel per
+/// encoding on CUDA) or a batch (one launch for every slot).
+#[derive(Debug, Clone, Copy)]
+pub enum Job<'a, 'b> {
+    /// [`Backend::process_into`]'s frame and operation.
+    Frame {
+        /// The frame.
+        image: &'b ImageView<'a>,
+        /// Its operation.
+        op: &'b PreprocessOp,
+    },
+    /// [`Backend::process_batch_into`]'s slots.
+    Batch(&'b [BatchSlot<'a, 'b>]),
+}
+
+/// What [`Backend::submit_into`] did with a job.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Queued {
+    /// Computed before `submit_into` returned: these are its stage times.
+    Done(StageTimes),
+    /// In flight: [`Backend::finish_oldest`] returns its stage times, in submission order.
+    Pending,
+}
+
 /// One slot of a batch ([`Backend::process_batch_into`]): a frame and its operation, or
 /// no frame (the slot is padded; `op` gives the tensor's shape and pad value).
 #[derive(Debug, Clone, Copy)]
@@ -201,12 +272,16 @@ pub struct BatchSlot<'a, 'b> {
 /// Check a batch: at least one slot, the same tensor in every slot, `out` exactly
 /// `slots.len()` tensors. Returns the bytes of one slot.
 pub(crate) fn check_batch(slots: &[BatchSlot<'_, '_>], out: &[u8]) -> Result<usize> {
+    check_batch_len(slots, out.len())
+}
+
+/// [`check_batch`] for an output of `len` bytes.
+pub(crate) fn check_batch_len(slots: &[BatchSlot<'_, '_>], len: usize) -> Result<usize> {
     let item_len = check_batch_shape(slots)?;
-    if out.len() != item_len * slots.len() {
+    if len != item_len * slots.len() {
         return Err(Error::Operation(format!(
-            "the batch output buffer holds {} bytes but {} tensors of {item_len} bytes need {}; \
+            "the batch output buffer holds {len} bytes but {} tensors of {item_len} bytes need {}; \
              pass a buffer of slots * op.params.tensor_desc().byte_len() bytes",
-            out.len(),
             slots.len(),
             item_len * slots.len()
         )));
@@ -265,15 +340,14 @@ pub fn fill_pad(params: &PreprocessParams, out: &mut [u8]) {
 }
 
 /// The error of a tensor destination of the wrong size.
-pub(crate) fn check_out_len(op: &PreprocessOp, out: &[u8]) -> Result<()> {
+pub(crate) fn check_out_len(op: &PreprocessOp, len: usize) -> Result<()> {
     let want = op.params.tensor_desc().byte_len();
-    if out.len() == want {
+    if len == want {
         return Ok(());
     }
     Err(Error::Operation(format!(
-        "the output buffer holds {} bytes but the tensor is {want}; pass a buffer of \
-         op.params.tensor_desc().byte_len() bytes",
-        out.len()
+        "the output buffer holds {len} bytes but the tensor is {want}; pass a buffer of \
+         op.params.tensor_desc().byte_len() bytes"
     )))
 }
 

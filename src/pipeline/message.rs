@@ -160,6 +160,18 @@ impl MessagePool {
         self.free.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A buffer for the next message: one given back, or a new empty one.
+    pub fn spare(&self) -> MessageBuf {
+        self.free().pop().unwrap_or_default()
+    }
+
+    /// A buffer the pipeline no longer needs, kept for a later message.
+    pub fn give_back(&self, buf: MessageBuf) {
+        if buf.buf.is_some() {
+            self.free().push(buf);
+        }
+    }
+
     /// Hand `current` out as an [`OwnedMessage`] and put a free buffer (one given back,
     /// or a new empty one) in its place.
     pub fn take(self: &Arc<Self>, current: &mut MessageBuf) -> OwnedMessage {

@@ -7,6 +7,8 @@
 //! per-encoding kernel, a batch is one launch).
 
 pub mod conv;
+#[cfg(any(test, feature = "fault-injection"))]
+pub mod deferred;
 pub mod encode;
 pub mod failure;
 #[cfg(feature = "fault-injection")]
@@ -15,7 +17,7 @@ pub mod geometry;
 pub mod message;
 
 use crate::backend::{
-    self, Backend, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes, TensorDesc,
+    self, Backend, Conv2dOp, Job, PreprocessOp, PreprocessParams, Queued, StageTimes, TensorDesc,
 };
 use crate::config::{BackendChoice, ChannelOrder, Config};
 use crate::error::{Error, Result};
@@ -34,6 +36,7 @@ pub use fault::{FaultKind, FaultPlan, INJECT_FAULT_ENV};
 pub use geometry::{Geometry, Rect};
 use message::{batch_fields, KeptItem, MessageBuf, MessagePool};
 pub use message::{OwnedMessage, OUTSTANDING_WAIT, TENSOR_ALIGN};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// One input of a frame set for [`Pipeline::process_frames`]: a camera's frame (or none).
@@ -118,6 +121,27 @@ type CachedOp = ((u32, u32), Geometry, PreprocessOp);
 /// Batch slots refused: (slot, reason).
 pub type Rejected = Vec<(usize, String)>;
 
+/// A frame set submitted ([`Pipeline::submit_frames`]) and not finished yet.
+struct Pending {
+    message: MessageBuf,
+    desc: TensorDesc,
+    geometries: Vec<Option<Geometry>>,
+    rejected: Rejected,
+    state: PendingState,
+}
+
+enum PendingState {
+    /// Computed when submitted (a backend with one submission in flight): its times.
+    Done(StageTimes),
+    /// In flight on the backend: [`Backend::finish_oldest`] gives its times.
+    InFlight,
+    /// The backend failed when it was submitted: the failure policy acts at its finish.
+    Failed(Error),
+    /// Another submission's device error discarded it (or its backend was replaced): it
+    /// is run again at its finish.
+    Abandoned,
+}
+
 /// Builds the operations for each input's frame size and runs them on a backend.
 pub struct Pipeline {
     config: Config,
@@ -131,6 +155,9 @@ pub struct Pipeline {
     /// Buffers of messages taken out ([`Pipeline::take_message`]) and given back.
     pool: Arc<MessagePool>,
     recovery: Recovery,
+    /// Sets submitted and not finished, oldest first (at most the backend's
+    /// [`Backend::max_in_flight`]).
+    pending: VecDeque<Pending>,
 }
 
 impl Pipeline {
@@ -153,6 +180,7 @@ impl Pipeline {
             message: MessageBuf::default(),
             pool: Arc::default(),
             recovery,
+            pending: VecDeque::new(),
         })
     }
 
@@ -214,11 +242,44 @@ impl Pipeline {
     /// single frame's own header is `items[0].header`). Until the next call
     /// [`Pipeline::message`] holds the message (a batch's ages 0 until
     /// [`OwnedMessage::set_ages`]) and [`Pipeline::tensor_bytes`] its tensors.
+    /// [`Pipeline::submit_frames`] then [`Pipeline::finish_frames`], with nothing else in
+    /// flight.
     pub fn process_frames(
         &mut self,
         items: &[FrameInput<'_, '_>],
         header: &Header,
     ) -> Result<Processed> {
+        if !self.pending.is_empty() {
+            return Err(Error::Operation(format!(
+                "process_frames with {} set(s) submitted and not finished: finish_frames first",
+                self.pending.len()
+            )));
+        }
+        self.submit_frames(items, header)?;
+        self.finish_frames(items)
+    }
+
+    /// How many sets may be submitted and not finished at once: the backend's
+    /// [`Backend::max_in_flight`] (2 on CUDA: set k+1 is staged and uploaded while set k
+    /// computes; 1 on the CPU, which computes a set when it is submitted).
+    pub fn max_in_flight(&self) -> usize {
+        self.backend.max_in_flight().max(1)
+    }
+
+    /// Sets submitted and not finished.
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The first half of [`Pipeline::process_frames`]: resolve the set's operations,
+    /// write its message around the tensors and queue the backend's work (the frames are
+    /// staged: they may go when this returns, but keep them for
+    /// [`Pipeline::finish_frames`], which runs the set again if the backend fails).
+    /// Errors: the set is refused (a single camera's frame that the configuration
+    /// refuses, an operation error, more than [`Pipeline::max_in_flight`] sets); nothing
+    /// was queued. A device error is not returned here: the set's finish handles it
+    /// (`gpu_failure_policy`).
+    pub fn submit_frames(&mut self, items: &[FrameInput<'_, '_>], header: &Header) -> Result<()> {
         let batch = self.config.is_batch();
         if items.is_empty() || (!batch && items.len() != 1) {
             return Err(Error::Operation(format!(
@@ -227,19 +288,26 @@ impl Pipeline {
                 self.config.input_topics().len()
             )));
         }
+        if self.pending.len() >= self.max_in_flight() {
+            return Err(Error::Operation(format!(
+                "{} set(s) already submitted: finish_frames first",
+                self.pending.len()
+            )));
+        }
         let (geometries, rejected) = self.resolve(items, batch)?;
         let params = self.view_params()?;
         let desc = params.tensor_desc();
-        self.message.cdr = if batch {
-            self.message.items = kept_items(items, &geometries);
+        let mut message = self.pool.spare();
+        message.cdr = if batch {
+            message.items = kept_items(items, &geometries);
             TensorCdr::batch(&TensorBatchFields {
                 header,
                 name: &self.config.tensor_name,
                 desc,
-                items: &batch_fields(&self.message.items, &[]),
+                items: &batch_fields(&message.items, &[]),
             })
         } else {
-            self.message.items.clear();
+            message.items.clear();
             let (item, geometry) = (&items[0], geometries[0].as_ref());
             let geometry = geometry.ok_or_else(|| Error::Operation("no geometry".into()))?;
             TensorCdr::new(&TensorFields {
@@ -250,22 +318,95 @@ impl Pipeline {
                 source_encoding: item.source_encoding,
             })
         };
-        self.message.params = Some(params);
-        let images: Vec<Option<&ImageView<'_>>> =
-            items.iter().zip(&geometries).map(|(it, g)| g.as_ref().and(it.image)).collect();
+        message.params = Some(params);
+        let images = images_of(items, &geometries);
         self.recovery.frame += 1;
-        let (times, gpu_failure) = match self.run(&images) {
+        let state = match self.launch(&images, &mut message) {
+            Ok(Queued::Done(times)) => PendingState::Done(times),
+            Ok(Queued::Pending) => PendingState::InFlight,
+            Err(e @ Error::Cuda(_)) => {
+                // The backend abandoned what was in flight.
+                self.abandon_pending();
+                PendingState::Failed(e)
+            }
+            Err(e) => {
+                self.pool.give_back(message);
+                return Err(e);
+            }
+        };
+        self.pending.push_back(Pending { message, desc, geometries, rejected, state });
+        Ok(())
+    }
+
+    /// The second half of [`Pipeline::process_frames`]: wait for the oldest submitted set
+    /// (`items` must be its frames, as submitted) and make its message the pipeline's
+    /// ([`Pipeline::message`], [`Pipeline::take_message`]). A device error starts
+    /// `gpu_failure_policy` on this set (run again on the rebuilt or fallback backend);
+    /// the sets submitted after it are run again at their own finish.
+    pub fn finish_frames(&mut self, items: &[FrameInput<'_, '_>]) -> Result<Processed> {
+        let Some(mut p) = self.pending.pop_front() else {
+            return Err(Error::Operation("finish_frames: no set submitted".into()));
+        };
+        let result = match std::mem::replace(&mut p.state, PendingState::Abandoned) {
+            PendingState::Done(times) => Ok(times),
+            PendingState::InFlight => {
+                let r = self.backend.finish_oldest();
+                if matches!(r, Err(Error::Cuda(_))) {
+                    self.abandon_pending();
+                }
+                r
+            }
+            PendingState::Failed(e) => Err(e),
+            PendingState::Abandoned => self.run_again(items, &mut p.message),
+        };
+        let (times, gpu_failure) = match result {
             Ok(times) => {
                 self.recovery.good_frame();
                 (times, None)
             }
             Err(e @ Error::Cuda(_)) if !self.recovery.fell_back => {
-                let (times, failure) = self.recover(e.to_string(), &mut |p| p.run(&images))?;
+                // The failed backend's buffer goes before the backend does.
+                p.message.release();
+                let message = &mut p.message;
+                let (times, failure) =
+                    self.recover(e.to_string(), &mut |pl| {
+                        // A buffer of a backend replaced by an earlier attempt goes too.
+                        message.release();
+                        pl.run_again(items, message)
+                    })?;
                 (times, Some(failure))
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                self.pool.give_back(p.message);
+                return Err(e);
+            }
         };
+        let finished = std::mem::replace(&mut self.message, p.message);
+        self.pool.give_back(finished);
+        let Pending { desc, geometries, rejected, .. } = p;
         Ok(Processed { desc, geometries, rejected, times, gpu_failure })
+    }
+
+    /// Every set in flight is abandoned (the backend waited for and forgot them after a
+    /// device error): each runs again at its finish.
+    fn abandon_pending(&mut self) {
+        for p in &mut self.pending {
+            if matches!(p.state, PendingState::InFlight) {
+                p.state = PendingState::Abandoned;
+            }
+        }
+    }
+
+    /// Run a set again, now, on the current backend (after a failure): its operations
+    /// resolved again for `items` (the cache may hold a later set's sizes) and the
+    /// tensors written into `message` (allocated from the current backend).
+    fn run_again(&mut self, items: &[FrameInput<'_, '_>], message: &mut MessageBuf) -> Result<StageTimes> {
+        let (geometries, _) = self.resolve(items, self.config.is_batch())?;
+        let images = images_of(items, &geometries);
+        match self.launch(&images, message)? {
+            Queued::Done(times) => Ok(times),
+            Queued::Pending => self.backend.finish_oldest(),
+        }
     }
 
     /// Each input's operation (cached per slot and frame size) and geometry. A batch slot
@@ -334,10 +475,14 @@ impl Pipeline {
         self.pool.take(&mut self.message)
     }
 
-    /// Run the set on the current backend (or fail as injected), the tensors landing
-    /// inside the message buffer: one frame on the single-frame entry point (its
-    /// per-encoding kernel), a batch as one operation.
-    fn run(&mut self, images: &[Option<&ImageView<'_>>]) -> Result<StageTimes> {
+    /// Queue the set on the current backend (or fail as injected), the tensors landing
+    /// inside `message`: one frame on the single-frame entry point (its per-encoding
+    /// kernel), a batch as one operation.
+    fn launch(
+        &mut self,
+        images: &[Option<&ImageView<'_>>],
+        message: &mut MessageBuf,
+    ) -> Result<Queued> {
         #[cfg(feature = "fault-injection")]
         if let Some(kind) =
             self.recovery.injection.due(self.recovery.frame, self.recovery.fell_back)
@@ -347,12 +492,18 @@ impl Pipeline {
         let Some(pad) = self.pad_op.as_ref() else {
             return Err(Error::Operation("no pad operation".into()));
         };
-        let out = self.message.prepare(self.backend.as_mut())?;
+        let out = message.prepare(self.backend.as_mut())?;
+        let (out, len) = (out.as_mut_ptr(), out.len());
+        let conv = self.conv.as_ref();
+        // SAFETY (both calls): `out` is the data of `message`'s buffer, which the
+        // pipeline keeps in `pending` (or the caller of `run_again` holds) without
+        // touching it until this submission is finished or abandoned; a buffer is
+        // released (and a backend replaced) only after `abandon_all` or `finish_oldest`.
         if !self.config.is_batch() {
             return match (images.first(), self.cached.first()) {
-                (Some(Some(image)), Some(Some((_, _, op)))) => {
-                    self.backend.process_into(image, op, self.conv.as_ref(), out)
-                }
+                (Some(Some(image)), Some(Some((_, _, op)))) => unsafe {
+                    self.backend.submit_into(Job::Frame { image, op }, conv, out, len)
+                },
                 _ => Err(Error::Operation("no operation for this frame size".into())),
             };
         }
@@ -367,7 +518,7 @@ impl Pipeline {
                 backend::BatchSlot { image: *image, op }
             })
             .collect();
-        self.backend.process_batch_into(&slots, self.conv.as_ref(), out)
+        unsafe { self.backend.submit_into(Job::Batch(&slots), conv, out, len) }
     }
 
     /// Replace the backend. The message buffer goes first: it may be pinned memory that
@@ -375,6 +526,11 @@ impl Pipeline {
     /// on the old backend's buffers were still not dropped after [`OUTSTANDING_WAIT`]
     /// (normally 0).
     fn replace_backend(&mut self, backend: Box<dyn Backend>) -> usize {
+        self.backend.abandon_all();
+        self.abandon_pending();
+        for p in &mut self.pending {
+            p.message.release();
+        }
         self.message.release();
         let left = self.pool.retire();
         self.backend = backend;
@@ -460,6 +616,14 @@ impl Pipeline {
 }
 
 /// The items of a batch as kept in its message until the ages are known.
+/// The frames the backend runs: each item's, unless its slot has no geometry (padded).
+fn images_of<'a, 'b>(
+    items: &[FrameInput<'a, 'b>],
+    geometries: &[Option<Geometry>],
+) -> Vec<Option<&'b ImageView<'a>>> {
+    items.iter().zip(geometries).map(|(it, g)| g.as_ref().and(it.image)).collect()
+}
+
 fn kept_items(items: &[FrameInput<'_, '_>], geometries: &[Option<Geometry>]) -> Vec<KeptItem> {
     items
         .iter()
@@ -602,6 +766,12 @@ pub fn conv_op(cfg: &Config) -> Result<Option<Conv2dOp>> {
 /// Pick the backend for `cfg.backend`. Returns the backend and, when `auto` fell back
 /// to the CPU, the reason (for a warning and a diagnostics note).
 pub fn select_backend(cfg: &Config) -> Result<(Box<dyn Backend>, Option<String>)> {
+    #[cfg(feature = "fault-injection")]
+    if cfg.backend == BackendChoice::Cpu {
+        if let Some(deferred) = deferred::Deferred::from_env() {
+            return Ok((Box::new(deferred), None));
+        }
+    }
     match cfg.backend {
         BackendChoice::Cpu => Ok((Box::new(backend::cpu::CpuBackend::new()), None)),
         BackendChoice::Cuda => {
@@ -704,6 +874,72 @@ mod tests {
         assert_eq!(p.pool.counts(), (0, 0), "no buffer of the old backend kept");
         publisher.join().expect("publisher");
         frames(&mut p, &TOPICS, 10, 2).expect("a batch on the new backend");
+    }
+
+    /// Frames of `topics` (8x4 rgb8, pixels `v + camera index`) as the pipeline's inputs.
+    fn with_inputs<T>(
+        topics: &[&str],
+        v: u8,
+        stamp: i32,
+        f: impl FnOnce(&[FrameInput<'_, '_>], &Header) -> T,
+    ) -> T {
+        let data: Vec<Vec<u8>> = (0..topics.len()).map(|i| vec![v + i as u8; 8 * 4 * 3]).collect();
+        let images: Vec<ImageView<'_>> = data
+            .iter()
+            .map(|d| ImageView::new(8, 4, 24, "rgb8", false, d).expect("image"))
+            .collect();
+        let header = Header { sec: stamp, nanosec: 0, frame_id: "cam".into() };
+        let inputs: Vec<FrameInput<'_, '_>> = topics
+            .iter()
+            .zip(&images)
+            .map(|(topic, image)| FrameInput {
+                topic,
+                image: Some(image),
+                header: &header,
+                source_encoding: "rgb8",
+                repeated: false,
+            })
+            .collect();
+        f(&inputs, &header)
+    }
+
+    #[test]
+    fn two_sets_in_flight_finish_in_order_each_as_if_alone() {
+        for topics in [&["image"][..], &TOPICS[..]] {
+            // What each set gives alone (synchronous CPU).
+            let mut alone = pipeline(if topics.len() > 1 { topics } else { &[] });
+            let want: Vec<Vec<u8>> = [(10, 1), (90, 2), (200, 3)]
+                .iter()
+                .map(|&(v, t)| {
+                    frames(&mut alone, topics, v, t).expect("alone");
+                    alone.message().to_vec()
+                })
+                .collect();
+            let cfg = alone.config().clone();
+            let deferred = deferred::Deferred::new();
+            let mut p = Pipeline::new(cfg, Box::new(deferred)).expect("pipeline");
+            assert_eq!(p.max_in_flight(), 2);
+            with_inputs(topics, 10, 1, |i, h| p.submit_frames(i, h)).expect("submit 1");
+            with_inputs(topics, 90, 2, |i, h| p.submit_frames(i, h)).expect("submit 2");
+            let third = with_inputs(topics, 200, 3, |i, h| p.submit_frames(i, h)).unwrap_err();
+            assert!(third.to_string().contains("finish_frames first"), "{third}");
+            assert_eq!(p.in_flight(), 2);
+            with_inputs(topics, 10, 1, |i, _| p.finish_frames(i)).expect("finish 1");
+            let first = p.take_message();
+            assert_eq!(first.bytes(), &want[0][..], "{topics:?}: set 1");
+            with_inputs(topics, 200, 3, |i, h| p.submit_frames(i, h)).expect("submit 3");
+            with_inputs(topics, 90, 2, |i, _| p.finish_frames(i)).expect("finish 2");
+            assert_eq!(p.message(), &want[1][..], "{topics:?}: set 2");
+            with_inputs(topics, 200, 3, |i, _| p.finish_frames(i)).expect("finish 3");
+            assert_eq!(p.message(), &want[2][..], "{topics:?}: set 3");
+            assert_eq!(first.bytes(), &want[0][..], "the taken message stayed");
+            assert!(p.finish_frames(&[]).is_err(), "nothing in flight");
+            let busy = with_inputs(topics, 10, 4, |i, h| {
+                p.submit_frames(i, h).expect("submit");
+                p.process_frames(i, h).unwrap_err()
+            });
+            assert!(busy.to_string().contains("finish_frames first"), "{busy}");
+        }
     }
 
     #[test]

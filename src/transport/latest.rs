@@ -65,6 +65,15 @@ impl<T> Latest<T> {
         }
     }
 
+    /// The item waiting now, without waiting for one; `None` when there is none or once
+    /// stopped.
+    pub fn try_take(&self) -> Option<T> {
+        if self.is_stopped() {
+            return None;
+        }
+        self.lock().take()
+    }
+
     /// True once [`Latest::stop_and_take`] was called.
     pub fn is_stopped(&self) -> bool {
         self.shutdown.load(Ordering::Acquire)
@@ -84,6 +93,9 @@ mod tests {
         assert_eq!(slot.replace(2u8), Some(1));
         assert_eq!(slot.replace(3u8), Some(2));
         assert_eq!(slot.take(), Some(3));
+        assert_eq!(slot.try_take(), None, "nothing waits");
+        assert_eq!(slot.replace(4u8), None);
+        assert_eq!(slot.try_take(), Some(4));
         assert_eq!(slot.replace(4u8), None);
         assert_eq!(slot.stop_and_take(), Some(4));
         assert_eq!(slot.replace(5u8), Some(5), "after the stop the item comes back");

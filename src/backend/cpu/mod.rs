@@ -106,7 +106,7 @@ impl CpuBackend {
         out: &mut [u8],
     ) -> Result<()> {
         op.check(image)?;
-        crate::backend::check_out_len(op, out)?;
+        crate::backend::check_out_len(op, out.len())?;
         let store = Store::of(op.params.dtype);
         fused(image, op, out, store, self.simd, &mut self.bands);
         Ok(())
@@ -268,7 +268,7 @@ impl Backend for CpuBackend {
         out: &mut [u8],
     ) -> Result<StageTimes> {
         let start = Instant::now();
-        crate::backend::check_out_len(op, out)?;
+        crate::backend::check_out_len(op, out.len())?;
         let Some(conv) = conv else {
             // No conv2d: one fused pass straight into the output dtype.
             self.preprocess_into(image, op, out)?;

@@ -49,6 +49,13 @@ impl BatchState {
             resident: None,
         })
     }
+
+    /// Forget every queued batch (both streams already waited for).
+    pub fn abandon(&mut self) {
+        for r in self.queue.drain(..) {
+            self.ring[r].in_flight = None;
+        }
+    }
 }
 
 /// The checks of a batch before anything is queued: caller errors, never device ones.
@@ -120,9 +127,7 @@ impl CudaBackend {
     pub fn abandon_on_error<T>(&mut self, result: Result<T>) -> Result<T> {
         if matches!(&result, Err(e) if !matches!(e, Error::Operation(_))) {
             self.gpu.synchronize();
-            for r in self.batch.queue.drain(..) {
-                self.batch.ring[r].in_flight = None;
-            }
+            self.batch.abandon();
         }
         result
     }

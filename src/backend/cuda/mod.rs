@@ -48,7 +48,9 @@ pub use frame::RING;
 pub use launch::MAX_BATCH_SLOTS;
 pub use steps::{PARALLEL_STAGING_MIN, STAGING_THREADS};
 
-use crate::backend::{Backend, BatchSlot, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes};
+use crate::backend::{
+    Backend, BatchSlot, Conv2dOp, Job, PreprocessOp, PreprocessParams, Queued, StageTimes,
+};
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Result};
 use crate::image::{Encoding, ImageView};
@@ -113,7 +115,25 @@ pub struct CudaBackend {
     frame: frame::FrameState,
     /// The ring and caches of the batch path.
     batch: batch::BatchState,
+    /// Submissions of [`Backend::submit_into`] in flight, oldest first.
+    queue: std::collections::VecDeque<Submission>,
 }
+
+/// A [`Backend::submit_into`] in flight: its ring entry and where its tensors go.
+struct Submission {
+    /// `Some(entry)` of the frame ring, `None`: the oldest batch of the batch ring.
+    frame: Option<usize>,
+    /// The caller's `out` (valid and untouched until the submission is finished or
+    /// abandoned: `submit_into`'s contract).
+    out: *mut u8,
+    len: usize,
+    direct: bool,
+}
+
+// SAFETY: `out` is only a destination the caller keeps alive for the backend (the
+// contract of `Backend::submit_into`); the backend, and so the pointer, is used by one
+// thread at a time (`&mut self`).
+unsafe impl Send for Submission {}
 
 impl CudaBackend {
     /// Open device `device_id` as a [`Backend`] (what `select_backend` calls).
@@ -198,6 +218,7 @@ impl CudaBackend {
             kernels,
             conv_constants: None,
             fused_path,
+            queue: std::collections::VecDeque::new(),
         })
     }
 
@@ -312,6 +333,28 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// `job` submitted and finished with nothing else in flight (`process_into`,
+    /// `process_batch_into`): the synchronous form of the one path.
+    fn run_alone(
+        &mut self,
+        job: Job<'_, '_>,
+        conv: Option<&Conv2dOp>,
+        out: &mut [u8],
+    ) -> Result<StageTimes> {
+        if !self.queue.is_empty() || self.batches_in_flight() > 0 {
+            let why = "submissions of submit_into or submit_batch are not finished";
+            return Err(drv_err("process_into", why).into());
+        }
+        // SAFETY: `out` is borrowed for this whole call, and the submission is finished
+        // (or abandoned on error) before it returns.
+        match unsafe { self.submit_into(job, conv, out.as_mut_ptr(), out.len()) }? {
+            Queued::Done(times) => Ok(times),
+            Queued::Pending => self.finish_oldest(),
+        }
+    }
+}
+
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
@@ -359,7 +402,8 @@ impl Backend for CudaBackend {
 
     /// One launch of the fused kernel of the frame's encoding, one conv2d launch (see
     /// `frame.rs`), the tensor straight into `out` when it is pinned memory of this
-    /// context.
+    /// context: [`Backend::submit_into`] and [`Backend::finish_oldest`] with nothing else
+    /// in flight.
     fn process_into(
         &mut self,
         image: &ImageView<'_>,
@@ -367,42 +411,101 @@ impl Backend for CudaBackend {
         conv: Option<&Conv2dOp>,
         out: &mut [u8],
     ) -> Result<StageTimes> {
-        crate::backend::check_out_len(op, out)?;
-        frame::check(image, op, conv)?;
-        self.gpu.bind()?;
-        let target = self.gpu.direct_target(out);
-        let result = self.frame_submit(image, op, conv, target);
-        let result = result.and_then(|s| self.frame.ring[s].finish(Some(out)));
-        match result {
-            Ok(_) => self.frame.direct_frames += u64::from(target.is_some()),
-            // Work queued before the error may still write `out` or the entry's buffers:
-            // wait for it (its own error, if any, is the same failure) before `out` goes.
-            // The failed frame is no longer in flight (`finish` took it, or it never was).
-            Err(_) => self.gpu.synchronize(),
-        }
-        result.map(|(times, _)| times)
+        self.run_alone(Job::Frame { image, op }, conv, out)
     }
 
     /// One launch of `resize_normalize_batch` for the whole batch, one conv2d launch
     /// over it (see `batch.rs`), the tensors straight into `out` when it is pinned memory
-    /// of this context.
+    /// of this context; as [`Backend::process_into`].
     fn process_batch_into(
         &mut self,
         slots: &[BatchSlot<'_, '_>],
         conv: Option<&Conv2dOp>,
         out: &mut [u8],
     ) -> Result<StageTimes> {
-        crate::backend::check_batch(slots, out)?;
-        batch::check(slots, conv)?;
-        if self.batches_in_flight() > 0 {
-            let why = "batches submitted with submit_batch are not finished";
-            return Err(drv_err("process_batch_into", why).into());
+        self.run_alone(Job::Batch(slots), conv, out)
+    }
+
+    fn max_in_flight(&self) -> usize {
+        frame::RING.min(BATCH_RING)
+    }
+
+    /// The frame (`frame.rs`) or the batch (`batch.rs`) staged, uploaded (on the copy
+    /// stream when another submission is in flight) and queued; the tensors straight
+    /// into `out` when it is pinned memory of this context, else through the entry's
+    /// pinned output and one CPU copy at [`Backend::finish_oldest`].
+    unsafe fn submit_into(
+        &mut self,
+        job: Job<'_, '_>,
+        conv: Option<&Conv2dOp>,
+        out: *mut u8,
+        len: usize,
+    ) -> Result<Queued> {
+        match job {
+            Job::Frame { image, op } => {
+                crate::backend::check_out_len(op, len)?;
+                frame::check(image, op, conv)?;
+            }
+            Job::Batch(slots) => {
+                crate::backend::check_batch_len(slots, len)?;
+                batch::check(slots, conv)?;
+            }
+        }
+        if self.queue.len() >= self.max_in_flight() {
+            let why = format!("{} submissions already in flight: finish one first", self.queue.len());
+            return Err(crate::Error::Operation(format!("submit_into: {why}")));
         }
         self.gpu.bind()?;
-        let target = self.gpu.direct_target(out);
-        let result = self.batch_submit(slots, conv, target);
-        let result = result.and_then(|()| self.batch_finish(Some(out)));
-        self.abandon_on_error(result).map(|(times, ..)| times)
+        // SAFETY: the caller keeps `out` valid for `len` bytes and untouched until the
+        // submission is finished or abandoned (the contract); only its address is kept.
+        let target = self.gpu.direct_target(unsafe { std::slice::from_raw_parts_mut(out, len) });
+        let frame = match job {
+            Job::Frame { image, op } => self.frame_submit(image, op, conv, target).map(Some),
+            Job::Batch(slots) => self.batch_submit(slots, conv, target).map(|()| None),
+        };
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                self.abandon_all();
+                return Err(e);
+            }
+        };
+        self.queue.push_back(Submission { frame, out, len, direct: target.is_some() });
+        Ok(Queued::Pending)
+    }
+
+    fn finish_oldest(&mut self) -> Result<StageTimes> {
+        let Some(sub) = self.queue.pop_front() else {
+            return Err(crate::Error::Operation("finish_oldest: nothing in flight".into()));
+        };
+        // SAFETY: `out` is the caller's, valid and untouched until this returns (the
+        // contract of submit_into); the submission's last event is waited for before
+        // the CPU copies into it.
+        let out = unsafe { std::slice::from_raw_parts_mut(sub.out, sub.len) };
+        let result = self.gpu.bind().map_err(Into::into).and_then(|()| match sub.frame {
+            Some(s) => self.frame.ring[s].finish(Some(out)).map(|(t, _)| t),
+            None => self.batch_finish(Some(out)).map(|(t, ..)| t),
+        });
+        match result {
+            Ok(times) => {
+                self.frame.direct_frames += u64::from(sub.direct && sub.frame.is_some());
+                Ok(times)
+            }
+            Err(e) => {
+                self.abandon_all();
+                Err(e)
+            }
+        }
+    }
+
+    fn abandon_all(&mut self) {
+        let _ = self.gpu.bind();
+        self.gpu.synchronize();
+        self.queue.clear();
+        for e in &mut self.frame.ring {
+            e.in_flight = None;
+        }
+        self.batch.abandon();
     }
 
     fn alloc_host(&mut self, len: usize) -> Result<crate::backend::HostBuffer> {

@@ -5,7 +5,7 @@ use crate::input::ConfigArgs;
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::time::Instant;
 use vision_preproc::bag::{Bag, BagWriter};
@@ -177,14 +177,32 @@ fn replay(
     let mut batcher: Option<Batcher<Recorded>> = None;
     let mut tally = Tally::default();
     let started = Instant::now();
-    let mut process = |set: Batch<Recorded>, log_time: u64, out: &mut BagWriter| {
-        process_set(&mut pipeline, &set, topics, &mut tally, &backend_name)?.map_or(
-            Ok(()),
-            |timing| {
+    // Sets submitted and not finished (with their log time and submission instant): on
+    // CUDA set k+1 is submitted before set k is finished and written, as in the node.
+    let mut queue: VecDeque<(Batch<Recorded>, u64, Instant)> = VecDeque::new();
+    // `Some(set)`: submit it, then finish the oldest sets while the backend's
+    // `max_in_flight` are in flight; `None` (the end): finish every set.
+    let mut process = |set: Option<(Batch<Recorded>, u64)>,
+                       out: &mut BagWriter|
+     -> vision_preproc::Result<()> {
+        let keep = match set {
+            Some((set, log_time)) => {
+                if submit_set(&mut pipeline, &set, topics, &mut tally)? {
+                    queue.push_back((set, log_time, Instant::now()));
+                }
+                pipeline.max_in_flight() - 1
+            }
+            None => 0,
+        };
+        while queue.len() > keep {
+            let Some((set, log_time, t0)) = queue.pop_front() else { break };
+            let timing = finish_set(&mut pipeline, &set, topics, &mut tally, (&backend_name, t0))?;
+            if let Some(timing) = timing {
                 out.write(t_tensor, log_time, pipeline.message())?;
-                out.write(t_timing, log_time, &timing.encode())
-            },
-        )
+                out.write(t_timing, log_time, &timing.encode())?;
+            }
+        }
+        Ok(())
     };
     let index = |t: &str| topics.iter().position(|x| x == t);
     let mut last_time = 0i64;
@@ -198,7 +216,7 @@ fn replay(
         let mut guard = 0;
         while let Some(d) = b.deadline().filter(|&d| d < now) {
             for set in b.poll(d.saturating_add(1)) {
-                process(set, d.saturating_add(1).max(0) as u64, &mut out)?;
+                process(Some((set, d.saturating_add(1).max(0) as u64)), &mut out)?;
             }
             guard += 1;
             if guard > 4 * topics.len() {
@@ -212,7 +230,7 @@ fn replay(
             data: std::sync::Arc::new(Recorded { data: m.data }),
         };
         for set in b.push(cam, frame) {
-            process(set, m.log_time, &mut out)?;
+            process(Some((set, m.log_time)), &mut out)?;
         }
         last_time = now;
         Ok(())
@@ -224,11 +242,12 @@ fn replay(
         let end = last_time.saturating_add(settings.batch_timeout).saturating_add(1);
         if settings.policy == BatchPolicy::Latest {
             for set in b.poll(end) {
-                process(set, end.max(0) as u64, &mut out)?;
+                process(Some((set, end.max(0) as u64)), &mut out)?;
             }
         }
         pending = (0..b.len()).map(|i| b.pending(i)).sum();
     }
+    process(None, &mut out)?;
     let counts: Vec<_> =
         batcher.as_ref().map(|b| (0..b.len()).map(|i| b.counts(i)).collect()).unwrap_or_default();
     tally.frames = counts.iter().map(|c| c.received).sum();
@@ -262,87 +281,127 @@ fn replay(
     Ok(())
 }
 
-/// One formed set: decode and validate its frames, run them, and return its
-/// FrameTiming (`None` when a single camera's frame was refused: nothing to write). The
-/// message is then in the pipeline.
-fn process_set(
-    pipeline: &mut Pipeline,
-    set: &Batch<Recorded>,
-    topics: &[String],
-    tally: &mut Tally,
-    backend_name: &str,
-) -> vision_preproc::Result<Option<vision_preproc::wire::msgs::FrameTiming>> {
-    use vision_preproc::pipeline::FrameInput;
+/// A formed set's frames decoded (`None`: stale, or undecodable) with whether each was
+/// in an earlier set.
+type Decoded<'a> = Vec<Option<(Image<'a>, bool)>>;
+
+/// Decode a set's frames, counting what cannot be (when `tally` is given: at submission).
+fn decode<'a>(set: &'a Batch<Recorded>, topics: &[String], mut tally: Option<&mut Tally>) -> Decoded<'a> {
     use vision_preproc::transport::batch_sync::Item;
-    use vision_preproc::wire::msgs::Header;
-    let t0 = Instant::now();
     let mut decoded = Vec::with_capacity(set.items.len());
     for (i, item) in set.items.iter().enumerate() {
         decoded.push(match item {
             Item::Frame { frame, repeated } => match Image::decode(&frame.data.data) {
                 Ok(img) => Some((img, *repeated)),
                 Err(e) => {
-                    let why = format!("undecodable message: {e}");
-                    Tally::count(&mut tally.skipped, topics, i, why);
+                    if let Some(t) = tally.as_deref_mut() {
+                        Tally::count(&mut t.skipped, topics, i, format!("undecodable message: {e}"));
+                    }
                     None
                 }
             },
             Item::Stale => {
-                tally.stale_slots += 1;
+                if let Some(t) = tally.as_deref_mut() {
+                    t.stale_slots += 1;
+                }
                 None
             }
         });
     }
-    let mut views = Vec::with_capacity(decoded.len());
-    for (i, d) in decoded.iter().enumerate() {
-        views.push(match d {
-            Some((img, repeated)) => {
-                let v = ImageView::new(
-                    img.width,
-                    img.height,
-                    img.step,
-                    &img.encoding,
-                    img.is_bigendian != 0,
-                    img.data,
-                );
-                match v {
-                    Ok(v) => Some(v),
-                    Err(e) => {
-                        if !repeated {
-                            Tally::count(&mut tally.rejected, topics, i, e.to_string());
-                        }
-                        None
+    decoded
+}
+
+/// The views of decoded frames (`None`: no frame, or an invalid one, counted when `tally`
+/// is given).
+fn views<'a>(decoded: &'a Decoded<'a>, topics: &[String], mut tally: Option<&mut Tally>) -> Vec<Option<ImageView<'a>>> {
+    decoded
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let (img, repeated) = d.as_ref()?;
+            let v = ImageView::new(
+                img.width,
+                img.height,
+                img.step,
+                &img.encoding,
+                img.is_bigendian != 0,
+                img.data,
+            );
+            match v {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    if let Some(t) = tally.as_deref_mut().filter(|_| !repeated) {
+                        Tally::count(&mut t.rejected, topics, i, e.to_string());
                     }
+                    None
                 }
             }
-            None => None,
-        });
-    }
-    if topics.len() < 2 && views[0].is_none() {
-        return Ok(None);
-    }
-    let empty = Header::default();
-    let inputs: Vec<FrameInput<'_, '_>> = decoded
+        })
+        .collect()
+}
+
+/// The pipeline's inputs of a decoded set.
+fn inputs<'a, 'b>(
+    decoded: &'b Decoded<'a>,
+    views: &'b [Option<ImageView<'a>>],
+    topics: &'b [String],
+    empty: &'b vision_preproc::wire::msgs::Header,
+) -> Vec<vision_preproc::pipeline::FrameInput<'a, 'b>> {
+    decoded
         .iter()
-        .zip(&views)
+        .zip(views)
         .enumerate()
-        .map(|(i, (d, v))| FrameInput {
+        .map(|(i, (d, v))| vision_preproc::pipeline::FrameInput {
             topic: &topics[i],
             image: v.as_ref(),
-            header: d.as_ref().map_or(&empty, |(img, _)| &img.header),
+            header: d.as_ref().map_or(empty, |(img, _)| &img.header),
             source_encoding: d.as_ref().map_or("", |(img, _)| img.encoding.as_str()),
             repeated: d.as_ref().is_some_and(|(_, r)| *r),
         })
-        .collect();
+        .collect()
+}
+
+/// Submit one formed set: decode and validate its frames and queue them; false when
+/// nothing was queued (a single camera's frame refused: nothing to write).
+fn submit_set(
+    pipeline: &mut Pipeline,
+    set: &Batch<Recorded>,
+    topics: &[String],
+    tally: &mut Tally,
+) -> vision_preproc::Result<bool> {
+    let decoded = decode(set, topics, Some(tally));
+    let views = views(&decoded, topics, Some(tally));
+    if topics.len() < 2 && views[0].is_none() {
+        return Ok(false);
+    }
+    let empty = vision_preproc::wire::msgs::Header::default();
+    let inputs = inputs(&decoded, &views, topics, &empty);
     let header = vision_preproc::pipeline::set_header(&inputs);
-    let info = match pipeline.process_frames(&inputs, &header) {
-        Ok(info) => info,
+    match pipeline.submit_frames(&inputs, &header) {
+        Ok(()) => Ok(true),
         Err(Error::Image(e)) => {
             Tally::count(&mut tally.rejected, topics, 0, e.to_string());
-            return Ok(None);
+            Ok(false)
         }
-        Err(e) => return Err(e),
-    };
+        Err(e) => Err(e),
+    }
+}
+
+/// Finish the oldest submitted set (`set`, submitted at `t0`) and return its FrameTiming;
+/// its message is then in the pipeline.
+fn finish_set(
+    pipeline: &mut Pipeline,
+    set: &Batch<Recorded>,
+    topics: &[String],
+    tally: &mut Tally,
+    (backend_name, t0): (&str, Instant),
+) -> vision_preproc::Result<Option<vision_preproc::wire::msgs::FrameTiming>> {
+    let decoded = decode(set, topics, None);
+    let views = views(&decoded, topics, None);
+    let empty = vision_preproc::wire::msgs::Header::default();
+    let inputs = inputs(&decoded, &views, topics, &empty);
+    let header = vision_preproc::pipeline::set_header(&inputs);
+    let info = pipeline.finish_frames(&inputs)?;
     for (i, reason) in info.rejected {
         Tally::count(&mut tally.rejected, topics, i, reason);
     }

@@ -12,9 +12,12 @@ use super::clock::{self, Throttle};
 use super::native::ros_header;
 use super::shared::{lock, Outputs, RateLimitedLog, Received, Shared};
 use crate::backend::StageTimes;
+use super::former::Formed;
+use crate::image::ImageView;
 use crate::pipeline::{
     frame_timing, set_header, slot_reason, FrameInput, Geometry, GpuFailure, OwnedMessage, Pipeline,
 };
+use std::collections::VecDeque;
 use crate::transport::batch_sync::Item;
 use crate::wire::msgs::Header;
 use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
@@ -50,6 +53,7 @@ struct Ready {
     new_valid: u64,
 }
 
+
 /// Run the node's processing (this thread) and publishing (a second thread) until the
 /// node stops.
 pub fn process_loop(pipeline: Pipeline, shared: &Shared, out: Outputs) {
@@ -83,35 +87,130 @@ fn reject(
     lock(&shared.cameras)[slot].rejected += 1;
 }
 
+/// A formed set submitted to the pipeline and not finished yet.
+struct Submitted {
+    formed: Formed,
+    /// Its valid frames not in an earlier set (counted failed if it fails).
+    new_valid: u64,
+}
+
+/// The processing thread: takes the newest formed set and submits it; with a backend
+/// that keeps two sets in flight (CUDA), a set already waiting is submitted before the
+/// previous one is finished, so that its staging and upload overlap that set's kernels,
+/// download and hand-over. A set is never waited for while another is in flight: at
+/// camera rate each set is finished right after its submission, as before.
 fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
     let logger = shared.logger.as_str();
     let mut generation = 0u64;
-    let mut reject_log = RateLimitedLog::new(&shared.clock);
+    let mut log = RateLimitedLog::new(&shared.clock);
     let topics: Vec<String> = lock(&shared.cameras).iter().map(|c| c.topic.clone()).collect();
-    while let Some(formed) = shared.sets.take() {
-        // Parameters set at run time apply from this set (validated when set).
-        {
-            let p = lock(&shared.params);
-            if p.generation != generation {
-                generation = p.generation;
-                if let Err(e) = pipeline.set_config(p.config.clone()) {
-                    r2r::log_error!(logger, "new parameters not applied: {e}");
+    let mut queue: VecDeque<Submitted> = VecDeque::new();
+    let ctx = Context { shared, topics: &topics, tx };
+    loop {
+        // Parameters set at run time apply from the next set submitted (validated when
+        // set), after the sets in flight are finished with the old ones.
+        let changed = lock(&shared.params).generation != generation;
+        if changed {
+            while let Some(sub) = queue.pop_front() {
+                if !ctx.finish(&mut pipeline, sub, &mut queue, &mut log) {
+                    return;
                 }
             }
+            let p = lock(&shared.params);
+            generation = p.generation;
+            if let Err(e) = pipeline.set_config(p.config.clone()) {
+                r2r::log_error!(logger, "new parameters not applied: {e}");
+            }
         }
-        let slots: Vec<Slot<'_>> = formed
-            .batch
-            .items
-            .iter()
-            .map(|item| match item {
-                Item::Frame { frame, repeated } => Slot {
-                    frame: Some(frame.data.as_ref()),
-                    repeated: *repeated,
-                    header: frame.data.msg.header(),
-                },
-                Item::Stale => Slot { frame: None, repeated: false, header: Header::default() },
-            })
-            .collect();
+        if queue.is_empty() {
+            let Some(formed) = shared.sets.take() else { break };
+            queue.extend(ctx.submit(&mut pipeline, formed, &mut log));
+        }
+        while queue.len() < pipeline.max_in_flight() {
+            let Some(formed) = shared.sets.try_take() else { break };
+            queue.extend(ctx.submit(&mut pipeline, formed, &mut log));
+        }
+        if let Some(sub) = queue.pop_front() {
+            if !ctx.finish(&mut pipeline, sub, &mut queue, &mut log) {
+                return;
+            }
+        }
+    }
+    // Stopped: what is in flight is finished and handed over (the publishing thread
+    // publishes it before it ends).
+    while let Some(sub) = queue.pop_front() {
+        if !ctx.finish(&mut pipeline, sub, &mut queue, &mut log) {
+            return;
+        }
+    }
+}
+
+/// What the processing thread's steps share.
+struct Context<'a> {
+    shared: &'a Shared,
+    topics: &'a [String],
+    tx: &'a SyncSender<Ready>,
+}
+
+/// One input of a formed set as the processing thread sees it.
+fn slots_of(formed: &Formed) -> Vec<Slot<'_>> {
+    formed
+        .batch
+        .items
+        .iter()
+        .map(|item| match item {
+            Item::Frame { frame, repeated } => Slot {
+                frame: Some(frame.data.as_ref()),
+                repeated: *repeated,
+                header: frame.data.msg.header(),
+            },
+            Item::Stale => Slot { frame: None, repeated: false, header: Header::default() },
+        })
+        .collect()
+}
+
+/// The pipeline's inputs of `slots` with their `views` (`None`: no frame, or invalid).
+fn inputs_of<'a, 'b>(
+    slots: &'b [Slot<'a>],
+    views: &'b [Option<ImageView<'a>>],
+    topics: &'b [String],
+) -> Vec<FrameInput<'a, 'b>> {
+    slots
+        .iter()
+        .zip(views)
+        .enumerate()
+        .map(|(i, (s, v))| FrameInput {
+            topic: &topics[i],
+            image: v.as_ref(),
+            header: &s.header,
+            source_encoding: s.frame.map_or("", |f| f.msg.encoding()),
+            repeated: s.repeated,
+        })
+        .collect()
+}
+
+impl Context<'_> {
+    /// Submit a formed set; `None` when nothing was queued (its frame refused, or the
+    /// set failed: counted).
+    fn submit(
+        &self,
+        pipeline: &mut Pipeline,
+        formed: Formed,
+        log: &mut RateLimitedLog,
+    ) -> Option<Submitted> {
+        let new_valid = self.submit_set(pipeline, &formed, log)?;
+        Some(Submitted { formed, new_valid })
+    }
+
+    /// [`Context::submit`]'s work: the set's new valid frames when it was queued.
+    fn submit_set(
+        &self,
+        pipeline: &mut Pipeline,
+        formed: &Formed,
+        log: &mut RateLimitedLog,
+    ) -> Option<u64> {
+        let (shared, topics) = (self.shared, self.topics);
+        let slots = slots_of(formed);
         // Views of the frames; an invalid frame is rejected (a batch slot is padded).
         let mut views = Vec::with_capacity(slots.len());
         for (i, s) in slots.iter().enumerate() {
@@ -119,8 +218,7 @@ fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
                 Some(Ok(v)) => Some(v),
                 Some(Err(e)) => {
                     if !s.repeated {
-                        let why = e.to_string();
-                        reject(shared, &mut reject_log, &topics, i, ("invalid image: ", &why));
+                        reject(shared, log, topics, i, ("invalid image: ", &e.to_string()));
                     }
                     None
                 }
@@ -129,49 +227,66 @@ fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
         }
         let valid: Vec<bool> = views.iter().map(Option::is_some).collect();
         if topics.len() < 2 && !valid[0] {
-            continue; // a single camera's invalid frame: nothing to publish
+            return None; // a single camera's invalid frame: nothing to publish
         }
-        let inputs: Vec<FrameInput<'_, '_>> = slots
-            .iter()
-            .zip(&views)
-            .enumerate()
-            .map(|(i, (s, v))| FrameInput {
-                topic: &topics[i],
-                image: v.as_ref(),
-                header: &s.header,
-                source_encoding: s.frame.map_or("", |f| f.msg.encoding()),
-                repeated: s.repeated,
-            })
-            .collect();
-        let header = set_header(&inputs);
         let new_valid = slots.iter().zip(&valid).filter(|(s, &v)| v && !s.repeated).count() as u64;
-        let info = match pipeline.process_frames(&inputs, &header) {
-            Ok(info) => info,
+        let inputs = inputs_of(&slots, &views, topics);
+        match pipeline.submit_frames(&inputs, &set_header(&inputs)) {
+            Ok(()) => {}
             Err(crate::Error::Image(e)) => {
                 // A single camera's frame that the configuration refuses (its roi).
-                let why = e.to_string();
-                reject(shared, &mut reject_log, &topics, 0, ("invalid image: ", &why));
-                continue;
-            }
-            Err(e @ crate::Error::GpuFailure { .. }) => {
-                shared.exit_fatal(e.to_string(), new_valid);
-                break;
+                reject(shared, log, topics, 0, ("invalid image: ", &e.to_string()));
+                return None;
             }
             Err(e) => {
-                reject_log.error(logger, &format!("frame failed: {e}"));
+                log.error(&shared.logger, &format!("frame failed: {e}"));
                 for _ in 0..new_valid {
                     shared.stats.failed(e.to_string());
                 }
-                continue;
+                return None;
+            }
+        }
+        Some(new_valid)
+    }
+
+    /// Finish the oldest submitted set and hand it to the publishing thread; false when
+    /// the thread must end (the node exits: `gpu_failure_policy: exit`, or the
+    /// publishing thread is gone). `queue`: the sets still in flight after it.
+    fn finish(
+        &self,
+        pipeline: &mut Pipeline,
+        sub: Submitted,
+        queue: &mut VecDeque<Submitted>,
+        log: &mut RateLimitedLog,
+    ) -> bool {
+        let (shared, topics) = (self.shared, self.topics);
+        let slots = slots_of(&sub.formed);
+        // The views submitted (the frames were checked then).
+        let views: Vec<Option<ImageView<'_>>> =
+            slots.iter().map(|s| s.frame.and_then(|f| f.msg.view().ok())).collect();
+        let inputs = inputs_of(&slots, &views, topics);
+        let info = match pipeline.finish_frames(&inputs) {
+            Ok(info) => info,
+            Err(e @ crate::Error::GpuFailure { .. }) => {
+                let in_flight: u64 = queue.drain(..).map(|s| s.new_valid).sum();
+                shared.exit_fatal(e.to_string(), sub.new_valid + in_flight);
+                return false;
+            }
+            Err(e) => {
+                log.error(&shared.logger, &format!("frame failed: {e}"));
+                for _ in 0..sub.new_valid {
+                    shared.stats.failed(e.to_string());
+                }
+                return true;
             }
         };
         for (i, reason) in &info.rejected {
             if !slots[*i].repeated {
-                reject(shared, &mut reject_log, &topics, *i, ("", reason));
+                reject(shared, log, topics, *i, ("", reason));
             }
         }
         if let Some(failure) = &info.gpu_failure {
-            note_gpu_failure(&pipeline, failure, shared);
+            note_gpu_failure(pipeline, failure, shared);
         }
         let ready = Ready {
             message: pipeline.take_message(),
@@ -184,15 +299,14 @@ fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
                 })
                 .collect(),
             geometries: info.geometries,
-            header,
+            header: set_header(&inputs),
             times: info.times,
             backend: pipeline.backend().name(),
-            formed_at: formed.at,
-            new_valid,
+            formed_at: sub.formed.at,
+            new_valid: sub.new_valid,
         };
-        if tx.send(ready).is_err() {
-            break; // the publishing thread is gone (it panicked): nothing can go out
-        }
+        // false: the publishing thread is gone (it panicked): nothing can go out
+        self.tx.send(ready).is_ok()
     }
 }
 

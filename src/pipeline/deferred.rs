@@ -1,0 +1,177 @@
+//! Test hook (feature `fault-injection`, and the unit tests): [`Deferred`], the CPU
+//! backend behind the pipelined interface of the CUDA backend.
+
+use crate::error::{Error, Result};
+
+/// The environment variable of [`Deferred`]: `1` makes `backend: cpu` defer its work.
+pub const DEFERRED_CPU_ENV: &str = "VISION_PREPROC_TEST_DEFERRED_CPU";
+
+/// Test hook (feature `fault-injection`; `VISION_PREPROC_TEST_DEFERRED_CPU=1` with
+/// `backend: cpu`): the CPU backend behind the pipelined interface of the CUDA backend,
+/// so that the node's and replay's overlapped path (two sets in flight, set k+1 submitted
+/// before set k is finished) runs on a machine without a GPU. `submit_into` stages (copies)
+/// the frames, as the CUDA backend does, and computes nothing; `finish_oldest` computes
+/// the oldest job into its `out`. The tensors are the CPU backend's, bit for bit.
+pub struct Deferred {
+    cpu: crate::backend::cpu::CpuBackend,
+    queue: std::collections::VecDeque<DeferredJob>,
+}
+
+/// One staged job of [`Deferred`].
+struct DeferredJob {
+    /// Per slot: the staged frame (width, height, step, encoding, big endian, bytes) and
+    /// its operation; a frame job has one slot with a frame.
+    slots: Vec<(Option<StagedFrame>, crate::backend::PreprocessOp)>,
+    batch: bool,
+    conv: Option<crate::backend::Conv2dOp>,
+    out: *mut u8,
+    len: usize,
+}
+
+// SAFETY: `out` is the caller's destination, kept valid and untouched until the job is
+// finished or abandoned (the contract of `Backend::submit_into`); the backend is used by
+// one thread at a time.
+unsafe impl Send for DeferredJob {}
+
+struct StagedFrame {
+    size: (u32, u32, u32),
+    encoding: crate::image::Encoding,
+    big_endian: bool,
+    data: Vec<u8>,
+}
+
+impl StagedFrame {
+    fn of(image: &crate::image::ImageView<'_>) -> Self {
+        StagedFrame {
+            size: (image.width(), image.height(), image.step()),
+            encoding: image.encoding(),
+            big_endian: image.big_endian(),
+            data: image.data().to_vec(),
+        }
+    }
+
+    fn view(&self) -> Result<crate::image::ImageView<'_>> {
+        let (w, h, step) = self.size;
+        Ok(crate::image::ImageView::with_encoding(
+            w,
+            h,
+            step,
+            self.encoding,
+            self.big_endian,
+            &self.data,
+        )?)
+    }
+}
+
+impl Deferred {
+    /// The CPU backend, deferred.
+    pub fn new() -> Self {
+        Deferred {
+            cpu: crate::backend::cpu::CpuBackend::new(),
+            queue: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Defer the CPU backend's work when [`DEFERRED_CPU_ENV`] is `1`.
+    pub fn from_env() -> Option<Self> {
+        (std::env::var(DEFERRED_CPU_ENV).as_deref() == Ok("1")).then(Self::new)
+    }
+}
+
+impl Default for Deferred {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl crate::backend::Backend for Deferred {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn device_description(&self) -> String {
+        format!("{} (test hook: work deferred to finish, 2 in flight)", self.cpu.device_description())
+    }
+
+    fn process_into(
+        &mut self,
+        image: &crate::image::ImageView<'_>,
+        op: &crate::backend::PreprocessOp,
+        conv: Option<&crate::backend::Conv2dOp>,
+        out: &mut [u8],
+    ) -> Result<crate::backend::StageTimes> {
+        self.cpu.process_into(image, op, conv, out)
+    }
+
+    fn process_batch_into(
+        &mut self,
+        slots: &[crate::backend::BatchSlot<'_, '_>],
+        conv: Option<&crate::backend::Conv2dOp>,
+        out: &mut [u8],
+    ) -> Result<crate::backend::StageTimes> {
+        self.cpu.process_batch_into(slots, conv, out)
+    }
+
+    fn max_in_flight(&self) -> usize {
+        2
+    }
+
+    unsafe fn submit_into(
+        &mut self,
+        job: crate::backend::Job<'_, '_>,
+        conv: Option<&crate::backend::Conv2dOp>,
+        out: *mut u8,
+        len: usize,
+    ) -> Result<crate::backend::Queued> {
+        use crate::backend::Job;
+        if self.queue.len() >= 2 {
+            return Err(Error::Operation("submit_into: 2 jobs already in flight".into()));
+        }
+        let (slots, batch) = match job {
+            Job::Frame { image, op } => {
+                crate::backend::check_out_len(op, len)?;
+                op.check(image)?;
+                (vec![(Some(StagedFrame::of(image)), op.clone())], false)
+            }
+            Job::Batch(slots) => {
+                crate::backend::check_batch_len(slots, len)?;
+                let staged = slots.iter().map(|s| (s.image.map(StagedFrame::of), s.op.clone()));
+                (staged.collect(), true)
+            }
+        };
+        conv.map_or(Ok(()), crate::backend::Conv2dOp::check)?;
+        self.queue.push_back(DeferredJob { slots, batch, conv: conv.cloned(), out, len });
+        Ok(crate::backend::Queued::Pending)
+    }
+
+    fn finish_oldest(&mut self) -> Result<crate::backend::StageTimes> {
+        let Some(job) = self.queue.pop_front() else {
+            return Err(Error::Operation("finish_oldest: nothing in flight".into()));
+        };
+        // SAFETY: the caller keeps `out` valid and untouched until this returns (the
+        // contract of submit_into).
+        let out = unsafe { std::slice::from_raw_parts_mut(job.out, job.len) };
+        let views = job
+            .slots
+            .iter()
+            .map(|(f, _)| f.as_ref().map(StagedFrame::view).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        let conv = job.conv.as_ref();
+        if !job.batch {
+            if let (Some(Some(image)), Some((_, op))) = (views.first(), job.slots.first()) {
+                return self.cpu.process_into(image, op, conv, out);
+            }
+            return Err(Error::Operation("a deferred frame without its frame".into()));
+        }
+        let slots: Vec<crate::backend::BatchSlot<'_, '_>> = views
+            .iter()
+            .zip(&job.slots)
+            .map(|(image, (_, op))| crate::backend::BatchSlot { image: image.as_ref(), op })
+            .collect();
+        self.cpu.process_batch_into(&slots, conv, out)
+    }
+
+    fn abandon_all(&mut self) {
+        self.queue.clear();
+    }
+}
