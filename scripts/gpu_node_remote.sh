@@ -13,6 +13,15 @@
 #   latency   config/default.yaml on cuda, 1280x720 and 1920x1080 bgr8 at 30 Hz, restamped:
 #             end-to-end and node-added latency, fps, drops, RSS and GPU memory (3 x 10 s)
 #   startup   process start -> first tensor received, empty kernel cache then cached (3 x)
+#   single    one single-camera node, 1920x1080 bgr8 -> 640x640 float32 (config/default.yaml),
+#             the previous release (.device/prev.tar.xz, bundled the same way) against this
+#             one, interleaved, 2 trials each: the highest sustained rate (PLAYERS=3
+#             `play --max` on the node's one topic, 6 s: published frames/s, with
+#             received / dropped and each thread's CPU, scripts/thread_cpu.py) and the
+#             node-added latency at 30 Hz (one player, 10 s, `record` p50 / p99)
+#   profile   where a node's time goes at --max, per thread (scripts/thread_cpu.py): the
+#             batched node (4 inputs) and the four single-camera nodes of `batchmax`, and
+#             their players and subscribers
 #   batch     4 cameras 1920x1080 bgr8 at 30 Hz (4 players, phases not aligned) -> one node
 #             with 4 inputs (TensorBatch 4x3x640x640) vs 4 single-camera nodes, cuda;
 #             node-added and end-to-end latency per side (2 x 10 s, interleaved)
@@ -233,6 +242,69 @@ print(f"startup {label}: process start -> first 1080p tensor received {((first -
 PY
     rm -rf "/tmp/rec_$tag"
 }
+threads() {  # seconds label pid...: each thread's share of a core over the window
+    python3 scripts/thread_cpu.py "$1" "${@:3}" | sed "s/^/  $2 /"
+}
+single_max() {  # release(prev|new) bin-dir trial: PLAYERS players --max into one node, 6 s
+    local rel=$1 bin=$2 tag="single_${1}_$3" k plays=()
+    "$bin/vision_preproc_node" --ros-args -r __ns:=/s$3$rel --params-file config/default.yaml -p backend:=cuda \
+        -p network_image_width:=640 -p network_image_height:=640 >"/tmp/node_$tag.log" 2>&1 &
+    local node=$!
+    "$CLI" record --count-only --tensor-topic /s$3$rel/tensor --timing-topic /s$3$rel/timing --duration 60 \
+        >"/tmp/rec_$tag.log" 2>&1 &
+    local rec=$!
+    for k in $(seq "${PLAYERS:-3}"); do
+        timeout 60 "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp --max --duration 6 --image-topic /s$3$rel/image \
+            --camera-info-topic /s$3$rel/camera_info --wait-subscribers 1 >"/tmp/play_${tag}_$k.log" 2>&1 &
+        plays+=($!)
+    done
+    # The window: about seconds 2-5 of the players' 6 (the node is up within a second).
+    sleep 3; threads 3 "$rel node" "$node"
+    wait "${plays[@]}"; sleep 1
+    kill -TERM "$node"; stop_or_kill node "$node"
+    kill -TERM "$rec" 2>/dev/null; stop_or_kill subscriber "$rec"
+    local sent; sent=$(cat /tmp/play_${tag}_*.log | grep -o 'play: [0-9]* images' | awk '{s += $2} END {print s}')
+    echo "single $rel trial $3 (--max, ${PLAYERS:-3} players): sent $sent; $(grep -o 'stopped:.*' "/tmp/node_$tag.log"); published/s $(grep -o 'stopped: [0-9]* frames received, [0-9]*' "/tmp/node_$tag.log" | awk '{printf "%.0f", $5 / 6}')"
+    grep -h "node-added" "/tmp/rec_$tag.log" | sed "s/^/  $rel /"
+}
+single_30() {  # release bin-dir trial: one player at 30 Hz, 10 s: node-added latency
+    local rel=$1 bin=$2 tag="single30_${1}_$3"
+    "$bin/vision_preproc_node" --ros-args -r __ns:=/t$3$rel --params-file config/default.yaml -p backend:=cuda \
+        -p network_image_width:=640 -p network_image_height:=640 >"/tmp/node_$tag.log" 2>&1 &
+    local node=$!
+    "$CLI" record --count-only --tensor-topic /t$3$rel/tensor --timing-topic /t$3$rel/timing --duration 60 \
+        >"/tmp/rec_$tag.log" 2>&1 &
+    local rec=$!
+    timeout 60 "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp --duration 10 --image-topic /t$3$rel/image \
+        --camera-info-topic /t$3$rel/camera_info --wait-subscribers 1 >"/tmp/play_$tag.log" 2>&1
+    sleep 1
+    kill -TERM "$node"; stop_or_kill node "$node"
+    kill -TERM "$rec" 2>/dev/null; stop_or_kill subscriber "$rec"
+    echo "single $rel trial $3 (30 Hz): $(grep -o 'play: [0-9]* images' "/tmp/play_$tag.log"); $(grep -o 'stopped:.*' "/tmp/node_$tag.log")"
+    grep -h "node-added" "/tmp/rec_$tag.log" | sed "s/^/  $rel /"
+}
+profile_run() {  # side: --max into one batched node or four nodes, threads of everything
+    local side=$1 tag="profile_$1"
+    start_side "$side" p "$tag" count
+    play_cameras "$side" p "$tag" --duration 8 --max
+    sleep 3
+    threads 3 "$side" "${PIDS[@]}" "${PLAYS[@]}" "${RECS[@]}"
+    wait "${PLAYS[@]}"; sleep 1
+    kill -TERM "${PIDS[@]}"; stop_or_kill node "${PIDS[@]}"
+    kill -TERM "${RECS[@]}" 2>/dev/null; stop_or_kill subscriber "${RECS[@]}"
+    echo "profile $side: sent $(cat /tmp/play_${tag}_*.log | grep -o 'play: [0-9]* images' | awk '{s += $2} END {print s}'); $(grep -ho 'stopped: [0-9]* frames received, [0-9]* published, [0-9]* dropped' /tmp/node_${tag}*.log | tr '\n' ' ')"
+}
+single_all() {
+    local P=/tmp/vp_prev; rm -rf "$P"; mkdir -p "$P"; tar xJf .device/prev.tar.xz -C "$P" || { echo "no .device/prev.tar.xz"; status=1; return; }
+    echo "prev: commit $(cat "$P/COMMIT"); new: commit $(cat "$R/COMMIT")"
+    local i
+    for i in 1 2; do
+        single_max prev "$P/bin" "$i"; single_max new "$R/bin" "$i"
+    done
+    for i in 1 2; do
+        single_30 prev "$P/bin" "$i"; single_30 new "$R/bin" "$i"
+    done
+}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
 for sc in "${SCENARIOS[@]}"; do
     case "$sc" in
@@ -244,6 +316,8 @@ for sc in "${SCENARIOS[@]}"; do
         batch)    warm_up; for i in 1 2; do batch_run batched "$i"; batch_run separate "$i"; done 2>&1 | tee "$OUT/batch.log" ;;
         batchfault) warm_up; for pol in retry fallback; do batch_fault_run "$pol"; done 2>&1 | tee "$OUT/batchfault.log" ;;
         batchmax) warm_up; for rate in ${SWEEP_RATES:-1 2 4 6 8 max}; do sweep_run batched "$rate"; sweep_run separate "$rate"; done 2>&1 | tee "$OUT/batchmax.log" ;;
+        single)   warm_up; single_all 2>&1 | tee "$OUT/single.log" ;;
+        profile)  warm_up; for side in batched separate; do profile_run "$side"; done 2>&1 | tee "$OUT/profile.log" ;;
         startup)  { for i in 1 2 3; do rm -rf "$VISION_PREPROC_KERNEL_CACHE"; startup_run "cold$i"; startup_run "warm$i"; done; } 2>&1 | tee "$OUT/startup.log" ;;
         *) echo "unknown scenario $sc"; exit 2 ;;
     esac

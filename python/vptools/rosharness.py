@@ -28,6 +28,11 @@ NODE_BIN = BIN_DIR / "vision_preproc_node"
 FAULT_INJECTION_NODE = ROOT / "target" / "fault-injection" / "vision_preproc_node"
 #: The variable of the fault injection (src/pipeline/fault.rs).
 INJECT_FAULT_ENV = "VISION_PREPROC_INJECT_CUDA_FAULT"
+#: The variable of the deferred CPU backend (src/pipeline/deferred.rs): the CPU backend
+#: behind the CUDA backend's pipelined interface (two sets in flight), a test hook.
+DEFERRED_CPU_ENV = "VISION_PREPROC_TEST_DEFERRED_CPU"
+#: The test hooks' variables: a node given one of them runs the fault-injection build.
+TEST_HOOK_ENVS = (INJECT_FAULT_ENV, DEFERRED_CPU_ENV)
 
 # One domain for this test run (set before rclpy is imported anywhere), loopback only.
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid() ^ int(time.time())).randint(1, 100)))
@@ -105,13 +110,14 @@ def stamp_ns(header) -> int:
 
 class NodeProcess:
     """`vision_preproc_node` in its own process, with ROS arguments; stopped with SIGINT.
-    With INJECT_FAULT_ENV in `env`, the node with the test hooks runs instead of the product."""
+    With a test hook's variable in `env` (TEST_HOOK_ENVS), the node with the test hooks runs
+    instead of the product."""
 
     def __init__(self, ros_args: list[str], binary: Path = NODE_BIN, env: dict | None = None, log: Path | None = None,
                  unset: tuple[str, ...] = ()):
-        if INJECT_FAULT_ENV in (env or {}) and binary == NODE_BIN:
+        if set(TEST_HOOK_ENVS) & set(env or {}) and binary == NODE_BIN:
             binary = FAULT_INJECTION_NODE
-            assert binary.exists() and INJECT_FAULT_ENV.encode() in binary.read_bytes(), (
+            assert binary.exists() and DEFERRED_CPU_ENV.encode() in binary.read_bytes(), (
                 f"{binary}: no node with the fault-injection feature; build it with "
                 "scripts/test_hooks_build.sh (scripts/test.sh does)")
         self.binary = binary

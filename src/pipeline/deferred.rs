@@ -90,7 +90,10 @@ impl crate::backend::Backend for Deferred {
     }
 
     fn device_description(&self) -> String {
-        format!("{} (test hook: work deferred to finish, 2 in flight)", self.cpu.device_description())
+        format!(
+            "{} (test hook: work deferred to finish, 2 in flight)",
+            self.cpu.device_description()
+        )
     }
 
     fn process_into(

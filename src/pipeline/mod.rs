@@ -368,12 +368,11 @@ impl Pipeline {
                 // The failed backend's buffer goes before the backend does.
                 p.message.release();
                 let message = &mut p.message;
-                let (times, failure) =
-                    self.recover(e.to_string(), &mut |pl| {
-                        // A buffer of a backend replaced by an earlier attempt goes too.
-                        message.release();
-                        pl.run_again(items, message)
-                    })?;
+                let (times, failure) = self.recover(e.to_string(), &mut |pl| {
+                    // A buffer of a backend replaced by an earlier attempt goes too.
+                    message.release();
+                    pl.run_again(items, message)
+                })?;
                 (times, Some(failure))
             }
             Err(e) => {
@@ -400,7 +399,11 @@ impl Pipeline {
     /// Run a set again, now, on the current backend (after a failure): its operations
     /// resolved again for `items` (the cache may hold a later set's sizes) and the
     /// tensors written into `message` (allocated from the current backend).
-    fn run_again(&mut self, items: &[FrameInput<'_, '_>], message: &mut MessageBuf) -> Result<StageTimes> {
+    fn run_again(
+        &mut self,
+        items: &[FrameInput<'_, '_>],
+        message: &mut MessageBuf,
+    ) -> Result<StageTimes> {
         let (geometries, _) = self.resolve(items, self.config.is_batch())?;
         let images = images_of(items, &geometries);
         match self.launch(&images, message)? {
@@ -495,12 +498,13 @@ impl Pipeline {
         let out = message.prepare(self.backend.as_mut())?;
         let (out, len) = (out.as_mut_ptr(), out.len());
         let conv = self.conv.as_ref();
-        // SAFETY (both calls): `out` is the data of `message`'s buffer, which the
-        // pipeline keeps in `pending` (or the caller of `run_again` holds) without
-        // touching it until this submission is finished or abandoned; a buffer is
-        // released (and a backend replaced) only after `abandon_all` or `finish_oldest`.
+        // `out` is the data of `message`'s buffer, which the pipeline keeps in `pending`
+        // (or the caller of `run_again` holds) without touching it until this submission
+        // is finished or abandoned; a buffer is released (and a backend replaced) only
+        // after `abandon_all` or `finish_oldest`: the contract of `submit_into`.
         if !self.config.is_batch() {
             return match (images.first(), self.cached.first()) {
+                // SAFETY: `out` as said above.
                 (Some(Some(image)), Some(Some((_, _, op)))) => unsafe {
                     self.backend.submit_into(Job::Frame { image, op }, conv, out, len)
                 },
@@ -518,6 +522,7 @@ impl Pipeline {
                 backend::BatchSlot { image: *image, op }
             })
             .collect();
+        // SAFETY: `out` as said above.
         unsafe { self.backend.submit_into(Job::Batch(&slots), conv, out, len) }
     }
 

@@ -20,7 +20,8 @@ from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import DescribeParameters, GetParameters, ListParameters, SetParameters
 from sensor_msgs.msg import CameraInfo
 
-from vptools.rosharness import RELIABLE, NodeProcess, Peer, call, image_msg, param, stamp_ns, tensor_array
+from vptools.rosharness import (DEFERRED_CPU_ENV, RELIABLE, NodeProcess, Peer, call, image_msg, param, stamp_ns,
+                                tensor_array)
 from vptools.tolerances import assert_close
 from vision_preproc_msgs.msg import Tensor
 
@@ -369,3 +370,66 @@ def test_debug_image_only_while_subscribed_and_rate_limited(tmp_path: Path) -> N
         finally:
             peer.close()
         assert node.stop() == 0
+
+
+def test_the_overlapped_node_keeps_its_books_order_and_tensors_under_load(tmp_path: Path) -> None:
+    """The processing loop the CUDA node runs (a set already waiting is submitted before
+    the previous one is finished: two sets in flight), on this machine without a GPU: the
+    node with the test hooks, whose CPU backend then stages each set at submission and
+    computes it at its finish (DEFERRED_CPU_ENV, src/pipeline/deferred.rs). 1280x720 bgr8
+    at 30 Hz into ~110 ms of work a frame (overloaded 3x), stopped by SIGINT: the final
+    "stopped:" line balances (received = published + dropped + rejected + failed) and
+    counts overlapped sets; every tensor reached the reliable peer, in stamp order, and
+    each equals the offline replay's tensor of its frame (a tensor written into the wrong
+    message buffer, or published before its set finished, would not)."""
+    ns = "/overlap"
+    bag = soak.make_bag(tmp_path / "bag", 1280, 720, 30.0)
+    args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "output_qos_depth:=50"]
+    for p in HEAVY:
+        args += ["-p", p]
+    # The tensor of each of the bag's frames, offline (CPU, synchronous), by stamp order.
+    sets = [a for p in HEAVY for a in ("--set", p.replace(":=", "=", 1))]
+    subprocess.run([str(soak.CLI), "replay", str(bag), "-o", str(tmp_path / "offline"), "--backend", "cpu", *sets],
+                   check=True, capture_output=True, env=dict(os.environ, RAYON_NUM_THREADS="2"))
+    from vptools.bags import read_outputs  # noqa: PLC0415 (only this test reads bags here)
+    expected = {bytes(t.data) for t in read_outputs(tmp_path / "offline")[0]}
+    assert len(expected) >= 4, f"{len(expected)} distinct offline tensors"
+    got: list[Tensor] = []
+    with NodeProcess(args, env={"RAYON_NUM_THREADS": "1", DEFERRED_CPU_ENV: "1"}, log=tmp_path / "node.log") as node:
+        peer = Peer(ns)
+        peer.node.create_subscription(Tensor, "tensor", got.append, soak.DEEP)
+        player = None
+        try:
+            peer.wait_connected()
+            player = subprocess.Popen(
+                [str(soak.CLI), "play", str(bag), "--loop", "--restamp", "--image-topic", f"{ns}/image",
+                 "--camera-info-topic", f"{ns}/camera_info", "--wait-subscribers", "1", "--duration", "8"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            peer.spin_until(lambda: len(got) >= 20, 40, "20 tensors under load")
+            node.proc.send_signal(signal.SIGINT)
+            t_sig = time.monotonic()
+            while node.proc.poll() is None and time.monotonic() - t_sig < 3.0:
+                peer.executor.spin_once(timeout_sec=0.01)
+            assert node.proc.poll() == 0, f"exit code {node.proc.poll()}\n{node.output()}"
+            t_end = time.monotonic() + 0.5
+            while time.monotonic() < t_end:
+                peer.executor.spin_once(timeout_sec=0.01)
+        finally:
+            if player is not None:
+                player.terminate()
+                player.communicate(timeout=30)
+            peer.close()
+    out = node.output()
+    assert "test hook: work deferred" in out, out[-2000:]
+    m = re.search(r"stopped: (\d+) frames received, (\d+) published, (\d+) dropped \(queue\), "
+                  r"(\d+) rejected \(invalid\), (\d+) failed; (\d+) sets overlapped", out)
+    assert m, out[-2000:]
+    received, published, dropped, rejected, failed, overlapped = map(int, m.groups())
+    assert received == published + dropped + rejected + failed, m.group(0)
+    assert (rejected, failed) == (0, 0) and dropped > 0 and overlapped > 0, m.group(0)
+    assert published == len(got), f"{m.group(0)}, but the reliable peer received {len(got)} tensors"
+    stamps = [stamp_ns(t.header) for t in got]
+    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps), "tensors out of stamp order"
+    wrong = [i for i, t in enumerate(got) if bytes(t.data) not in expected]
+    assert not wrong, f"{len(wrong)} of {len(got)} tensors are not the offline tensor of any frame: {wrong[:10]}"
+    print(f"{m.group(0)}; {len(got)} tensors in order, each equal to its frame's offline tensor")

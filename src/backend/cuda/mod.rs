@@ -452,7 +452,8 @@ impl Backend for CudaBackend {
             }
         }
         if self.queue.len() >= self.max_in_flight() {
-            let why = format!("{} submissions already in flight: finish one first", self.queue.len());
+            let why =
+                format!("{} submissions already in flight: finish one first", self.queue.len());
             return Err(crate::Error::Operation(format!("submit_into: {why}")));
         }
         self.gpu.bind()?;

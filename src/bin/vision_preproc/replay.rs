@@ -286,7 +286,11 @@ fn replay(
 type Decoded<'a> = Vec<Option<(Image<'a>, bool)>>;
 
 /// Decode a set's frames, counting what cannot be (when `tally` is given: at submission).
-fn decode<'a>(set: &'a Batch<Recorded>, topics: &[String], mut tally: Option<&mut Tally>) -> Decoded<'a> {
+fn decode<'a>(
+    set: &'a Batch<Recorded>,
+    topics: &[String],
+    mut tally: Option<&mut Tally>,
+) -> Decoded<'a> {
     use vision_preproc::transport::batch_sync::Item;
     let mut decoded = Vec::with_capacity(set.items.len());
     for (i, item) in set.items.iter().enumerate() {
@@ -295,7 +299,12 @@ fn decode<'a>(set: &'a Batch<Recorded>, topics: &[String], mut tally: Option<&mu
                 Ok(img) => Some((img, *repeated)),
                 Err(e) => {
                     if let Some(t) = tally.as_deref_mut() {
-                        Tally::count(&mut t.skipped, topics, i, format!("undecodable message: {e}"));
+                        Tally::count(
+                            &mut t.skipped,
+                            topics,
+                            i,
+                            format!("undecodable message: {e}"),
+                        );
                     }
                     None
                 }
@@ -313,7 +322,11 @@ fn decode<'a>(set: &'a Batch<Recorded>, topics: &[String], mut tally: Option<&mu
 
 /// The views of decoded frames (`None`: no frame, or an invalid one, counted when `tally`
 /// is given).
-fn views<'a>(decoded: &'a Decoded<'a>, topics: &[String], mut tally: Option<&mut Tally>) -> Vec<Option<ImageView<'a>>> {
+fn views<'a>(
+    decoded: &'a Decoded<'a>,
+    topics: &[String],
+    mut tally: Option<&mut Tally>,
+) -> Vec<Option<ImageView<'a>>> {
     decoded
         .iter()
         .enumerate()

@@ -226,12 +226,14 @@ fn run() -> anyhow::Result<()> {
     let c = shared.stats.counts();
     r2r::log_info!(
         &logger,
-        "stopped: {} frames received, {} published, {} dropped (queue), {} rejected (invalid), {} failed",
+        "stopped: {} frames received, {} published, {} dropped (queue), {} rejected (invalid), {} failed; \
+         {} sets overlapped",
         c.received,
         c.published,
         c.dropped,
         c.rejected,
-        c.failed
+        c.failed,
+        c.overlapped
     );
     let fatal = lock(&shared.fatal).take();
     if let Some(reason) = &fatal {

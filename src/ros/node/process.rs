@@ -9,18 +9,18 @@
 //! sets formed meanwhile replace each other in the keep-latest slot (counted as dropped).
 
 use super::clock::{self, Throttle};
+use super::former::Formed;
 use super::native::ros_header;
 use super::shared::{lock, Outputs, RateLimitedLog, Received, Shared};
 use crate::backend::StageTimes;
-use super::former::Formed;
 use crate::image::ImageView;
 use crate::pipeline::{
     frame_timing, set_header, slot_reason, FrameInput, Geometry, GpuFailure, OwnedMessage, Pipeline,
 };
-use std::collections::VecDeque;
 use crate::transport::batch_sync::Item;
 use crate::wire::msgs::Header;
 use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::time::{Duration, Instant};
@@ -52,7 +52,6 @@ struct Ready {
     /// Its valid frames not in an earlier set (counted failed if publishing fails).
     new_valid: u64,
 }
-
 
 /// Run the node's processing (this thread) and publishing (a second thread) until the
 /// node stops.
@@ -94,11 +93,13 @@ struct Submitted {
     new_valid: u64,
 }
 
-/// The processing thread: takes the newest formed set and submits it; with a backend
-/// that keeps two sets in flight (CUDA), a set already waiting is submitted before the
-/// previous one is finished, so that its staging and upload overlap that set's kernels,
-/// download and hand-over. A set is never waited for while another is in flight: at
-/// camera rate each set is finished right after its submission, as before.
+/// The processing thread: takes the newest formed set and submits it, finishes it and
+/// hands it to the publishing thread. With a backend that keeps two sets in flight
+/// (CUDA), a set that is waiting when the previous one is finished is submitted before
+/// that one is handed over (the hand-over waits for the publishing thread), so that its
+/// staging, upload and GPU work overlap the previous set's publishing; one waiting right
+/// after a submission is submitted too. A set is never waited for while another is in
+/// flight: at camera rate each set is finished right after its submission, as before.
 fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
     let logger = shared.logger.as_str();
     let mut generation = 0u64;
@@ -106,13 +107,22 @@ fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
     let topics: Vec<String> = lock(&shared.cameras).iter().map(|c| c.topic.clone()).collect();
     let mut queue: VecDeque<Submitted> = VecDeque::new();
     let ctx = Context { shared, topics: &topics, tx };
+    // Submit the sets waiting now, while fewer than the backend's sets are in flight.
+    let overlap = |pipeline: &mut Pipeline, queue: &mut VecDeque<Submitted>, log: &mut _| {
+        while queue.len() < pipeline.max_in_flight() {
+            let Some(formed) = shared.sets.try_take() else { break };
+            if let Some(sub) = ctx.submit(pipeline, formed, log) {
+                shared.stats.overlapped.fetch_add(1, Ordering::Relaxed);
+                queue.push_back(sub);
+            }
+        }
+    };
     loop {
         // Parameters set at run time apply from the next set submitted (validated when
         // set), after the sets in flight are finished with the old ones.
-        let changed = lock(&shared.params).generation != generation;
-        if changed {
+        if lock(&shared.params).generation != generation {
             while let Some(sub) = queue.pop_front() {
-                if !ctx.finish(&mut pipeline, sub, &mut queue, &mut log) {
+                if !ctx.finish_and_hand_over(&mut pipeline, sub, &mut queue, &mut log) {
                     return;
                 }
             }
@@ -125,24 +135,38 @@ fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
         if queue.is_empty() {
             let Some(formed) = shared.sets.take() else { break };
             queue.extend(ctx.submit(&mut pipeline, formed, &mut log));
+            overlap(&mut pipeline, &mut queue, &mut log);
         }
-        while queue.len() < pipeline.max_in_flight() {
-            let Some(formed) = shared.sets.try_take() else { break };
-            queue.extend(ctx.submit(&mut pipeline, formed, &mut log));
+        let Some(sub) = queue.pop_front() else { continue };
+        let ready = match ctx.finish(&mut pipeline, sub, &mut queue, &mut log) {
+            Finished::Ready(ready) => *ready,
+            Finished::Nothing => continue,
+            Finished::Stop => return,
+        };
+        if lock(&shared.params).generation == generation {
+            overlap(&mut pipeline, &mut queue, &mut log);
         }
-        if let Some(sub) = queue.pop_front() {
-            if !ctx.finish(&mut pipeline, sub, &mut queue, &mut log) {
-                return;
-            }
+        if tx.send(ready).is_err() {
+            return; // the publishing thread is gone (it panicked): nothing can go out
         }
     }
     // Stopped: what is in flight is finished and handed over (the publishing thread
     // publishes it before it ends).
     while let Some(sub) = queue.pop_front() {
-        if !ctx.finish(&mut pipeline, sub, &mut queue, &mut log) {
+        if !ctx.finish_and_hand_over(&mut pipeline, sub, &mut queue, &mut log) {
             return;
         }
     }
+}
+
+/// What finishing a set gave.
+enum Finished {
+    /// The set, for the publishing thread.
+    Ready(Box<Ready>),
+    /// Nothing to publish (the set failed: counted).
+    Nothing,
+    /// The node exits (`gpu_failure_policy: exit`).
+    Stop,
 }
 
 /// What the processing thread's steps share.
@@ -249,16 +273,30 @@ impl Context<'_> {
         Some(new_valid)
     }
 
-    /// Finish the oldest submitted set and hand it to the publishing thread; false when
-    /// the thread must end (the node exits: `gpu_failure_policy: exit`, or the
-    /// publishing thread is gone). `queue`: the sets still in flight after it.
-    fn finish(
+    /// [`Context::finish`], then hand the set over; false when the thread must end.
+    fn finish_and_hand_over(
         &self,
         pipeline: &mut Pipeline,
         sub: Submitted,
         queue: &mut VecDeque<Submitted>,
         log: &mut RateLimitedLog,
     ) -> bool {
+        match self.finish(pipeline, sub, queue, log) {
+            Finished::Ready(ready) => self.tx.send(*ready).is_ok(),
+            Finished::Nothing => true,
+            Finished::Stop => false,
+        }
+    }
+
+    /// Finish the oldest submitted set. `queue`: the sets still in flight after it
+    /// (counted failed too when the node exits).
+    fn finish(
+        &self,
+        pipeline: &mut Pipeline,
+        sub: Submitted,
+        queue: &mut VecDeque<Submitted>,
+        log: &mut RateLimitedLog,
+    ) -> Finished {
         let (shared, topics) = (self.shared, self.topics);
         let slots = slots_of(&sub.formed);
         // The views submitted (the frames were checked then).
@@ -270,14 +308,14 @@ impl Context<'_> {
             Err(e @ crate::Error::GpuFailure { .. }) => {
                 let in_flight: u64 = queue.drain(..).map(|s| s.new_valid).sum();
                 shared.exit_fatal(e.to_string(), sub.new_valid + in_flight);
-                return false;
+                return Finished::Stop;
             }
             Err(e) => {
                 log.error(&shared.logger, &format!("frame failed: {e}"));
                 for _ in 0..sub.new_valid {
                     shared.stats.failed(e.to_string());
                 }
-                return true;
+                return Finished::Nothing;
             }
         };
         for (i, reason) in &info.rejected {
@@ -305,8 +343,7 @@ impl Context<'_> {
             formed_at: sub.formed.at,
             new_valid: sub.new_valid,
         };
-        // false: the publishing thread is gone (it panicked): nothing can go out
-        self.tx.send(ready).is_ok()
+        Finished::Ready(Box::new(ready))
     }
 }
 

@@ -25,6 +25,10 @@ pub struct Stats {
     /// Backend failures `gpu_failure_policy` recovered from (not frames: the frame that
     /// failed was run again and is counted where it ended).
     pub gpu_failures: AtomicU64,
+    /// Sets submitted to the backend before the previous set was handed to the
+    /// publishing thread (their staging, upload and GPU work overlapped its finish or
+    /// its publishing; a backend with two sets in flight, under load).
+    pub overlapped: AtomicU64,
     /// Window since the last diagnostics report.
     window: Mutex<Window>,
     /// What the input looks like (topic, QoS, delivery), set before each report.
@@ -68,6 +72,8 @@ pub struct Counts {
     pub failed: u64,
     /// See [`Stats::gpu_failures`].
     pub gpu_failures: u64,
+    /// See [`Stats::overlapped`].
+    pub overlapped: u64,
 }
 
 /// What the diagnostics status says about the backend.
@@ -95,6 +101,7 @@ impl Stats {
             rejected: self.rejected.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             gpu_failures: self.gpu_failures.load(Ordering::Relaxed),
+            overlapped: self.overlapped.load(Ordering::Relaxed),
         }
     }
 
@@ -186,6 +193,7 @@ impl Stats {
             kv("Frames dropped (queue)", now.dropped.to_string()),
             kv("Frames rejected (invalid)", now.rejected.to_string()),
             kv("Frames failed (error)", now.failed.to_string()),
+            kv("Sets overlapped", now.overlapped.to_string()),
             kv("Last rejection reason", window.last_rejection.clone().unwrap_or_default()),
             kv("Latency p50 (ms)", percentile(&lat, 50.0)),
             kv("Latency p99 (ms)", percentile(&lat, 99.0)),
