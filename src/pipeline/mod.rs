@@ -338,6 +338,8 @@ impl Pipeline {
     /// inside the message buffer: one frame on the single-frame entry point (its
     /// per-encoding kernel), a batch as one operation.
     fn run(&mut self, images: &[Option<&ImageView<'_>>]) -> Result<StageTimes> {
+        let (set, batch) = (self.recovery.frame, self.config.is_batch());
+        let _range = crate::nvtx::push_with(|| crate::nvtx::frame_name(set, images.len(), batch));
         #[cfg(feature = "fault-injection")]
         if let Some(kind) =
             self.recovery.injection.due(self.recovery.frame, self.recovery.fell_back)
