@@ -9,6 +9,10 @@
 #   bash .device/gpu_backend_remote.sh reliability   # GPU fault drill (gpu_failure_policy with a
 #                                      # real injected fault), the edge cases (parity,
 #                                      # memcheck, initcheck), memcheck over the matrix
+#   bash .device/gpu_backend_remote.sh nvtx    # Nsight Compute's NVTX filter on the frame
+#                                      # and stage ranges (src/nvtx.rs): "preprocess/" must
+#                                      # profile exactly the fused kernels, "conv/" the
+#                                      # conv2d ones, a range that does not exist none
 # Logs and results go to $OUT (or /tmp/vp_out). Never changes GPU clocks or settings.
 set -uo pipefail
 D="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -67,6 +71,61 @@ for line in sys.stdin:
     section "short benchmark (${BENCH_ITERS:-200} iterations, with variants)"
     "$D/vision_preproc" bench --iterations "${BENCH_ITERS:-200}" --warmup 20 --variants --out "$OUT/results_smoke.json" >"$OUT/bench_smoke.log" 2>&1 || status=1
     cut -c1-60,90-200 "$OUT/bench_smoke.log"
+    gpu_state
+    exit $status
+fi
+
+if [[ "$MODE" == nvtx ]]; then
+    # ncu sets NVTX_INJECTION64_PATH itself; the binary loads the NVTX library only then.
+    # This machine has no CUDA 12 libnvToolsExt.so.1 of its own for certain: take whichever
+    # NVTX v2 library is here (the toolkit's, or a wheel's under torch/cupy).
+    if [[ -z "${VISION_PREPROC_NVTX_LIBRARY:-}" ]]; then
+        roots=(/usr/local/cuda*/ /usr/lib/ /opt/ $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null))
+        VISION_PREPROC_NVTX_LIBRARY="$(find "${roots[@]}" \( -name 'libnvToolsExt.so.1' -o -name 'libnvtx3interop.so.1' \) 2>/dev/null | head -1)"
+    fi
+    export VISION_PREPROC_NVTX_LIBRARY
+    section "NVTX library: ${VISION_PREPROC_NVTX_LIBRARY:-none found}"
+    [[ -n "$VISION_PREPROC_NVTX_LIBRARY" ]] || { echo "no libnvToolsExt.so.1 / libnvtx3interop.so.1 on this machine"; exit 1; }
+    command -v ncu >/dev/null || { echo "ncu not found"; exit 1; }
+    ncu --version | tail -1
+    IMG="$D/../test/data/chelsea.png"
+    # One frame through the CUDA backend with conv2d: frame 1 = resize_normalize_rgb8 + conv2d.
+    APP=("$D/vision_preproc" run-file "$IMG" -o /tmp/vp_nvtx.npy --set backend=cuda --set conv.kernel=gaussian)
+    # profiled NAME FILTER EXPECT: the kernels ncu profiles under --nvtx-include FILTER (one
+    # name a line, from its CSV; logs $OUT/ncu_nvtx_NAME.log), and a check that there is at
+    # least one and every one matches the regex EXPECT (none at all when EXPECT is empty).
+    profiled() {
+        local name="$1" filter="$2" expect="$3" log="$OUT/ncu_nvtx_$1.log"
+        section "ncu --nvtx --nvtx-include \"$filter\" (expect: ${expect:-no kernel})"
+        ncu --nvtx --nvtx-include "$filter" --metrics gpu__time_duration.sum --csv \
+            --log-file "$log" "${APP[@]}" >"$OUT/app_nvtx_$name.log" 2>&1
+        echo "ncu exit $?"
+        python3 - "$log" "$expect" <<'PY' || status=1
+import csv, re, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+rows = list(csv.DictReader(lines[start:])) if start is not None else []
+kernels = sorted({(r["ID"], r["Kernel Name"]) for r in rows}, key=lambda k: int(k[0]))
+for k in kernels:
+    print("profiled:", k[1])
+print(f"{len(kernels)} kernel(s) profiled")
+for l in lines:
+    if l.startswith("==WARNING==") or l.startswith("==ERROR=="):
+        print(l)
+expect = sys.argv[2]
+bad = [k for k in kernels if not expect or not re.search(expect, k[1])]
+if bad or (expect and not kernels):
+    sys.exit(f"FAIL: expected only kernels matching {expect!r}, got {[k[1] for k in kernels]}")
+print("ok")
+PY
+    }
+    profiled preprocess "preprocess/" '^resize_normalize_'
+    profiled conv "conv/" '^conv2d_'
+    profiled frame1 "frame 1/" '^(resize_normalize_|conv2d_)'
+    profiled none "no-such-range/" ''
+    section "every kernel with the NVTX ranges ncu saw around it (no filter)"
+    ncu --nvtx --metrics gpu__time_duration.sum --log-file "$OUT/ncu_nvtx_all.log" "${APP[@]}" >/dev/null 2>&1
+    grep -E '^  [a-z_0-9]+\(|Push/Pop|<[0-9]+,|RangeName' "$OUT/ncu_nvtx_all.log" | head -40
     gpu_state
     exit $status
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything vision_preproc needs on a fresh Debian 12 / Ubuntu x86-64 machine
 # with no ROS packages: apt packages, a Python 3.11 venv in .ros/venv holding ROS 2
-# Kilted from PyPI wheels, colcon, the test tools and NVRTC, the three wheel fix-ups,
+# Kilted from PyPI wheels, colcon, the test tools, NVRTC and NVTX, the three wheel fix-ups,
 # the project's Python helpers (python/vptools) on the venv's path,
 # the interface package vision_preproc_msgs built into .ros/install, .ros/env.sh, and the
 # demo's sample bag .ros/sample_bag.
@@ -40,7 +40,7 @@ else
     log "apt: libclang-dev clang present"
 fi
 
-# 2. The venv with pinned ROS 2 wheels, colcon, test tools, NVRTC.
+# 2. The venv with pinned ROS 2 wheels, colcon, test tools, NVRTC, NVTX.
 command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found (Python 3.11 is required by the ROS 2 wheels)" >&2; exit 1; }
 req_hash="$(hash_of "$ROOT/scripts/requirements-ros.txt")-$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')-$ROOT"
 if [ -x "$VENV/bin/python" ] && stamp_ok venv "$req_hash"; then

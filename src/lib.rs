@@ -18,7 +18,8 @@
 //! of an input image). [`transport`] holds the message path's decisions without ROS
 //! types (keep-latest slot, batch synchronizer, input QoS rule, delivery monitor, Fast
 //! DDS segment size), [`wire`] the CDR of the messages and their type names, [`bag`]
-//! rosbag2 files. `backend/` never imports r2r and `ros/` never imports cudarc.
+//! rosbag2 files, [`nvtx`] the profiler ranges of each frame and stage (loaded only when
+//! a tool asks). `backend/` never imports r2r and `ros/` never imports cudarc.
 
 // The house rules that a lint can keep (docs/ARCHITECTURE.md): no unwrap/expect outside
 // tests, a `// SAFETY:` comment on every unsafe block.
@@ -30,6 +31,7 @@ pub mod bag;
 pub mod config;
 pub mod error;
 pub mod image;
+pub mod nvtx;
 pub mod percentile;
 pub mod pipeline;
 pub mod rng;

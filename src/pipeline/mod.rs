@@ -123,6 +123,8 @@ pub type Rejected = Vec<(usize, String)>;
 
 /// A frame set submitted ([`Pipeline::submit_frames`]) and not finished yet.
 struct Pending {
+    /// Its number (the NVTX ranges' `frame N`).
+    set: u64,
     message: MessageBuf,
     desc: TensorDesc,
     geometries: Vec<Option<Geometry>>,
@@ -334,7 +336,8 @@ impl Pipeline {
                 return Err(e);
             }
         };
-        self.pending.push_back(Pending { message, desc, geometries, rejected, state });
+        let set = self.recovery.frame;
+        self.pending.push_back(Pending { set, message, desc, geometries, rejected, state });
         Ok(())
     }
 
@@ -350,6 +353,8 @@ impl Pipeline {
         let result = match std::mem::replace(&mut p.state, PendingState::Abandoned) {
             PendingState::Done(times) => Ok(times),
             PendingState::InFlight => {
+                let (set, items, batch) = (p.set, items.len(), self.config.is_batch());
+                let _range = crate::nvtx::push_with(|| crate::nvtx::frame_name(set, items, batch));
                 let r = self.backend.finish_oldest();
                 if matches!(r, Err(Error::Cuda(_))) {
                     self.abandon_pending();
@@ -480,12 +485,14 @@ impl Pipeline {
 
     /// Queue the set on the current backend (or fail as injected), the tensors landing
     /// inside `message`: one frame on the single-frame entry point (its per-encoding
-    /// kernel), a batch as one operation.
+    /// kernel), a batch as one operation; inside the NVTX range `frame N` (`batch N`).
     fn launch(
         &mut self,
         images: &[Option<&ImageView<'_>>],
         message: &mut MessageBuf,
     ) -> Result<Queued> {
+        let (set, batch) = (self.recovery.frame, self.config.is_batch());
+        let _range = crate::nvtx::push_with(|| crate::nvtx::frame_name(set, images.len(), batch));
         #[cfg(feature = "fault-injection")]
         if let Some(kind) =
             self.recovery.injection.due(self.recovery.frame, self.recovery.fell_back)

@@ -38,6 +38,7 @@ use crate::backend::{
 use crate::config::{DType, Layout};
 use crate::error::Result;
 use crate::image::ImageView;
+use crate::nvtx::{self, Stage};
 use decode::{with_source, Source};
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
@@ -236,8 +237,13 @@ impl Backend for CpuBackend {
             .par_iter_mut()
             .zip(slots.par_iter())
             .zip(out.par_chunks_mut(item_len))
-            .map(|((backend, slot), chunk)| match slot.image {
-                Some(image) => backend.process_into(image, slot.op, conv, chunk),
+            .enumerate()
+            .map(|(i, ((backend, slot), chunk))| match slot.image {
+                Some(image) => {
+                    // The slot's stages nest in its own range, on the thread that runs it.
+                    let _item = nvtx::push_with(|| nvtx::item_name(i));
+                    backend.process_into(image, slot.op, conv, chunk)
+                }
                 None => {
                     crate::backend::fill_pad(&slot.op.params, chunk);
                     Ok(StageTimes::default())
@@ -271,6 +277,7 @@ impl Backend for CpuBackend {
         crate::backend::check_out_len(op, out.len())?;
         let Some(conv) = conv else {
             // No conv2d: one fused pass straight into the output dtype.
+            let _range = nvtx::stage(Stage::Preprocess);
             self.preprocess_into(image, op, out)?;
             return Ok(StageTimes {
                 preprocess_us: start.elapsed().as_secs_f32() * 1e6,
@@ -279,10 +286,11 @@ impl Backend for CpuBackend {
         };
         // conv2d runs on the normalized f32 tensor: fused pass into f32, conv2d, then the
         // dtype conversion.
-        self.preprocess_f32(image, op)?;
+        nvtx::stage(Stage::Preprocess).scope(|| self.preprocess_f32(image, op))?;
         let preprocess_us = start.elapsed().as_secs_f32() * 1e6;
         let desc = op.params.tensor_desc();
-        let conv_us = conv::apply(&desc, Some(conv), &mut self.scratch, &mut self.conv_scratch)?;
+        let conv_us = nvtx::stage(Stage::Conv)
+            .scope(|| conv::apply(&desc, Some(conv), &mut self.scratch, &mut self.conv_scratch))?;
         store(&self.scratch, desc.dtype, out);
         Ok(StageTimes { preprocess_us, conv_us, ..StageTimes::default() })
     }

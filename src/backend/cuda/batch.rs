@@ -17,6 +17,7 @@ use crate::config::{DType, Layout};
 use crate::error::{CudaError, Error, Result};
 use crate::image::Encoding;
 use crate::launch_kernel;
+use crate::nvtx::{self, Stage};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaContext;
 use std::collections::VecDeque;
@@ -160,6 +161,7 @@ impl CudaBackend {
         let len = item_len * n;
 
         // Stage: the tables, then every frame at once.
+        let stage_in = nvtx::stage(Stage::StageIn);
         let b = &mut self.batch;
         b.tables.resize_with(n.max(b.tables.len()), Tables::default);
         let maps: Vec<CUdeviceptr> = (slots.iter().zip(&mut b.tables))
@@ -176,11 +178,13 @@ impl CudaBackend {
             gpu.destination(&mut e.output, target, len)?
         };
         let host_us = t.elapsed().as_secs_f32() * 1e6;
+        drop(stage_in);
         // With conv2d the fused kernel writes float32 NCHW scratch for the valid slots
         // and the padded slots' final values straight into the tensor.
         let scratch = conv.map(|_| gpu.conv_input(desc.len() * n)).transpose()?;
 
         // Upload: the frames, then the slot table that points at them.
+        let upload = nvtx::stage(Stage::Upload);
         e.begin_upload(&up)?;
         let mut rows = Vec::with_capacity(n);
         let mut skip = 0u32;
@@ -213,6 +217,7 @@ impl CudaBackend {
             e.table.upload(bytes.len(), &up, "the batch table")?
         };
         e.end_upload(&up, &gpu.stream)?;
+        drop(upload);
 
         // Launch -> download.
         let f = &self.kernels.resize_batch;

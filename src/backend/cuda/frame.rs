@@ -14,6 +14,7 @@ use crate::config::{DType, Layout};
 use crate::error::{CudaError, Result};
 use crate::image::{Encoding, ImageView};
 use crate::launch_kernel;
+use crate::nvtx::{self, Stage};
 use cudarc::driver::CudaContext;
 use std::sync::Arc;
 use std::time::Instant;
@@ -111,6 +112,7 @@ impl CudaBackend {
         let (desc, len) = (p.tensor_desc(), p.tensor_desc().byte_len());
 
         // Stage.
+        let stage_in = nvtx::stage(Stage::StageIn);
         let (maps, changed) = self.frame.tables.ensure(&self.gpu.stream, op)?;
         let t = Instant::now();
         let (gpu, e) = (&mut self.gpu, &mut self.frame.ring[s]);
@@ -122,12 +124,15 @@ impl CudaBackend {
             gpu.destination(&mut e.output, target, len)?
         };
         let host_us = t.elapsed().as_secs_f32() * 1e6;
+        drop(stage_in);
 
         // Upload.
+        let upload = nvtx::stage(Stage::Upload);
         e.begin_upload(&up)?;
         // SAFETY: as above; the entry is not reused before its last event completes.
         let src = unsafe { e.inputs[0].upload(data.len(), &up, "the frame")? };
         e.end_upload(&up, &gpu.stream)?;
+        drop(upload);
 
         // Launch -> download: the fused kernel writes the tensor, or float32 NCHW
         // scratch for conv2d.

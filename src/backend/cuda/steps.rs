@@ -6,6 +6,8 @@
 //! (into the caller's pinned memory or the entry's own; nothing when the kernels wrote it
 //! in place), with a timing event between the steps; then **finish** (wait, stage times,
 //! the copy out). A ring entry is staged into only once its previous submission completed.
+//! Each step runs inside its NVTX range (`stage-in`, `upload`, `preprocess`, `conv`,
+//! `download`: `crate::nvtx`), each kernel launch inside its own stage's only.
 
 use super::kernels::{resize_normalize_entry, RESIZE_NORMALIZE_BATCH};
 use super::launch::{self, Conv2dParams};
@@ -15,6 +17,7 @@ use crate::backend::{AxisMap, Conv2dOp, PreprocessOp, PreprocessParams, StageTim
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Error, Result};
 use crate::image::Encoding;
+use crate::nvtx::{self, Stage};
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig};
 use std::sync::Arc;
@@ -483,6 +486,8 @@ impl Entry {
                  a buffer of exactly their length"
             )));
         }
+        // The host side of the download: the wait for the whole submission, the copy out.
+        let _range = nvtx::stage(Stage::Download);
         self.wait(&format!("running the {what} (upload, {kernel}, conv, download)"))?;
         let ms = |a: usize, b: usize| {
             self.events[a].elapsed_ms(&self.events[b]).map_err(|e| drv_err("cuEventElapsedTime", e))
@@ -554,12 +559,16 @@ impl CudaBackend {
         len: usize,
     ) -> Result<(), CudaError> {
         let stream = &self.gpu.stream;
-        fused()?;
+        // Each launch inside its stage's range and no other: Nsight Compute's NVTX filter
+        // (`--nvtx-include "preprocess/"`) then selects exactly that stage's kernels.
+        nvtx::stage(Stage::Preprocess).scope(fused)?;
         e.record(PREPROCESSED, stream)?;
         if let Some(c) = conv {
+            let _range = nvtx::stage(Stage::Conv);
             launch_kernel!(stream, c.f, c.name, c.cfg, &c.params, &c.src, &dst.tensor)?;
         }
         e.record(CONVOLVED, stream)?;
+        let _range = nvtx::stage(Stage::Download);
         self.gpu.download(dst, len)?;
         e.record(DONE, stream)
     }

@@ -100,6 +100,7 @@ fn run(cli: Cli) -> Result<()> {
             if let Some(reason) = fallback {
                 println!("no GPU backend: {reason}");
             }
+            println!("NVTX ranges: {}", vision_preproc::nvtx::status());
         }
         Command::ConvFile(args) => conv_file::run(args)?,
         Command::RunFile(args) => run_file::run(args)?,

@@ -116,6 +116,12 @@ fn open_backend(
     if let Some((_, kernels)) = backend_info.details.iter().find(|(k, _)| k == "GPU kernels") {
         r2r::log_info!(logger, "GPU kernels: {kernels}");
     }
+    // NVTX ranges (src/nvtx.rs): said only when a profiler asked for them.
+    if crate::nvtx::failed() {
+        r2r::log_warn!(logger, "NVTX ranges {}", crate::nvtx::status());
+    } else if crate::nvtx::enabled() {
+        r2r::log_info!(logger, "NVTX ranges {}", crate::nvtx::status());
+    }
     Ok((backend, backend_info))
 }
 

@@ -356,6 +356,7 @@ fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
     let mut error_log = RateLimitedLog::new(&shared.clock);
     let mut debug_throttle = Throttle::new(Duration::ZERO);
     for mut ready in rx {
+        let _range = crate::nvtx::stage(crate::nvtx::Stage::Publish);
         let now = shared.clock.now();
         let ages: Vec<f32> =
             ready.slots.iter().map(|s| clock::age_us(now, &ros_header(&s.header).stamp)).collect();
