@@ -13,6 +13,11 @@
 #                                      # and stage ranges (src/nvtx.rs): "preprocess/" must
 #                                      # profile exactly the fused kernels, "conv/" the
 #                                      # conv2d ones, a range that does not exist none
+#   bash .device/gpu_backend_remote.sh compare # the previous release's CLI ($D/prev_vision_preproc,
+#                                      # PREV_COMMIT) against this one, alternated, twice: the
+#                                      # 4K kernel figures (bench --cases 2, no conv sizes)
+#                                      # and bench-batch (4 x 1080p: batch kernels / one
+#                                      # frame's, rates with 1 and 2 in flight)
 # Logs and results go to $OUT (or /tmp/vp_out). Never changes GPU clocks or settings.
 set -uo pipefail
 D="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -56,7 +61,7 @@ for line in sys.stdin:
         rm -rf /tmp/vp_startup
         t0=$(date +%s.%N)
         VISION_PREPROC_KERNELS=$policy "$D/vision_preproc" bench --startup /tmp/vp_startup >/dev/null || status=1
-        echo "$policy: whole process (start, context, kernels, one frame, 100 frames, exit) $(echo "$(date +%s.%N) - $t0" | bc) s"
+        echo "$policy: whole process (start, context, kernels, one frame, 100 frames, exit) $(python3 -c "import sys; print(round(float(sys.argv[1]) - float(sys.argv[2]), 2))" "$(date +%s.%N)" "$t0") s"
     done
     } 2>&1 | tee "$OUT/smoke.log"
     section "parity sample with the embedded PTX (every ${SMOKE_STRIDE:-9}th case)"
@@ -126,6 +131,25 @@ PY
     section "every kernel with the NVTX ranges ncu saw around it (no filter)"
     ncu --nvtx --metrics gpu__time_duration.sum --log-file "$OUT/ncu_nvtx_all.log" "${APP[@]}" >/dev/null 2>&1
     grep -E '^  [a-z_0-9]+\(|Push/Pop|<[0-9]+,|RangeName' "$OUT/ncu_nvtx_all.log" | head -40
+    gpu_state
+    exit $status
+fi
+
+if [[ "$MODE" == compare ]]; then
+    [[ -x "$D/prev_vision_preproc" ]] || { echo "no $D/prev_vision_preproc"; exit 1; }
+    for run in 1 2; do
+        for rel in prev new; do
+            bin="$D/vision_preproc"; [[ $rel == prev ]] && bin="$D/prev_vision_preproc"
+            section "$rel ($([[ $rel == prev ]] && echo "${PREV_COMMIT:-?}" || cat "$D/COMMIT")), run $run: bench --cases 2 --conv-sizes 0 --iterations ${BENCH_ITERS:-500}"
+            gpu_state | tail -1
+            "$bin" bench --cases 2 --conv-sizes 0 --iterations "${BENCH_ITERS:-500}" --warmup 50 \
+                --out "$OUT/results_${rel}_$run.json" >"$OUT/bench_${rel}_$run.log" 2>&1 || status=1
+            grep -E "roof|4K|clock" "$OUT/bench_${rel}_$run.log" | cut -c1-220
+            section "$rel, run $run: bench-batch --backend cuda --cameras 4"
+            "$bin" bench-batch --backend cuda --cameras 4 >"$OUT/bench_batch_${rel}_$run.log" 2>&1 || status=1
+            cut -c1-220 "$OUT/bench_batch_${rel}_$run.log" | tail -25
+        done
+    done
     gpu_state
     exit $status
 fi

@@ -5,13 +5,14 @@ replay what can be replayed and say why the rest could not."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from vptools import oracle
+from vptools import ROOT, oracle
 from vptools.bags import TS, Image, image_of, read_outputs, tensor_array, write_bag
 from vptools.runner import CLI
 from vptools.sources import photo_frame
@@ -32,12 +33,21 @@ def frames():
     ]
 
 
-def replay(inp: Path, out: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+#: The CLI with the test hooks (scripts/test_hooks_build.sh, run by scripts/test.sh) and the
+#: variable that makes its CPU backend defer each set's work to the set's finish, with two
+#: sets in flight: the overlapped path the CUDA backend takes (src/pipeline/deferred.rs).
+HOOKS_CLI = ROOT / "target" / "fault-injection" / "vision_preproc"
+DEFERRED = {"VISION_PREPROC_TEST_DEFERRED_CPU": "1"}
+
+
+def replay(inp: Path, out: Path, *extra: str, check: bool = True, deferred: bool = False) -> subprocess.CompletedProcess:
     cfg = out.parent / "cfg.yaml"
     cfg.write_text("vision_preproc:\n  ros__parameters:\n" + "".join(
         f"    {k}: {v}\n" for k, v in CONFIG.items()))
-    p = subprocess.run([str(CLI), "replay", str(inp), "-o", str(out), "--config", str(cfg), "--backend", "cpu", *extra],
-                       capture_output=True, text=True, timeout=300)
+    cli = HOOKS_CLI if deferred else CLI
+    assert cli.exists(), f"{cli} missing: scripts/test_hooks_build.sh builds it"
+    p = subprocess.run([str(cli), "replay", str(inp), "-o", str(out), "--config", str(cfg), "--backend", "cpu", *extra],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, **(DEFERRED if deferred else {})))
     if check:
         assert p.returncode == 0, p.stderr + p.stdout
     return p
@@ -197,3 +207,34 @@ def test_replay_of_several_cameras_batches_them(tmp_path: Path) -> None:
     assert cam0 == sorted(cam0) and cam0[-1] == s0[-1]
     for m in batches:
         assert m.items[0].valid and not (m.items[1].valid and m.items[1].repeated and m.items[0].repeated)
+
+
+def test_replay_with_two_sets_in_flight_writes_the_same_bag(tmp_path: Path) -> None:
+    """Replay keeps the backend's sets in flight (two on CUDA: set k+1 submitted before set k
+    is finished and written). The overlapped path, on the CPU with the test hook that
+    defers each set's work to its finish: the same tensors bit for bit, the same stamps and
+    sequence, for one camera whose frames change size and encoding from set to set and for
+    a two-camera batch."""
+    write_bag(tmp_path / "in", frames(), storage="mcap")
+    plain = replay(tmp_path / "in", tmp_path / "a")
+    overlapped = replay(tmp_path / "in", tmp_path / "b", deferred=True)
+    assert "work deferred" in overlapped.stderr, overlapped.stderr
+    a_t, a_tm = read_outputs(tmp_path / "a")
+    b_t, b_tm = read_outputs(tmp_path / "b")
+    assert len(a_t) == len(b_t) == len(frames()), (plain.stdout, overlapped.stdout)
+    assert [t.data.tobytes() for t in a_t] == [t.data.tobytes() for t in b_t]
+    assert [t.header.stamp for t in a_t] == [t.header.stamp for t in b_t]
+    assert [tm.sequence for tm in b_tm] == list(range(len(b_t))) == [tm.sequence for tm in a_tm]
+    a = photo_frame("bgr8", "chelsea.png", size=(151, 100))
+    b = photo_frame("nv12", "astronaut.png", size=(64, 64))
+    t0 = 1_700_000_000_000_000_000
+    write_cameras(tmp_path / "cams", [("/cam0/image", a, [t0 + k * 50_000_000 for k in range(10)]),
+                                      ("/cam1/image", b, [t0 + k * 100_000_000 + 7_000_000 for k in range(3)])])
+    two = ("--topic", "/cam0/image", "--topic", "/cam1/image", "--set", "batch_policy=latest",
+           "--set", "batch_timeout_ms=60", "--set", "stale_after_ms=120")
+    replay(tmp_path / "cams", tmp_path / "c", *two)
+    replay(tmp_path / "cams", tmp_path / "d", *two, deferred=True)
+    c_t, d_t = read_outputs(tmp_path / "c")[0], read_outputs(tmp_path / "d")[0]
+    assert len(c_t) == len(d_t) >= 5
+    assert [m.data.tobytes() for m in c_t] == [m.data.tobytes() for m in d_t]
+    assert [[it.valid for it in m.items] for m in c_t] == [[it.valid for it in m.items] for m in d_t]

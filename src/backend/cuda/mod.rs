@@ -1,12 +1,12 @@
 //! The CUDA backend: the specification's function in one fused kernel launch per frame
 //! (plus one conv2d launch when configured), with per-stage timing events, on two
 //! non-blocking streams. The compute stream runs the kernels and the download. With two
-//! frames (or batches) in flight ([`CudaBackend::submit`] before [`CudaBackend::finish`]
-//! of the previous one, [`CudaBackend::submit_batch`]), frame k+1 is staged on the host
-//! and uploaded on the copy stream (the copy engine) while frame k computes and
-//! downloads; the compute stream waits for the upload's event. A frame alone in flight
-//! (`process_into`, what the node runs) uploads on the compute stream: a cross-stream
-//! wait would only add launch latency.
+//! submissions in flight ([`Backend::submit_into`] before [`Backend::finish_oldest`] of
+//! the previous one: what the node and `replay` do under load), submission k+1 is staged
+//! on the host and uploaded on the copy stream (the copy engine) while submission k
+//! computes and downloads; the compute stream waits for the upload's event. A submission
+//! alone in flight (at camera rate; `process_into`) uploads on the compute stream: a
+//! cross-stream wait would only add launch latency.
 //!
 //! Frame flow (`upload` memory mode, discrete GPUs):
 //! host frame -> pinned write-combined ring slot (the one CPU copy, in 4 parallel

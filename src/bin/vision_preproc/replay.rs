@@ -187,8 +187,9 @@ fn replay(
      -> vision_preproc::Result<()> {
         let keep = match set {
             Some((set, log_time)) => {
+                let t0 = Instant::now();
                 if submit_set(&mut pipeline, &set, topics, &mut tally)? {
-                    queue.push_back((set, log_time, Instant::now()));
+                    queue.push_back((set, log_time, t0));
                 }
                 pipeline.max_in_flight() - 1
             }
