@@ -19,7 +19,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::{CudaBackend, FusedPath};
-use vision_preproc::backend::{read_elements, Backend, BatchSlot, Conv2dOp, PreprocessOp};
+use vision_preproc::backend::{
+    read_elements, Backend, BatchSlot, Conv2dOp, Job, PreprocessOp, Queued,
+};
 use vision_preproc::config::{
     Border, ChannelOrder, ConvConfig, ConvKernel, DType, Interpolation, Layout, LetterboxAnchor,
     MemoryMode, ResizeMode,
@@ -741,25 +743,93 @@ fn main() -> ExitCode {
             st.failed += 1;
             println!("FAIL [{mode:?} {path:?}] no frame took the direct path into pinned memory");
         }
-        // 4. Two frames in flight through the ring (submit, submit, finish, finish).
+        // 4. Two frames in flight through the ring, as the node and replay run them
+        // (`Backend::submit_into`, `submit_into`, `finish_oldest`, `finish_oldest`): frames
+        // of two sizes and encodings (new sampling tables between them), the first into a
+        // heap buffer (copy out), the second into pinned memory (direct); then a third
+        // submission refused while two are in flight.
         if stride == 1 && filter.is_empty() {
             let cfg = base_cfg(96, 72);
             let fa = random_frame(&mut rng, Encoding::Bgr8, 160, 120, 0, false);
-            let fb = random_frame(&mut rng, Encoding::Bgr8, 160, 120, 0, false);
+            let fb = random_frame(&mut rng, Encoding::Yuyv, 98, 64, 6, false);
             let res = (|| -> Result<(), String> {
                 let oa = build_op(&cfg, &fa)?;
                 let ob = build_op(&cfg, &fb)?;
-                let sa = gpu.submit(&fa.view(), &oa, None).map_err(|e| e.to_string())?;
-                let sb = gpu.submit(&fb.view(), &ob, None).map_err(|e| e.to_string())?;
-                let (mut outa, mut outb) = (Vec::new(), Vec::new());
-                gpu.finish(sa, &mut outa).map_err(|e| e.to_string())?;
-                gpu.finish(sb, &mut outb).map_err(|e| e.to_string())?;
+                let len = oa.params.tensor_desc().byte_len();
+                let mut outa = vec![0u8; len];
+                let mut outb = gpu.alloc_host(len).map_err(|e| e.to_string())?;
+                let (va, vb) = (fa.view(), fb.view());
+                let (pa, pb) = (outa.as_mut_ptr(), outb.as_mut_slice().as_mut_ptr());
+                // SAFETY: both outputs live until the end of this closure and are not
+                // touched before their finish_oldest returned.
+                let queued = unsafe {
+                    (
+                        gpu.submit_into(Job::Frame { image: &va, op: &oa }, None, pa, len),
+                        gpu.submit_into(Job::Frame { image: &vb, op: &ob }, None, pb, len),
+                    )
+                };
+                for q in [queued.0, queued.1] {
+                    if q.map_err(|e| e.to_string())? != Queued::Pending {
+                        return Err("a CUDA submission was not left in flight".into());
+                    }
+                }
+                let mut spare = vec![0u8; len];
+                // SAFETY: refused before anything is queued (checked below).
+                let third = unsafe {
+                    gpu.submit_into(
+                        Job::Frame { image: &va, op: &oa },
+                        None,
+                        spare.as_mut_ptr(),
+                        len,
+                    )
+                };
+                if third.is_ok() {
+                    return Err("a third submission was accepted with two in flight".into());
+                }
+                gpu.finish_oldest().map_err(|e| format!("finish A: {e}"))?;
+                gpu.finish_oldest().map_err(|e| format!("finish B: {e}"))?;
+                if gpu.finish_oldest().is_ok() {
+                    return Err("finish_oldest with nothing in flight succeeded".into());
+                }
                 let ea = expected(&mut cpu, &fa, &cfg, None)?;
                 let eb = expected(&mut cpu, &fb, &cfg, None)?;
                 compare(&outa, &ea, DType::Float32, &tol, None)
                     .map_err(|e| format!("frame A: {e}"))?;
-                compare(&outb, &eb, DType::Float32, &tol, None)
+                compare(outb.as_slice(), &eb, DType::Float32, &tol, None)
                     .map_err(|e| format!("frame B: {e}"))?;
+                // Two batches in flight the same way: [A, padded], then [B, A].
+                let b1 =
+                    [BatchSlot { image: Some(&va), op: &oa }, BatchSlot { image: None, op: &oa }];
+                let b2 = [
+                    BatchSlot { image: Some(&vb), op: &ob },
+                    BatchSlot { image: Some(&va), op: &oa },
+                ];
+                let mut out1 = gpu.alloc_host(2 * len).map_err(|e| e.to_string())?;
+                let mut out2 = vec![0u8; 2 * len];
+                let (p1, p2) = (out1.as_mut_slice().as_mut_ptr(), out2.as_mut_ptr());
+                // SAFETY: as above.
+                unsafe {
+                    gpu.submit_into(Job::Batch(&b1), None, p1, 2 * len)
+                        .map_err(|e| e.to_string())?;
+                    gpu.submit_into(Job::Batch(&b2), None, p2, 2 * len)
+                        .map_err(|e| e.to_string())?;
+                }
+                gpu.finish_oldest().map_err(|e| format!("finish batch 1: {e}"))?;
+                gpu.finish_oldest().map_err(|e| format!("finish batch 2: {e}"))?;
+                let mut want1 = vec![0u8; 2 * len];
+                let mut want2 = vec![0u8; 2 * len];
+                cpu.process_batch_into(&b1, None, &mut want1).map_err(|e| e.to_string())?;
+                cpu.process_batch_into(&b2, None, &mut want2).map_err(|e| e.to_string())?;
+                compare(
+                    out1.as_slice(),
+                    &values(&want1, DType::Float32),
+                    DType::Float32,
+                    &tol,
+                    None,
+                )
+                .map_err(|e| format!("batch 1: {e}"))?;
+                compare(&out2, &values(&want2, DType::Float32), DType::Float32, &tol, None)
+                    .map_err(|e| format!("batch 2: {e}"))?;
                 Ok(())
             })();
             match res {
