@@ -19,8 +19,12 @@
 //   pixels of one row (one 16-byte store per channel for NCHW float32 when W % 4 == 0),
 //   so a block covers a 64 x 16 tile; 1-D grid of min(tiles, resident blocks) persistent
 //   blocks, each looping over tiles t = blockIdx.x, + gridDim.x, ... (row-major).
-//   Shared memory: the tile's x table (3 * 64 int32, static) and, for the staged path,
-//   2 * RN_BLOCK_Y * row_words * 4 bytes of dynamic shared memory (0 for the direct path).
+//   Direct path: each thread reads its groups' x table entries from global memory (16-byte
+//   vectors when content_x and content_w are multiples of 4), so no shared memory and no
+//   barrier. Staged path: the tile's x table (3 * 64 int32, static shared memory) and
+//   2 * RN_BLOCK_Y * row_words * 4 bytes of dynamic shared memory, two barriers per tile.
+//   Register caps (__launch_bounds__): 4 blocks of 256 threads per SM (64 registers) for
+//   the entry points with the span path and the batch kernel, 5 (48) for the others.
 // Reference behaviour: src/backend/cpu (the specification). Per output pixel: outside
 //   the content rectangle -> pad[c]; else four taps (i0/i1 of each axis) decoded to RGB in
 //   8-bit units (16-bit samples / 257), bilinear in float, horizontal then vertical
@@ -32,9 +36,12 @@
 //   code); then v*scale[c] + bias[c]; float16 rounds to nearest even. All arithmetic is
 //   __fmul_rn/__fadd_rn (never contracted into FMA), so each value is bit-identical to
 //   the CPU's (src/backend/cpu/reference.rs, element()).
-// Direct path (default): taps are read from global memory through L1, byte by byte
-//   (-DRN_WORD_PAIRS=1 reads rgb8/bgr8/rgba8/bgra8 tap pairs as aligned words instead:
-//   slower on the H200).
+// Direct path (default): taps are read from global memory through L1. rgb8, bgr8, rgba8
+//   and bgra8 with a linear x table of stride 2 or 3 over a group of 4 pixels (exact 2x or
+//   3x horizontal downscales: 3840 -> 1920, 1920 -> 640, ...) take the span path below:
+//   the group's contiguous source bytes of each row as aligned 8-byte vectors, bytes
+//   selected at compile time. Everything else byte by byte (-DRN_WORD_PAIRS=1 reads
+//   rgb8/bgr8/rgba8/bgra8 tap pairs as aligned words instead: slower on the H200).
 // Staged path (compiled with -DRN_STAGED=1; the host passes row_words > 0 for encodings
 //   whose pixel x starts at byte x*bpp of its row, when the widest tile window fits): the
 //   block copies, with cp.async 32-bit copies, the source columns its tile samples from
@@ -46,11 +53,19 @@
 #define RN_THREADS (RN_BLOCK_X * RN_BLOCK_Y)
 #define RN_TILE_W (RN_BLOCK_X * RN_PX)
 #define RN_TILE_H RN_BLOCK_Y
-// Blocks per SM the register allocation must allow (__launch_bounds__): 5 keeps every
-// entry point at <= 48 registers with no spill on sm_87 and sm_90 (5 x 256 threads per
-// SM); without the cap the persistent loop took 56 on sm_90 (4 blocks per SM).
+// Blocks per SM the register allocation must allow (__launch_bounds__): 5 keeps the
+// entry points of encodings without the span path at <= 48 registers with no spill on
+// sm_87 and sm_90 (5 x 256 threads per SM); without the cap the persistent loop took 56
+// on sm_90 (4 blocks per SM).
 #ifndef RN_MIN_BLOCKS
 #define RN_MIN_BLOCKS 5
+#endif
+// The same for the entry points with the span path (rgb8, bgr8, rgba8, bgra8) and the
+// batch kernel (which holds every encoding's code): 4 (64 registers, no spill). At 5 (48
+// registers) the span path spills (32-96 bytes of local memory per thread): measured on
+// the H200 at 4K, 20.6 us at 5 against 18.9 us at 4 (docs/GPU.md, version 8).
+#ifndef RN_MIN_BLOCKS_SPAN
+#define RN_MIN_BLOCKS_SPAN 4
 #endif
 // 1: exact int -> float through the mantissa trick (u2f) instead of I2F.
 #ifndef RN_FAST_CVT
@@ -309,112 +324,152 @@ __device__ __forceinline__ float lerp_rn(float a, float b, float w) {
     return __fadd_rn(__fmul_rn(a, __fsub_rn(1.0f, w)), __fmul_rn(b, w));
 }
 
-// The per-thread part: RN_PX adjacent pixels of one output row. STAGED selects where
-// packed encodings read their bytes: the shared-memory window (STAGED) or global memory
-// (direct). Separate instantiations keep every load in a known address space (LDS/LDG,
-// never generic) and every array index compile-time (no local memory).
-template <u32 ENC, bool STAGED>
-__device__ __forceinline__ void rn_pixels(const PreprocessParams& p, const u8* __restrict__ src,
-                                          const int* __restrict__ maps, void* __restrict__ dst,
-                                          u32 row_words, int ws, const int* s_xtab,
-                                          int tile_x0, int tile_y0) {
-    extern __shared__ u32 rn_smem[];
-    const int x0 = tile_x0 + threadIdx.x * RN_PX;
-    const int y = tile_y0 + threadIdx.y;
-    const int W = p.dst_width, H = p.dst_height;
-    if (y >= H || x0 >= W) return;
-    const int cx = p.content_x, cy = p.content_y, cw = p.content_w, chh = p.content_h;
-    const int* y_i0 = maps + 3 * cw;
-    const int* y_i1 = y_i0 + chh;
-    const float* y_w1 = (const float*)(y_i1 + chh);
-    constexpr int bpp = enc_bpp(ENC);
-    const bool grey = p.channels == 1;
-    const bool swap = p.swap_rb != 0;
-    const bool row_in = y >= cy && y < cy + chh;
-    const bool nearest = p.interpolation == INTERP_NEAREST;
+// ---- The span path (RN_SPAN=1, default): 8-bit rgb8/bgr8/rgba8/bgra8 with a linear
+// x table that is an integer-stride downscale over a group's 4 pixels (i0[k] = i0[0] +
+// S*k, i1[k] = i0[k] + 1, S = 2 or 3: e.g. 3840 -> 1920, 1920 -> 640, 1280 -> 640). The 8
+// taps of a group in one source row lie in (3S + 2) * bpp contiguous bytes (24 to 44):
+// the thread reads them with RN_VEC-byte aligned vector loads (every load of the group in
+// flight at once), realigns them with funnel shifts, and takes each tap's bytes with
+// compile-time selectors: 2 x 3-5 vector loads per 4 pixels instead of 48 byte loads,
+// and a warp's 32 loads touch the same L1 lines as its byte loads did, with 8-16 x fewer
+// wavefronts. Any other table, encoding, interpolation, a group that leaves the content
+// rectangle, or a frame base not RN_VEC-aligned takes the byte path per group. Same
+// values bit for bit (the bytes are the same bytes; the arithmetic is unchanged).
+// Reads up to RN_VEC - 1 bytes past the last byte a group needs, inside the aligned
+// vector that holds it: the frame buffers carry SRC_SLACK (16) bytes after the frame
+// and are rounded up to 64 bytes, zeroed when allocated.
+#ifndef RN_SPAN
+#define RN_SPAN 1
+#endif
+// 1: the direct path's persistent blocks ask L2 (sm_90: cp.async.bulk.prefetch) for the
+// source rows of their next tile while they work on the current one.
+#ifndef RN_PREFETCH
+#define RN_PREFETCH 0
+#endif
+// Width of the span path's loads: 4, 8 or 16 bytes.
+#ifndef RN_VEC
+#define RN_VEC 8
+#endif
+// 1: the span path turns bytes into floats through the mantissa of 2^23 (one PRMT and one
+// FADD: exact, the same value as (float)byte); 0: (float)byte (I2F).
+#ifndef RN_SPAN_CVT
+#define RN_SPAN_CVT 1
+#endif
+static_assert(RN_PX % 4 == 0, "RN_PX: whole groups of 4 pixels");
+static_assert(RN_VEC == 4 || RN_VEC == 8 || RN_VEC == 16, "RN_VEC: 4, 8 or 16");
+__device__ constexpr bool enc_span(u32 e) {
+    return RN_SPAN && (e == ENC_RGB8 || e == ENC_BGR8 || e == ENC_RGBA8 || e == ENC_BGRA8);
+}
 
-    int yr0 = 0, yr1 = 0;
-    float wy = 0.0f;
-    if (row_in) {
-        yr0 = y_i0[y - cy];
-        yr1 = y_i1[y - cy];
-        wy = y_w1[y - cy];
-    }
-    // Row bases are never a mix of shared and global pointers (that would make every load
-    // generic): shared rows in the staged instantiation, global rows in the direct one.
-    Row r0, r1;
-    if constexpr (STAGED) {
-        const int wsb = ws * bpp;
-        r0.base = (const u8*)(rn_smem + threadIdx.y * row_words);
-        r1.base = (const u8*)(rn_smem + (RN_TILE_H + threadIdx.y) * row_words);
-        r0.off = (int)(((unsigned long long)yr0 * p.src_step + wsb) & 3) - wsb;
-        r1.off = (int)(((unsigned long long)yr1 * p.src_step + wsb) & 3) - wsb;
-    } else {
-        r0.base = src + (unsigned long long)yr0 * p.src_step;
-        r1.base = src + (unsigned long long)yr1 * p.src_step;
-        r0.off = 0;
-        r1.off = 0;
-    }
-    // This thread's 4 entries of the tile's x table (staged in shared memory).
-    const int4 xi0 = *(const int4*)(s_xtab + threadIdx.x * RN_PX);
-    const int4 xi1 = *(const int4*)(s_xtab + RN_TILE_W + threadIdx.x * RN_PX);
-    const float4 xw = *(const float4*)(s_xtab + 2 * RN_TILE_W + threadIdx.x * RN_PX);
-    const int xs0s[RN_PX] = {xi0.x, xi0.y, xi0.z, xi0.w};
-    const int xs1s[RN_PX] = {xi1.x, xi1.y, xi1.z, xi1.w};
-    const float wxs[RN_PX] = {xw.x, xw.y, xw.z, xw.w};
+// Blocks per SM of the register cap of encoding e's entry point.
+__device__ constexpr int rn_min_blocks(u32 e) { return enc_span(e) ? RN_MIN_BLOCKS_SPAN : RN_MIN_BLOCKS; }
 
-    float out[RN_PX][3];
+// Load the RN_VEC-aligned vectors that cover the SPAN bytes at `addr` (global memory,
+// read-only) and realign them: a[j] = bytes 4j .. 4j + 3 of the span.
+template <int SPAN>
+__device__ __forceinline__ void load_span(const u8* addr, u32 (&a)[(SPAN + 3) / 4]) {
+    constexpr int NW = (SPAN + 3) / 4;
+    constexpr int NV = (SPAN + 2 * RN_VEC - 2) / RN_VEC;  // vectors at the worst misalignment
+    constexpr int WPV = RN_VEC / 4;                        // words per vector
+    constexpr int NR = NV * WPV;
+    const unsigned long long pa = (unsigned long long)addr;
+    const u32 m = (u32)pa & (RN_VEC - 1);
+    const unsigned long long base = pa - m;
+    u32 w[NR + 1];
 #pragma unroll
-    for (int k = 0; k < RN_PX; ++k) {
-        const int x = x0 + k;
-        if (!row_in || x < cx || x >= cx + cw || x >= W) {
-            out[k][0] = p.pad[0];
-            out[k][1] = p.pad[1];
-            out[k][2] = p.pad[2];
-            continue;
-        }
-        float v[3];
-        if constexpr (!STAGED && enc_word_pairs(ENC)) {
-            Rgb a0, b0;
-            decode_pair_words<ENC>(r0.base, xs0s[k], nearest ? xs0s[k] : xs1s[k], a0, b0);
-            if (nearest) {
-                to_float<ENC>(a0, grey, v);
-            } else {
-                Rgb a1, b1;
-                decode_pair_words<ENC>(r1.base, xs0s[k], xs1s[k], a1, b1);
-                float s00[3], s01[3], s10[3], s11[3];
-                to_float<ENC>(a0, grey, s00);
-                to_float<ENC>(b0, grey, s01);
-                to_float<ENC>(a1, grey, s10);
-                to_float<ENC>(b1, grey, s11);
-#pragma unroll
-                for (int c = 0; c < 3; ++c) {
-                    v[c] = lerp_rn(lerp_rn(s00[c], s01[c], wxs[k]), lerp_rn(s10[c], s11[c], wxs[k]), wy);
-                }
-            }
-        } else if (nearest) {
-            tap<ENC>(p, src, r0, xs0s[k], yr0, grey, v);
+    for (int v = 0; v < NV; ++v) {
+        // a vector past the span's last byte is not read (it may lie past the buffer)
+        const bool need = v == 0 || (u32)(v * RN_VEC) < m + SPAN;
+        if constexpr (RN_VEC == 16) {
+            uint4 q = make_uint4(0, 0, 0, 0);
+            if (need) q = __ldg((const uint4*)(base + v * 16));
+            w[4 * v] = q.x; w[4 * v + 1] = q.y; w[4 * v + 2] = q.z; w[4 * v + 3] = q.w;
+        } else if constexpr (RN_VEC == 8) {
+            uint2 q = make_uint2(0, 0);
+            if (need) q = __ldg((const uint2*)(base + v * 8));
+            w[2 * v] = q.x; w[2 * v + 1] = q.y;
         } else {
-            float s00[3], s01[3], s10[3], s11[3];
-            tap<ENC>(p, src, r0, xs0s[k], yr0, grey, s00);
-            tap<ENC>(p, src, r0, xs1s[k], yr0, grey, s01);
-            tap<ENC>(p, src, r1, xs0s[k], yr1, grey, s10);
-            tap<ENC>(p, src, r1, xs1s[k], yr1, grey, s11);
-#pragma unroll
-            for (int c = 0; c < 3; ++c) {
-                v[c] = lerp_rn(lerp_rn(s00[c], s01[c], wxs[k]), lerp_rn(s10[c], s11[c], wxs[k]), wy);
-            }
+            u32 q = 0;
+            if (need) q = __ldg((const u32*)(base + v * 4));
+            w[v] = q;
         }
-        // channel order by selects (no runtime array index: that would go to local memory)
-        const float c0 = grey ? v[0] : (swap ? v[2] : v[0]);
-        const float c1 = grey ? v[0] : v[1];
-        const float c2 = grey ? v[0] : (swap ? v[0] : v[2]);
-        out[k][0] = __fadd_rn(__fmul_rn(c0, p.scale[0]), p.bias[0]);
-        out[k][1] = __fadd_rn(__fmul_rn(c1, p.scale[1]), p.bias[1]);
-        out[k][2] = __fadd_rn(__fmul_rn(c2, p.scale[2]), p.bias[2]);
     }
+    w[NR] = 0;
+    const u32 sh = (m & 3) * 8;
+    u32 t[NR];
+#pragma unroll
+    for (int i = 0; i < NR; ++i) t[i] = __funnelshift_r(w[i], w[i + 1], sh);
+    // whole words to skip, m >> 2: 0 .. WPV - 1 (in place, ascending: t[i] reads t[i + k]
+    // before it is overwritten)
+    if constexpr (WPV == 4) {
+#pragma unroll
+        for (int i = 0; i + 2 < NR; ++i) t[i] = (m & 8) ? t[i + 2] : t[i];
+    }
+    if constexpr (WPV >= 2) {
+#pragma unroll
+        for (int i = 0; i + 1 < NR; ++i) t[i] = (m & 4) ? t[i + 1] : t[i];
+    }
+#pragma unroll
+    for (int j = 0; j < NW; ++j) a[j] = t[j];
+}
 
-    // Store: vectorized when the 4 pixels are whole and rows are 16-byte multiples.
+// Byte J of a realigned span, as a float (exact).
+template <int J, int NW>
+__device__ __forceinline__ float span_byte(const u32 (&a)[NW]) {
+    static_assert(J / 4 < NW, "span byte out of range");
+#if RN_SPAN_CVT
+    // 0x4B0000bb: 2^23 + b, exactly; minus 2^23 = b
+    return __fsub_rn(__uint_as_float(__byte_perm(a[J / 4], 0x4B000000u, 0x7540u | (J % 4))), 8388608.0f);
+#else
+    return (float)((a[J / 4] >> (8 * (J % 4))) & 0xffu);
+#endif
+}
+
+// Tap (column offset COL from the group's first tap) of a realigned span: R, G, B.
+template <u32 ENC, int COL, int NW>
+__device__ __forceinline__ void span_tap(const u32 (&a)[NW], float v[3]) {
+    constexpr int bpp = enc_bpp(ENC);
+    constexpr bool bgr = ENC == ENC_BGR8 || ENC == ENC_BGRA8;
+    v[0] = span_byte<COL * bpp + (bgr ? 2 : 0)>(a);
+    v[1] = span_byte<COL * bpp + 1>(a);
+    v[2] = span_byte<COL * bpp + (bgr ? 0 : 2)>(a);
+}
+
+// Channel CH (0 R, 1 G, 2 B) of pixel K of a group through the span path, stride S.
+template <u32 ENC, int S, int K, int CH, int NW>
+__device__ __forceinline__ float span_value(const u32 (&a0)[NW], const u32 (&a1)[NW], float wx, float wy) {
+    constexpr int bpp = enc_bpp(ENC);
+    constexpr bool bgr = ENC == ENC_BGR8 || ENC == ENC_BGRA8;
+    constexpr int off = CH == 1 ? 1 : ((CH == 0) != bgr ? 0 : 2);
+    constexpr int j0 = S * K * bpp + off, j1 = (S * K + 1) * bpp + off;
+    const float s00 = span_byte<j0>(a0), s01 = span_byte<j1>(a0);
+    const float s10 = span_byte<j0>(a1), s11 = span_byte<j1>(a1);
+    return lerp_rn(lerp_rn(s00, s01, wx), lerp_rn(s10, s11, wx), wy);
+}
+
+// The group's 4 pixels of source channel CH, normalized with (scale, bias).
+template <u32 ENC, int S, int CH, int NW>
+__device__ __forceinline__ void span_channel(const u32 (&a0)[NW], const u32 (&a1)[NW], const float wxs[4],
+                                             float wy, float scale, float bias, float o[4]) {
+    o[0] = __fadd_rn(__fmul_rn(span_value<ENC, S, 0, CH>(a0, a1, wxs[0], wy), scale), bias);
+    o[1] = __fadd_rn(__fmul_rn(span_value<ENC, S, 1, CH>(a0, a1, wxs[1], wy), scale), bias);
+    o[2] = __fadd_rn(__fmul_rn(span_value<ENC, S, 2, CH>(a0, a1, wxs[2], wy), scale), bias);
+    o[3] = __fadd_rn(__fmul_rn(span_value<ENC, S, 3, CH>(a0, a1, wxs[3], wy), scale), bias);
+}
+
+// True when the group's x table is the stride-S pattern of the span path.
+template <int S>
+__device__ __forceinline__ bool span_pattern(const int xs0s[4], const int xs1s[4]) {
+    bool ok = true;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) ok = ok && xs0s[k] == xs0s[0] + S * k && xs1s[k] == xs0s[k] + 1;
+    return ok;
+}
+
+// Store a group of 4 pixels (x0 .. x0 + 3 of row y; x0 % 4 == 0).
+__device__ __forceinline__ void store_group(const PreprocessParams& p, void* __restrict__ dst,
+                                            int x0, int y, const float (&out)[4][3]) {
+    const int W = p.dst_width, H = p.dst_height;
     const int C = p.channels;
     if ((W & 3) == 0) {  // then x0 + 3 < W and every vector below is aligned
         if (p.layout == LAYOUT_NCHW || C == 1) {
@@ -454,7 +509,7 @@ __device__ __forceinline__ void rn_pixels(const PreprocessParams& p, const u8* _
         }
     } else {
 #pragma unroll
-        for (int k = 0; k < RN_PX; ++k) {
+        for (int k = 0; k < 4; ++k) {
             if (x0 + k >= W) break;
 #pragma unroll
             for (int c = 0; c < 3; ++c) {
@@ -462,6 +517,223 @@ __device__ __forceinline__ void rn_pixels(const PreprocessParams& p, const u8* _
                 store_elem(dst, p.dtype, tensor_index(p.layout, C, H, W, c, y, x0 + k), out[k][c]);
             }
         }
+    }
+}
+
+// A group of 4 pixels through the span path, stride S. Planar (NCHW) output with
+// W % 4 == 0 is written one source channel at a time (4 values live, not 12) into the
+// plane the channel order gives it; otherwise all 12 values, then store_group.
+template <u32 ENC, int S>
+__device__ __forceinline__ void span_group(const PreprocessParams& p, void* __restrict__ dst,
+                                           const u8* row0, const u8* row1, int xs, const float wxs[4],
+                                           float wy, bool swap, int x0, int y) {
+    constexpr int SPAN = (3 * S + 2) * enc_bpp(ENC);
+    constexpr int NW = (SPAN + 3) / 4;
+    u32 a0[NW], a1[NW];
+    load_span<SPAN>(row0 + xs * (int)enc_bpp(ENC), a0);
+    load_span<SPAN>(row1 + xs * (int)enc_bpp(ENC), a1);
+    const int W = p.dst_width, H = p.dst_height;
+    if (p.layout == LAYOUT_NCHW && (W & 3) == 0) {
+        float o[4];
+        const unsigned long long plane = (unsigned long long)H * W;
+        const unsigned long long i = (unsigned long long)y * W + x0;
+#pragma unroll
+        for (int sc = 0; sc < 3; ++sc) {  // source channel R, G, B -> output plane c
+            const int c = swap ? 2 - sc : sc;
+            const float scale = c == 0 ? p.scale[0] : (c == 1 ? p.scale[1] : p.scale[2]);
+            const float bias = c == 0 ? p.bias[0] : (c == 1 ? p.bias[1] : p.bias[2]);
+            if (sc == 0) span_channel<ENC, S, 0>(a0, a1, wxs, wy, scale, bias, o);
+            if (sc == 1) span_channel<ENC, S, 1>(a0, a1, wxs, wy, scale, bias, o);
+            if (sc == 2) span_channel<ENC, S, 2>(a0, a1, wxs, wy, scale, bias, o);
+            if (p.dtype == DTYPE_F32) {
+                *(float4*)((float*)dst + c * plane + i) = make_float4(o[0], o[1], o[2], o[3]);
+            } else {
+                uint2 h;
+                h.x = f32_to_f16_bits(o[0]) | (u32)f32_to_f16_bits(o[1]) << 16;
+                h.y = f32_to_f16_bits(o[2]) | (u32)f32_to_f16_bits(o[3]) << 16;
+                *(uint2*)((u16*)dst + c * plane + i) = h;
+            }
+        }
+    } else {
+        float out[4][3], o[4];
+        const float sc0 = swap ? p.scale[2] : p.scale[0], bi0 = swap ? p.bias[2] : p.bias[0];
+        const float sc2 = swap ? p.scale[0] : p.scale[2], bi2 = swap ? p.bias[0] : p.bias[2];
+        span_channel<ENC, S, 0>(a0, a1, wxs, wy, sc0, bi0, o);  // R -> plane 0 (2 when swapped)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) out[k][0] = o[k];
+        span_channel<ENC, S, 1>(a0, a1, wxs, wy, p.scale[1], p.bias[1], o);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) out[k][1] = o[k];
+        span_channel<ENC, S, 2>(a0, a1, wxs, wy, sc2, bi2, o);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            out[k][2] = swap ? out[k][0] : o[k];
+            out[k][0] = swap ? o[k] : out[k][0];
+        }
+        store_group(p, dst, x0, y, out);
+    }
+}
+
+// The per-thread part: RN_PX adjacent pixels of one output row, in groups of 4. STAGED
+// selects where packed encodings read their bytes: the shared-memory window (STAGED) or
+// global memory (direct). Separate instantiations keep every load in a known address
+// space (LDS/LDG, never generic) and every array index compile-time (no local memory).
+template <u32 ENC, bool STAGED>
+__device__ __forceinline__ void rn_pixels(const PreprocessParams& p, const u8* __restrict__ src,
+                                          const int* __restrict__ maps, void* __restrict__ dst,
+                                          u32 row_words, int ws, const int* s_xtab,
+                                          int tile_x0, int tile_y0) {
+    extern __shared__ u32 rn_smem[];
+    const int y = tile_y0 + threadIdx.y;
+    const int W = p.dst_width, H = p.dst_height;
+    if (y >= H || tile_x0 + (int)threadIdx.x * RN_PX >= W) return;
+    const int cx = p.content_x, cy = p.content_y, cw = p.content_w, chh = p.content_h;
+    const int* y_i0 = maps + 3 * cw;
+    const int* y_i1 = y_i0 + chh;
+    const float* y_w1 = (const float*)(y_i1 + chh);
+    const bool grey = p.channels == 1;
+    const bool swap = p.swap_rb != 0;
+    const bool row_in = y >= cy && y < cy + chh;
+    const bool nearest = p.interpolation == INTERP_NEAREST;
+
+    int yr0 = 0, yr1 = 0;
+    float wy = 0.0f;
+    if (row_in) {
+        yr0 = y_i0[y - cy];
+        yr1 = y_i1[y - cy];
+        wy = y_w1[y - cy];
+    }
+    // Row bases are never a mix of shared and global pointers (that would make every load
+    // generic): shared rows in the staged instantiation, global rows in the direct one.
+    Row r0, r1;
+    if constexpr (STAGED) {
+        constexpr int bpp = enc_bpp(ENC);
+        const int wsb = ws * bpp;
+        r0.base = (const u8*)(rn_smem + threadIdx.y * row_words);
+        r1.base = (const u8*)(rn_smem + (RN_TILE_H + threadIdx.y) * row_words);
+        r0.off = (int)(((unsigned long long)yr0 * p.src_step + wsb) & 3) - wsb;
+        r1.off = (int)(((unsigned long long)yr1 * p.src_step + wsb) & 3) - wsb;
+    } else {
+        r0.base = src + (unsigned long long)yr0 * p.src_step;
+        r1.base = src + (unsigned long long)yr1 * p.src_step;
+        r0.off = 0;
+        r1.off = 0;
+    }
+    // The span path needs RN_VEC-aligned vectors to start inside the frame buffer.
+    // Direct path: the x table as 16-byte vectors when every group of 4 lies wholly inside
+    // or outside the content (content_x and content_w multiples of 4; the table is
+    // 16-byte aligned), else element by element.
+    const bool tab_vec = ((cx | cw) & 3) == 0;
+    // Grey output converts each tap before interpolation: the byte path does that.
+    const bool span_ok = !STAGED && enc_span(ENC) && !nearest && !grey && row_in &&
+                         ((unsigned long long)src & (RN_VEC - 1)) == 0;
+
+#pragma unroll
+    for (int g = 0; g < RN_PX / 4; ++g) {
+        const int x0 = tile_x0 + threadIdx.x * RN_PX + 4 * g;
+        if (x0 >= W) break;
+        // This group's 4 entries of the x table, 0 outside the content: staged in shared
+        // memory (staged path), or read from global memory through L1 (direct path: no
+        // barrier per tile, so the block's warps never wait for each other).
+        int4 xi0, xi1;
+        float4 xw;
+        if constexpr (STAGED) {
+            const int* tx = s_xtab + threadIdx.x * RN_PX + 4 * g;
+            xi0 = *(const int4*)tx;
+            xi1 = *(const int4*)(tx + RN_TILE_W);
+            xw = *(const float4*)(tx + 2 * RN_TILE_W);
+        } else if (tab_vec) {  // the group lies wholly inside or outside the content
+            if (x0 >= cx && x0 < cx + cw) {
+                const int* t = maps + (x0 - cx);
+                xi0 = __ldg((const int4*)t);
+                xi1 = __ldg((const int4*)(t + cw));
+                xw = __ldg((const float4*)(t + 2 * cw));
+            } else {
+                xi0 = xi1 = make_int4(0, 0, 0, 0);
+                xw = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        } else {
+            int e0[4], e1[4], e2[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int x = x0 + k;
+                const bool in = x >= cx && x < cx + cw;
+                e0[k] = in ? __ldg(maps + (x - cx)) : 0;
+                e1[k] = in ? __ldg(maps + cw + (x - cx)) : 0;
+                e2[k] = in ? __ldg(maps + 2 * cw + (x - cx)) : 0;
+            }
+            xi0 = make_int4(e0[0], e0[1], e0[2], e0[3]);
+            xi1 = make_int4(e1[0], e1[1], e1[2], e1[3]);
+            xw = make_float4(__int_as_float(e2[0]), __int_as_float(e2[1]), __int_as_float(e2[2]), __int_as_float(e2[3]));
+        }
+        const int xs0s[4] = {xi0.x, xi0.y, xi0.z, xi0.w};
+        const int xs1s[4] = {xi1.x, xi1.y, xi1.z, xi1.w};
+        const float wxs[4] = {xw.x, xw.y, xw.z, xw.w};
+
+        if constexpr (!STAGED && enc_span(ENC)) {
+            if (span_ok && x0 >= cx && x0 + 4 <= cx + cw && x0 + 4 <= W) {
+                const int stride = xs0s[1] - xs0s[0];
+                if (stride == 2 && span_pattern<2>(xs0s, xs1s)) {
+                    span_group<ENC, 2>(p, dst, r0.base, r1.base, xs0s[0], wxs, wy, swap, x0, y);
+                    continue;
+                }
+                if (stride == 3 && span_pattern<3>(xs0s, xs1s)) {
+                    span_group<ENC, 3>(p, dst, r0.base, r1.base, xs0s[0], wxs, wy, swap, x0, y);
+                    continue;
+                }
+            }
+        }
+        float v[4][3];
+        float out[4][3];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int x = x0 + k;
+            if (!row_in || x < cx || x >= cx + cw || x >= W) {
+                out[k][0] = p.pad[0];
+                out[k][1] = p.pad[1];
+                out[k][2] = p.pad[2];
+                continue;
+            }
+            if constexpr (!STAGED && enc_word_pairs(ENC)) {
+                Rgb a0, b0;
+                decode_pair_words<ENC>(r0.base, xs0s[k], nearest ? xs0s[k] : xs1s[k], a0, b0);
+                if (nearest) {
+                    to_float<ENC>(a0, grey, v[k]);
+                } else {
+                    Rgb a1, b1;
+                    decode_pair_words<ENC>(r1.base, xs0s[k], xs1s[k], a1, b1);
+                    float s00[3], s01[3], s10[3], s11[3];
+                    to_float<ENC>(a0, grey, s00);
+                    to_float<ENC>(b0, grey, s01);
+                    to_float<ENC>(a1, grey, s10);
+                    to_float<ENC>(b1, grey, s11);
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) {
+                        v[k][c] = lerp_rn(lerp_rn(s00[c], s01[c], wxs[k]), lerp_rn(s10[c], s11[c], wxs[k]), wy);
+                    }
+                }
+            } else if (nearest) {
+                tap<ENC>(p, src, r0, xs0s[k], yr0, grey, v[k]);
+            } else {
+                float s00[3], s01[3], s10[3], s11[3];
+                tap<ENC>(p, src, r0, xs0s[k], yr0, grey, s00);
+                tap<ENC>(p, src, r0, xs1s[k], yr0, grey, s01);
+                tap<ENC>(p, src, r1, xs0s[k], yr1, grey, s10);
+                tap<ENC>(p, src, r1, xs1s[k], yr1, grey, s11);
+#pragma unroll
+                for (int c = 0; c < 3; ++c) {
+                    v[k][c] = lerp_rn(lerp_rn(s00[c], s01[c], wxs[k]), lerp_rn(s10[c], s11[c], wxs[k]), wy);
+                }
+            }
+            // channel order by selects (no runtime array index: that would go to local memory)
+            const float c0 = grey ? v[k][0] : (swap ? v[k][2] : v[k][0]);
+            const float c1 = grey ? v[k][0] : v[k][1];
+            const float c2 = grey ? v[k][0] : (swap ? v[k][0] : v[k][2]);
+            out[k][0] = __fadd_rn(__fmul_rn(c0, p.scale[0]), p.bias[0]);
+            out[k][1] = __fadd_rn(__fmul_rn(c1, p.scale[1]), p.bias[1]);
+            out[k][2] = __fadd_rn(__fmul_rn(c2, p.scale[2]), p.bias[2]);
+        }
+        store_group(p, dst, x0, y, out);
     }
 }
 
@@ -479,6 +751,38 @@ __device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
     // and each loops over tiles (row-major), so no partial last wave of blocks idles SMs.
     const int tiles_x = (p.dst_width + RN_TILE_W - 1) / RN_TILE_W;
     const int tiles = tiles_x * ((p.dst_height + RN_TILE_H - 1) / RN_TILE_H);
+    bool staged = false;
+    if constexpr (RN_STAGED && enc_is_packed(ENC)) staged = row_words != 0;  // uniform
+    if (!staged) {
+        // Direct path: each thread reads its x table entries itself; no shared memory, no
+        // barrier.
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const int tile_x0 = (tile % tiles_x) * RN_TILE_W, tile_y0 = (tile / tiles_x) * RN_TILE_H;
+#if RN_PREFETCH && __CUDA_ARCH__ >= 900
+            if constexpr (enc_is_packed(ENC) && !enc_is_yuv422(ENC)) {
+                // Warp 0 asks L2 for the source rows of this block's next tile, so that
+                // its loads find them there: one bulk prefetch per source row.
+                const int next = tile + gridDim.x;
+                if (tid < 2 * RN_TILE_H && next < tiles) {
+                    const int nx0 = (next % tiles_x) * RN_TILE_W, ny = (next / tiles_x) * RN_TILE_H + (tid & (RN_TILE_H - 1));
+                    const int lo = max(nx0, cx), hi = min(nx0 + RN_TILE_W, cx + cw) - 1;
+                    if (lo <= hi && ny >= cy && ny < cy + chh) {
+                        const int* yt = maps + 3 * cw + (tid >= RN_TILE_H ? chh : 0);
+                        const int row = __ldg(yt + (ny - cy));
+                        const int c0 = __ldg(maps + (lo - cx)), c1 = __ldg(maps + cw + (hi - cx));
+                        constexpr int bpp = enc_bpp(ENC);
+                        const unsigned long long a = (unsigned long long)src + (unsigned long long)row * p.src_step + (unsigned long long)c0 * bpp;
+                        const unsigned long long b = (unsigned long long)src + (unsigned long long)row * p.src_step + (unsigned long long)(c1 + 1) * bpp;
+                        const unsigned long long a16 = a & ~15ull, b16 = (b + 15) & ~15ull;
+                        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a16), "r"((u32)(b16 - a16)) : "memory");
+                    }
+                }
+            }
+#endif
+            rn_pixels<ENC, false>(p, src, maps, dst, 0u, 0, nullptr, tile_x0, tile_y0);
+        }
+        return;
+    }
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int tile_x0 = (tile % tiles_x) * RN_TILE_W, tile_y0 = (tile / tiles_x) * RN_TILE_H;
         for (int i = tid; i < RN_TILE_W; i += RN_THREADS) {
@@ -539,7 +843,7 @@ __device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
 }
 
 #define RN_ENTRY(name, ENC)                                                               \
-    extern "C" __global__ void __launch_bounds__(RN_THREADS, RN_MIN_BLOCKS)               \
+    extern "C" __global__ void __launch_bounds__(RN_THREADS, rn_min_blocks(ENC))          \
         resize_normalize_##name(const PreprocessParams p, const u8* __restrict__ src,     \
                                 const int* __restrict__ maps, void* __restrict__ dst,     \
                                 u32 row_words) {                                          \
@@ -556,24 +860,68 @@ VP_ENCODINGS(RN_ENTRY_OF)
 // per-encoding code as resize_normalize_<name>, chosen by the slot's encoding. A padded
 // slot (stale camera) has an empty content rectangle: every pixel is pad[c], nothing is
 // read. Direct path only (row_words 0).
-#define RN_BATCH_CASE(name, code, bpp, packed) \
-    case code:                                 \
-        resize_normalize<code>(s_p, src, maps, dst, 0u); \
-        break;
-extern "C" __global__ void __launch_bounds__(RN_THREADS, RN_MIN_BLOCKS)
-    resize_normalize_batch(const BatchItemDesc* __restrict__ items) {
-    __shared__ PreprocessParams s_p;
+#ifndef RN_BATCH_GLOBAL
+#define RN_BATCH_GLOBAL 1
+#endif
+// The slot of this block (blockIdx.z): its operation into shared memory (`s_p`), its
+// frame, tables and output addresses.
+__device__ __forceinline__ void rn_batch_slot(const BatchItemDesc* __restrict__ items,
+                                              PreprocessParams& s_p, const u8*& src,
+                                              const int*& maps, void*& dst) {
     const BatchItemDesc* it = items + blockIdx.z;
     const int tid = threadIdx.y * RN_BLOCK_X + threadIdx.x;
     constexpr int words = sizeof(PreprocessParams) / 4;
     if (tid < words) ((u32*)&s_p)[tid] = ((const u32*)&it->p)[tid];
     __syncthreads();
-    const u8* src = (const u8*)it->src;
-    const int* maps = (const int*)it->maps;
-    void* dst = (void*)it->dst;
+    src = (const u8*)it->src;
+    maps = (const int*)it->maps;
+    dst = (void*)it->dst;
+#if RN_BATCH_GLOBAL
+    // Device addresses of global memory (or mapped host memory, also in the global
+    // window): let the compiler use global loads and stores, not generic ones.
+    __builtin_assume(__isGlobal(src));
+    __builtin_assume(__isGlobal(maps));
+    __builtin_assume(__isGlobal(dst));
+#endif
+}
+
+#define RN_BATCH_CASE(name, code, bpp, packed) \
+    case code:                                 \
+        resize_normalize<code>(s_p, src, maps, dst, 0u); \
+        break;
+extern "C" __global__ void __launch_bounds__(RN_THREADS, RN_SPAN ? RN_MIN_BLOCKS_SPAN : RN_MIN_BLOCKS)
+    resize_normalize_batch(const BatchItemDesc* __restrict__ items) {
+    __shared__ PreprocessParams s_p;
+    const u8* src;
+    const int* maps;
+    void* dst;
+    rn_batch_slot(items, s_p, src, maps, dst);
     switch (s_p.encoding) {
         VP_ENCODINGS(RN_BATCH_CASE)
         default:
             break;  // the host builds every slot with a code of the table
     }
 }
+
+// -DRN_BATCH_ENC=1 (kernel lab only; the host does not use them): the batch when every
+// slot has one encoding: the same launch,
+// with only that encoding's code (resize_normalize_batch_<name>), so its registers are
+// allocated for it alone, as resize_normalize_<name>'s are. A padded slot (empty content
+// rectangle: only pad values, nothing read) runs through it whatever its encoding.
+#ifndef RN_BATCH_ENC
+#define RN_BATCH_ENC 0
+#endif
+#if RN_BATCH_ENC
+#define RN_BATCH_ENTRY(name, code, bpp, packed)                                           \
+    extern "C" __global__ void __launch_bounds__(RN_THREADS, rn_min_blocks(code))         \
+        resize_normalize_batch_##name(const BatchItemDesc* __restrict__ items) {          \
+        __shared__ PreprocessParams s_p;                                                  \
+        const u8* src;                                                                    \
+        const int* maps;                                                                  \
+        void* dst;                                                                        \
+        rn_batch_slot(items, s_p, src, maps, dst);                                        \
+        if (s_p.encoding == code || s_p.content_w == 0 || s_p.content_h == 0)             \
+            resize_normalize<code>(s_p, src, maps, dst, 0u);                              \
+    }
+VP_ENCODINGS(RN_BATCH_ENTRY)
+#endif
