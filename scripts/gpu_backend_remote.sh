@@ -5,7 +5,8 @@
 #                                      # embedded cubin / PTX / NVRTC side by side, parity
 #                                      # samples under each, tool presence
 #   bash .device/gpu_backend_remote.sh full    # full parity, compute-sanitizer memcheck and
-#                                      # racecheck, the benchmark (results.json)
+#                                      # racecheck, the benchmark (results.json); NO_STARTUP=1,
+#                                      # NO_BENCH=1 leave parts out, FAULT=1 adds the fault drill
 #   bash .device/gpu_backend_remote.sh reliability   # GPU fault drill (gpu_failure_policy with a
 #                                      # real injected fault), the edge cases (parity,
 #                                      # memcheck, initcheck), memcheck over the matrix
@@ -183,9 +184,19 @@ if [[ "$MODE" == reliability ]]; then
     exit $status
 fi
 
+# full's parts can be left out (a shorter device call): NO_STARTUP=1, NO_BENCH=1; FAULT=1
+# adds the GPU fault drill of `reliability` first.
+if [[ -n "${FAULT:-}" ]]; then
+    section "GPU fault drill: gpu_failure_policy with a real injected fault (test/gpu_fault.rs)"
+    timeout "${FAULT_TIMEOUT:-90}" "$D/gpu_fault" >"$OUT/gpu_fault.log" 2>&1
+    rc=$?; echo "gpu_fault exit $rc"; [[ $rc == 0 ]] || status=1
+    grep -vE '^\s*$' "$OUT/gpu_fault.log" | cut -c1-200 | tail -14
+fi
+if [[ -z "${NO_STARTUP:-}" ]]; then
 section "start-up: cold (empty cache), then warm (cached), separate processes"
 rm -rf /tmp/vp_startup
 for i in 1 2 3; do "$D/vision_preproc" bench --startup /tmp/vp_startup 2>&1 | tee -a "$OUT/startup.log" || status=1; done
+fi
 
 section "parity: full matrix (3 backends: upload/direct, mapped/direct, upload/staged)"
 timeout "${PARITY_TIMEOUT:-150}" "$D/gpu_parity" >"$OUT/parity.log" 2>&1
@@ -209,6 +220,7 @@ grep -E '^========= (RACECHECK SUMMARY|ERROR SUMMARY)|Error|Warning' "$OUT/racec
 grep 'gpu_parity summary' "$OUT/racecheck.log"
 echo "cases checked: $(grep -c '^ok ' "$OUT/racecheck.log") (staged: $(grep -c 'Staged\].*staged$' "$OUT/racecheck.log"), conv: $(grep -c '^ok .*conv' "$OUT/racecheck.log"))"
 
+[[ -n "${NO_BENCH:-}" ]] && { gpu_state; exit $status; }
 section "benchmark (1000 timed iterations per figure, variants)"
 gpu_state
 timeout "${BENCH_TIMEOUT:-170}" "$D/vision_preproc" bench --variants --out "$OUT/results.json" >"$OUT/bench.log" 2>&1 || status=1
