@@ -63,7 +63,7 @@ VARIANTS = {
     "prefetch": ("new", {"RN_PREFETCH": 1}),
     "batch_enc": ("new", {"RN_BATCH_ENC": 1}),        # + resize_normalize_batch_<enc>
 }
-# The runs of 2026-12-02 (docs/evidence/h200_2026-12-02_kernel_lab_run{1,2}.*) used these
+# The runs of 2026-12-02 (docs/evidence/h200_2026-12-02_kernel_lab_run1.log, run2.log and their .json, _ncu.txt) used these
 # labels for the kernel of their day: run 1 (x table staged in shared memory, one register
 # cap for every entry point RN_MIN_BLOCKS): nospan {RN_SPAN: 0}, s8 {}, s8_mb4
 # {RN_MIN_BLOCKS: 4}, s4 / s16 {RN_VEC: 4 / 16}, s8_cvt0 {RN_SPAN_CVT: 0}, s8_px8

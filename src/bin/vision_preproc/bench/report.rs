@@ -21,10 +21,10 @@ pub fn verdicts(figures: &[Figure]) -> Vec<String> {
             tk.ledger_bytes as f64 / fz.ledger_bytes as f64
         ));
         verdicts.push(format!(
-            "4K fused at {:.0} GB/s = {:.0}% of the copy roof (target >= 70%: {})",
+            "4K fused at {:.0} GB/s = {:.0}% of the copy roof (target >= 75%: {})",
             fz.gbps,
             fz.pct_copy_roof,
-            if fz.pct_copy_roof >= 70.0 { "met" } else { "MISSED" }
+            if fz.pct_copy_roof >= 75.0 { "met" } else { "MISSED" }
         ));
     }
     if let (Some(t7), Some(n7)) = (find("conv2d", "tiled 7x7"), find("conv2d", "naive 7x7")) {
