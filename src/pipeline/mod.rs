@@ -327,7 +327,9 @@ impl Pipeline {
             Ok(Queued::Done(times)) => PendingState::Done(times),
             Ok(Queued::Pending) => PendingState::InFlight,
             Err(e @ Error::Cuda(_)) => {
-                // The backend abandoned what was in flight.
+                // Nothing in flight survives a device error (an injected fault never
+                // reached the backend: it is told too).
+                self.backend.abandon_all();
                 self.abandon_pending();
                 PendingState::Failed(e)
             }

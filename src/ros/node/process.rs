@@ -101,22 +101,24 @@ struct Submitted {
 /// after a submission is submitted too. A set is never waited for while another is in
 /// flight: at camera rate each set is finished right after its submission, as before.
 fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
-    let logger = shared.logger.as_str();
     let mut generation = 0u64;
     let mut log = RateLimitedLog::new(&shared.clock);
     let topics: Vec<String> = lock(&shared.cameras).iter().map(|c| c.topic.clone()).collect();
     let mut queue: VecDeque<Submitted> = VecDeque::new();
     let ctx = Context { shared, topics: &topics, tx };
-    // Submit the sets waiting now, while fewer than the backend's sets are in flight.
-    let overlap = |pipeline: &mut Pipeline, queue: &mut VecDeque<Submitted>, log: &mut _| {
-        while queue.len() < pipeline.max_in_flight() {
-            let Some(formed) = shared.sets.try_take() else { break };
-            if let Some(sub) = ctx.submit(pipeline, formed, log) {
-                shared.stats.overlapped.fetch_add(1, Ordering::Relaxed);
-                queue.push_back(sub);
+    // Submit the sets waiting now while fewer than the backend's sets are in flight,
+    // `holding` counting a finished set not handed over yet (its buffer is still ours:
+    // with one set in flight, as on the CPU, nothing is submitted before the hand-over).
+    let overlap =
+        |pipeline: &mut Pipeline, queue: &mut VecDeque<Submitted>, holding, log: &mut _| {
+            while queue.len() + holding < pipeline.max_in_flight() {
+                let Some(formed) = shared.sets.try_take() else { break };
+                if let Some(sub) = ctx.submit(pipeline, formed, log) {
+                    shared.stats.overlapped.fetch_add(1, Ordering::Relaxed);
+                    queue.push_back(sub);
+                }
             }
-        }
-    };
+        };
     loop {
         // Parameters set at run time apply from the next set submitted (validated when
         // set), after the sets in flight are finished with the old ones.
@@ -126,16 +128,14 @@ fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
                     return;
                 }
             }
-            let p = lock(&shared.params);
-            generation = p.generation;
-            if let Err(e) = pipeline.set_config(p.config.clone()) {
-                r2r::log_error!(logger, "new parameters not applied: {e}");
-            }
+            apply_params(&mut pipeline, shared, &mut generation);
         }
         if queue.is_empty() {
             let Some(formed) = shared.sets.take() else { break };
+            // Set while this thread waited for the set: nothing is in flight.
+            apply_params(&mut pipeline, shared, &mut generation);
             queue.extend(ctx.submit(&mut pipeline, formed, &mut log));
-            overlap(&mut pipeline, &mut queue, &mut log);
+            overlap(&mut pipeline, &mut queue, 0, &mut log);
         }
         let Some(sub) = queue.pop_front() else { continue };
         let ready = match ctx.finish(&mut pipeline, sub, &mut queue, &mut log) {
@@ -144,7 +144,7 @@ fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
             Finished::Stop => return,
         };
         if lock(&shared.params).generation == generation {
-            overlap(&mut pipeline, &mut queue, &mut log);
+            overlap(&mut pipeline, &mut queue, 1, &mut log);
         }
         if tx.send(ready).is_err() {
             return; // the publishing thread is gone (it panicked): nothing can go out
@@ -156,6 +156,19 @@ fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
         if !ctx.finish_and_hand_over(&mut pipeline, sub, &mut queue, &mut log) {
             return;
         }
+    }
+}
+
+/// Apply the parameters set at run time (validated when set) when their generation is
+/// not `generation` (then updated); call with no set in flight.
+fn apply_params(pipeline: &mut Pipeline, shared: &Shared, generation: &mut u64) {
+    let p = lock(&shared.params);
+    if p.generation == *generation {
+        return;
+    }
+    *generation = p.generation;
+    if let Err(e) = pipeline.set_config(p.config.clone()) {
+        r2r::log_error!(shared.logger.as_str(), "new parameters not applied: {e}");
     }
 }
 
