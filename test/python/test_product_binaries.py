@@ -16,8 +16,10 @@ from vptools import BIN_DIR, ROOT
 
 HOOKED = ROOT / "target" / "fault-injection"
 SYMBOLS = re.compile(
-    r"vision_preproc::(pipeline::fault|backend::cuda::fault|bench)::|::inject_fault\b|::set_poison_outputs\b")
-STRINGS = (b"VISION_PREPROC_INJECT_CUDA_FAULT", b"baseline_resize_rgb8", b"measure_clock")
+    r"vision_preproc::(pipeline::fault|pipeline::deferred|backend::cuda::fault|bench)::|::inject_fault\b"
+    r"|::set_poison_outputs\b")
+STRINGS = (b"VISION_PREPROC_INJECT_CUDA_FAULT", b"VISION_PREPROC_TEST_DEFERRED_CPU", b"baseline_resize_rgb8",
+           b"measure_clock")
 
 
 def hooks_in(binary: Path) -> list[str]:
