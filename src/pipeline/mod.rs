@@ -822,24 +822,7 @@ mod tests {
     /// One 8x4 rgb8 frame per topic, pixels `v + camera index` (a batch of one with one
     /// topic).
     fn frames(p: &mut Pipeline, topics: &[&str], v: u8, stamp: i32) -> Result<Processed> {
-        let data: Vec<Vec<u8>> = (0..topics.len()).map(|i| vec![v + i as u8; 8 * 4 * 3]).collect();
-        let images: Vec<ImageView<'_>> = data
-            .iter()
-            .map(|d| ImageView::new(8, 4, 24, "rgb8", false, d).expect("image"))
-            .collect();
-        let header = Header { sec: stamp, nanosec: 0, frame_id: "cam".into() };
-        let inputs: Vec<FrameInput<'_, '_>> = topics
-            .iter()
-            .zip(&images)
-            .map(|(topic, image)| FrameInput {
-                topic,
-                image: Some(image),
-                header: &header,
-                source_encoding: "rgb8",
-                repeated: false,
-            })
-            .collect();
-        p.process_frames(&inputs, &header)
+        with_inputs(topics, v, stamp, |inputs, header| p.process_frames(inputs, header))
     }
 
     #[test]
@@ -890,7 +873,8 @@ mod tests {
         frames(&mut p, &TOPICS, 10, 2).expect("a batch on the new backend");
     }
 
-    /// Frames of `topics` (8x4 rgb8, pixels `v + camera index`) as the pipeline's inputs.
+    /// Frames of `topics` (8x4 rgb8, pixels `v + camera index`) as the pipeline's inputs,
+    /// given to `f`.
     fn with_inputs<T>(
         topics: &[&str],
         v: u8,
