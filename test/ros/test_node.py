@@ -258,6 +258,26 @@ def node_files_left(held: set[str], before: set[str]) -> tuple[set[str], set[str
     return left, ours, in_use
 
 
+def play_under_load(bag: Path, ns: str) -> subprocess.Popen:
+    """The Rust player looping `bag` (restamped) into the node of namespace `ns` for 8 s, once
+    the node subscribes."""
+    return subprocess.Popen(
+        [str(soak.CLI), "play", str(bag), "--loop", "--restamp", "--image-topic", f"{ns}/image",
+         "--camera-info-topic", f"{ns}/camera_info", "--wait-subscribers", "1", "--duration", "8"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def stopped_counts(out: str) -> tuple[str, dict[str, int]]:
+    """The node's final `stopped:` line in its output, and its counts (received, published,
+    dropped, rejected, failed, overlapped); the line must be there and balance."""
+    m = re.search(r"stopped: (\d+) frames received, (\d+) published, (\d+) dropped \(queue\), "
+                  r"(\d+) rejected \(invalid\), (\d+) failed; (\d+) sets overlapped", out)
+    assert m, out[-2000:]
+    c = dict(zip(("received", "published", "dropped", "rejected", "failed", "overlapped"), map(int, m.groups())))
+    assert c["received"] == c["published"] + c["dropped"] + c["rejected"] + c["failed"], m.group(0)
+    return m.group(0), c
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signals_stop_the_node_cleanly_under_load(tmp_path: Path, sig: int) -> None:
     """SIGINT/SIGTERM while frames are being processed (1280x720 bgr8 at 30 Hz from the Rust
@@ -284,10 +304,7 @@ def test_signals_stop_the_node_cleanly_under_load(tmp_path: Path, sig: int) -> N
         player = None
         try:
             peer.wait_connected()
-            player = subprocess.Popen(
-                [str(soak.CLI), "play", str(bag), "--loop", "--restamp", "--image-topic", f"{ns}/image",
-                 "--camera-info-topic", f"{ns}/camera_info", "--wait-subscribers", "1", "--duration", "8"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            player = play_under_load(bag, ns)
             peer.spin_until(lambda: len(got) >= 8, 30, "8 tensors under load")
             held = shm_held_by(node.proc.pid, maps=False)
             t_sig = time.monotonic()
@@ -307,20 +324,15 @@ def test_signals_stop_the_node_cleanly_under_load(tmp_path: Path, sig: int) -> N
                 player.terminate()
                 player.communicate(timeout=30)
             peer.close()
-    out = node.output()
-    m = re.search(r"stopped: (\d+) frames received, (\d+) published, (\d+) dropped \(queue\), "
-                  r"(\d+) rejected \(invalid\), (\d+) failed", out)
-    assert m, out
-    received, published, dropped, rejected, failed = map(int, m.groups())
-    assert received == published + dropped + rejected + failed, m.group(0)
-    assert (rejected, failed) == (0, 0) and dropped > 0, m.group(0)
+    line, c = stopped_counts(node.output())
+    assert (c["rejected"], c["failed"]) == (0, 0) and c["dropped"] > 0, line
     # The CPU backend computes a set when it is submitted: nothing may be submitted before
     # the previous set is handed over (it would wait for that set's work).
-    assert "; 0 sets overlapped" in out, out[-1000:]
-    assert published == len(got), f"{m.group(0)}, but the reliable peer received {len(got)} tensors"
+    assert c["overlapped"] == 0, line
+    assert c["published"] == len(got), f"{line}, but the reliable peer received {len(got)} tensors"
     after_signal = [t for t in got if t > t_sig]
     assert after_signal, "no tensor was published after the signal: the frame in flight was not finished"
-    print(f"{signal.Signals(sig).name}: exit 0 after {elapsed:.2f} s; {m.group(0)}; "
+    print(f"{signal.Signals(sig).name}: exit 0 after {elapsed:.2f} s; {line}; "
           f"{len(after_signal)} tensor(s) finished after the signal")
     left, ours, in_use = shm_check
     assert not left, f"shared-memory files of the node left behind: {sorted(left)} (the node's: {sorted(ours)})"
@@ -404,10 +416,7 @@ def test_the_overlapped_node_keeps_its_books_order_and_tensors_under_load(tmp_pa
         player = None
         try:
             peer.wait_connected()
-            player = subprocess.Popen(
-                [str(soak.CLI), "play", str(bag), "--loop", "--restamp", "--image-topic", f"{ns}/image",
-                 "--camera-info-topic", f"{ns}/camera_info", "--wait-subscribers", "1", "--duration", "8"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            player = play_under_load(bag, ns)
             peer.spin_until(lambda: len(got) >= 20, 40, "20 tensors under load")
             node.proc.send_signal(signal.SIGINT)
             t_sig = time.monotonic()
@@ -424,15 +433,11 @@ def test_the_overlapped_node_keeps_its_books_order_and_tensors_under_load(tmp_pa
             peer.close()
     out = node.output()
     assert "test hook: work deferred" in out, out[-2000:]
-    m = re.search(r"stopped: (\d+) frames received, (\d+) published, (\d+) dropped \(queue\), "
-                  r"(\d+) rejected \(invalid\), (\d+) failed; (\d+) sets overlapped", out)
-    assert m, out[-2000:]
-    received, published, dropped, rejected, failed, overlapped = map(int, m.groups())
-    assert received == published + dropped + rejected + failed, m.group(0)
-    assert (rejected, failed) == (0, 0) and dropped > 0 and overlapped > 0, m.group(0)
-    assert published == len(got), f"{m.group(0)}, but the reliable peer received {len(got)} tensors"
+    line, c = stopped_counts(out)
+    assert (c["rejected"], c["failed"]) == (0, 0) and c["dropped"] > 0 and c["overlapped"] > 0, line
+    assert c["published"] == len(got), f"{line}, but the reliable peer received {len(got)} tensors"
     stamps = [stamp_ns(t.header) for t in got]
     assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps), "tensors out of stamp order"
     wrong = [i for i, t in enumerate(got) if bytes(t.data) not in expected]
     assert not wrong, f"{len(wrong)} of {len(got)} tensors are not the offline tensor of any frame: {wrong[:10]}"
-    print(f"{m.group(0)}; {len(got)} tensors in order, each equal to its frame's offline tensor")
+    print(f"{line}; {len(got)} tensors in order, each equal to its frame's offline tensor")
