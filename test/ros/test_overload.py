@@ -13,7 +13,8 @@ Asserted (definitions and reasons in python/vptools/soak.py):
 - frame accounting, exact, from /diagnostics after the player stopped: received =
   published + dropped + rejected + failed; published = tensors this reliable peer got;
   the node's final "stopped:" line agrees;
-- memory: RSS growth between the first and the last 10 s < 5 %;
+- memory: a plateau: the highest RSS of the last 20 s < 5 % above the highest before
+  (short runs step up as glibc's heap and Fast DDS's pools reach their high-water marks);
 - tensor age: every tensor's node-added latency (FrameTiming.total_us) <= the three frame
   periods around it (slot, processing, publishing thread); p99 <= 3 T (T = 1 / processing
   rate);
