@@ -81,6 +81,12 @@ else
             --event-handlers console_cohesion- summary+ \
             --cmake-args -DBUILD_TESTING=OFF -DPython3_EXECUTABLE="$VENV/bin/python"
     )
+    # r2r caches its generated message bindings by environment only: a changed message
+    # of ours would keep the old bindings (an unknown type at run time). Rebuild r2r.
+    if [ -d "$ROOT/target/release/build" ] && ls -d "$ROOT"/target/release/build/r2r-* >/dev/null 2>&1; then
+        log "vision_preproc_msgs changed: r2r's bindings are regenerated at the next build"
+        (source "$ROS_DIR/env.sh" && cd "$ROOT" && cargo clean --release -p r2r -p r2r_msg_gen -q)
+    fi
     stamp_set msgs "$msgs_hash"
 fi
 

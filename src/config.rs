@@ -333,6 +333,12 @@ pub struct Config {
     pub stale_after_ms: u32,
     /// `approximate_time`: frames kept per camera while looking for a set, [1, 100].
     pub batch_queue_size: u32,
+    /// Shared output blocks for `tensor_ref` (docs/HANDOFF.md), [0, 64]; 0: no
+    /// `tensor_ref`.
+    pub shared_pool_size: u32,
+    /// A consumer holding a shared block longer than this (ms) is disconnected and its
+    /// blocks taken back, [10, 600000].
+    pub shared_lease_ms: u32,
 }
 
 impl Default for Config {
@@ -369,6 +375,8 @@ impl Default for Config {
             max_interval_ms: 20,
             stale_after_ms: 1000,
             batch_queue_size: 5,
+            shared_pool_size: 4,
+            shared_lease_ms: 2000,
         }
     }
 }
@@ -462,6 +470,10 @@ pub const MAX_INTERVAL_RANGE: IntRange = IntRange { from: 0, to: 10_000, step: 1
 pub const STALE_AFTER_RANGE: IntRange = IntRange { from: 1, to: 600_000, step: 1 };
 /// `batch_queue_size`.
 pub const BATCH_QUEUE_RANGE: IntRange = IntRange { from: 1, to: 100, step: 1 };
+/// `shared_pool_size`.
+pub const SHARED_POOL_RANGE: IntRange = IntRange { from: 0, to: 64, step: 1 };
+/// `shared_lease_ms`.
+pub const SHARED_LEASE_RANGE: IntRange = IntRange { from: 10, to: 600_000, step: 1 };
 /// Each value of `pad_value`, in source 8-bit pixel units.
 pub const PAD_VALUE_RANGE: FloatRange = FloatRange { from: 0.0, to: 255.0 };
 
@@ -769,6 +781,8 @@ impl Config {
         {
             QOS_DEPTH_RANGE.check(param, i64::from(v))?;
         }
+        SHARED_POOL_RANGE.check("shared_pool_size", i64::from(self.shared_pool_size))?;
+        SHARED_LEASE_RANGE.check("shared_lease_ms", i64::from(self.shared_lease_ms))?;
         if !self.debug_image_rate.is_finite() || self.debug_image_rate < 0.0 {
             return Err(Error::config(
                 "debug_image_rate",

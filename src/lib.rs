@@ -30,6 +30,7 @@ pub mod backend;
 pub mod bag;
 pub mod config;
 pub mod error;
+pub mod handoff;
 pub mod image;
 pub mod nvtx;
 pub mod percentile;

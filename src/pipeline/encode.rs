@@ -12,7 +12,7 @@
 use super::Geometry;
 use crate::backend::{StageTimes, TensorDesc};
 use crate::wire::cdr::Writer;
-use crate::wire::msgs::{FrameTiming, Header};
+use crate::wire::msgs::{FrameTiming, Header, OUTPUT_TENSOR};
 
 /// What a `Tensor` message holds besides its data.
 #[derive(Debug, Clone, Copy)]
@@ -176,9 +176,73 @@ pub fn batch_items_cdr(body_offset: usize, items: &[BatchItemFields<'_>]) -> Vec
     w.finish()
 }
 
+/// Where a `TensorRef`'s tensor lies: the shared block (docs/HANDOFF.md).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockFields<'a> {
+    /// `pool_id`, `socket_path`.
+    pub pool_id: &'a str,
+    pub socket_path: &'a str,
+    /// `block_index`, `block_size`, `generation`.
+    pub index: u32,
+    pub size: u64,
+    pub generation: u64,
+    /// `memory_kind` (`TensorRef.MEMORY_HOST` = 0, `MEMORY_CUDA` = 1).
+    pub memory_kind: u8,
+}
+
+/// The CDR of a `vision_preproc_msgs/TensorRef`: the descriptor of the tensors of one
+/// set (`items.len()` of them with 2+ inputs, else one) written at offset 0 of `block`.
+/// `desc` is one item's; a batch's shape leads with the number of items, a single
+/// camera's with 1, as `Tensor` and `TensorBatch`.
+pub fn tensor_ref_cdr(
+    header: &Header,
+    name: &str,
+    desc: TensorDesc,
+    batch: bool,
+    block: &BlockFields<'_>,
+    items: &[BatchItemFields<'_>],
+) -> Vec<u8> {
+    let mut shape = desc.shape();
+    if batch {
+        shape[0] = items.len() as u32;
+    }
+    // Dense C order, in elements.
+    let mut strides = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * i64::from(shape[i + 1]);
+    }
+    let bytes = shape.iter().map(|&d| d as u64).product::<u64>() * desc.dtype.size() as u64;
+    let mut w = Writer::new();
+    header.write(&mut w);
+    w.string(name);
+    w.string(desc.layout.name());
+    w.string(desc.dtype.name());
+    w.u32_seq(&shape);
+    w.u8(2); // kDLFloat: both dtypes are floats
+    w.u8((desc.dtype.size() * 8) as u8);
+    w.u16(1);
+    w.i64_seq(&strides);
+    w.u64(0);
+    w.u64(bytes);
+    w.string(block.pool_id);
+    w.string(block.socket_path);
+    w.u32(block.index);
+    w.u64(block.size);
+    w.u64(block.generation);
+    w.u8(block.memory_kind);
+    w.i32(-1);
+    w.u8_array(&[0; 16]);
+    w.bytes(&[]);
+    let items_cdr = batch_items_cdr(w.body_len(), items);
+    let mut out = w.finish();
+    out.extend_from_slice(&items_cdr);
+    out
+}
+
 /// The `FrameTiming` of a processed frame: the stage times of the backend, `total_us`
 /// (receive -> publish, measured by the caller), `age_us` (0 offline) and the frames
-/// replaced since the previous one.
+/// replaced since the previous one; `outputs` says the `tensor` message (the node sets
+/// what it published).
 pub fn frame_timing(
     header: &Header,
     sequence: u64,
@@ -201,6 +265,7 @@ pub fn frame_timing(
             age_us,
         ],
         dropped_since_last,
+        outputs: OUTPUT_TENSOR,
     }
 }
 

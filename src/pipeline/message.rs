@@ -7,10 +7,11 @@
 //! replaced meanwhile (then it is freed: pinned memory keeps its CUDA context alive, and
 //! a faulted context must go before a new one can be made).
 
-use super::encode::{batch_items_cdr, BatchItemFields, TensorCdr};
+use super::encode::{batch_items_cdr, tensor_ref_cdr, BatchItemFields, BlockFields, TensorCdr};
 use super::{preview_items, Geometry, PreviewImage};
 use crate::backend::{Backend, HostBuffer, PreprocessParams};
 use crate::error::{Error, Result};
+use crate::handoff::Lease;
 use crate::wire::msgs::Header;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -54,6 +55,17 @@ pub(super) struct MessageBuf {
     /// The operation parameters of the tensors in the message (their size, layout, dtype
     /// and normalization), once one was written.
     pub params: Option<PreprocessParams>,
+    /// The shared block the tensors are written into instead of the message
+    /// (`tensor_ref`, docs/HANDOFF.md), with the items its `TensorRef` describes (a
+    /// single camera's one; a batch's are `items`).
+    pub block: Option<Lease>,
+    pub block_items: Vec<KeptItem>,
+    /// The set's header and `tensor_name`, for the `TensorRef`.
+    pub block_header: Header,
+    pub name: String,
+    /// With a block: the tensors are also copied into the message at the set's finish
+    /// (`tensor` has subscribers); without, the message's data is never written.
+    pub fill: bool,
 }
 
 impl MessageBuf {
@@ -114,8 +126,25 @@ impl MessageBuf {
         }
     }
 
+    /// The tensors: the message's data, or the block's when they were not copied.
     pub fn tensor(&self) -> &[u8] {
-        self.message().get(self.cdr.data_range()).unwrap_or(&[])
+        match &self.block {
+            Some(b) if !self.fill => b.bytes().get(..self.cdr.data_len).unwrap_or(&[]),
+            _ => self.message().get(self.cdr.data_range()).unwrap_or(&[]),
+        }
+    }
+
+    /// The set is finished: copy the tensors from the block into the message when it
+    /// has both and the message is wanted.
+    pub fn fill_from_block(&mut self) {
+        let (Some(block), Some(buf), true) = (&self.block, self.buf.as_mut(), self.fill) else {
+            return;
+        };
+        let range = self.cdr.data_range();
+        let (at, len) = (self.start + range.start, range.len());
+        if let Some(src) = block.bytes().get(..len) {
+            buf.as_mut_slice()[at..at + len].copy_from_slice(src);
+        }
     }
 
     /// What the network sees of each tensor in the message, stacked top to bottom.
@@ -165,8 +194,10 @@ impl MessagePool {
         self.free().pop().unwrap_or_default()
     }
 
-    /// A buffer the pipeline no longer needs, kept for a later message.
-    pub fn give_back(&self, buf: MessageBuf) {
+    /// A buffer the pipeline no longer needs, kept for a later message (its block, if
+    /// any, goes back to its pool).
+    pub fn give_back(&self, mut buf: MessageBuf) {
+        buf.block = None;
         if buf.buf.is_some() {
             self.free().push(buf);
         }
@@ -223,9 +254,42 @@ impl OwnedMessage {
         self.buf.as_ref().map_or(&[], |b| b.message())
     }
 
-    /// The tensor data of the message (all items of a batch).
+    /// The tensor data of the message (all items of a batch); the block's when the
+    /// message's data was not written.
     pub fn tensor(&self) -> &[u8] {
         self.buf.as_ref().map_or(&[], |b| b.tensor())
+    }
+
+    /// The `TensorRef` of the shared block holding the tensors (`None`: no block), with
+    /// each item's age (`ages[i]`, as [`OwnedMessage::set_ages`]).
+    pub fn tensor_ref(&self, ages: &[f32]) -> Option<Vec<u8>> {
+        let buf = self.buf.as_ref()?;
+        let block = buf.block.as_ref()?;
+        let desc = buf.params.as_ref()?.tensor_desc();
+        let batch = !buf.items.is_empty();
+        let items = if batch { &buf.items } else { &buf.block_items };
+        let pool = block.pool();
+        let (pool_id, socket) = (pool.id(), pool.socket_path().to_string_lossy().into_owned());
+        let fields = BlockFields {
+            pool_id: &pool_id,
+            socket_path: &socket,
+            index: block.index() as u32,
+            size: pool.block_size() as u64,
+            generation: block.generation(),
+            memory_kind: pool.memory().code(),
+        };
+        let items = batch_fields(items, ages);
+        Some(tensor_ref_cdr(&buf.block_header, &buf.name, desc, batch, &fields, &items))
+    }
+
+    /// The block, taken out (to mark it published).
+    pub fn take_block(&mut self) -> Option<Lease> {
+        self.buf.as_mut()?.block.take()
+    }
+
+    /// The message holds the tensors' bytes (no block, or copied from it).
+    pub fn has_bytes(&self) -> bool {
+        self.buf.as_ref().is_some_and(|b| b.block.is_none() || b.fill)
     }
 
     /// Write each item's `age_us` (publish time minus its stamp; `ages[i]` for item i,
@@ -249,7 +313,10 @@ impl OwnedMessage {
 
 impl Drop for OwnedMessage {
     fn drop(&mut self) {
-        if let Some(buf) = self.buf.take() {
+        if let Some(mut buf) = self.buf.take() {
+            // A block not taken out (its descriptor was not published) goes back to its
+            // pool now.
+            buf.block = None;
             // Under the pool's lock, as the generation changes (retire): a buffer is
             // either back before a replacement clears the pool or freed here.
             let mut free = self.pool.free();

@@ -21,6 +21,7 @@ use crate::backend::{
 };
 use crate::config::{BackendChoice, ChannelOrder, Config};
 use crate::error::{Error, Result};
+use crate::handoff::Lease;
 use crate::image::ImageView;
 use crate::wire::msgs::Header;
 pub use encode::{
@@ -282,6 +283,20 @@ impl Pipeline {
     /// was queued. A device error is not returned here: the set's finish handles it
     /// (`gpu_failure_policy`).
     pub fn submit_frames(&mut self, items: &[FrameInput<'_, '_>], header: &Header) -> Result<()> {
+        self.submit_frames_to(items, header, None, true)
+    }
+
+    /// [`Pipeline::submit_frames`] with the tensors written into a shared `block`
+    /// (`tensor_ref`, docs/HANDOFF.md) instead of the message: copied into the message
+    /// too at the finish when `fill` (`tensor` has subscribers). The block travels with
+    /// the message ([`OwnedMessage::tensor_ref`], [`OwnedMessage::take_block`]).
+    pub fn submit_frames_to(
+        &mut self,
+        items: &[FrameInput<'_, '_>],
+        header: &Header,
+        block: Option<Lease>,
+        fill: bool,
+    ) -> Result<()> {
         let batch = self.config.is_batch();
         if items.is_empty() || (!batch && items.len() != 1) {
             return Err(Error::Operation(format!(
@@ -321,6 +336,13 @@ impl Pipeline {
             })
         };
         message.params = Some(params);
+        if block.is_some() {
+            message.block_header = header.clone();
+            message.name.clone_from(&self.config.tensor_name);
+            message.block_items = if batch { Vec::new() } else { kept_items(items, &geometries) };
+        }
+        message.block = block;
+        message.fill = fill;
         let images = images_of(items, &geometries);
         self.recovery.frame += 1;
         let state = match self.launch(&images, &mut message) {
@@ -387,6 +409,7 @@ impl Pipeline {
                 return Err(e);
             }
         };
+        p.message.fill_from_block();
         let finished = std::mem::replace(&mut self.message, p.message);
         self.pool.give_back(finished);
         let Pending { desc, geometries, rejected, .. } = p;
@@ -467,6 +490,16 @@ impl Pipeline {
 
     /// The parameters of the tensors written (size, layout, dtype, normalization): the
     /// pad operation's, which every slot shares; made on first use.
+    /// Bytes of one set's tensors (a batch: all its items), as configured now.
+    pub fn output_bytes(&self) -> Result<usize> {
+        let params = match &self.pad_op {
+            Some(p) => p.params,
+            None => pad_op(&self.config)?.params,
+        };
+        let items = if self.config.is_batch() { self.config.input_topics().len() } else { 1 };
+        Ok(params.tensor_desc().byte_len() * items)
+    }
+
     fn view_params(&mut self) -> Result<PreprocessParams> {
         if self.pad_op.is_none() {
             self.pad_op = Some(pad_op(&self.config)?);
@@ -505,11 +538,22 @@ impl Pipeline {
             return Err(Error::Operation("no pad operation".into()));
         };
         let out = message.prepare(self.backend.as_mut())?;
-        let (out, len) = (out.as_mut_ptr(), out.len());
+        let (mut out, len) = (out.as_mut_ptr(), out.len());
+        if let Some(block) = message.block.as_mut() {
+            let bytes = block.bytes_mut();
+            if bytes.len() < len {
+                return Err(Error::Operation(format!(
+                    "the shared block holds {} bytes but the tensors are {len}",
+                    bytes.len()
+                )));
+            }
+            out = bytes.as_mut_ptr();
+        }
         let conv = self.conv.as_ref();
-        // `out` is the data of `message`'s buffer, which the pipeline keeps in `pending`
-        // (or the caller of `run_again` holds) without touching it until this submission
-        // is finished or abandoned; a buffer is released (and a backend replaced) only
+        // `out` is the data of `message`'s buffer (or of its block's mapping, which the
+        // block's lease keeps alive and which only its lease holder writes), which the
+        // pipeline keeps in `pending` (or the caller of `run_again` holds) without
+        // touching it until this submission is finished or abandoned; a buffer is released (and a backend replaced) only
         // after `abandon_all` or `finish_oldest`: the contract of `submit_into`.
         if !self.config.is_batch() {
             return match (images.first(), self.cached.first()) {

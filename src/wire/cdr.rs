@@ -200,6 +200,11 @@ impl Writer {
     pub fn u8(&mut self, v: u8) {
         self.buf.push(v);
     }
+    /// `uint16`.
+    pub fn u16(&mut self, v: u16) {
+        self.align(2);
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
     /// `uint32`.
     pub fn u32(&mut self, v: u32) {
         self.align(4);
@@ -214,6 +219,18 @@ impl Writer {
     pub fn u64(&mut self, v: u64) {
         self.align(8);
         self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    /// `int64[]`.
+    pub fn i64_seq(&mut self, v: &[i64]) {
+        self.u32(v.len() as u32);
+        for x in v {
+            self.align(8);
+            self.buf.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    /// `uint8[N]` (a fixed array: no length).
+    pub fn u8_array(&mut self, v: &[u8]) {
+        self.buf.extend_from_slice(v);
     }
     /// `float32`.
     pub fn f32(&mut self, v: f32) {

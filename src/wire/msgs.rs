@@ -289,7 +289,14 @@ pub struct FrameTiming {
     pub stages_us: [f32; 6],
     /// `dropped_since_last`.
     pub dropped_since_last: u32,
+    /// `outputs`: [`OUTPUT_TENSOR`] | [`OUTPUT_TENSOR_REF`].
+    pub outputs: u8,
 }
+
+/// `FrameTiming.OUTPUT_TENSOR`: the `tensor` message was published.
+pub const OUTPUT_TENSOR: u8 = 1;
+/// `FrameTiming.OUTPUT_TENSOR_REF`: a `tensor_ref` descriptor was published.
+pub const OUTPUT_TENSOR_REF: u8 = 2;
 
 impl FrameTiming {
     /// Decode CDR (e.g. a recorded `timing` message).
@@ -310,7 +317,8 @@ impl FrameTiming {
             *s = r.f32(name)?;
         }
         let dropped_since_last = r.u32("dropped_since_last")?;
-        Ok(FrameTiming { header, sequence, backend, stages_us, dropped_since_last })
+        let outputs = r.u8("outputs")?;
+        Ok(FrameTiming { header, sequence, backend, stages_us, dropped_since_last, outputs })
     }
 
     /// Encode as CDR.
@@ -323,6 +331,7 @@ impl FrameTiming {
             w.f32(s);
         }
         w.u32(self.dropped_since_last);
+        w.u8(self.outputs);
         w.finish()
     }
 }
@@ -337,6 +346,8 @@ pub const TENSOR_TYPE: &str = "vision_preproc_msgs/msg/Tensor";
 pub const TENSOR_BATCH_TYPE: &str = "vision_preproc_msgs/msg/TensorBatch";
 /// The ROS type name of the per-frame timing (`vision_preproc_msgs/FrameTiming`).
 pub const FRAME_TIMING_TYPE: &str = "vision_preproc_msgs/msg/FrameTiming";
+/// The ROS type name of `tensor_ref`.
+pub const TENSOR_REF_TYPE: &str = "vision_preproc_msgs/msg/TensorRef";
 
 /// The type name of the `tensor` topic: [`TENSOR_BATCH_TYPE`] with 2+ inputs, else
 /// [`TENSOR_TYPE`].
@@ -390,10 +401,11 @@ mod tests {
             backend: "cuda".into(),
             stages_us: [1.5, 20.25, 3.0, 4.0, 29.0, 31.5],
             dropped_since_last: 7,
+            outputs: OUTPUT_TENSOR | OUTPUT_TENSOR_REF,
         };
         let cdr = t.encode();
         assert_eq!(FrameTiming::decode(&cdr).expect("decodes"), t);
-        let err = FrameTiming::decode(&cdr[..cdr.len() - 2]).expect_err("truncated");
+        let err = FrameTiming::decode(&cdr[..cdr.len() - 3]).expect_err("truncated");
         assert_eq!(err.field, "dropped_since_last");
     }
 

@@ -10,7 +10,7 @@ use super::stats::{Counts, InputReport};
 use crate::ros::dds::shipped_dds_profile;
 use crate::transport::dds::KernelUdp;
 use crate::transport::{delivery, Basis, Timeliness};
-use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus};
+use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,8 +53,13 @@ pub async fn publish_diagnostics(
         let (report, cameras) = input_report(&shared, &mut warned, &mut camera_previous, seconds);
         *lock(&shared.stats.input) = report;
         let backend = lock(&shared.backend).clone();
-        let (status, counts) = shared.stats.status(&name, previous, seconds, &backend);
+        let (mut status, counts) = shared.stats.status(&name, previous, seconds, &backend);
         previous = counts;
+        status.values.extend(
+            super::handoff::diagnostics(&shared)
+                .into_iter()
+                .map(|(key, value)| KeyValue { key, value }),
+        );
         let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
         msg.status.extend(cameras.into_iter().map(|c| c.status(&name)));
         msg.header.stamp = clock::to_stamp(now);

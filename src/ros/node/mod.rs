@@ -14,6 +14,7 @@
 mod clock;
 mod diagnostics;
 mod former;
+mod handoff;
 mod input;
 mod param_services;
 mod params;
@@ -203,10 +204,17 @@ fn run() -> anyhow::Result<()> {
         let _ = spinner.join();
         anyhow::bail!("{e}");
     }
+    let handoff = handoff::Handoff::start(
+        &pipeline,
+        &shared,
+        outputs.tensor.clone(),
+        outputs.tensor_ref.clone(),
+        "tensor_ref".into(),
+    );
     let proc_shared = shared.clone();
     let processor = std::thread::Builder::new()
         .name("process".into())
-        .spawn(move || process::process_loop(pipeline, &proc_shared, outputs))?;
+        .spawn(move || process::process_loop(pipeline, &proc_shared, outputs, handoff))?;
 
     rt.block_on(async {
         let tasks = [

@@ -17,7 +17,7 @@
 use crate::config::{
     self, Config, FloatRange, IntRange, UnknownParameter, BATCH_QUEUE_RANGE, BATCH_TIMEOUT_RANGE,
     CONV_SIZE_RANGE, MAX_INTERVAL_RANGE, NETWORK_SIZE_RANGE, OUTPUT_CHANNELS_RANGE,
-    PAD_VALUE_RANGE, QOS_DEPTH_RANGE, STALE_AFTER_RANGE,
+    PAD_VALUE_RANGE, QOS_DEPTH_RANGE, SHARED_LEASE_RANGE, SHARED_POOL_RANGE, STALE_AFTER_RANGE,
 };
 use crate::error::{Error, Result};
 use r2r::rcl_interfaces::msg::{
@@ -332,6 +332,22 @@ pub const PARAMETERS: &[Spec] = &[
         true,
         "approximate_time: frames kept per camera while looking for a set",
         Int(BATCH_QUEUE_RANGE),
+        "",
+    ),
+    spec(
+        "shared_pool_size",
+        Integer,
+        true,
+        "Shared output blocks for tensor_ref (zero-copy hand-off, docs/HANDOFF.md); 0: no tensor_ref",
+        Int(SHARED_POOL_RANGE),
+        "",
+    ),
+    spec(
+        "shared_lease_ms",
+        Integer,
+        true,
+        "A tensor_ref consumer holding a block longer (ms) is disconnected and its blocks taken back",
+        Int(SHARED_LEASE_RANGE),
         "",
     ),
 ];
@@ -895,7 +911,7 @@ mod tests {
         }
         let read_only: Vec<&str> =
             PARAMETERS.iter().filter(|s| s.read_only).map(|s| s.name).collect();
-        assert_eq!(read_only.len(), 14, "{read_only:?}");
+        assert_eq!(read_only.len(), 16, "{read_only:?}");
     }
 
     #[test]

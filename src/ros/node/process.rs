@@ -10,6 +10,7 @@
 
 use super::clock::{self, Throttle};
 use super::former::Formed;
+use super::handoff::{Handoff, SetOutputs};
 use super::native::ros_header;
 use super::shared::{lock, Outputs, RateLimitedLog, Received, Shared};
 use crate::backend::StageTimes;
@@ -18,8 +19,9 @@ use crate::pipeline::{
     frame_timing, set_header, slot_reason, FrameInput, Geometry, GpuFailure, OwnedMessage, Pipeline,
 };
 use crate::transport::batch_sync::Item;
-use crate::wire::msgs::Header;
+use crate::wire::msgs::{FrameTiming, Header, OUTPUT_TENSOR, OUTPUT_TENSOR_REF};
 use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -55,14 +57,14 @@ struct Ready {
 
 /// Run the node's processing (this thread) and publishing (a second thread) until the
 /// node stops.
-pub fn process_loop(pipeline: Pipeline, shared: &Shared, out: Outputs) {
+pub fn process_loop(pipeline: Pipeline, shared: &Shared, out: Outputs, handoff: Option<Handoff>) {
     let (tx, rx) = std::sync::mpsc::sync_channel::<Ready>(0);
     std::thread::scope(|scope| {
         let publisher = std::thread::Builder::new()
             .name("publish".into())
             .spawn_scoped(scope, move || publish_loop(&rx, shared, &out));
         match publisher {
-            Ok(_) => process(pipeline, shared, &tx),
+            Ok(_) => process(pipeline, shared, &tx, handoff),
             Err(e) => shared.exit_fatal(format!("starting the publishing thread: {e}"), 0),
         }
         drop(tx); // the publishing thread publishes what it has, then ends
@@ -100,12 +102,17 @@ struct Submitted {
 /// staging, upload and GPU work overlap the previous set's publishing; one waiting right
 /// after a submission is submitted too. A set is never waited for while another is in
 /// flight: at camera rate each set is finished right after its submission, as before.
-fn process(mut pipeline: Pipeline, shared: &Shared, tx: &SyncSender<Ready>) {
+fn process(
+    mut pipeline: Pipeline,
+    shared: &Shared,
+    tx: &SyncSender<Ready>,
+    handoff: Option<Handoff>,
+) {
     let mut generation = 0u64;
     let mut log = RateLimitedLog::new(&shared.clock);
     let topics: Vec<String> = lock(&shared.cameras).iter().map(|c| c.topic.clone()).collect();
     let mut queue: VecDeque<Submitted> = VecDeque::new();
-    let ctx = Context { shared, topics: &topics, tx };
+    let ctx = Context { shared, topics: &topics, tx, handoff: handoff.map(RefCell::new) };
     // Submit the sets waiting now while fewer than the backend's sets are in flight,
     // `holding` counting a finished set not handed over yet (its buffer is still ours:
     // with one set in flight, as on the CPU, nothing is submitted before the hand-over).
@@ -187,6 +194,8 @@ struct Context<'a> {
     shared: &'a Shared,
     topics: &'a [String],
     tx: &'a SyncSender<Ready>,
+    /// The shared output blocks (`tensor_ref`), if the node has them.
+    handoff: Option<RefCell<Handoff>>,
 }
 
 /// One input of a formed set as the processing thread sees it.
@@ -267,8 +276,19 @@ impl Context<'_> {
             return None; // a single camera's invalid frame: nothing to publish
         }
         let new_valid = slots.iter().zip(&valid).filter(|(s, &v)| v && !s.repeated).count() as u64;
+        let (block, fill) =
+            match self.handoff.as_ref().map(|h| h.borrow_mut().outputs(pipeline, shared)) {
+                None => (None, true),
+                Some(SetOutputs::Go { block, fill }) => (block, fill),
+                Some(SetOutputs::NoBlock) => {
+                    // Only tensor_ref is wanted and its consumers hold every block.
+                    shared.stats.dropped.fetch_add(new_valid, Ordering::Relaxed);
+                    shared.stats.dropped_no_block.fetch_add(new_valid, Ordering::Relaxed);
+                    return None;
+                }
+            };
         let inputs = inputs_of(&slots, &views, topics);
-        match pipeline.submit_frames(&inputs, &set_header(&inputs)) {
+        match pipeline.submit_frames_to(&inputs, &set_header(&inputs), block, fill) {
             Ok(()) => {}
             Err(crate::Error::Image(e)) => {
                 // A single camera's frame that the configuration refuses (its roi).
@@ -376,11 +396,23 @@ fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
         if let Err(e) = ready.message.set_ages(&ages) {
             r2r::log_warn!(logger, "TensorBatch ages: {e}");
         }
-        let published = out.tensor.publish_raw(ready.message.bytes());
-        if let Err(e) = published {
-            error_log.error(logger, &format!("publishing tensor: {e}"));
+        // The descriptor first (small: consumers of the shared block get it sooner).
+        let mut outputs = 0u8;
+        if let Some(cdr) = ready.message.tensor_ref(&ages) {
+            match out.tensor_ref.publish_raw(&cdr) {
+                Ok(()) => outputs |= OUTPUT_TENSOR_REF,
+                Err(e) => error_log.error(logger, &format!("publishing tensor_ref: {e}")),
+            }
+        }
+        if ready.message.has_bytes() {
+            match out.tensor.publish_raw(ready.message.bytes()) {
+                Ok(()) => outputs |= OUTPUT_TENSOR,
+                Err(e) => error_log.error(logger, &format!("publishing tensor: {e}")),
+            }
+        }
+        if outputs == 0 {
             for _ in 0..ready.new_valid {
-                shared.stats.failed(format!("publishing tensor: {e}"));
+                shared.stats.failed("publishing tensor and tensor_ref failed".into());
             }
             continue;
         }
@@ -420,6 +452,7 @@ fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
             oldest_age,
             u32::try_from(dropped.saturating_sub(dropped_reported)).unwrap_or(u32::MAX),
         );
+        let timing = FrameTiming { outputs, ..timing };
         dropped_reported = dropped;
         if let Err(e) = out.timing.publish_raw(&timing.encode()) {
             r2r::log_warn!(logger, "publishing timing: {e}");
@@ -429,6 +462,11 @@ fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
         // someone watches).
         let stamp = ros_header(&ready.header);
         publish_debug_image(&ready.message, &stamp, &out.debug_image, &mut debug_throttle, shared);
+        // Its descriptor is out: the block is reusable once no consumer holds it.
+        if let (Some(block), true) = (ready.message.take_block(), outputs & OUTPUT_TENSOR_REF != 0)
+        {
+            block.published();
+        }
         // The message's buffer goes back to the pipeline when `ready` is dropped here.
     }
 }

@@ -56,6 +56,8 @@ pub struct Outputs {
     pub camera_info: Vec<r2r::Publisher<CameraInfo>>,
     /// `debug_image`: what the network sees.
     pub debug_image: r2r::Publisher<Image>,
+    /// `tensor_ref`: the `TensorRef` of each set written into a shared block.
+    pub tensor_ref: r2r::PublisherUntyped,
 }
 
 impl Outputs {
@@ -82,6 +84,11 @@ impl Outputs {
             )?,
             camera_info,
             debug_image: node.create_publisher("debug_image", qos.clone())?,
+            tensor_ref: node.create_publisher_untyped(
+                "tensor_ref",
+                crate::wire::msgs::TENSOR_REF_TYPE,
+                qos.clone(),
+            )?,
         })
     }
 }
@@ -114,6 +121,8 @@ pub struct Shared {
     pub fatal: Mutex<Option<String>>,
     /// Notified with `fatal`.
     pub fatal_signal: tokio::sync::Notify,
+    /// The pool of shared output blocks (`tensor_ref`), while there is one.
+    pub pool: Mutex<Option<Arc<crate::handoff::Pool>>>,
 }
 
 impl Shared {
@@ -138,6 +147,7 @@ impl Shared {
             backend: Mutex::new(backend),
             fatal: Mutex::new(None),
             fatal_signal: tokio::sync::Notify::new(),
+            pool: Mutex::new(None),
         }
     }
 
@@ -185,17 +195,31 @@ impl RateLimitedLog {
         }
     }
 
-    /// Log `what` as an error, unless one was logged less than a period ago.
-    pub fn error(&mut self, logger: &str, what: &str) {
+    /// `what` with the count of lines suppressed since the last one, or `None` when one
+    /// was logged less than a period ago.
+    fn due(&mut self, what: &str) -> Option<String> {
         if !self.throttle.ready(self.clock.now()) {
             self.suppressed += 1;
-            return;
+            return None;
         }
-        if self.suppressed > 0 {
-            r2r::log_error!(logger, "{what} (and {} more since the last message)", self.suppressed);
-        } else {
-            r2r::log_error!(logger, "{what}");
+        let line = match std::mem::take(&mut self.suppressed) {
+            0 => what.to_string(),
+            n => format!("{what} (and {n} more since the last message)"),
+        };
+        Some(line)
+    }
+
+    /// Log `what` as an error, unless one was logged less than a period ago.
+    pub fn error(&mut self, logger: &str, what: &str) {
+        if let Some(line) = self.due(what) {
+            r2r::log_error!(logger, "{line}");
         }
-        self.suppressed = 0;
+    }
+
+    /// Log `what` as a warning, unless one was logged less than a period ago.
+    pub fn warn(&mut self, logger: &str, what: &str) {
+        if let Some(line) = self.due(what) {
+            r2r::log_warn!(logger, "{line}");
+        }
     }
 }

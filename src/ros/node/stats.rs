@@ -29,6 +29,9 @@ pub struct Stats {
     /// publishing thread (their staging, upload and GPU work overlapped its finish or
     /// its publishing; a backend with two sets in flight, under load).
     pub overlapped: AtomicU64,
+    /// Of `dropped`: frames of sets for `tensor_ref` alone that found no free shared
+    /// block.
+    pub dropped_no_block: AtomicU64,
     /// Window since the last diagnostics report.
     window: Mutex<Window>,
     /// What the input looks like (topic, QoS, delivery), set before each report.
@@ -74,6 +77,8 @@ pub struct Counts {
     pub gpu_failures: u64,
     /// See [`Stats::overlapped`].
     pub overlapped: u64,
+    /// See [`Stats::dropped_no_block`].
+    pub dropped_no_block: u64,
 }
 
 /// What the diagnostics status says about the backend.
@@ -102,6 +107,7 @@ impl Stats {
             failed: self.failed.load(Ordering::Relaxed),
             gpu_failures: self.gpu_failures.load(Ordering::Relaxed),
             overlapped: self.overlapped.load(Ordering::Relaxed),
+            dropped_no_block: self.dropped_no_block.load(Ordering::Relaxed),
         }
     }
 
@@ -168,6 +174,18 @@ impl Stats {
             (warn, format!("GPU failure ({gpu_failures} in the last {seconds:.0} s): {action}"))
         } else if let (true, Some(w)) = (input.urgent, &input.warning) {
             (warn, w.clone())
+        } else if let (true, n) = (
+            now.dropped_no_block > previous.dropped_no_block,
+            now.dropped_no_block - previous.dropped_no_block.min(now.dropped_no_block),
+        ) {
+            (
+                warn,
+                format!(
+                    "dropping frames: no free shared block for tensor_ref ({n} in the last \
+                     {seconds:.0} s): its consumers hold them all; release frames sooner or \
+                     raise shared_pool_size"
+                ),
+            )
         } else if dropped > 0 {
             (
                 warn,
@@ -194,6 +212,7 @@ impl Stats {
             kv("Frames rejected (invalid)", now.rejected.to_string()),
             kv("Frames failed (error)", now.failed.to_string()),
             kv("Sets overlapped", now.overlapped.to_string()),
+            kv("Frames dropped (no free shared block)", now.dropped_no_block.to_string()),
             kv("Last rejection reason", window.last_rejection.clone().unwrap_or_default()),
             kv("Latency p50 (ms)", percentile(&lat, 50.0)),
             kv("Latency p99 (ms)", percentile(&lat, 99.0)),

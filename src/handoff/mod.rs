@@ -1,0 +1,532 @@
+//! Shared output blocks: the zero-copy hand-off of tensors to consumer processes
+//! (`tensor_ref`, docs/HANDOFF.md).
+//!
+//! A [`Pool`] owns `n` blocks of memory that consumer processes map (host memory:
+//! sealed `memfd`s), one control block that they map read-write (each block's
+//! generation, each consumer's holds), and a Unix socket ([`server`]) that hands the
+//! blocks' file descriptors to consumers with `SCM_RIGHTS`. The pipeline writes a set's
+//! tensors straight into a [`Lease`]d block; the node publishes a `TensorRef` naming it.
+//! Nothing here knows ROS.
+//!
+//! Reuse without blocking: a block is leased only when no live consumer holds it, the
+//! node is not writing or publishing it, and it was published at least [`GRACE`] ago.
+//! The node stores the block's new generation before it reads the holds once more; a
+//! consumer adds its hold before it reads the generation (both sequentially
+//! consistent), so either the consumer sees the new generation (and lets go) or the
+//! node sees the hold (and leaves the block).
+
+mod memory;
+pub mod server;
+
+use crate::error::{Error, Result};
+use memory::{Mapping, Memfd};
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Consumers connected at once at most; more are refused (the hello says why).
+pub const MAX_CONSUMERS: usize = 64;
+/// Rows of holds in the control block: live consumers, plus the rows of consumers that
+/// were disconnected while they might still write to theirs (never given out again).
+pub const ROWS: usize = 256;
+/// A published block is not reused sooner (consumers take it in this time).
+pub const GRACE: Duration = Duration::from_millis(5);
+/// The control block's first 8 bytes.
+pub const CONTROL_MAGIC: &[u8; 8] = b"VPCTRL01";
+/// Where block records start in the control block, and their stride (a cache line each).
+pub const RECORDS_OFFSET: usize = 64;
+pub const RECORD_STRIDE: usize = 64;
+/// The hello's `magic` and `version`.
+pub const HELLO_MAGIC: &str = "vision_preproc/pool";
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Where the blocks live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Host memory (`memfd`): the CPU backend.
+    Host,
+}
+
+impl MemoryKind {
+    /// `TensorRef.memory_kind`.
+    pub fn code(self) -> u8 {
+        match self {
+            MemoryKind::Host => 0,
+        }
+    }
+
+    /// The hello's `memory`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::Host => "host",
+        }
+    }
+}
+
+/// A consumer's row of holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Row {
+    /// Zeroed, free to give out.
+    Free,
+    /// A connected consumer's (server connection id).
+    Live(u64),
+    /// Of a consumer disconnected while it might still write to it: ignored, never
+    /// given out again.
+    Retired,
+}
+
+/// A block as the node sees it.
+#[derive(Debug, Clone, Copy)]
+struct BlockState {
+    /// Leased (being written or published).
+    leased: bool,
+    /// When it was last published (`None`: never, or given back unpublished).
+    published: Option<Instant>,
+}
+
+/// Counters of the pool, for `/diagnostics`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PoolCounts {
+    /// Sets that found no free block.
+    pub no_free_block: u64,
+    /// Consumers disconnected because they held a block longer than the lease.
+    pub reclaims: u64,
+    /// Connections refused (too many consumers).
+    pub refused: u64,
+    /// Connections dropped for sending bytes (consumers send nothing).
+    pub bad_clients: u64,
+    /// Consumers served since the start.
+    pub served: u64,
+}
+
+struct State {
+    rows: Vec<Row>,
+    blocks: Vec<BlockState>,
+    next_generation: u64,
+    /// Connections to close (their consumer held a block past the lease).
+    evict: Vec<u64>,
+    counts: PoolCounts,
+}
+
+/// The shared blocks, the control block and what the socket serves.
+pub struct Pool {
+    id: u64,
+    memory: MemoryKind,
+    block_size: usize,
+    blocks: Vec<(Memfd, Mapping)>,
+    control: (Memfd, Mapping),
+    holds_offset: usize,
+    row_stride: usize,
+    lease: Duration,
+    socket_path: PathBuf,
+    state: Mutex<State>,
+}
+
+/// Round `n` up to a multiple of `to`.
+fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}
+
+/// A random pool id (the clock and the pid through the process's hasher seed).
+fn random_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.finish()
+}
+
+impl Pool {
+    /// `count` host blocks of at least `bytes` each (rounded up to the page), their
+    /// socket in `dir` (see [`server::socket_dir`]). `lease`: how long a consumer may hold
+    /// a block.
+    pub fn host(count: usize, bytes: usize, lease: Duration, dir: &Path) -> Result<Arc<Pool>> {
+        if count == 0 || bytes == 0 {
+            return Err(Error::Operation(
+                "a shared pool needs at least one non-empty block".into(),
+            ));
+        }
+        let page = memory::page_size();
+        let block_size = round_up(bytes, page);
+        let id = random_id();
+        let mut blocks = Vec::with_capacity(count);
+        for i in 0..count {
+            let fd = Memfd::new(&format!("vision_preproc-{id:016x}-{i}"), block_size)?;
+            let map = Mapping::shared(fd.as_raw_fd(), block_size, true)?;
+            blocks.push((fd, map));
+        }
+        let row_stride = round_up(4 * count, 64);
+        let holds_offset = round_up(RECORDS_OFFSET + count * RECORD_STRIDE, 64);
+        let control_size = round_up(holds_offset + ROWS * row_stride, page);
+        let cfd = Memfd::new(&format!("vision_preproc-{id:016x}-control"), control_size)?;
+        let cmap = Mapping::shared(cfd.as_raw_fd(), control_size, true)?;
+        // SAFETY: the mapping is `control_size` >= 8 writable bytes, fresh (zeroed) and
+        // not shared with anyone yet.
+        unsafe { std::ptr::copy_nonoverlapping(CONTROL_MAGIC.as_ptr(), cmap.ptr(), 8) };
+        Ok(Arc::new(Pool {
+            id,
+            memory: MemoryKind::Host,
+            block_size,
+            blocks,
+            control: (cfd, cmap),
+            holds_offset,
+            row_stride,
+            lease,
+            socket_path: dir.join(format!("{id:016x}.sock")),
+            state: Mutex::new(State {
+                rows: vec![Row::Free; ROWS],
+                blocks: vec![BlockState { leased: false, published: None }; count],
+                next_generation: 1,
+                evict: Vec::new(),
+                counts: PoolCounts::default(),
+            }),
+        }))
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The pool id (random per pool), as `TensorRef.pool_id` spells it.
+    pub fn id(&self) -> String {
+        format!("{:016x}", self.id)
+    }
+
+    /// Where consumers connect.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// Bytes of each block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Number of blocks.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Never true (a pool has at least one block).
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Where the blocks live.
+    pub fn memory(&self) -> MemoryKind {
+        self.memory
+    }
+
+    /// Block b's generation in the control block.
+    fn generation(&self, b: usize) -> &AtomicU64 {
+        let off = RECORDS_OFFSET + b * RECORD_STRIDE;
+        // SAFETY: `off + 8 <= holds_offset <= control size`, 8-aligned (the mapping is
+        // page-aligned, `off` a multiple of 64); the control mapping lives as long as
+        // `self`; other processes access it only atomically (docs/HANDOFF.md).
+        unsafe { AtomicU64::from_ptr(self.control.1.ptr().add(off).cast()) }
+    }
+
+    /// Row r's hold count of block b.
+    fn hold(&self, r: usize, b: usize) -> &AtomicU32 {
+        let off = self.holds_offset + r * self.row_stride + 4 * b;
+        // SAFETY: r < ROWS and b < blocks, so `off + 4` is inside the control mapping
+        // (sized for ROWS rows), 4-aligned; as for `generation`.
+        unsafe { AtomicU32::from_ptr(self.control.1.ptr().add(off).cast()) }
+    }
+
+    /// Holds of block b by live consumers.
+    fn holds(&self, st: &State, b: usize) -> u64 {
+        st.rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Row::Live(_)))
+            .map(|(r, _)| u64::from(self.hold(r, b).load(Ordering::SeqCst)))
+            .sum()
+    }
+
+    /// A block to write the next set's tensors into, or `None` (counted) when every block
+    /// is held, leased or published less than [`GRACE`] ago. A consumer that held the
+    /// block it would take for longer than the lease is disconnected (counted; the
+    /// second value says how many).
+    pub fn lease(self: &Arc<Self>) -> (Option<Lease>, usize) {
+        let now = Instant::now();
+        let mut st = self.state();
+        let mut reclaimed = 0;
+        // Oldest published first (never published: first of all).
+        let mut order: Vec<usize> =
+            (0..self.blocks.len()).filter(|&b| !st.blocks[b].leased).collect();
+        order.sort_by_key(|&b| st.blocks[b].published);
+        for b in order {
+            if st.blocks[b].published.is_some_and(|t| now.duration_since(t) < GRACE) {
+                continue;
+            }
+            if self.holds(&st, b) > 0 {
+                let expired =
+                    st.blocks[b].published.is_some_and(|t| now.duration_since(t) > self.lease);
+                if !expired {
+                    continue;
+                }
+                reclaimed += self.reclaim(&mut st, b);
+            }
+            let generation = st.next_generation;
+            st.next_generation += 1;
+            self.generation(b).store(generation, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if self.holds(&st, b) > 0 {
+                continue; // taken just now, for the old generation: leave it
+            }
+            st.blocks[b].leased = true;
+            return (
+                Some(Lease { pool: Arc::clone(self), index: b, generation, published: false }),
+                reclaimed,
+            );
+        }
+        st.counts.no_free_block += 1;
+        (None, reclaimed)
+    }
+
+    /// Disconnect every live consumer holding block b (they held it past the lease):
+    /// their rows are retired. Returns how many.
+    fn reclaim(&self, st: &mut State, b: usize) -> usize {
+        let mut n = 0;
+        for r in 0..st.rows.len() {
+            if let Row::Live(conn) = st.rows[r] {
+                if self.hold(r, b).load(Ordering::SeqCst) > 0 {
+                    st.rows[r] = Row::Retired;
+                    st.evict.push(conn);
+                    n += 1;
+                }
+            }
+        }
+        st.counts.reclaims += n as u64;
+        n
+    }
+
+    /// Counters, and (blocks leased or held, consumers connected).
+    pub fn counts(&self) -> (PoolCounts, usize, usize) {
+        let st = self.state();
+        let in_use = (0..self.blocks.len())
+            .filter(|&b| st.blocks[b].leased || self.holds(&st, b) > 0)
+            .count();
+        let live = st.rows.iter().filter(|r| matches!(r, Row::Live(_))).count();
+        (st.counts, in_use, live)
+    }
+
+    /// A row for connection `conn`, or why not.
+    fn attach(&self, conn: u64) -> std::result::Result<usize, String> {
+        let mut st = self.state();
+        let live = st.rows.iter().filter(|r| matches!(r, Row::Live(_))).count();
+        let free = st.rows.iter().position(|r| *r == Row::Free);
+        match free {
+            Some(r) if live < MAX_CONSUMERS => {
+                st.rows[r] = Row::Live(conn);
+                st.counts.served += 1;
+                Ok(r)
+            }
+            _ => {
+                st.counts.refused += 1;
+                Err(format!("too many consumers (at most {MAX_CONSUMERS} at once)"))
+            }
+        }
+    }
+
+    /// Connection `conn` closed by its consumer: its holds are released (zeroed) and its
+    /// row is free again. `clean: false` (the node dropped it for sending bytes, or it
+    /// was evicted): the consumer may still write to its row, which is retired.
+    fn detach(&self, conn: u64, row: usize, clean: bool) {
+        let mut st = self.state();
+        if st.rows[row] != Row::Live(conn) {
+            return; // retired already (evicted)
+        }
+        if clean {
+            for b in 0..self.blocks.len() {
+                self.hold(row, b).store(0, Ordering::SeqCst);
+            }
+            st.rows[row] = Row::Free;
+        } else {
+            st.rows[row] = Row::Retired;
+            st.counts.bad_clients += 1;
+        }
+    }
+
+    /// Connections to close now (their consumers were evicted).
+    fn take_evicted(&self) -> Vec<u64> {
+        std::mem::take(&mut self.state().evict)
+    }
+
+    /// The hello for a consumer given row `row` (docs/HANDOFF.md).
+    fn hello(&self, row: usize) -> String {
+        serde_json::json!({
+            "magic": HELLO_MAGIC,
+            "version": PROTOCOL_VERSION,
+            "pool_id": self.id(),
+            "memory": self.memory.name(),
+            "device_id": -1,
+            "blocks": self.blocks.len(),
+            "block_size": self.block_size,
+            "control_size": self.control.1.len(),
+            "row": row,
+            "rows": ROWS,
+            "records_offset": RECORDS_OFFSET,
+            "record_stride": RECORD_STRIDE,
+            "holds_offset": self.holds_offset,
+            "row_stride": self.row_stride,
+        })
+        .to_string()
+    }
+
+    /// The fds a consumer gets: the control block's, then each block's.
+    fn fds(&self) -> Vec<RawFd> {
+        std::iter::once(self.control.0.as_raw_fd())
+            .chain(self.blocks.iter().map(|(fd, _)| fd.as_raw_fd()))
+            .collect()
+    }
+}
+
+/// A block leased to write one set's tensors into. Publishing it ([`Lease::published`])
+/// starts its grace; dropping it without publishing gives it back at once (its
+/// generation changed when it was leased, so no consumer takes the old contents).
+pub struct Lease {
+    pool: Arc<Pool>,
+    index: usize,
+    generation: u64,
+    published: bool,
+}
+
+impl Lease {
+    /// The block's bytes (`block_size`), to write the tensors into.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let map = &self.pool.blocks[self.index].1;
+        // SAFETY: the mapping is `block_size` writable bytes alive as long as the pool
+        // (kept by `self.pool`); the node writes a block only while it holds its one
+        // lease (`leased` in the pool's state), and consumers only read it.
+        unsafe { std::slice::from_raw_parts_mut(map.ptr(), map.len()) }
+    }
+
+    /// The block's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        let map = &self.pool.blocks[self.index].1;
+        // SAFETY: as in `bytes_mut`, read only.
+        unsafe { std::slice::from_raw_parts(map.ptr(), map.len()) }
+    }
+
+    /// Block index.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The generation consumers must see to take it.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Its `TensorRef` was published: the block goes back to the pool, reusable once no
+    /// consumer holds it and [`GRACE`] has passed.
+    pub fn published(mut self) {
+        self.published = true;
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut st = self.pool.state();
+        let b = &mut st.blocks[self.index];
+        b.leased = false;
+        b.published = if self.published { Some(Instant::now()) } else { None };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(n: usize) -> Arc<Pool> {
+        Pool::host(n, 1000, Duration::from_millis(50), Path::new("/tmp")).unwrap()
+    }
+
+    #[test]
+    fn blocks_are_page_sized_and_leased_oldest_first() {
+        let p = pool(2);
+        assert_eq!(p.block_size() % memory::page_size(), 0);
+        let (a, _) = p.lease();
+        let a = a.unwrap();
+        let (b, _) = p.lease();
+        let b = b.unwrap();
+        assert_ne!(a.index(), b.index());
+        assert!(b.generation() > a.generation());
+        assert!(p.lease().0.is_none(), "both leased");
+        assert_eq!(p.counts().0.no_free_block, 1);
+        a.published();
+        assert!(p.lease().0.is_none(), "within the grace");
+        std::thread::sleep(GRACE * 2);
+        let c = p.lease().0.unwrap();
+        assert_eq!(c.index(), 0);
+        assert_eq!(p.generation(0).load(Ordering::SeqCst), c.generation());
+    }
+
+    #[test]
+    fn a_held_block_is_not_reused_until_released_or_the_lease_ends() {
+        let p = pool(1);
+        let row = p.attach(7).unwrap();
+        let mut a = p.lease().0.unwrap();
+        let g = a.generation();
+        a.bytes_mut()[0] = 42;
+        a.published();
+        // The consumer takes it (add, then check the generation).
+        p.hold(row, 0).fetch_add(1, Ordering::SeqCst);
+        assert_eq!(p.generation(0).load(Ordering::SeqCst), g);
+        std::thread::sleep(GRACE * 2);
+        assert!(p.lease().0.is_none(), "held");
+        assert_eq!(p.counts().1, 1);
+        p.hold(row, 0).fetch_sub(1, Ordering::SeqCst);
+        let b = p.lease().0.unwrap();
+        assert_ne!(b.generation(), g, "a new generation: late takers of g let go");
+        b.published();
+        // Held past the lease: the consumer is evicted, its row retired.
+        p.hold(row, 0).fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(60));
+        let (c, reclaimed) = p.lease();
+        assert!(c.is_some());
+        assert_eq!(reclaimed, 1);
+        assert_eq!(p.take_evicted(), vec![7]);
+        assert_eq!(p.counts().0.reclaims, 1);
+        p.detach(7, row, true); // the eviction retired the row already: no effect
+        assert_eq!(p.state().rows[row], Row::Retired);
+    }
+
+    #[test]
+    fn a_consumer_that_closes_releases_its_holds() {
+        let p = pool(1);
+        let row = p.attach(1).unwrap();
+        let a = p.lease().0.unwrap();
+        a.published();
+        p.hold(row, 0).fetch_add(2, Ordering::SeqCst);
+        std::thread::sleep(GRACE * 2);
+        assert!(p.lease().0.is_none());
+        p.detach(1, row, true);
+        assert_eq!(p.hold(row, 0).load(Ordering::SeqCst), 0);
+        assert!(p.lease().0.is_some());
+        assert_eq!(p.attach(2).unwrap(), row, "the row is free again");
+    }
+
+    #[test]
+    fn consumers_beyond_the_limit_are_refused() {
+        let p = pool(1);
+        for c in 0..MAX_CONSUMERS as u64 {
+            p.attach(c).unwrap();
+        }
+        assert!(p.attach(999).unwrap_err().contains("too many consumers"));
+        assert_eq!(p.counts().0.refused, 1);
+        assert_eq!(p.counts().2, MAX_CONSUMERS);
+    }
+}
