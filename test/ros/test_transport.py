@@ -43,7 +43,7 @@ from vptools.sources import photo_frame
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from rclpy.serialization import deserialize_message  # noqa: E402
-from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
+from vision_preproc_msgs.msg import FrameTiming, Tensor, TensorRef  # noqa: E402
 
 
 class Diagnostics:
@@ -89,7 +89,8 @@ def same_bytes(node_raw: bytes, typed_wire: bytes, what: str) -> None:
 
 def test_raw_tensor_bytes_are_what_a_typed_publisher_sends(tmp_path: Path) -> None:
     """Byte for byte and field by field, for odd sizes and alignments (float16 NHWC 61x37,
-    a 7-byte frame_id, yuv422_yuy2 spelled as the camera spells it)."""
+    a 7-byte frame_id, yuv422_yuy2 spelled as the camera spells it): Tensor, FrameTiming
+    and TensorRef (the descriptor of the same tensor in a shared block)."""
     ns = "/transport_raw"
     params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "network_image_width:=61",
               "-p", "network_image_height:=37", "-p", "output_layout:=NHWC", "-p", "output_dtype:=float16",
@@ -101,13 +102,15 @@ def test_raw_tensor_bytes_are_what_a_typed_publisher_sends(tmp_path: Path) -> No
         peer = Peer(ns)
         raw_tensors: list[bytes] = []
         raw_timings: list[bytes] = []
+        raw_refs: list[bytes] = []
         peer.node.create_subscription(Tensor, "tensor", raw_tensors.append, RELIABLE, raw=True)
         peer.node.create_subscription(FrameTiming, "timing", raw_timings.append, RELIABLE, raw=True)
+        peer.node.create_subscription(TensorRef, "tensor_ref", raw_refs.append, RELIABLE, raw=True)
         # The typed publisher: the peer republishes what it received, typed.
-        typed_pub = {T: peer.node.create_publisher(T, f"{name}_typed", RELIABLE)
-                     for T, name in [(Tensor, "tensor"), (FrameTiming, "timing")]}
-        typed_wire: dict = {Tensor: [], FrameTiming: []}
-        for T, name in [(Tensor, "tensor"), (FrameTiming, "timing")]:
+        kinds = [(Tensor, "tensor"), (FrameTiming, "timing"), (TensorRef, "tensor_ref")]
+        typed_pub = {T: peer.node.create_publisher(T, f"{name}_typed", RELIABLE) for T, name in kinds}
+        typed_wire: dict = {T: [] for T, _ in kinds}
+        for T, name in kinds:
             peer.node.create_subscription(T, f"{name}_typed", typed_wire[T].append, RELIABLE, raw=True)
 
         def typed_bytes(msg) -> bytes:
@@ -136,6 +139,20 @@ def test_raw_tensor_bytes_are_what_a_typed_publisher_sends(tmp_path: Path) -> No
                 same_bytes(raw, typed_bytes(timing), "FrameTiming")
                 assert deserialize_message(raw, FrameTiming) == timing
                 assert timing.backend == "cpu" and timing.total_us >= timing.preprocess_us > 0
+                # tensor and tensor_ref both subscribed: both produced.
+                assert timing.outputs == FrameTiming.OUTPUT_TENSOR | FrameTiming.OUTPUT_TENSOR_REF
+            peer.spin_until(lambda: len(raw_refs) >= len(peer.tensors), 5.0, "a TensorRef per tensor")
+            for tensor, raw in zip(peer.tensors, raw_refs):
+                ref = deserialize_message(raw, TensorRef)
+                same_bytes(raw, typed_bytes(ref), "TensorRef")
+                assert ref.header == tensor.header and (ref.name, ref.layout, ref.dtype) == ("images", "NHWC", "float16")
+                assert list(ref.shape) == [1, 37, 61, 3] and list(ref.strides) == [37 * 61 * 3, 61 * 3, 3, 1]
+                assert (ref.dtype_code, ref.dtype_bits, ref.dtype_lanes) == (2, 16, 1)
+                assert (ref.byte_offset, ref.byte_size) == (0, 61 * 37 * 3 * 2) and ref.block_size >= ref.byte_size
+                assert ref.memory_kind == TensorRef.MEMORY_HOST and ref.device_id == -1
+                assert ref.socket_path.endswith(f"{ref.pool_id}.sock") and len(ref.pool_id) == 16
+                assert [(it.source_encoding, it.valid, it.source_width) for it in ref.items] == \
+                    [(tensor.source_encoding, True, tensor.source_width)]
         finally:
             peer.close()
 
