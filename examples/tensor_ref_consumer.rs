@@ -1,0 +1,71 @@
+//! A Rust consumer of `tensor_ref` (docs/HANDOFF.md): the tensors the node wrote into its
+//! shared blocks, read in place (no copy, no deserialization of the tensor), with r2r.
+//! Prints, once a second, the frames read and skipped, the mean of the last tensor and
+//! the age of the frames (node clock vs the camera stamp) when they were taken.
+//!
+//!   vision_preproc_node --ros-args -p backend:=cpu &   # and a camera on `image`
+//!   cargo run --release --example tensor_ref_consumer -- /tensor_ref 10
+use futures::{FutureExt, StreamExt};
+use r2r::vision_preproc_msgs::msg::TensorRef;
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use vision_preproc::handoff::consumer::Consumer;
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let topic = args.next().unwrap_or_else(|| "/tensor_ref".into());
+    let seconds: f64 = args.next().map_or(Ok(10.0), |s| s.parse())?;
+    let ctx = r2r::Context::create()?;
+    let mut node = r2r::Node::create(ctx, "tensor_ref_consumer", "")?;
+    let mut refs = node.subscribe::<TensorRef>(&topic, r2r::QosProfile::default())?;
+    // One connection per pool (a node run); a new pool_id replaces the old one.
+    let mut pools: HashMap<String, Consumer> = HashMap::new();
+    let (mut read, mut skipped, mut ages_ms) = (0u64, 0u64, Vec::new());
+    let (start, mut report) = (Instant::now(), Instant::now());
+    while start.elapsed().as_secs_f64() < seconds {
+        node.spin_once(Duration::from_millis(5));
+        while let Some(Some(msg)) = refs.next().now_or_never() {
+            let stale = pools.get(&msg.pool_id).is_some_and(|c| !c.connected());
+            if stale || !pools.contains_key(&msg.pool_id) {
+                pools.clear();
+                let c = Consumer::connect(std::path::Path::new(&msg.socket_path))?;
+                pools.insert(msg.pool_id.clone(), c);
+            }
+            let Some(consumer) = pools.get(&msg.pool_id) else { continue };
+            let Some(held) = consumer.take(msg.block_index, msg.generation) else {
+                skipped += 1; // reused before we took it
+                continue;
+            };
+            let (at, len) = (msg.byte_offset as usize, msg.byte_size as usize);
+            let bytes = &held.bytes()[at..at + len];
+            // The network would run here, on `bytes` in place; this one takes a mean.
+            let mean = if msg.dtype == "float32" {
+                let v: Vec<f32> = bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                v.iter().sum::<f32>() / v.len().max(1) as f32
+            } else {
+                f32::NAN
+            };
+            let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64();
+            let stamp =
+                f64::from(msg.header.stamp.sec) + f64::from(msg.header.stamp.nanosec) * 1e-9;
+            ages_ms.push((now - stamp) * 1e3);
+            read += 1;
+            drop(held); // give the block back as soon as the work on it is done
+            if report.elapsed() >= Duration::from_secs(1) {
+                ages_ms.sort_by(f64::total_cmp);
+                let p50 = ages_ms.get(ages_ms.len() / 2).copied().unwrap_or(f64::NAN);
+                println!(
+                    "{read} read, {skipped} skipped; last {:?} {} mean {mean:.4}; age p50 {p50:.2} ms",
+                    msg.shape, msg.dtype
+                );
+                ages_ms.clear();
+                report = Instant::now();
+            }
+        }
+    }
+    println!("{read} read, {skipped} skipped in {seconds} s");
+    Ok(())
+}
