@@ -1,0 +1,192 @@
+"""tensor vs tensor_ref, side by side in one run (docs/HANDOFF.md, docs/BENCHMARKS.md).
+
+One node (CPU backend unless --backend), one camera (`vision_preproc play --loop
+--restamp`: the stamp is the publish time), and a consumer process subscribed to ONE of
+the two topics at a time, alternating phases of --seconds each (--rounds times):
+
+- `tensor`: rclpy's typed `Tensor`, the data as a numpy array (`np.frombuffer`), what a
+  Python inference process does with the tensor topic;
+- `tensor_ref`: `vision_preproc_consumer.TensorRefSubscription`, `frame.array()` (a numpy
+  view of the shared block), released after use.
+
+Per phase: camera stamp -> array usable in the consumer, p50/p99 (ms); node-added
+latency (FrameTiming.total_us) p50/p99; FrameTiming.outputs; memory (max, MB): RSS of
+node and consumer, and their PSS summed (shared pages counted once); frames the consumer
+got. Each phase has its own node and camera.
+
+  python3 bench/bench_handoff.py --seconds 15 --rounds 2 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pct(v: list[float], q: float) -> float:
+    return float(np.percentile(v, q)) if v else float("nan")
+
+
+def consumer(topic: str, ns: str, seconds: float, out: Path) -> None:
+    """The consumer process: subscribe to `topic` (tensor or tensor_ref), record per frame
+    (stamp -> array usable) and FrameTiming, then write JSON."""
+    import rclpy
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from vision_preproc_msgs.msg import FrameTiming, Tensor
+
+    from vision_preproc_consumer import TensorRefSubscription
+    rclpy.init()
+    node = rclpy.create_node("bench_handoff_consumer", namespace=ns)
+    ages: list[float] = []
+    timings: list[tuple[float, int]] = []
+    checksum = 0.0
+
+    def stamp_s(h) -> float:
+        return h.stamp.sec + h.stamp.nanosec * 1e-9
+
+    def on_tensor(msg: Tensor) -> None:
+        nonlocal checksum
+        a = np.frombuffer(msg.data, dtype=np.float32).reshape(tuple(msg.shape))
+        ages.append((time.time() - stamp_s(msg.header)) * 1e3)
+        checksum += float(a[0, 0, 0, 0])
+
+    def on_frame(frame) -> None:
+        nonlocal checksum
+        with frame:
+            a = frame.array()
+            ages.append((time.time() - stamp_s(frame.msg.header)) * 1e3)
+            checksum += float(a[0, 0, 0, 0])
+
+    qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
+    if topic == "tensor":
+        node.create_subscription(Tensor, "tensor", on_tensor, qos)
+        sub = None
+    else:
+        sub = TensorRefSubscription(node, "tensor_ref", on_frame, qos)
+    node.create_subscription(FrameTiming, "timing", lambda t: timings.append((t.total_us / 1e3, t.outputs)), 10)
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        rclpy.spin_once(node, timeout_sec=0.05)
+    skipped = sub.skipped if sub else 0
+    out.write_text(json.dumps({"ages_ms": ages, "timings": timings, "skipped": skipped, "checksum": checksum}))
+    node.destroy_node()
+    rclpy.shutdown()
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def phase(a: argparse.Namespace, ns: str, topic: str, r: int, node_pid: int, work: Path) -> dict:
+    """One consumer process on `topic` for --seconds, memory sampled every 0.5 s."""
+    time.sleep(1.0)
+    out = work / f"{topic}_{r}.json"
+    c = subprocess.Popen([sys.executable, __file__, "--consumer", topic, "--seconds", str(a.seconds),
+                          "--out", str(out), "--ns", ns])
+    node_rss, cons_rss, pss = [], [], []
+    while c.poll() is None:
+        node_rss.append(rss_mb(node_pid))
+        cons_rss.append(rss_mb(c.pid))
+        pss.append(pss_mb(node_pid) + pss_mb(c.pid))
+        time.sleep(0.5)
+    d = json.loads(out.read_text())
+    ages = d["ages_ms"][len(d["ages_ms"]) // 5:]  # the first fifth: discovery, warm-up
+    tim = d["timings"][len(d["timings"]) // 5:]
+    return {
+        "round": r, "topic": topic, "frames": len(d["ages_ms"]), "timings": len(d["timings"]),
+        "skipped": d["skipped"],
+        "age_p50_ms": pct(ages, 50), "age_p99_ms": pct(ages, 99),
+        "node_added_p50_ms": pct([t[0] for t in tim], 50),
+        "node_added_p99_ms": pct([t[0] for t in tim], 99),
+        "outputs": sorted({t[1] for t in tim}),
+        "node_rss_max_mb": max(node_rss, default=float("nan")),
+        "consumer_rss_max_mb": max(cons_rss, default=float("nan")),
+        "pss_sum_max_mb": max(pss, default=float("nan")),
+    }
+
+
+def pss_mb(pid: int) -> float:
+    """Proportional set size: shared pages divided among the processes that map them."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--consumer", choices=["tensor", "tensor_ref"], help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--ns", default="/bench_handoff", help=argparse.SUPPRESS)
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--width", type=int, default=1920)
+    ap.add_argument("--height", type=int, default=1080)
+    ap.add_argument("--rate", type=float, default=30.0)
+    ap.add_argument("--network", type=int, default=640, help="network width = height")
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    if a.consumer:
+        consumer(a.consumer, a.ns, a.seconds, a.out)
+        return
+    from vptools.rosharness import NodeProcess
+    from vptools.soak import make_bag
+    work = Path(tempfile.mkdtemp(prefix="bench_handoff_"))
+    bag = make_bag(work / "bag", a.width, a.height, a.rate)
+    ns = "/bench_handoff"
+    params = ["-r", f"__ns:={ns}", "-p", f"backend:={a.backend}", "-p", f"network_image_width:={a.network}",
+              "-p", f"network_image_height:={a.network}"]
+    phases = []
+    for r in range(a.rounds):
+        for topic in ("tensor", "tensor_ref"):
+            # A node and a camera per phase: each phase's memory is its own.
+            with NodeProcess(params, log=work / f"node_{topic}_{r}.log") as node:
+                play = subprocess.Popen([str(ROOT / "target" / "release" / "vision_preproc"), "play", str(bag),
+                                         "--loop", "--restamp", "--image-topic", f"{ns}/image"],
+                                        stdout=subprocess.DEVNULL)
+                try:
+                    phases.append(phase(a, ns, topic, r, node.proc.pid, work))
+                finally:
+                    play.terminate()
+                    play.wait(timeout=10)
+            p = phases[-1]
+            print(f"round {r} {topic:10s}: {p['frames']:4d} frames ({p['skipped']} skipped); stamp -> array "
+                  f"p50 {p['age_p50_ms']:.2f} ms, p99 {p['age_p99_ms']:.2f} ms; node-added p50 "
+                  f"{p['node_added_p50_ms']:.2f} ms, p99 {p['node_added_p99_ms']:.2f} ms; outputs {p['outputs']}; "
+                  f"memory (max) node RSS {p['node_rss_max_mb']:.0f} MB, consumer RSS "
+                  f"{p['consumer_rss_max_mb']:.0f} MB, node + consumer PSS {p['pss_sum_max_mb']:.0f} MB", flush=True)
+    by = {t: [p for p in phases if p["topic"] == t] for t in ("tensor", "tensor_ref")}
+    ratio = statistics.median(p["age_p50_ms"] for p in by["tensor"]) / statistics.median(
+        p["age_p50_ms"] for p in by["tensor_ref"])
+    print(f"stamp -> array p50, tensor / tensor_ref: {ratio:.2f}x")
+    if a.json:
+        a.json.write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "machine": platform.node(),
+            "cpus": os.cpu_count(), "args": {k: str(v) for k, v in vars(a).items()}, "phases": phases,
+            "ratio_p50": ratio}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
