@@ -34,6 +34,9 @@ pub const MAX_CONSUMERS: usize = 64;
 pub const ROWS: usize = 256;
 /// A published block is not reused sooner (consumers take it in this time).
 pub const GRACE: Duration = Duration::from_millis(5);
+/// A retired row is given out again after this long (its consumer saw its connection
+/// shut down and stopped using it long before).
+pub const QUARANTINE: Duration = Duration::from_secs(10);
 /// The control block's first 8 bytes.
 pub const CONTROL_MAGIC: &[u8; 8] = b"VPCTRL01";
 /// Where block records start in the control block, and their stride (a cache line each).
@@ -71,11 +74,12 @@ impl MemoryKind {
 enum Row {
     /// Zeroed, free to give out.
     Free,
-    /// A connected consumer's (server connection id).
-    Live(u64),
-    /// Of a consumer disconnected while it might still write to it: ignored, never
-    /// given out again.
-    Retired,
+    /// A connected consumer's: the server's connection id and its socket (shut down
+    /// at once when the consumer is evicted).
+    Live(u64, RawFd),
+    /// Of a consumer disconnected while it might still write to it (evicted, or it sent
+    /// bytes): ignored until [`QUARANTINE`] has passed, then zeroed and given out again.
+    Retired(Instant),
 }
 
 /// A block as the node sees it.
@@ -245,7 +249,7 @@ impl Pool {
         st.rows
             .iter()
             .enumerate()
-            .filter(|(_, r)| matches!(r, Row::Live(_)))
+            .filter(|(_, r)| matches!(r, Row::Live(..)))
             .map(|(r, _)| u64::from(self.hold(r, b).load(Ordering::SeqCst)))
             .sum()
     }
@@ -296,9 +300,15 @@ impl Pool {
     fn reclaim(&self, st: &mut State, b: usize) -> usize {
         let mut n = 0;
         for r in 0..st.rows.len() {
-            if let Row::Live(conn) = st.rows[r] {
+            if let Row::Live(conn, fd) = st.rows[r] {
                 if self.hold(r, b).load(Ordering::SeqCst) > 0 {
-                    st.rows[r] = Row::Retired;
+                    // Shut down now, not at the server's next poll: the consumer sees
+                    // its connection end before the block is written again. The fd is
+                    // open: the server closes a connection's socket only after its row
+                    // left `Live` (under this lock).
+                    // SAFETY: shutdown on an open socket of ours; no memory involved.
+                    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                    st.rows[r] = Row::Retired(Instant::now());
                     st.evict.push(conn);
                     n += 1;
                 }
@@ -314,18 +324,27 @@ impl Pool {
         let in_use = (0..self.blocks.len())
             .filter(|&b| st.blocks[b].leased || self.holds(&st, b) > 0)
             .count();
-        let live = st.rows.iter().filter(|r| matches!(r, Row::Live(_))).count();
+        let live = st.rows.iter().filter(|r| matches!(r, Row::Live(..))).count();
         (st.counts, in_use, live)
     }
 
-    /// A row for connection `conn`, or why not.
-    fn attach(&self, conn: u64) -> std::result::Result<usize, String> {
+    /// A row for connection `conn` (its socket `fd`), or why not.
+    fn attach(&self, conn: u64, fd: RawFd) -> std::result::Result<usize, String> {
         let mut st = self.state();
-        let live = st.rows.iter().filter(|r| matches!(r, Row::Live(_))).count();
+        let now = Instant::now();
+        for r in 0..st.rows.len() {
+            if matches!(st.rows[r], Row::Retired(t) if now.duration_since(t) >= QUARANTINE) {
+                for b in 0..self.blocks.len() {
+                    self.hold(r, b).store(0, Ordering::SeqCst);
+                }
+                st.rows[r] = Row::Free;
+            }
+        }
+        let live = st.rows.iter().filter(|r| matches!(r, Row::Live(..))).count();
         let free = st.rows.iter().position(|r| *r == Row::Free);
         match free {
             Some(r) if live < MAX_CONSUMERS => {
-                st.rows[r] = Row::Live(conn);
+                st.rows[r] = Row::Live(conn, fd);
                 st.counts.served += 1;
                 Ok(r)
             }
@@ -341,7 +360,7 @@ impl Pool {
     /// was evicted): the consumer may still write to its row, which is retired.
     fn detach(&self, conn: u64, row: usize, clean: bool) {
         let mut st = self.state();
-        if st.rows[row] != Row::Live(conn) {
+        if !matches!(st.rows[row], Row::Live(c, _) if c == conn) {
             return; // retired already (evicted)
         }
         if clean {
@@ -350,7 +369,7 @@ impl Pool {
             }
             st.rows[row] = Row::Free;
         } else {
-            st.rows[row] = Row::Retired;
+            st.rows[row] = Row::Retired(Instant::now());
             st.counts.bad_clients += 1;
         }
     }
@@ -478,7 +497,7 @@ mod tests {
     #[test]
     fn a_held_block_is_not_reused_until_released_or_the_lease_ends() {
         let p = pool(1);
-        let row = p.attach(7).unwrap();
+        let row = p.attach(7, -1).unwrap();
         let mut a = p.lease().0.unwrap();
         let g = a.generation();
         a.bytes_mut()[0] = 42;
@@ -502,13 +521,13 @@ mod tests {
         assert_eq!(p.take_evicted(), vec![7]);
         assert_eq!(p.counts().0.reclaims, 1);
         p.detach(7, row, true); // the eviction retired the row already: no effect
-        assert_eq!(p.state().rows[row], Row::Retired);
+        assert!(matches!(p.state().rows[row], Row::Retired(_)));
     }
 
     #[test]
     fn a_consumer_that_closes_releases_its_holds() {
         let p = pool(1);
-        let row = p.attach(1).unwrap();
+        let row = p.attach(1, -1).unwrap();
         let a = p.lease().0.unwrap();
         a.published();
         p.hold(row, 0).fetch_add(2, Ordering::SeqCst);
@@ -517,16 +536,16 @@ mod tests {
         p.detach(1, row, true);
         assert_eq!(p.hold(row, 0).load(Ordering::SeqCst), 0);
         assert!(p.lease().0.is_some());
-        assert_eq!(p.attach(2).unwrap(), row, "the row is free again");
+        assert_eq!(p.attach(2, -1).unwrap(), row, "the row is free again");
     }
 
     #[test]
     fn consumers_beyond_the_limit_are_refused() {
         let p = pool(1);
         for c in 0..MAX_CONSUMERS as u64 {
-            p.attach(c).unwrap();
+            p.attach(c, -1).unwrap();
         }
-        assert!(p.attach(999).unwrap_err().contains("too many consumers"));
+        assert!(p.attach(999, -1).unwrap_err().contains("too many consumers"));
         assert_eq!(p.counts().0.refused, 1);
         assert_eq!(p.counts().2, MAX_CONSUMERS);
     }

@@ -188,7 +188,7 @@ fn accept(pool: &Pool, listener: &UnixListener, conns: &mut Vec<Conn>, next_id: 
         *next_id += 1;
         let id = *next_id;
         let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-        match pool.attach(id) {
+        match pool.attach(id, stream.as_raw_fd()) {
             Ok(row) => {
                 let sent = send_with_fds(&mut stream, &framed(&pool.hello(row)), &pool.fds());
                 if sent.is_err() || stream.set_nonblocking(true).is_err() {
@@ -236,7 +236,8 @@ fn serve(pool: &Pool, listener: &UnixListener, stop: &AtomicBool) {
             }
             for (i, clean) in gone.into_iter().rev() {
                 let c = conns.swap_remove(i);
-                pool.detach(c.id, c.row, clean);
+                pool.detach(c.id, c.row, clean); // before its socket closes (see Pool::reclaim)
+                drop(c);
             }
             if fds[0].revents != 0 {
                 accept(pool, listener, &mut conns, &mut next_id);

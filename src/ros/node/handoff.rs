@@ -175,7 +175,17 @@ impl Handoff {
                 );
                 SetOutputs::Go { block: None, fill: true }
             }
-            None => SetOutputs::NoBlock,
+            None => {
+                log.warn(
+                    &shared.logger,
+                    &format!(
+                        "{}: no free shared block (its consumers hold all {}): set dropped; release \
+                         frames sooner or raise shared_pool_size",
+                        self.topic, self.blocks
+                    ),
+                );
+                SetOutputs::NoBlock
+            }
         }
     }
 }

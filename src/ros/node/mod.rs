@@ -181,6 +181,12 @@ fn run() -> anyhow::Result<()> {
     let former = former::Former::new(&config);
     let diagnostics =
         node.create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())?;
+    // The resolved name of `tensor_ref` (namespace, remaps), for the hand-off's log lines.
+    let (name, namespace) = (node.name()?, node.namespace()?);
+    let ref_topic = ros_args
+        .as_ref()
+        .and_then(|a| a.resolve_topic("tensor_ref", &name, &namespace))
+        .unwrap_or_else(|| format!("{}/tensor_ref", namespace.trim_end_matches('/')));
     let subscriptions = spin::Subscriptions {
         topics: topics.clone(),
         preset: config.input_qos,
@@ -209,7 +215,7 @@ fn run() -> anyhow::Result<()> {
         &shared,
         outputs.tensor.clone(),
         outputs.tensor_ref.clone(),
-        "tensor_ref".into(),
+        ref_topic,
     );
     let proc_shared = shared.clone();
     let processor = std::thread::Builder::new()
