@@ -75,8 +75,9 @@ CUDARC = r"\bcudarc\b"
 
 # (rule, forbidden pattern, the files that must not match, the files that must match)
 RULES = [
-    ("r2r is named only in src/ros/ (and test/ros_typed.rs, r2r's typed peer of the node)",
-     R2R, outside("src/ros/", "test/ros_typed.rs"), under("src/ros/")),
+    ("r2r is named only in src/ros/ (and test/ros_typed.rs, r2r's typed peer of the node, and "
+     "examples/tensor_ref_consumer.rs, a consumer process of the node's tensor_ref)",
+     R2R, outside("src/ros/", "test/ros_typed.rs", "examples/tensor_ref_consumer.rs"), under("src/ros/")),
     ("cudarc is named only in src/backend/cuda/, the benchmark and the GPU tests",
      CUDARC, outside("src/backend/cuda/", "src/bin/vision_preproc/bench/", "test/gpu_"),
      under("src/backend/cuda/")),
