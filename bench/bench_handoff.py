@@ -9,7 +9,9 @@ the two topics at a time, alternating phases of --seconds each (--rounds times):
 - `tensor_ref`: `vision_preproc_consumer.TensorRefSubscription`, `frame.array()` (a numpy
   view of the shared block), released after use.
 
-Per phase: camera stamp -> array usable in the consumer, p50/p99 (ms); node-added
+Per phase: camera stamp -> array usable in the consumer, p50/p99 (ms), split at the
+node's publication (FrameTiming.age_us: stamp -> published; the rest: published -> array,
+what the hand-off changes); node-added
 latency (FrameTiming.total_us) p50/p99; FrameTiming.outputs; memory (max, MB): RSS of
 node and consumer, and their PSS summed (shared pages counted once); frames the consumer
 got. Each phase has its own node and camera.
@@ -43,30 +45,34 @@ def consumer(topic: str, ns: str, seconds: float, out: Path) -> None:
     """The consumer process: subscribe to `topic` (tensor or tensor_ref), record per frame
     (stamp -> array usable) and FrameTiming, then write JSON."""
     import rclpy
+    import rclpy.executors
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from vision_preproc_msgs.msg import FrameTiming, Tensor
 
     from vision_preproc_consumer import TensorRefSubscription
     rclpy.init()
     node = rclpy.create_node("bench_handoff_consumer", namespace=ns)
-    ages: list[float] = []
-    timings: list[tuple[float, int]] = []
+    ages: dict[int, float] = {}  # stamp (ns) -> stamp -> array usable, ms
+    timings: dict[int, tuple[float, int, float]] = {}  # stamp -> (node-added ms, outputs, age at publish ms)
     checksum = 0.0
 
     def stamp_s(h) -> float:
         return h.stamp.sec + h.stamp.nanosec * 1e-9
 
+    def key(h) -> int:
+        return h.stamp.sec * 1_000_000_000 + h.stamp.nanosec
+
     def on_tensor(msg: Tensor) -> None:
         nonlocal checksum
         a = np.frombuffer(msg.data, dtype=np.float32).reshape(tuple(msg.shape))
-        ages.append((time.time() - stamp_s(msg.header)) * 1e3)
+        ages[key(msg.header)] = (time.time() - stamp_s(msg.header)) * 1e3
         checksum += float(a[0, 0, 0, 0])
 
     def on_frame(frame) -> None:
         nonlocal checksum
         with frame:
             a = frame.array()
-            ages.append((time.time() - stamp_s(frame.msg.header)) * 1e3)
+            ages[key(frame.msg.header)] = (time.time() - stamp_s(frame.msg.header)) * 1e3
             checksum += float(a[0, 0, 0, 0])
 
     qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
@@ -75,12 +81,22 @@ def consumer(topic: str, ns: str, seconds: float, out: Path) -> None:
         sub = None
     else:
         sub = TensorRefSubscription(node, "tensor_ref", on_frame, qos)
-    node.create_subscription(FrameTiming, "timing", lambda t: timings.append((t.total_us / 1e3, t.outputs)), 10)
+    node.create_subscription(
+        FrameTiming, "timing",
+        lambda t: timings.__setitem__(key(t.header), (t.total_us / 1e3, t.outputs, t.age_us / 1e3)), 10)
+    # One executor for the whole run (rclpy.spin_once would add and remove the node, and
+    # rebuild its wait set, at every call: milliseconds of the latency measured here).
+    executor = rclpy.executors.SingleThreadedExecutor()
+    executor.add_node(node)
     t0 = time.time()
     while time.time() - t0 < seconds:
-        rclpy.spin_once(node, timeout_sec=0.05)
+        executor.spin_once(timeout_sec=0.05)
     skipped = sub.skipped if sub else 0
-    out.write_text(json.dumps({"ages_ms": ages, "timings": timings, "skipped": skipped, "checksum": checksum}))
+    counts = {k: getattr(sub, k) for k in ("received", "delivered", "skipped", "reconnects", "errors")} if sub else {}
+    out.write_text(json.dumps({"ages_ms": [ages[k] for k in sorted(ages)],
+                               "timings": [timings[k] for k in sorted(timings)],
+                               "after_publish_ms": [ages[k] - timings[k][2] for k in sorted(ages) if k in timings],
+                               "skipped": skipped, "counts": counts, "checksum": checksum}))
     node.destroy_node()
     rclpy.shutdown()
 
@@ -110,10 +126,13 @@ def phase(a: argparse.Namespace, ns: str, topic: str, r: int, node_pid: int, wor
     d = json.loads(out.read_text())
     ages = d["ages_ms"][len(d["ages_ms"]) // 5:]  # the first fifth: discovery, warm-up
     tim = d["timings"][len(d["timings"]) // 5:]
+    after = d["after_publish_ms"][len(d["after_publish_ms"]) // 5:]
     return {
         "round": r, "topic": topic, "frames": len(d["ages_ms"]), "timings": len(d["timings"]),
-        "skipped": d["skipped"],
+        "skipped": d["skipped"], "subscription": d["counts"],
         "age_p50_ms": pct(ages, 50), "age_p99_ms": pct(ages, 99),
+        "published_p50_ms": pct([t[2] for t in tim], 50),
+        "after_publish_p50_ms": pct(after, 50), "after_publish_p99_ms": pct(after, 99),
         "node_added_p50_ms": pct([t[0] for t in tim], 50),
         "node_added_p99_ms": pct([t[0] for t in tim], 99),
         "outputs": sorted({t[1] for t in tim}),
@@ -173,19 +192,23 @@ def main() -> None:
                     play.wait(timeout=10)
             p = phases[-1]
             print(f"round {r} {topic:10s}: {p['frames']:4d} frames ({p['skipped']} skipped); stamp -> array "
-                  f"p50 {p['age_p50_ms']:.2f} ms, p99 {p['age_p99_ms']:.2f} ms; node-added p50 "
+                  f"p50 {p['age_p50_ms']:.2f} ms, p99 {p['age_p99_ms']:.2f} ms (stamp -> published "
+                  f"p50 {p['published_p50_ms']:.2f} ms, published -> array p50 {p['after_publish_p50_ms']:.2f} ms, "
+                  f"p99 {p['after_publish_p99_ms']:.2f} ms); node-added p50 "
                   f"{p['node_added_p50_ms']:.2f} ms, p99 {p['node_added_p99_ms']:.2f} ms; outputs {p['outputs']}; "
                   f"memory (max) node RSS {p['node_rss_max_mb']:.0f} MB, consumer RSS "
                   f"{p['consumer_rss_max_mb']:.0f} MB, node + consumer PSS {p['pss_sum_max_mb']:.0f} MB", flush=True)
     by = {t: [p for p in phases if p["topic"] == t] for t in ("tensor", "tensor_ref")}
     ratio = statistics.median(p["age_p50_ms"] for p in by["tensor"]) / statistics.median(
         p["age_p50_ms"] for p in by["tensor_ref"])
-    print(f"stamp -> array p50, tensor / tensor_ref: {ratio:.2f}x")
+    after = statistics.median(p["after_publish_p50_ms"] for p in by["tensor"]) / statistics.median(
+        p["after_publish_p50_ms"] for p in by["tensor_ref"])
+    print(f"stamp -> array p50, tensor / tensor_ref: {ratio:.2f}x; published -> array p50: {after:.2f}x")
     if a.json:
         a.json.write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "machine": platform.node(),
             "cpus": os.cpu_count(), "args": {k: str(v) for k, v in vars(a).items()}, "phases": phases,
-            "ratio_p50": ratio}, indent=1))
+            "ratio_p50": ratio, "ratio_after_publish_p50": after}, indent=1))
 
 
 if __name__ == "__main__":

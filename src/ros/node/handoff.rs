@@ -46,8 +46,9 @@ fn open(
 }
 
 impl Handoff {
-    /// The pool for the node's output, or `None` (logged: `shared_pool_size` 0, a GPU
-    /// backend, or the pool could not be made).
+    /// The pool for the node's output, or `None` (logged: `shared_pool_size` 0, or the
+    /// pool could not be made). Host memory whatever the backend (CUDA: the tensor is
+    /// downloaded into the block, as into a message).
     pub fn start(
         pipeline: &Pipeline,
         shared: &Shared,
@@ -63,14 +64,6 @@ impl Handoff {
             return None;
         }
         let backend = pipeline.backend().name();
-        if backend != "cpu" {
-            r2r::log_warn!(
-                logger,
-                "tensor_ref: not published with the {backend} backend: shared blocks of GPU memory \
-                 are not built yet (docs/HANDOFF.md); tensor is published as always"
-            );
-            return None;
-        }
         let lease = Duration::from_millis(u64::from(config.shared_lease_ms));
         let made = pipeline.output_bytes().and_then(|bytes| {
             let dir = server::socket_dir()?;
@@ -93,6 +86,13 @@ impl Handoff {
                     pool.block_size(),
                     srv.path().display()
                 );
+                if backend != "cpu" {
+                    r2r::log_warn!(
+                        logger,
+                        "tensor_ref: the {backend} backend copies each tensor into host memory for \
+                         it (blocks of GPU memory are not built yet: docs/HANDOFF.md)"
+                    );
+                }
                 *lock(&shared.pool) = Some(Arc::clone(&pool));
                 let log = RateLimitedLog::new(&shared.clock);
                 Some(Handoff {
