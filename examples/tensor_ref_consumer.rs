@@ -4,9 +4,12 @@
 //! the age of the frames (node clock vs the camera stamp) when they were taken.
 //!
 //!   vision_preproc_node --ros-args -p backend:=cpu &   # and a camera on `image`
-//!   cargo run --release --example tensor_ref_consumer -- /tensor_ref 10
+//!   cargo run --release --example tensor_ref_consumer -- /tensor_ref 10 [DUMP]
+//!
+//! With DUMP, one line per frame read there: its stamp (ns) and the FNV-1a 64 of its
+//! tensor bytes (to compare with the same frames' `tensor` messages).
 use futures::{FutureExt, StreamExt};
-use r2r::vision_preproc_msgs::msg::TensorRef;
+use r2r::vision_preproc_msgs::msg::{FrameTiming, TensorRef};
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vision_preproc::handoff::consumer::Consumer;
@@ -15,15 +18,23 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let topic = args.next().unwrap_or_else(|| "/tensor_ref".into());
     let seconds: f64 = args.next().map_or(Ok(10.0), |s| s.parse())?;
+    let mut dump = args.next().map(std::fs::File::create).transpose()?;
     let ctx = r2r::Context::create()?;
     let mut node = r2r::Node::create(ctx, "tensor_ref_consumer", "")?;
     let mut refs = node.subscribe::<TensorRef>(&topic, r2r::QosProfile::default())?;
+    // The node's FrameTiming next to it: node-added latency of the same frames.
+    let timing_topic = format!("{}timing", topic.trim_end_matches("tensor_ref"));
+    let mut timings = node.subscribe::<FrameTiming>(&timing_topic, r2r::QosProfile::default())?;
+    let (mut all_ages, mut node_added) = (Vec::new(), Vec::new());
     // One connection per pool (a node run); a new pool_id replaces the old one.
     let mut pools: HashMap<String, Consumer> = HashMap::new();
     let (mut read, mut skipped, mut ages_ms) = (0u64, 0u64, Vec::new());
     let (start, mut report) = (Instant::now(), Instant::now());
     while start.elapsed().as_secs_f64() < seconds {
         node.spin_once(Duration::from_millis(5));
+        while let Some(Some(t)) = timings.next().now_or_never() {
+            node_added.push(f64::from(t.total_us) / 1e3);
+        }
         while let Some(Some(msg)) = refs.next().now_or_never() {
             let stale = pools.get(&msg.pool_id).is_some_and(|c| !c.connected());
             if stale || !pools.contains_key(&msg.pool_id) {
@@ -38,6 +49,15 @@ fn main() -> anyhow::Result<()> {
             };
             let (at, len) = (msg.byte_offset as usize, msg.byte_size as usize);
             let bytes = &held.bytes()[at..at + len];
+            if let Some(f) = dump.as_mut() {
+                use std::io::Write;
+                let fnv = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+                });
+                let stamp = i64::from(msg.header.stamp.sec) * 1_000_000_000
+                    + i64::from(msg.header.stamp.nanosec);
+                writeln!(f, "{stamp} {fnv:016x}")?;
+            }
             // The network would run here, on `bytes` in place; this one takes a mean.
             let mean = if msg.dtype == "float32" {
                 let v: Vec<f32> = bytes
@@ -52,6 +72,7 @@ fn main() -> anyhow::Result<()> {
             let stamp =
                 f64::from(msg.header.stamp.sec) + f64::from(msg.header.stamp.nanosec) * 1e-9;
             ages_ms.push((now - stamp) * 1e3);
+            all_ages.push((now - stamp) * 1e3);
             read += 1;
             drop(held); // give the block back as soon as the work on it is done
             if report.elapsed() >= Duration::from_secs(1) {
@@ -66,6 +87,17 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
-    println!("{read} read, {skipped} skipped in {seconds} s");
+    let pct = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN)
+    };
+    println!(
+        "{read} read, {skipped} skipped in {seconds} s; stamp -> readable p50 {:.2} ms, p99 {:.2} ms; \
+         node-added p50 {:.2} ms, p99 {:.2} ms",
+        pct(&mut all_ages, 0.5),
+        pct(&mut all_ages, 0.99),
+        pct(&mut node_added, 0.5),
+        pct(&mut node_added, 0.99)
+    );
     Ok(())
 }

@@ -13,6 +13,9 @@
 #   latency   config/default.yaml on cuda, 1280x720 and 1920x1080 bgr8 at 30 Hz, restamped:
 #             end-to-end and node-added latency, fps, drops, RSS and GPU memory (3 x 10 s)
 #   startup   process start -> first tensor received, empty kernel cache then cached (3 x)
+#   handoff   tensor_ref on the CUDA node (host blocks): the r2r consumer's bytes equal the
+#             recorded tensors' (64x48, both at once); then `record --count-only` of tensor
+#             vs the r2r consumer of tensor_ref alone, 1080p -> 640x640, alternating (2 x 10 s)
 #   single    one single-camera node, 1920x1080 bgr8 -> 640x640 float32 (config/default.yaml),
 #             the previous release (.device/prev.tar.xz, bundled the same way) against this
 #             one, interleaved, 2 trials each: the highest sustained rate (PLAYERS=3
@@ -93,6 +96,37 @@ latency_run() {  # size trial
     wait "$play" "$rec"
     kill -TERM "$node"; wait "$node"
     echo "$size trial $i: $(cat "/tmp/play_$tag.log" | head -1); $(grep -h '^latency' "/tmp/rec_$tag.log"); node $mem; $(grep -o 'stopped:.*' "/tmp/node_$tag.log")"
+    rm -rf "/tmp/rec_$tag"
+}
+handoff_run() {  # mode trial: tensor_ref on the CUDA node (host blocks), 1920x1080 bgr8 at 30 Hz
+    # restamped, 10 s. "same": 64x48 output, `record` of tensor (its bag kept) and the r2r
+    # consumer of tensor_ref (FNV-1a of each tensor it read, by stamp) at once: the two
+    # must hold the same bytes. "tensor" / "ref": config/default.yaml (3x640x640 float32),
+    # one consumer: `record --count-only` (stamp -> tensor received) or the r2r consumer
+    # (stamp -> tensor readable in place).
+    local mode=$1 i=$2 tag="handoff_${1}_$2" args=(--params-file config/default.yaml -p backend:=cuda)
+    [[ $mode == same ]] && args+=(-p network_image_width:=64 -p network_image_height:=48)
+    rm -rf "/tmp/rec_$tag"
+    "$NODE" --ros-args "${args[@]}" >"/tmp/node_$tag.log" 2>&1 &
+    local node=$! waits=()
+    if [[ $mode == same ]]; then
+        "$CLI" record "/tmp/rec_$tag" --duration 13 >"/tmp/rec_$tag.log" 2>&1 & waits+=($!)
+    elif [[ $mode == tensor ]]; then
+        "$CLI" record --count-only --duration 13 --json "$OUT/$tag.json" >"/tmp/rec_$tag.log" 2>&1 & waits+=($!)
+    fi
+    if [[ $mode != tensor ]]; then
+        "$R/bin/tensor_ref_consumer" /tensor_ref 13 "/tmp/refs_$tag.txt" >"/tmp/con_$tag.log" 2>&1 & waits+=($!)
+    fi
+    "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp --duration 10 --wait-subscribers 1 >"/tmp/play_$tag.log" 2>&1 &
+    waits+=($!)
+    sleep 6; local mem; mem=$(rss_gpu "$node")
+    wait "${waits[@]}"
+    kill -TERM "$node"; wait "$node"
+    echo "$tag: $(head -1 "/tmp/play_$tag.log"); $(grep -h '^latency' "/tmp/rec_$tag.log" 2>/dev/null); consumer: $(tail -2 "/tmp/con_$tag.log" 2>/dev/null | tr '\n' ' '); node $mem; $(grep -o 'stopped:.*' "/tmp/node_$tag.log")"
+    grep -h "tensor_ref" "/tmp/node_$tag.log" | cut -c1-220
+    if [[ $mode == same ]]; then
+        cp "/tmp/refs_$tag.txt" "$OUT/" && tar cf "$OUT/${tag}_bag.tar" -C /tmp "rec_$tag"
+    fi
     rm -rf "/tmp/rec_$tag"
 }
 start_side() {  # side letter tag bag|count: one node with 4 inputs (namespace /<letter>b)
@@ -318,6 +352,7 @@ for sc in "${SCENARIOS[@]}"; do
         batchmax) warm_up; for rate in ${SWEEP_RATES:-1 2 4 6 8 max}; do sweep_run batched "$rate"; sweep_run separate "$rate"; done 2>&1 | tee "$OUT/batchmax.log" ;;
         single)   warm_up; single_all 2>&1 | tee "$OUT/single.log" ;;
         profile)  warm_up; for side in batched separate; do profile_run "$side"; done 2>&1 | tee "$OUT/profile.log" ;;
+        handoff)  warm_up; { handoff_run same 1; for i in 1 2; do handoff_run tensor "$i"; handoff_run ref "$i"; done; } 2>&1 | tee "$OUT/handoff.log" ;;
         startup)  { for i in 1 2 3; do rm -rf "$VISION_PREPROC_KERNEL_CACHE"; startup_run "cold$i"; startup_run "warm$i"; done; } 2>&1 | tee "$OUT/startup.log" ;;
         *) echo "unknown scenario $sc"; exit 2 ;;
     esac

@@ -42,6 +42,9 @@ done <"$TMP/libs"
 strip -o "$DIR/bin/vision_preproc_node" target/release/vision_preproc_node
 strip -o "$DIR/bin/vision_preproc" target/release/vision_preproc
 strip -o "$DIR/bin/vision_preproc_node_fault_injection" target/fault-injection/vision_preproc_node
+# The r2r consumer of tensor_ref (the same ROS libraries as the node's).
+cargo build --release --example tensor_ref_consumer
+strip -o "$DIR/bin/tensor_ref_consumer" target/release/examples/tensor_ref_consumer
 git rev-parse HEAD >"$DIR/COMMIT"
 tar cJf "$DIR.tar.xz" -C "$DIR" .
 echo "bundle: $(wc -l <"$TMP/libs") libraries, $(du -sh "$DIR" | cut -f1) in $DIR, $(du -sh "$DIR.tar.xz" | cut -f1) as $DIR.tar.xz"
