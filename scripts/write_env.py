@@ -26,11 +26,21 @@ def main() -> int:
 # Source it to use this checkout's ROS 2 (Kilted, from PyPI wheels):  source .ros/env.sh
 export VISION_PREPROC_ROOT="{root}"
 export VIRTUAL_ENV="{venv}"
-export PATH="{venv}/bin${{PATH:+:$PATH}}"
-export AMENT_PREFIX_PATH="{prefix}:{venv}${{AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}}"
-export CMAKE_PREFIX_PATH="{prefix}:{venv}${{CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}}"
-export LD_LIBRARY_PATH="{':'.join(ld)}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
-export PYTHONPATH="{prefix}/lib/python3.11/site-packages${{PYTHONPATH:+:$PYTHONPATH}}"
+# Each list gets this checkout's entries in front, once: sourcing this file again leaves
+# them as they are (r2r's build script reruns when they change, and a rerun on cached
+# bindings loses its message cfgs: `get_time_source` not found).
+_vp_front() {{  # NAME ENTRIES
+    case ":${{!1:-}}:" in
+        ":$2:"*) ;;
+        *) export "$1=$2${{!1:+:${{!1}}}}" ;;
+    esac
+}}
+_vp_front PATH "{venv}/bin"
+_vp_front AMENT_PREFIX_PATH "{prefix}:{venv}"
+_vp_front CMAKE_PREFIX_PATH "{prefix}:{venv}"
+_vp_front LD_LIBRARY_PATH "{':'.join(ld)}"
+_vp_front PYTHONPATH "{prefix}/lib/python3.11/site-packages"
+unset -f _vp_front
 # r2r 0.9.7 rejects "kilted"; Kilted's rcl/rmw API follows the post-Iron code paths
 # that "jazzy" selects.
 export ROS_DISTRO=jazzy
