@@ -86,6 +86,17 @@ class Camera:
             self.proc.wait(timeout=5)
 
 
+def frame_msg(frame, stamp_ns: int, frame_id: str) -> Image:
+    """A sensor_msgs/Image of a vptools.sources.Frame (its bytes, encoding and step as they are)."""
+    msg = Image()
+    msg.header.stamp.sec, msg.header.stamp.nanosec = stamp_ns // 1_000_000_000, stamp_ns % 1_000_000_000
+    msg.header.frame_id = frame_id
+    msg.height, msg.width, msg.encoding, msg.is_bigendian, msg.step = (
+        frame.height, frame.width, frame.encoding, int(frame.big_endian), frame.step)
+    msg.data = frame.data
+    return msg
+
+
 def image_msg(pixels: np.ndarray, encoding: str, stamp_ns: int, frame_id: str, step_pad: int = 0) -> Image:
     """A sensor_msgs/Image of `pixels` (H, W[, C]) with `step_pad` extra bytes per row."""
     h, w = pixels.shape[:2]

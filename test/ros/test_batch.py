@@ -22,22 +22,12 @@ from rclpy.qos import ReliabilityPolicy
 from sensor_msgs.msg import CameraInfo, Image
 
 from vptools import oracle
-from vptools.rosharness import RELIABLE, NodeProcess, Peer, image_msg, stamp_ns, tensor_array
+from vptools.rosharness import RELIABLE, NodeProcess, Peer, frame_msg, image_msg, stamp_ns, tensor_array
 from vptools.sources import photo_frame
 from vptools.tolerances import assert_close, assert_preview_close
 from vision_preproc_msgs.msg import FrameTiming, TensorBatch
 
 NET_W, NET_H = 48, 32
-
-
-def frame_msg(frame, stamp: int, frame_id: str) -> Image:
-    msg = Image()
-    msg.header.stamp.sec, msg.header.stamp.nanosec = stamp // 1_000_000_000, stamp % 1_000_000_000
-    msg.header.frame_id = frame_id
-    msg.height, msg.width, msg.encoding, msg.is_bigendian, msg.step = (
-        frame.height, frame.width, frame.encoding, int(frame.big_endian), frame.step)
-    msg.data = frame.data
-    return msg
 
 
 class Cameras:

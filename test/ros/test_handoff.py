@@ -47,7 +47,7 @@ import numpy as np
 import pytest
 
 from vptools import oracle
-from vptools.rosharness import BEST_EFFORT, RELIABLE, Camera, NodeProcess, call, param, stamp_ns
+from vptools.rosharness import BEST_EFFORT, RELIABLE, Camera, NodeProcess, call, frame_msg, param, stamp_ns
 from vptools.sources import photo_frame
 from vptools.tolerances import assert_close
 
@@ -81,17 +81,6 @@ MAX_CONSUMERS = 64
 DEEP = QoSProfile(reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST, depth=200)
 PAGE = mmap.PAGESIZE
 _names = itertools.count()
-
-
-def frame_msg(frame, stamp: int, frame_id: str) -> Image:
-    """A sensor_msgs/Image of a vptools.sources.Frame."""
-    msg = Image()
-    msg.header.stamp.sec, msg.header.stamp.nanosec = stamp // 1_000_000_000, stamp % 1_000_000_000
-    msg.header.frame_id = frame_id
-    msg.height, msg.width, msg.encoding, msg.is_bigendian, msg.step = (
-        frame.height, frame.width, frame.encoding, int(frame.big_endian), frame.step)
-    msg.data = frame.data
-    return msg
 
 
 class Consumer:
