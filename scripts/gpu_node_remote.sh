@@ -15,7 +15,8 @@
 #   startup   process start -> first tensor received, empty kernel cache then cached (3 x)
 #   handoff   tensor_ref on the CUDA node (host blocks): the r2r consumer's bytes equal the
 #             recorded tensors' (64x48, both at once); then `record --count-only` of tensor
-#             vs the r2r consumer of tensor_ref alone, 1080p -> 640x640, alternating (2 x 10 s)
+#             vs the r2r consumer of tensor_ref alone, 1080p -> 640x480, alternating (2 x 10 s)
+#             (HANDOFF_BACKEND=cpu: the same with the CPU backend)
 #   single    one single-camera node, 1920x1080 bgr8 -> 640x640 float32 (config/default.yaml),
 #             the previous release (.device/prev.tar.xz, bundled the same way) against this
 #             one, interleaved, 2 trials each: the highest sustained rate (PLAYERS=3
@@ -104,7 +105,7 @@ handoff_run() {  # mode trial: tensor_ref on the CUDA node (host blocks), 1920x1
     # must hold the same bytes. "tensor" / "ref": config/default.yaml (3x640x640 float32),
     # one consumer: `record --count-only` (stamp -> tensor received) or the r2r consumer
     # (stamp -> tensor readable in place).
-    local mode=$1 i=$2 tag="handoff_${1}_$2" args=(--params-file config/default.yaml -p backend:=cuda)
+    local mode=$1 i=$2 tag="handoff_${1}_$2" args=(--params-file config/default.yaml -p backend:="${HANDOFF_BACKEND:-cuda}")
     [[ $mode == same ]] && args+=(-p network_image_width:=64 -p network_image_height:=48)
     rm -rf "/tmp/rec_$tag"
     "$NODE" --ros-args "${args[@]}" >"/tmp/node_$tag.log" 2>&1 &
