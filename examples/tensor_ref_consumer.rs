@@ -29,9 +29,15 @@ fn main() -> anyhow::Result<()> {
     // One connection per pool (a node run); a new pool_id replaces the old one.
     let mut pools: HashMap<String, Consumer> = HashMap::new();
     let (mut read, mut skipped, mut ages_ms) = (0u64, 0u64, Vec::new());
+    // How long one wait for messages may last (ms; VP_SPIN_MS, default 1). On the H200's
+    // host a message did not end the wait: with 5 ms the frames were read ~5 ms later
+    // (docs/BENCHMARKS.md, *Zero-copy hand-off*).
+    let spin = Duration::from_millis(
+        std::env::var("VP_SPIN_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
+    );
     let (start, mut report) = (Instant::now(), Instant::now());
     while start.elapsed().as_secs_f64() < seconds {
-        node.spin_once(Duration::from_millis(5));
+        node.spin_once(spin);
         while let Some(Some(t)) = timings.next().now_or_never() {
             node_added.push(f64::from(t.total_us) / 1e3);
         }

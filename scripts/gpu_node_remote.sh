@@ -117,6 +117,8 @@ handoff_run() {  # mode trial: tensor_ref on the CUDA node (host blocks), 1920x1
     fi
     if [[ $mode != tensor ]]; then
         "$R/bin/tensor_ref_consumer" /tensor_ref 13 "/tmp/refs_$tag.txt" >"/tmp/con_$tag.log" 2>&1 & waits+=($!)
+        [[ $mode == ref ]] && [[ -n ${HANDOFF_SPIN_MS:-} ]] && {  # the same consumer waiting at most 1 ms at a time
+            VP_SPIN_MS=$HANDOFF_SPIN_MS ROS_NAMESPACE= "$R/bin/tensor_ref_consumer" /tensor_ref 13 >"/tmp/con1_$tag.log" 2>&1 & waits+=($!); }
     fi
     "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp --duration 10 --wait-subscribers 1 >"/tmp/play_$tag.log" 2>&1 &
     waits+=($!)
@@ -124,6 +126,7 @@ handoff_run() {  # mode trial: tensor_ref on the CUDA node (host blocks), 1920x1
     wait "${waits[@]}"
     kill -TERM "$node"; wait "$node"
     echo "$tag: $(head -1 "/tmp/play_$tag.log"); $(grep -h '^latency' "/tmp/rec_$tag.log" 2>/dev/null); consumer: $(tail -2 "/tmp/con_$tag.log" 2>/dev/null | tr '\n' ' '); node $mem; $(grep -o 'stopped:.*' "/tmp/node_$tag.log")"
+    [[ -f /tmp/con1_$tag.log ]] && echo "$tag, second consumer (VP_SPIN_MS=${HANDOFF_SPIN_MS:-}): $(tail -1 "/tmp/con1_$tag.log")"
     grep -h "tensor_ref" "/tmp/node_$tag.log" | cut -c1-220
     if [[ $mode == same ]]; then
         cp "/tmp/refs_$tag.txt" "$OUT/" && tar cf "$OUT/${tag}_bag.tar" -C /tmp "rec_$tag"
