@@ -16,7 +16,8 @@
 #   handoff   tensor_ref on the CUDA node (host blocks): the r2r consumer's bytes equal the
 #             recorded tensors' (64x48, both at once); then `record --count-only` of tensor
 #             vs the r2r consumer of tensor_ref alone, 1080p -> 640x480, alternating (2 x 10 s)
-#             (HANDOFF_BACKEND=cpu: the same with the CPU backend)
+#             (HANDOFF_BACKEND=cpu: the same with the CPU backend; HANDOFF_SPIN_MS=N: a second
+#             consumer beside the first in the ref phases, waiting at most N ms for messages)
 #   single    one single-camera node, 1920x1080 bgr8 -> 640x640 float32 (config/default.yaml),
 #             the previous release (.device/prev.tar.xz, bundled the same way) against this
 #             one, interleaved, 2 trials each: the highest sustained rate (PLAYERS=3
