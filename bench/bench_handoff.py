@@ -37,10 +37,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pct(v: list[float], q: float) -> float:
-    return float(np.percentile(v, q)) if v else float("nan")
-
-
 def consumer(topic: str, ns: str, seconds: float, out: Path) -> None:
     """The consumer process: subscribe to `topic` (tensor or tensor_ref), record per frame
     (stamp -> array usable) and FrameTiming, then write JSON."""
@@ -101,26 +97,24 @@ def consumer(topic: str, ns: str, seconds: float, out: Path) -> None:
     rclpy.shutdown()
 
 
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
+def vm_rss_mb(pid: int) -> float:
+    """VmRSS of `pid` (NaN once it is gone)."""
+    from vptools.soak import rss_mb  # (the parent only: it sets the test run's ROS domain)
+    r = rss_mb(pid)
+    return r["VmRSS"] if r else float("nan")
 
 
 def phase(a: argparse.Namespace, ns: str, topic: str, r: int, node_pid: int, work: Path) -> dict:
     """One consumer process on `topic` for --seconds, memory sampled every 0.5 s."""
+    from vptools.soak import pct
     time.sleep(1.0)
     out = work / f"{topic}_{r}.json"
     c = subprocess.Popen([sys.executable, __file__, "--consumer", topic, "--seconds", str(a.seconds),
                           "--out", str(out), "--ns", ns])
     node_rss, cons_rss, pss = [], [], []
     while c.poll() is None:
-        node_rss.append(rss_mb(node_pid))
-        cons_rss.append(rss_mb(c.pid))
+        node_rss.append(vm_rss_mb(node_pid))
+        cons_rss.append(vm_rss_mb(c.pid))
         pss.append(pss_mb(node_pid) + pss_mb(c.pid))
         time.sleep(0.5)
     d = json.loads(out.read_text())
