@@ -82,6 +82,11 @@ enum Row {
     Retired(Instant),
 }
 
+/// Consumers connected now.
+fn live(rows: &[Row]) -> usize {
+    rows.iter().filter(|r| matches!(r, Row::Live(..))).count()
+}
+
 /// A block as the node sees it.
 #[derive(Debug, Clone, Copy)]
 struct BlockState {
@@ -117,7 +122,10 @@ struct State {
 
 /// The shared blocks, the control block and what the socket serves.
 pub struct Pool {
-    id: u64,
+    /// The pool id as `TensorRef.pool_id` spells it (16 hex digits), and the socket's
+    /// path as `TensorRef.socket_path` does: made once, sent with every descriptor.
+    id: String,
+    socket_str: String,
     memory: MemoryKind,
     block_size: usize,
     blocks: Vec<(Memfd, Mapping)>,
@@ -127,11 +135,6 @@ pub struct Pool {
     lease: Duration,
     socket_path: PathBuf,
     state: Mutex<State>,
-}
-
-/// Round `n` up to a multiple of `to`.
-fn round_up(n: usize, to: usize) -> usize {
-    n.div_ceil(to) * to
 }
 
 /// A random pool id (the clock and the pid through the process's hasher seed).
@@ -157,7 +160,7 @@ impl Pool {
             ));
         }
         let page = memory::page_size();
-        let block_size = round_up(bytes, page);
+        let block_size = bytes.next_multiple_of(page);
         let id = random_id();
         let mut blocks = Vec::with_capacity(count);
         for i in 0..count {
@@ -165,16 +168,18 @@ impl Pool {
             let map = Mapping::shared(fd.as_raw_fd(), block_size, true)?;
             blocks.push((fd, map));
         }
-        let row_stride = round_up(4 * count, 64);
-        let holds_offset = round_up(RECORDS_OFFSET + count * RECORD_STRIDE, 64);
-        let control_size = round_up(holds_offset + ROWS * row_stride, page);
+        let row_stride = (4 * count).next_multiple_of(64);
+        let holds_offset = (RECORDS_OFFSET + count * RECORD_STRIDE).next_multiple_of(64);
+        let control_size = (holds_offset + ROWS * row_stride).next_multiple_of(page);
         let cfd = Memfd::new(&format!("vision_preproc-{id:016x}-control"), control_size)?;
         let cmap = Mapping::shared(cfd.as_raw_fd(), control_size, true)?;
         // SAFETY: the mapping is `control_size` >= 8 writable bytes, fresh (zeroed) and
         // not shared with anyone yet.
         unsafe { std::ptr::copy_nonoverlapping(CONTROL_MAGIC.as_ptr(), cmap.ptr(), 8) };
+        let socket_path = dir.join(format!("{id:016x}.sock"));
         Ok(Arc::new(Pool {
-            id,
+            id: format!("{id:016x}"),
+            socket_str: socket_path.to_string_lossy().into_owned(),
             memory: MemoryKind::Host,
             block_size,
             blocks,
@@ -182,7 +187,7 @@ impl Pool {
             holds_offset,
             row_stride,
             lease,
-            socket_path: dir.join(format!("{id:016x}.sock")),
+            socket_path,
             state: Mutex::new(State {
                 rows: vec![Row::Free; ROWS],
                 blocks: vec![BlockState { leased: false, published: None }; count],
@@ -198,13 +203,18 @@ impl Pool {
     }
 
     /// The pool id (random per pool), as `TensorRef.pool_id` spells it.
-    pub fn id(&self) -> String {
-        format!("{:016x}", self.id)
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     /// Where consumers connect.
     pub fn socket_path(&self) -> &Path {
         &self.socket_path
+    }
+
+    /// The socket's path as `TensorRef.socket_path` spells it.
+    pub fn socket_str(&self) -> &str {
+        &self.socket_str
     }
 
     /// Bytes of each block.
@@ -324,7 +334,7 @@ impl Pool {
         let in_use = (0..self.blocks.len())
             .filter(|&b| st.blocks[b].leased || self.holds(&st, b) > 0)
             .count();
-        let live = st.rows.iter().filter(|r| matches!(r, Row::Live(..))).count();
+        let live = live(&st.rows);
         (st.counts, in_use, live)
     }
 
@@ -340,7 +350,7 @@ impl Pool {
                 st.rows[r] = Row::Free;
             }
         }
-        let live = st.rows.iter().filter(|r| matches!(r, Row::Live(..))).count();
+        let live = live(&st.rows);
         let free = st.rows.iter().position(|r| *r == Row::Free);
         match free {
             Some(r) if live < MAX_CONSUMERS => {

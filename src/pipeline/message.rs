@@ -269,10 +269,9 @@ impl OwnedMessage {
         let batch = !buf.items.is_empty();
         let items = if batch { &buf.items } else { &buf.block_items };
         let pool = block.pool();
-        let (pool_id, socket) = (pool.id(), pool.socket_path().to_string_lossy().into_owned());
         let fields = BlockFields {
-            pool_id: &pool_id,
-            socket_path: &socket,
+            pool_id: pool.id(),
+            socket_path: pool.socket_str(),
             index: block.index() as u32,
             size: pool.block_size() as u64,
             generation: block.generation(),
