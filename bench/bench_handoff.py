@@ -37,20 +37,33 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def consumer(topic: str, ns: str, seconds: float, out: Path) -> None:
-    """The consumer process: subscribe to `topic` (tensor or tensor_ref), record per frame
-    (stamp -> array usable) and FrameTiming, then write JSON."""
+def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = False, hold_ms: float = 0.0) -> None:
+    """The consumer process: subscribe to `topic` (tensor, tensor_ref, or both: each
+    block's tensor compared with the Tensor of the same stamp), record per frame (stamp ->
+    tensor usable) and FrameTiming, then write JSON. `use_torch`: the tensor as a CUDA
+    torch tensor (tensor: `torch.from_numpy(array).cuda()`, synchronized; tensor_ref:
+    `torch.as_tensor(frame.array(), device="cuda")`, which must be the block itself:
+    `data_ptr()` == the mapped address). `hold_ms`: hold each frame that long (a slow
+    consumer) and check that its tensor did not change meanwhile."""
     import rclpy
     import rclpy.executors
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from vision_preproc_msgs.msg import FrameTiming, Tensor
 
     from vision_preproc_consumer import TensorRefSubscription
+    torch = None
+    if use_torch:
+        import torch
     rclpy.init()
     node = rclpy.create_node("bench_handoff_consumer", namespace=ns)
-    ages: dict[int, float] = {}  # stamp (ns) -> stamp -> array usable, ms
+    t0 = time.time()
+    ages: dict[int, float] = {}  # stamp (ns) -> stamp -> tensor usable, ms
     timings: dict[int, tuple[float, int, float]] = {}  # stamp -> (node-added ms, outputs, age at publish ms)
     checksum = 0.0
+    checks = {"data_ptr_equal": 0, "data_ptr_differ": 0, "held_stable": 0, "held_changed": 0,
+              "same_bytes": 0, "different_bytes": 0, "memory_kinds": []}
+    tensors: dict[int, bytes] = {}  # both: stamp -> Tensor bytes (or block bytes), whichever came first
+    refs: dict[int, bytes] = {}
 
     def stamp_s(h) -> float:
         return h.stamp.sec + h.stamp.nanosec * 1e-9
@@ -58,33 +71,78 @@ def consumer(topic: str, ns: str, seconds: float, out: Path) -> None:
     def key(h) -> int:
         return h.stamp.sec * 1_000_000_000 + h.stamp.nanosec
 
+    def compare(k: int) -> None:
+        if k in tensors and k in refs:
+            checks["same_bytes" if tensors.pop(k) == refs.pop(k) else "different_bytes"] += 1
+
     def on_tensor(msg: Tensor) -> None:
         nonlocal checksum
         a = np.frombuffer(msg.data, dtype=np.float32).reshape(tuple(msg.shape))
+        if torch is not None:
+            t = torch.from_numpy(a).cuda()
+            torch.cuda.synchronize()
+        if topic == "both":
+            tensors[key(msg.header)] = a.tobytes()
+            compare(key(msg.header))
+            return
         ages[key(msg.header)] = (time.time() - stamp_s(msg.header)) * 1e3
-        checksum += float(a[0, 0, 0, 0])
+        checksum += float(t[0, 0, 0, 0]) if torch is not None else float(a[0, 0, 0, 0])
+
+    def value(frame):
+        """The frame's tensor as the consumer uses it, and its address."""
+        v = frame.array()
+        if torch is None:
+            return v, v.__array_interface__["data"][0]
+        t = torch.as_tensor(v, device="cuda") if hasattr(v, "__cuda_array_interface__") else torch.from_numpy(v)
+        address = v.__cuda_array_interface__["data"][0] if hasattr(v, "__cuda_array_interface__") else \
+            v.__array_interface__["data"][0]
+        return t, address
 
     def on_frame(frame) -> None:
         nonlocal checksum
         with frame:
-            a = frame.array()
-            ages[key(frame.msg.header)] = (time.time() - stamp_s(frame.msg.header)) * 1e3
-            checksum += float(a[0, 0, 0, 0])
+            t, address = value(frame)
+            k = key(frame.msg.header)
+            if topic != "both":
+                ages[k] = (time.time() - stamp_s(frame.msg.header)) * 1e3
+            if frame.msg.memory_kind not in checks["memory_kinds"]:
+                checks["memory_kinds"].append(int(frame.msg.memory_kind))
+            if torch is not None:
+                checks["data_ptr_equal" if t.data_ptr() == address else "data_ptr_differ"] += 1
+            if hold_ms > 0:
+                before = float(t.double().sum()) if torch is not None else float(t.astype(np.float64).sum())
+                time.sleep(hold_ms / 1e3)
+                after = float(t.double().sum()) if torch is not None else float(t.astype(np.float64).sum())
+                checks["held_stable" if before == after else "held_changed"] += 1
+            if topic == "both":
+                refs[k] = t.cpu().numpy().tobytes() if torch is not None else t.tobytes()
+                compare(k)
+            else:
+                checksum += float(t[0, 0, 0, 0])
 
     qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
-    if topic == "tensor":
-        node.create_subscription(Tensor, "tensor", on_tensor, qos)
-        sub = None
-    else:
-        sub = TensorRefSubscription(node, "tensor_ref", on_frame, qos)
+    sub = None
+    if topic in ("tensor", "both"):
+        node.create_subscription(Tensor, "tensor", on_tensor, qos if topic == "tensor" else 10)
+    if topic in ("tensor_ref", "both"):
+        sub = TensorRefSubscription(node, "tensor_ref", on_frame, qos if topic == "tensor_ref" else 10)
     node.create_subscription(
         FrameTiming, "timing",
         lambda t: timings.__setitem__(key(t.header), (t.total_us / 1e3, t.outputs, t.age_us / 1e3)), 10)
+    shared: list[tuple[float, dict]] = []  # (seconds since start, the node's "Shared ..." diagnostics)
+
+    def on_diagnostics(msg) -> None:
+        for st in msg.status:
+            values = {kv.key: kv.value for kv in st.values if kv.key.startswith("Shared")}
+            if values:
+                shared.append((time.time() - t0, values))
+
+    from diagnostic_msgs.msg import DiagnosticArray
+    node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     # One executor for the whole run (rclpy.spin_once would add and remove the node, and
     # rebuild its wait set, at every call: milliseconds of the latency measured here).
     executor = rclpy.executors.SingleThreadedExecutor()
     executor.add_node(node)
-    t0 = time.time()
     while time.time() - t0 < seconds:
         executor.spin_once(timeout_sec=0.05)
     skipped = sub.skipped if sub else 0
@@ -92,7 +150,8 @@ def consumer(topic: str, ns: str, seconds: float, out: Path) -> None:
     out.write_text(json.dumps({"ages_ms": [ages[k] for k in sorted(ages)],
                                "timings": [timings[k] for k in sorted(timings)],
                                "after_publish_ms": [ages[k] - timings[k][2] for k in sorted(ages) if k in timings],
-                               "skipped": skipped, "counts": counts, "checksum": checksum}))
+                               "skipped": skipped, "counts": counts, "checksum": checksum, "checks": checks,
+                               "shared_diagnostics": shared}))
     node.destroy_node()
     rclpy.shutdown()
 
@@ -106,7 +165,6 @@ def vm_rss_mb(pid: int) -> float:
 
 def phase(a: argparse.Namespace, ns: str, topic: str, r: int, node_pid: int, work: Path) -> dict:
     """One consumer process on `topic` for --seconds, memory sampled every 0.5 s."""
-    from vptools.soak import pct
     time.sleep(1.0)
     out = work / f"{topic}_{r}.json"
     c = subprocess.Popen([sys.executable, __file__, "--consumer", topic, "--seconds", str(a.seconds),
@@ -117,23 +175,52 @@ def phase(a: argparse.Namespace, ns: str, topic: str, r: int, node_pid: int, wor
         cons_rss.append(vm_rss_mb(c.pid))
         pss.append(pss_mb(node_pid) + pss_mb(c.pid))
         time.sleep(0.5)
-    d = json.loads(out.read_text())
-    ages = d["ages_ms"][len(d["ages_ms"]) // 5:]  # the first fifth: discovery, warm-up
+    return {**summary(json.loads(out.read_text()), topic, r),
+            "node_rss_max_mb": max(node_rss, default=float("nan")),
+            "consumer_rss_max_mb": max(cons_rss, default=float("nan")),
+            "pss_sum_max_mb": max(pss, default=float("nan"))}
+
+
+def summary(d: dict, topic: str, r: int) -> dict:
+    """A consumer's JSON as a phase: latency percentiles without the first fifth
+    (discovery, warm-up), outputs, the consumer's checks."""
+    from vptools.soak import pct
+    ages = d["ages_ms"][len(d["ages_ms"]) // 5:]
     tim = d["timings"][len(d["timings"]) // 5:]
     after = d["after_publish_ms"][len(d["after_publish_ms"]) // 5:]
     return {
         "round": r, "topic": topic, "frames": len(d["ages_ms"]), "timings": len(d["timings"]),
-        "skipped": d["skipped"], "subscription": d["counts"],
+        "skipped": d["skipped"], "subscription": d["counts"], "checks": d.get("checks", {}),
         "age_p50_ms": pct(ages, 50), "age_p99_ms": pct(ages, 99),
         "published_p50_ms": pct([t[2] for t in tim], 50),
         "after_publish_p50_ms": pct(after, 50), "after_publish_p99_ms": pct(after, 99),
         "node_added_p50_ms": pct([t[0] for t in tim], 50),
         "node_added_p99_ms": pct([t[0] for t in tim], 99),
         "outputs": sorted({t[1] for t in tim}),
-        "node_rss_max_mb": max(node_rss, default=float("nan")),
-        "consumer_rss_max_mb": max(cons_rss, default=float("nan")),
-        "pss_sum_max_mb": max(pss, default=float("nan")),
     }
+
+
+def phase_line(p: dict) -> str:
+    line = (f"round {p['round']} {p['topic']:10s}: {p['frames']:4d} frames ({p['skipped']} skipped); stamp -> "
+            f"tensor p50 {p['age_p50_ms']:.2f} ms, p99 {p['age_p99_ms']:.2f} ms (stamp -> published "
+            f"p50 {p['published_p50_ms']:.2f} ms, published -> tensor p50 {p['after_publish_p50_ms']:.2f} ms, "
+            f"p99 {p['after_publish_p99_ms']:.2f} ms); node-added p50 "
+            f"{p['node_added_p50_ms']:.2f} ms, p99 {p['node_added_p99_ms']:.2f} ms; outputs {p['outputs']}")
+    if "node_rss_max_mb" in p:
+        line += (f"; memory (max) node RSS {p['node_rss_max_mb']:.0f} MB, consumer RSS "
+                 f"{p['consumer_rss_max_mb']:.0f} MB, node + consumer PSS {p['pss_sum_max_mb']:.0f} MB")
+    checks = {k: v for k, v in p.get("checks", {}).items() if v}
+    return line + (f"; checks {checks}" if checks else "")
+
+
+def print_ratio(phases: list[dict]) -> tuple[float, float]:
+    by = {t: [p for p in phases if p["topic"] == t] for t in ("tensor", "tensor_ref")}
+    ratio = statistics.median(p["age_p50_ms"] for p in by["tensor"]) / statistics.median(
+        p["age_p50_ms"] for p in by["tensor_ref"])
+    after = statistics.median(p["after_publish_p50_ms"] for p in by["tensor"]) / statistics.median(
+        p["after_publish_p50_ms"] for p in by["tensor_ref"])
+    print(f"stamp -> tensor p50, tensor / tensor_ref: {ratio:.2f}x; published -> tensor p50: {after:.2f}x")
+    return ratio, after
 
 
 def pss_mb(pid: int) -> float:
@@ -149,7 +236,13 @@ def pss_mb(pid: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--consumer", choices=["tensor", "tensor_ref"], help=argparse.SUPPRESS)
+    ap.add_argument("--consumer", choices=["tensor", "tensor_ref", "both"],
+                    help="run only the consumer process, on this topic (both: block bytes == Tensor bytes), "
+                         "writing --out (the GPU machine's scenario starts node and camera itself)")
+    ap.add_argument("--torch", action="store_true", help="the consumer makes CUDA torch tensors")
+    ap.add_argument("--hold-ms", type=float, default=0.0, help="the consumer holds each frame this long")
+    ap.add_argument("--report", type=Path, nargs="+", help="print the phases of consumer JSON files "
+                    "(named <topic>_<round>.json) and their ratio")
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--ns", default="/bench_handoff", help=argparse.SUPPRESS)
     ap.add_argument("--seconds", type=float, default=15.0)
@@ -162,7 +255,14 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.consumer:
-        consumer(a.consumer, a.ns, a.seconds, a.out)
+        consumer(a.consumer, a.ns, a.seconds, a.out, a.torch, a.hold_ms)
+        return
+    if a.report:
+        phases = [summary(json.loads(f.read_text()), f.stem.rsplit("_", 1)[0], int(f.stem.rsplit("_", 1)[1]))
+                  for f in a.report]
+        for p in phases:
+            print(phase_line(p))
+        print_ratio(phases)
         return
     from vptools.rosharness import NodeProcess
     from vptools.soak import make_bag
@@ -184,20 +284,8 @@ def main() -> None:
                 finally:
                     play.terminate()
                     play.wait(timeout=10)
-            p = phases[-1]
-            print(f"round {r} {topic:10s}: {p['frames']:4d} frames ({p['skipped']} skipped); stamp -> array "
-                  f"p50 {p['age_p50_ms']:.2f} ms, p99 {p['age_p99_ms']:.2f} ms (stamp -> published "
-                  f"p50 {p['published_p50_ms']:.2f} ms, published -> array p50 {p['after_publish_p50_ms']:.2f} ms, "
-                  f"p99 {p['after_publish_p99_ms']:.2f} ms); node-added p50 "
-                  f"{p['node_added_p50_ms']:.2f} ms, p99 {p['node_added_p99_ms']:.2f} ms; outputs {p['outputs']}; "
-                  f"memory (max) node RSS {p['node_rss_max_mb']:.0f} MB, consumer RSS "
-                  f"{p['consumer_rss_max_mb']:.0f} MB, node + consumer PSS {p['pss_sum_max_mb']:.0f} MB", flush=True)
-    by = {t: [p for p in phases if p["topic"] == t] for t in ("tensor", "tensor_ref")}
-    ratio = statistics.median(p["age_p50_ms"] for p in by["tensor"]) / statistics.median(
-        p["age_p50_ms"] for p in by["tensor_ref"])
-    after = statistics.median(p["after_publish_p50_ms"] for p in by["tensor"]) / statistics.median(
-        p["after_publish_p50_ms"] for p in by["tensor_ref"])
-    print(f"stamp -> array p50, tensor / tensor_ref: {ratio:.2f}x; published -> array p50: {after:.2f}x")
+            print(phase_line(phases[-1]), flush=True)
+    ratio, after = print_ratio(phases)
     if a.json:
         a.json.write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "machine": platform.node(),

@@ -18,6 +18,16 @@
 #             vs the r2r consumer of tensor_ref alone, 1080p -> 640x480, alternating (2 x 10 s)
 #             (HANDOFF_BACKEND=cpu: the same with the CPU backend; HANDOFF_SPIN_MS=N: a second
 #             consumer beside the first in the ref phases, waiting at most N ms for messages)
+#   cudaref   tensor_ref with blocks of CUDA memory (VMM, exported fds), consumers in
+#             PyTorch (bench/bench_handoff.py --consumer, rclpy from .device/py312.tar.xz,
+#             scripts/py312_bundle.sh): "check" 64x48 + conv2d, each block's tensor (a CUDA
+#             torch tensor whose data_ptr must be the mapped block) equal to the Tensor of
+#             the same stamp, the tensors recorded (compare with a CPU replay here); "bench"
+#             1080p -> 640x640 float32, tensor (+ torch .cuda()) vs tensor_ref, alternating,
+#             2 x 10 s; "slow" a consumer holding each frame 500 ms for 20 s (its tensor must
+#             not change while held); "kill" a holder SIGKILLed beside a second consumer
+#             that records the node's Shared diagnostics; "sanitizer" the node under
+#             compute-sanitizer memcheck with a consumer
 #   single    one single-camera node, 1920x1080 bgr8 -> 640x640 float32 (config/default.yaml),
 #             the previous release (.device/prev.tar.xz, bundled the same way) against this
 #             one, interleaved, 2 trials each: the highest sustained rate (PLAYERS=3
@@ -133,6 +143,41 @@ handoff_run() {  # mode trial: tensor_ref on the CUDA node (host blocks), 1920x1
         cp "/tmp/refs_$tag.txt" "$OUT/" && tar cf "$OUT/${tag}_bag.tar" -C /tmp "rec_$tag"
     fi
     rm -rf "/tmp/rec_$tag"
+}
+cudaref_consumer() {  # tag topic seconds [args]: a torch consumer in the background, pid in CPID
+    local tag=$1 topic=$2 secs=$3; shift 3
+    # The bundle's environment in the consumer's shell only (the node keeps $R/lib).
+    # shellcheck disable=SC1091
+    (source "$R/py312/env.sh" && export ROS_DOMAIN_ID=21 && exec python3 bench/bench_handoff.py --consumer "$topic" \
+        --torch --seconds "$secs" --ns / --out "$OUT/$tag.json" "$@") >"$OUT/$tag.consumer.log" 2>&1 &
+    CPID=$!
+}
+cudaref_run() {  # mode [trial]: see the scenario's description
+    local mode=$1 i=${2:-1} tag="cudaref_${1}_${2:-1}" args=(--params-file config/default.yaml -p backend:=cuda) waits=() pre=()
+    [[ $mode == check ]] && args=("${SMALL[@]}")
+    [[ $mode == sanitizer ]] && pre=(compute-sanitizer --tool memcheck --print-limit 20)
+    "${pre[@]}" "$NODE" --ros-args "${args[@]}" >"/tmp/node_$tag.log" 2>&1 &
+    local node=$! secs=13 play=10
+    case $mode in
+        check) rm -rf "/tmp/rec_$tag"; "$CLI" record "/tmp/rec_$tag" --duration 13 >"/tmp/rec_$tag.log" 2>&1 & waits+=($!)
+               cudaref_consumer "$tag" both 13; waits+=("$CPID") ;;
+        tensor|tensor_ref) cudaref_consumer "${mode}_$i" "$mode" 13; waits+=("$CPID") ;;
+        slow)  secs=23; play=20; cudaref_consumer "$tag" tensor_ref 23 --hold-ms 500; waits+=("$CPID") ;;
+        kill)  cudaref_consumer "${tag}_holder" tensor_ref 30 --hold-ms 60000; local holder=$CPID
+               cudaref_consumer "$tag" tensor_ref 13; waits+=("$CPID")
+               (sleep 6; kill -KILL "$holder"; echo "holder SIGKILLed at $(date +%s.%N)" >"$OUT/${tag}_kill.txt") & waits+=($!) ;;
+        sanitizer) secs=25; play=20; cudaref_consumer "$tag" tensor_ref 25; waits+=("$CPID") ;;
+    esac
+    "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp --duration "$play" --wait-subscribers 1 >"/tmp/play_$tag.log" 2>&1 &
+    waits+=($!)
+    sleep 6; local mem; mem=$(rss_gpu "$node")
+    wait "${waits[@]}"
+    kill -TERM "$node"; wait "$node"; local rc=$?
+    echo "$tag: $(head -1 "/tmp/play_$tag.log"); node $mem, exit $rc; $(grep -o 'stopped:.*' "/tmp/node_$tag.log")"
+    grep -h "tensor_ref\|ERROR SUMMARY\|WARN" "/tmp/node_$tag.log" | cut -c1-300 | head -12
+    tail -3 "$OUT"/*"$tag"*.consumer.log 2>/dev/null | cut -c1-300
+    if [[ $mode == check ]]; then tar cf "$OUT/${tag}_bag.tar" -C /tmp "rec_$tag"; rm -rf "/tmp/rec_$tag"; fi
+    [[ $mode == sanitizer ]] && cp "/tmp/node_$tag.log" "$OUT/"
 }
 start_side() {  # side letter tag bag|count: one node with 4 inputs (namespace /<letter>b)
     # or 4 single-camera nodes (/<letter>s0..3), 640x640 letterbox on cuda, and a
@@ -357,6 +402,12 @@ for sc in "${SCENARIOS[@]}"; do
         batchmax) warm_up; for rate in ${SWEEP_RATES:-1 2 4 6 8 max}; do sweep_run batched "$rate"; sweep_run separate "$rate"; done 2>&1 | tee "$OUT/batchmax.log" ;;
         single)   warm_up; single_all 2>&1 | tee "$OUT/single.log" ;;
         profile)  warm_up; for side in batched separate; do profile_run "$side"; done 2>&1 | tee "$OUT/profile.log" ;;
+        cudaref)  tar xJf .device/py312.tar.xz -C "$R" || exit 1  # $R/py312 (scripts/py312_bundle.sh)
+                  warm_up
+                  { for m in ${CUDAREF_MODES:-check bench slow kill sanitizer}; do
+                        if [[ $m == bench ]]; then for i in 1 2; do cudaref_run tensor "$i"; cudaref_run tensor_ref "$i"; done
+                        else cudaref_run "$m"; fi
+                    done; } 2>&1 | tee "$OUT/cudaref.log" ;;
         handoff)  warm_up; { handoff_run same 1; for i in 1 2; do handoff_run tensor "$i"; handoff_run ref "$i"; done; } 2>&1 | tee "$OUT/handoff.log" ;;
         startup)  { for i in 1 2 3; do rm -rf "$VISION_PREPROC_KERNEL_CACHE"; startup_run "cold$i"; startup_run "warm$i"; done; } 2>&1 | tee "$OUT/startup.log" ;;
         *) echo "unknown scenario $sc"; exit 2 ;;

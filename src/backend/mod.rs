@@ -33,6 +33,31 @@ pub struct StageTimes {
     pub download_us: f32,
 }
 
+/// Where a submission's tensors go ([`Backend::submit_to`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Out {
+    /// `len` bytes of host memory at `ptr`.
+    Host { ptr: *mut u8, len: usize },
+    /// `len` bytes of device memory at `ptr` (a block of [`Backend::shared_blocks`]),
+    /// and also the `len` bytes of host memory at `host` when given (the `tensor`
+    /// message of a set that both outputs want).
+    Device { ptr: u64, len: usize, host: Option<*mut u8> },
+}
+
+impl Out {
+    /// Bytes of the tensors.
+    pub fn len(&self) -> usize {
+        match *self {
+            Out::Host { len, .. } | Out::Device { len, .. } => len,
+        }
+    }
+
+    /// No bytes at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// A compute backend.
 pub trait Backend: Send {
     /// "cpu" or "cuda", as published in `FrameTiming.backend`.
@@ -101,18 +126,45 @@ pub trait Backend: Send {
     }
 
     /// The pipelined form of [`Backend::process_into`] / [`Backend::process_batch_into`]:
-    /// check `job` and queue its work, its tensor(s) going to the `len` bytes at `out`.
-    /// The job's frames are not read after the call returns (they are staged); `out` is
-    /// written until the matching [`Backend::finish_oldest`] returns. A job that fails its
-    /// checks (an operation that does not fit its frame, a wrong `len`) is refused with
-    /// an operation error before anything is queued. The default computes the job before
-    /// returning ([`Queued::Done`]); a backend with [`Backend::max_in_flight`] above 1
-    /// returns [`Queued::Pending`] and the stage times come from `finish_oldest`.
+    /// check `job` and queue its work, its tensor(s) going to `out`
+    /// ([`Out::Device`]: device memory of [`Backend::shared_blocks`], refused by a backend
+    /// without device memory). The job's frames are not read after the call returns
+    /// (they are staged); `out` is written until the matching [`Backend::finish_oldest`]
+    /// returns. A job that fails its checks (an operation that does not fit its frame, a
+    /// wrong length) is refused with an operation error before anything is queued. The
+    /// default computes the job before returning ([`Queued::Done`]); a backend with
+    /// [`Backend::max_in_flight`] above 1 returns [`Queued::Pending`] and the stage times
+    /// come from `finish_oldest`.
     ///
     /// # Safety
-    /// `out` must be valid for writes of `len` bytes, and neither read nor written by
-    /// anyone else, until this submission's `finish_oldest` returned (Ok or Err) or
-    /// [`Backend::abandon_all`] returned.
+    /// `out`'s memory must be valid for writes of its length, and neither read nor
+    /// written by anyone else, until this submission's `finish_oldest` returned (Ok or
+    /// Err) or [`Backend::abandon_all`] returned.
+    unsafe fn submit_to(
+        &mut self,
+        job: Job<'_, '_>,
+        conv: Option<&Conv2dOp>,
+        out: Out,
+    ) -> Result<Queued> {
+        let Out::Host { ptr, len } = out else {
+            return Err(Error::Operation(format!(
+                "the {} backend has no device memory to write into",
+                self.name()
+            )));
+        };
+        // SAFETY: the caller's promise (above); the work completes before this returns.
+        let out = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        let times = match job {
+            Job::Frame { image, op } => self.process_into(image, op, conv, out)?,
+            Job::Batch(slots) => self.process_batch_into(slots, conv, out)?,
+        };
+        Ok(Queued::Done(times))
+    }
+
+    /// [`Backend::submit_to`] the `len` bytes of host memory at `out`.
+    ///
+    /// # Safety
+    /// As [`Backend::submit_to`].
     unsafe fn submit_into(
         &mut self,
         job: Job<'_, '_>,
@@ -120,13 +172,22 @@ pub trait Backend: Send {
         out: *mut u8,
         len: usize,
     ) -> Result<Queued> {
-        // SAFETY: the caller's promise (above); the work completes before this returns.
-        let out = unsafe { std::slice::from_raw_parts_mut(out, len) };
-        let times = match job {
-            Job::Frame { image, op } => self.process_into(image, op, conv, out)?,
-            Job::Batch(slots) => self.process_batch_into(slots, conv, out)?,
-        };
-        Ok(Queued::Done(times))
+        // SAFETY: the caller's promise is submit_to's.
+        unsafe { self.submit_to(job, conv, Out::Host { ptr: out, len }) }
+    }
+
+    /// `count` blocks of at least `bytes` of device memory that other processes can
+    /// import (the zero-copy hand-off, docs/HANDOFF.md), for [`Out::Device`]. `Ok(None)`:
+    /// this backend has no device memory (the CPU backend); an error says why a device
+    /// cannot (no virtual memory management or no POSIX file descriptor handles: the
+    /// node then uses host blocks). The blocks keep the backend's device context alive:
+    /// release them before the backend is replaced (`Pool::release_device`).
+    fn shared_blocks(
+        &self,
+        _count: usize,
+        _bytes: usize,
+    ) -> Result<Option<Box<dyn crate::handoff::DeviceBlocks>>> {
+        Ok(None)
     }
 
     /// Wait for the oldest [`Queued::Pending`] submission and return its stage times (its

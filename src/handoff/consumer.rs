@@ -232,7 +232,10 @@ mod tests {
         assert_eq!(c.pool_id(), pool.id());
         assert!(c.connected());
         let mut lease = pool.lease().0.unwrap();
-        lease.bytes_mut()[..4].copy_from_slice(&[1, 2, 3, 4]);
+        let Some(crate::handoff::BlockMemory::Host(bytes)) = lease.memory() else {
+            panic!("a host block")
+        };
+        bytes[..4].copy_from_slice(&[1, 2, 3, 4]);
         let generation = lease.generation();
         lease.published();
         let held = c.take(0, generation).expect("the generation published");

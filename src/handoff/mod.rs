@@ -49,8 +49,12 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// Where the blocks live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryKind {
-    /// Host memory (`memfd`): the CPU backend.
+    /// Host memory (`memfd`): the CPU backend, and the fallback of a GPU without the
+    /// memory it needs (docs/HANDOFF.md).
     Host,
+    /// Device memory of a GPU ([`DeviceBlocks`]: CUDA virtual memory exported as file
+    /// descriptors).
+    Cuda,
 }
 
 impl MemoryKind {
@@ -58,6 +62,7 @@ impl MemoryKind {
     pub fn code(self) -> u8 {
         match self {
             MemoryKind::Host => 0,
+            MemoryKind::Cuda => 1,
         }
     }
 
@@ -65,8 +70,47 @@ impl MemoryKind {
     pub fn name(self) -> &'static str {
         match self {
             MemoryKind::Host => "host",
+            MemoryKind::Cuda => "cuda",
         }
     }
+}
+
+/// Blocks of device memory that a backend made shareable with other processes (the CUDA
+/// backend: `backend::cuda::vmm`), each with a file descriptor a consumer imports. They
+/// live until dropped or [`Pool::release_device`].
+pub trait DeviceBlocks: Send + Sync {
+    /// Number of blocks.
+    fn len(&self) -> usize;
+    /// No blocks.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Bytes of each block (a multiple of the allocation granularity).
+    fn block_size(&self) -> usize;
+    /// Block i's file descriptor (owned by `self`).
+    fn fd(&self, i: usize) -> RawFd;
+    /// Block i's address on the device, in the node's process.
+    fn address(&self, i: usize) -> u64;
+    /// The device's ordinal, as `TensorRef.device_id` says it.
+    fn device_id(&self) -> i32;
+    /// The device's UUID (`TensorRef.device_uuid`).
+    fn uuid(&self) -> [u8; 16];
+}
+
+/// A pool's blocks.
+enum Blocks {
+    /// Sealed memfds, mapped in the node.
+    Host(Vec<(Memfd, Mapping)>),
+    /// Device memory; `None` once released (its backend was replaced).
+    Device(Mutex<Option<Box<dyn DeviceBlocks>>>),
+}
+
+/// Where a leased block is written.
+pub enum BlockMemory<'a> {
+    /// Host memory: its bytes.
+    Host(&'a mut [u8]),
+    /// Device memory: its address and size.
+    Device(u64, usize),
 }
 
 /// A consumer's row of holds.
@@ -128,7 +172,11 @@ pub struct Pool {
     socket_str: String,
     memory: MemoryKind,
     block_size: usize,
-    blocks: Vec<(Memfd, Mapping)>,
+    count: usize,
+    blocks: Blocks,
+    /// Device blocks: the device's ordinal and UUID (host: -1 and zeros).
+    device_id: i32,
+    uuid: [u8; 16],
     control: (Memfd, Mapping),
     holds_offset: usize,
     row_stride: usize,
@@ -159,8 +207,7 @@ impl Pool {
                 "a shared pool needs at least one non-empty block".into(),
             ));
         }
-        let page = memory::page_size();
-        let block_size = bytes.next_multiple_of(page);
+        let block_size = bytes.next_multiple_of(memory::page_size());
         let id = random_id();
         let mut blocks = Vec::with_capacity(count);
         for i in 0..count {
@@ -168,6 +215,33 @@ impl Pool {
             let map = Mapping::shared(fd.as_raw_fd(), block_size, true)?;
             blocks.push((fd, map));
         }
+        Pool::new(id, MemoryKind::Host, count, block_size, Blocks::Host(blocks), lease, dir)
+    }
+
+    /// A pool of a backend's device `blocks` (see [`DeviceBlocks`]), their socket in
+    /// `dir`.
+    pub fn device(blocks: Box<dyn DeviceBlocks>, lease: Duration, dir: &Path) -> Result<Arc<Pool>> {
+        let (count, block_size) = (blocks.len(), blocks.block_size());
+        if count == 0 || block_size == 0 {
+            return Err(Error::Operation(
+                "a shared pool needs at least one non-empty block".into(),
+            ));
+        }
+        let blocks = Blocks::Device(Mutex::new(Some(blocks)));
+        Pool::new(random_id(), MemoryKind::Cuda, count, block_size, blocks, lease, dir)
+    }
+
+    /// The control block and the pool around `blocks`.
+    fn new(
+        id: u64,
+        memory: MemoryKind,
+        count: usize,
+        block_size: usize,
+        blocks: Blocks,
+        lease: Duration,
+        dir: &Path,
+    ) -> Result<Arc<Pool>> {
+        let page = memory::page_size();
         let row_stride = (4 * count).next_multiple_of(64);
         let holds_offset = (RECORDS_OFFSET + count * RECORD_STRIDE).next_multiple_of(64);
         let control_size = (holds_offset + ROWS * row_stride).next_multiple_of(page);
@@ -177,12 +251,22 @@ impl Pool {
         // not shared with anyone yet.
         unsafe { std::ptr::copy_nonoverlapping(CONTROL_MAGIC.as_ptr(), cmap.ptr(), 8) };
         let socket_path = dir.join(format!("{id:016x}.sock"));
+        let (device_id, uuid) = match &blocks {
+            Blocks::Device(d) => match d.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                Some(d) => (d.device_id(), d.uuid()),
+                None => (-1, [0; 16]),
+            },
+            Blocks::Host(_) => (-1, [0; 16]),
+        };
         Ok(Arc::new(Pool {
             id: format!("{id:016x}"),
             socket_str: socket_path.to_string_lossy().into_owned(),
-            memory: MemoryKind::Host,
+            memory,
             block_size,
+            count,
             blocks,
+            device_id,
+            uuid,
             control: (cfd, cmap),
             holds_offset,
             row_stride,
@@ -196,6 +280,29 @@ impl Pool {
                 counts: PoolCounts::default(),
             }),
         }))
+    }
+
+    /// Free the device blocks now (their backend is being replaced: its context must not
+    /// be kept alive by them). The pool then leases nothing and serves no consumer;
+    /// consumers keep what they imported. Nothing for a host pool.
+    pub fn release_device(&self) {
+        if let Blocks::Device(d) = &self.blocks {
+            drop(d.lock().unwrap_or_else(|p| p.into_inner()).take());
+        }
+    }
+
+    /// The device blocks were released ([`Pool::release_device`]).
+    pub fn released(&self) -> bool {
+        match &self.blocks {
+            Blocks::Device(d) => d.lock().unwrap_or_else(|p| p.into_inner()).is_none(),
+            Blocks::Host(_) => false,
+        }
+    }
+
+    /// The device's ordinal and UUID (`TensorRef.device_id`, `device_uuid`; -1 and zeros
+    /// for host memory).
+    pub fn device_info(&self) -> (i32, [u8; 16]) {
+        (self.device_id, self.uuid)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -224,12 +331,12 @@ impl Pool {
 
     /// Number of blocks.
     pub fn len(&self) -> usize {
-        self.blocks.len()
+        self.count
     }
 
     /// Never true (a pool has at least one block).
     pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.count == 0
     }
 
     /// Where the blocks live.
@@ -269,12 +376,14 @@ impl Pool {
     /// block it would take for longer than the lease is disconnected (counted; the
     /// second value says how many).
     pub fn lease(self: &Arc<Self>) -> (Option<Lease>, usize) {
+        if self.released() {
+            return (None, 0);
+        }
         let now = Instant::now();
         let mut st = self.state();
         let mut reclaimed = 0;
         // Oldest published first (never published: first of all).
-        let mut order: Vec<usize> =
-            (0..self.blocks.len()).filter(|&b| !st.blocks[b].leased).collect();
+        let mut order: Vec<usize> = (0..self.count).filter(|&b| !st.blocks[b].leased).collect();
         order.sort_by_key(|&b| st.blocks[b].published);
         for b in order {
             if st.blocks[b].published.is_some_and(|t| now.duration_since(t) < GRACE) {
@@ -331,9 +440,8 @@ impl Pool {
     /// Counters, and (blocks leased or held, consumers connected).
     pub fn counts(&self) -> (PoolCounts, usize, usize) {
         let st = self.state();
-        let in_use = (0..self.blocks.len())
-            .filter(|&b| st.blocks[b].leased || self.holds(&st, b) > 0)
-            .count();
+        let in_use =
+            (0..self.count).filter(|&b| st.blocks[b].leased || self.holds(&st, b) > 0).count();
         let live = live(&st.rows);
         (st.counts, in_use, live)
     }
@@ -344,7 +452,7 @@ impl Pool {
         let now = Instant::now();
         for r in 0..st.rows.len() {
             if matches!(st.rows[r], Row::Retired(t) if now.duration_since(t) >= QUARANTINE) {
-                for b in 0..self.blocks.len() {
+                for b in 0..self.count {
                     self.hold(r, b).store(0, Ordering::SeqCst);
                 }
                 st.rows[r] = Row::Free;
@@ -374,7 +482,7 @@ impl Pool {
             return; // retired already (evicted)
         }
         if clean {
-            for b in 0..self.blocks.len() {
+            for b in 0..self.count {
                 self.hold(row, b).store(0, Ordering::SeqCst);
             }
             st.rows[row] = Row::Free;
@@ -396,8 +504,8 @@ impl Pool {
             "version": PROTOCOL_VERSION,
             "pool_id": self.id(),
             "memory": self.memory.name(),
-            "device_id": -1,
-            "blocks": self.blocks.len(),
+            "device_id": self.device_id,
+            "blocks": self.count,
             "block_size": self.block_size,
             "control_size": self.control.1.len(),
             "row": row,
@@ -410,11 +518,19 @@ impl Pool {
         .to_string()
     }
 
-    /// The fds a consumer gets: the control block's, then each block's.
-    fn fds(&self) -> Vec<RawFd> {
-        std::iter::once(self.control.0.as_raw_fd())
-            .chain(self.blocks.iter().map(|(fd, _)| fd.as_raw_fd()))
-            .collect()
+    /// The fds a consumer gets: the control block's, then each block's (`None`: the
+    /// device blocks were released).
+    fn fds(&self) -> Option<Vec<RawFd>> {
+        let mut fds = vec![self.control.0.as_raw_fd()];
+        match &self.blocks {
+            Blocks::Host(b) => fds.extend(b.iter().map(|(fd, _)| fd.as_raw_fd())),
+            Blocks::Device(d) => {
+                let d = d.lock().unwrap_or_else(|p| p.into_inner());
+                let d = d.as_ref()?;
+                fds.extend((0..d.len()).map(|i| d.fd(i)));
+            }
+        }
+        Some(fds)
     }
 }
 
@@ -429,20 +545,43 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// The block's bytes (`block_size`), to write the tensors into.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        let map = &self.pool.blocks[self.index].1;
-        // SAFETY: the mapping is `block_size` writable bytes alive as long as the pool
-        // (kept by `self.pool`); the node writes a block only while it holds its one
-        // lease (`leased` in the pool's state), and consumers only read it.
-        unsafe { std::slice::from_raw_parts_mut(map.ptr(), map.len()) }
+    /// Where to write the tensors: the block's bytes (`block_size`) in host memory, or
+    /// its device address (valid until the pool's [`Pool::release_device`]; `None`
+    /// after it).
+    pub fn memory(&mut self) -> Option<BlockMemory<'_>> {
+        match &self.pool.blocks {
+            Blocks::Host(b) => {
+                let map = &b[self.index].1;
+                // SAFETY: the mapping is `block_size` writable bytes alive as long as the
+                // pool (kept by `self.pool`); the node writes a block only while it holds
+                // its one lease (`leased` in the pool's state), and consumers only read it.
+                Some(BlockMemory::Host(unsafe {
+                    std::slice::from_raw_parts_mut(map.ptr(), map.len())
+                }))
+            }
+            Blocks::Device(d) => {
+                let d = d.lock().unwrap_or_else(|p| p.into_inner());
+                let d = d.as_ref()?;
+                Some(BlockMemory::Device(d.address(self.index), d.block_size()))
+            }
+        }
     }
 
-    /// The block's bytes.
+    /// The block's bytes when it is host memory (empty for device memory).
     pub fn bytes(&self) -> &[u8] {
-        let map = &self.pool.blocks[self.index].1;
-        // SAFETY: as in `bytes_mut`, read only.
-        unsafe { std::slice::from_raw_parts(map.ptr(), map.len()) }
+        match &self.pool.blocks {
+            Blocks::Host(b) => {
+                let map = &b[self.index].1;
+                // SAFETY: as in `memory`, read only.
+                unsafe { std::slice::from_raw_parts(map.ptr(), map.len()) }
+            }
+            Blocks::Device(_) => &[],
+        }
+    }
+
+    /// The block is device memory.
+    pub fn is_device(&self) -> bool {
+        matches!(self.pool.blocks, Blocks::Device(_))
     }
 
     /// Block index.
@@ -510,7 +649,8 @@ mod tests {
         let row = p.attach(7, -1).unwrap();
         let mut a = p.lease().0.unwrap();
         let g = a.generation();
-        a.bytes_mut()[0] = 42;
+        let Some(BlockMemory::Host(bytes)) = a.memory() else { panic!("a host block") };
+        bytes[0] = 42;
         a.published();
         // The consumer takes it (add, then check the generation).
         p.hold(row, 0).fetch_add(1, Ordering::SeqCst);
@@ -547,6 +687,52 @@ mod tests {
         assert_eq!(p.hold(row, 0).load(Ordering::SeqCst), 0);
         assert!(p.lease().0.is_some());
         assert_eq!(p.attach(2, -1).unwrap(), row, "the row is free again");
+    }
+
+    /// Device blocks as a backend would hand them over: fds (memfds here) and addresses.
+    struct FakeDevice(Vec<Memfd>);
+
+    impl DeviceBlocks for FakeDevice {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn block_size(&self) -> usize {
+            2 << 20
+        }
+        fn fd(&self, i: usize) -> RawFd {
+            self.0[i].as_raw_fd()
+        }
+        fn address(&self, i: usize) -> u64 {
+            0x7000_0000_0000 + (i as u64) * (2 << 20)
+        }
+        fn device_id(&self) -> i32 {
+            3
+        }
+        fn uuid(&self) -> [u8; 16] {
+            [7; 16]
+        }
+    }
+
+    #[test]
+    fn a_device_pool_leases_addresses_until_released() {
+        let fds = (0..2).map(|i| Memfd::new(&format!("fake-{i}"), 4096).unwrap()).collect();
+        let p = Pool::device(Box::new(FakeDevice(fds)), Duration::from_secs(1), Path::new("/tmp"))
+            .unwrap();
+        assert_eq!((p.memory(), p.len(), p.block_size()), (MemoryKind::Cuda, 2, 2 << 20));
+        assert_eq!(p.device_info(), (3, [7; 16]));
+        let hello: serde_json::Value = serde_json::from_str(&p.hello(0)).unwrap();
+        assert_eq!(
+            (hello["memory"].as_str(), hello["device_id"].as_i64()),
+            (Some("cuda"), Some(3))
+        );
+        assert_eq!(p.fds().unwrap().len(), 3, "control + 2 blocks");
+        let mut a = p.lease().0.unwrap();
+        assert!(a.is_device() && a.bytes().is_empty());
+        let Some(BlockMemory::Device(addr, size)) = a.memory() else { panic!("a device block") };
+        assert_eq!((addr, size), (0x7000_0000_0000 + (a.index() as u64) * (2 << 20), 2 << 20));
+        p.release_device();
+        assert!(p.released() && a.memory().is_none(), "released: no address any more");
+        assert!(p.fds().is_none() && p.lease().0.is_none(), "nothing served, nothing leased");
     }
 
     #[test]

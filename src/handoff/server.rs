@@ -188,9 +188,13 @@ fn accept(pool: &Pool, listener: &UnixListener, conns: &mut Vec<Conn>, next_id: 
         *next_id += 1;
         let id = *next_id;
         let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-        match pool.attach(id, stream.as_raw_fd()) {
-            Ok(row) => {
-                let sent = send_with_fds(&mut stream, &framed(&pool.hello(row)), &pool.fds());
+        let fds = pool.fds();
+        match fds
+            .ok_or_else(|| "the pool was closed (a new one follows)".to_string())
+            .and_then(|fds| pool.attach(id, stream.as_raw_fd()).map(|row| (row, fds)))
+        {
+            Ok((row, fds)) => {
+                let sent = send_with_fds(&mut stream, &framed(&pool.hello(row)), &fds);
                 if sent.is_err() || stream.set_nonblocking(true).is_err() {
                     pool.detach(id, row, true);
                     continue;

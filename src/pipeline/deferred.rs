@@ -119,14 +119,16 @@ impl crate::backend::Backend for Deferred {
         2
     }
 
-    unsafe fn submit_into(
+    unsafe fn submit_to(
         &mut self,
         job: crate::backend::Job<'_, '_>,
         conv: Option<&crate::backend::Conv2dOp>,
-        out: *mut u8,
-        len: usize,
+        out: crate::backend::Out,
     ) -> Result<crate::backend::Queued> {
         use crate::backend::Job;
+        let crate::backend::Out::Host { ptr: out, len } = out else {
+            return Err(Error::Operation("the deferred backend has no device memory".into()));
+        };
         if self.queue.len() >= 2 {
             return Err(Error::Operation("submit_into: 2 jobs already in flight".into()));
         }

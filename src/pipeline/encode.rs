@@ -188,6 +188,9 @@ pub struct BlockFields<'a> {
     pub generation: u64,
     /// `memory_kind` (`TensorRef.MEMORY_HOST` = 0, `MEMORY_CUDA` = 1).
     pub memory_kind: u8,
+    /// `device_id`, `device_uuid` (-1 and zeros for host memory).
+    pub device_id: i32,
+    pub device_uuid: [u8; 16],
 }
 
 /// The CDR of a `vision_preproc_msgs/TensorRef`: the descriptor of the tensors of one
@@ -230,8 +233,8 @@ pub fn tensor_ref_cdr(
     w.u64(block.size);
     w.u64(block.generation);
     w.u8(block.memory_kind);
-    w.i32(-1);
-    w.u8_array(&[0; 16]);
+    w.i32(block.device_id);
+    w.u8_array(&block.device_uuid);
     w.bytes(&[]);
     let items_cdr = batch_items_cdr(w.body_len(), items);
     let mut out = w.finish();

@@ -91,9 +91,15 @@ impl MessageBuf {
         Ok(&mut message[self.cdr.data_range()])
     }
 
-    /// Free the buffer (its backend is being replaced).
+    /// Free the buffer (its backend is being replaced), and give back a block of device
+    /// memory (its pool is released with the backend): the set then runs again into the
+    /// message only.
     pub fn release(&mut self) {
         self.buf = None;
+        if self.block.as_ref().is_some_and(Lease::is_device) {
+            self.block = None;
+            self.fill = true;
+        }
     }
 
     /// Write each batch item's `age_us` (0 for invalid items) into the message; nothing
@@ -134,12 +140,16 @@ impl MessageBuf {
         }
     }
 
-    /// The set is finished: copy the tensors from the block into the message when it
-    /// has both and the message is wanted.
+    /// The set is finished: copy the tensors from a host block into the message when it
+    /// has both and the message is wanted (a device block's were downloaded into the
+    /// message by the backend).
     pub fn fill_from_block(&mut self) {
         let (Some(block), Some(buf), true) = (&self.block, self.buf.as_mut(), self.fill) else {
             return;
         };
+        if block.is_device() {
+            return;
+        }
         let range = self.cdr.data_range();
         let (at, len) = (self.start + range.start, range.len());
         if let Some(src) = block.bytes().get(..len) {
@@ -276,6 +286,8 @@ impl OwnedMessage {
             size: pool.block_size() as u64,
             generation: block.generation(),
             memory_kind: pool.memory().code(),
+            device_id: pool.device_info().0,
+            device_uuid: pool.device_info().1,
         };
         let items = batch_fields(items, ages);
         Some(tensor_ref_cdr(&buf.block_header, &buf.name, desc, batch, &fields, &items))

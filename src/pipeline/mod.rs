@@ -21,7 +21,7 @@ use crate::backend::{
 };
 use crate::config::{BackendChoice, ChannelOrder, Config};
 use crate::error::{Error, Result};
-use crate::handoff::Lease;
+use crate::handoff::{BlockMemory, Lease, Pool};
 use crate::image::ImageView;
 use crate::wire::msgs::Header;
 pub use encode::{
@@ -38,7 +38,9 @@ pub use geometry::{Geometry, Rect};
 use message::{batch_fields, KeptItem, MessageBuf, MessagePool};
 pub use message::{OwnedMessage, OUTSTANDING_WAIT, TENSOR_ALIGN};
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 /// One input of a frame set for [`Pipeline::process_frames`]: a camera's frame (or none).
 #[derive(Debug, Clone, Copy)]
@@ -161,6 +163,11 @@ pub struct Pipeline {
     /// Sets submitted and not finished, oldest first (at most the backend's
     /// [`Backend::max_in_flight`]).
     pending: VecDeque<Pending>,
+    /// Pools of the backend's device memory ([`Pipeline::shared_pool`]), released when it
+    /// is replaced.
+    device_pools: Mutex<Vec<Weak<Pool>>>,
+    /// Backends replaced so far.
+    epoch: u64,
 }
 
 impl Pipeline {
@@ -184,7 +191,42 @@ impl Pipeline {
             pool: Arc::default(),
             recovery,
             pending: VecDeque::new(),
+            device_pools: Mutex::default(),
+            epoch: 0,
         })
+    }
+
+    /// A pool of `count` shared output blocks of at least `bytes` for this pipeline's
+    /// backend, its socket in `dir` (docs/HANDOFF.md): device memory where the backend can
+    /// share it, else host memory, with the reason when the backend has a device whose
+    /// memory it could not share. A device pool is released when the backend is replaced
+    /// (see [`Pipeline::backend_epoch`]).
+    pub fn shared_pool(
+        &self,
+        count: usize,
+        bytes: usize,
+        lease: Duration,
+        dir: &Path,
+    ) -> Result<(Arc<Pool>, Option<String>)> {
+        let why = match self.backend.shared_blocks(count, bytes) {
+            Ok(Some(blocks)) => {
+                let pool = Pool::device(blocks, lease, dir)?;
+                let mut pools = self.device_pools.lock().unwrap_or_else(|p| p.into_inner());
+                pools.retain(|w| w.strong_count() > 0);
+                pools.push(Arc::downgrade(&pool));
+                return Ok((pool, None));
+            }
+            Ok(None) => None,
+            Err(e) => Some(e.to_string()),
+        };
+        Ok((Pool::host(count, bytes, lease, dir)?, why))
+    }
+
+    /// How many times the backend was replaced (`gpu_failure_policy`): a pool of
+    /// [`Pipeline::shared_pool`] made at another epoch is stale (a device pool is
+    /// released; a new backend may offer device memory).
+    pub fn backend_epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Test hook (feature `fault-injection`): make the backend fail as `plan` says (what
@@ -538,28 +580,43 @@ impl Pipeline {
             return Err(Error::Operation("no pad operation".into()));
         };
         let out = message.prepare(self.backend.as_mut())?;
-        let (mut out, len) = (out.as_mut_ptr(), out.len());
-        if let Some(block) = message.block.as_mut() {
-            let bytes = block.bytes_mut();
-            if bytes.len() < len {
+        let (host, len) = (out.as_mut_ptr(), out.len());
+        let fill = message.fill;
+        let out = match message.block.as_mut().map(|b| b.memory()) {
+            None => backend::Out::Host { ptr: host, len },
+            Some(None) => {
+                return Err(Error::Operation("the shared block's pool was closed".into()));
+            }
+            Some(Some(BlockMemory::Host(bytes))) if bytes.len() >= len => {
+                backend::Out::Host { ptr: bytes.as_mut_ptr(), len }
+            }
+            Some(Some(BlockMemory::Device(ptr, size))) if size >= len => {
+                backend::Out::Device { ptr, len, host: fill.then_some(host) }
+            }
+            Some(Some(BlockMemory::Host(b))) => {
                 return Err(Error::Operation(format!(
                     "the shared block holds {} bytes but the tensors are {len}",
-                    bytes.len()
+                    b.len()
                 )));
             }
-            out = bytes.as_mut_ptr();
-        }
+            Some(Some(BlockMemory::Device(_, size))) => {
+                return Err(Error::Operation(format!(
+                    "the shared block holds {size} bytes but the tensors are {len}"
+                )));
+            }
+        };
         let conv = self.conv.as_ref();
-        // `out` is the data of `message`'s buffer (or of its block's mapping, which the
-        // block's lease keeps alive and which only its lease holder writes), which the
-        // pipeline keeps in `pending` (or the caller of `run_again` holds) without
-        // touching it until this submission is finished or abandoned; a buffer is released (and a backend replaced) only
-        // after `abandon_all` or `finish_oldest`: the contract of `submit_into`.
+        // `out` is the data of `message`'s buffer and/or its block's memory (host mapping
+        // or device memory, which the block's lease keeps alive and which only its lease
+        // holder writes), which the pipeline keeps in `pending` (or the caller of
+        // `run_again` holds) without touching it until this submission is finished or
+        // abandoned; a buffer is released (and a backend replaced, device blocks released
+        // first) only after `abandon_all` or `finish_oldest`: the contract of `submit_to`.
         if !self.config.is_batch() {
             return match (images.first(), self.cached.first()) {
                 // SAFETY: `out` as said above.
                 (Some(Some(image)), Some(Some((_, _, op)))) => unsafe {
-                    self.backend.submit_into(Job::Frame { image, op }, conv, out, len)
+                    self.backend.submit_to(Job::Frame { image, op }, conv, out)
                 },
                 _ => Err(Error::Operation("no operation for this frame size".into())),
             };
@@ -576,7 +633,7 @@ impl Pipeline {
             })
             .collect();
         // SAFETY: `out` as said above.
-        unsafe { self.backend.submit_into(Job::Batch(&slots), conv, out, len) }
+        unsafe { self.backend.submit_to(Job::Batch(&slots), conv, out) }
     }
 
     /// Replace the backend. The message buffer goes first: it may be pinned memory that
@@ -591,7 +648,14 @@ impl Pipeline {
         }
         self.message.release();
         let left = self.pool.retire();
+        // Its device blocks go before the backend (they keep its context alive).
+        let pools =
+            std::mem::take(&mut *self.device_pools.lock().unwrap_or_else(|p| p.into_inner()));
+        for pool in pools.iter().filter_map(Weak::upgrade) {
+            pool.release_device();
+        }
         self.backend = backend;
+        self.epoch += 1;
         left
     }
 

@@ -230,7 +230,7 @@ impl CudaBackend {
         let conv = conv.zip(scratch).map(|(c, s)| self.conv_step(&p0, c, n as u32, skip, s));
         let fused = || launch_kernel!(self.gpu.stream, f, RESIZE_NORMALIZE_BATCH, cfg, &table);
         self.launch_and_download(&self.batch.ring[r], fused, conv, dst, len)?;
-        let direct = target.is_some();
+        let direct = target.is_some_and(|t| t.direct());
         self.batch.ring[r].in_flight = Some(InFlight { len, host_us, direct, encoding: None });
         self.batch.queue.push_back(r);
         Ok(())

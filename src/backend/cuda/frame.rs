@@ -151,7 +151,7 @@ impl CudaBackend {
             launch_kernel!(self.gpu.stream, f, name, cfg, &fp, &src, &maps, &fused_dst, &row_words)
         };
         self.launch_and_download(&self.frame.ring[s], fused, conv, dst, len)?;
-        let direct = target.is_some();
+        let direct = target.is_some_and(|t| t.direct());
         self.frame.ring[s].in_flight = Some(InFlight { len, host_us, direct, encoding: Some(enc) });
         Ok(s)
     }

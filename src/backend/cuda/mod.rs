@@ -41,6 +41,7 @@ pub mod kernels;
 pub mod launch;
 pub mod memory;
 mod steps;
+pub mod vmm;
 
 pub use batch::BATCH_RING;
 pub use device::{resident_blocks, DeviceInfo};
@@ -49,7 +50,7 @@ pub use launch::MAX_BATCH_SLOTS;
 pub use steps::{PARALLEL_STAGING_MIN, STAGING_THREADS};
 
 use crate::backend::{
-    Backend, BatchSlot, Conv2dOp, Job, PreprocessOp, PreprocessParams, Queued, StageTimes,
+    Backend, BatchSlot, Conv2dOp, Job, Out, PreprocessOp, PreprocessParams, Queued, StageTimes,
 };
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Result};
@@ -123,9 +124,9 @@ pub struct CudaBackend {
 struct Submission {
     /// `Some(entry)` of the frame ring, `None`: the oldest batch of the batch ring.
     frame: Option<usize>,
-    /// The caller's `out` (valid and untouched until the submission is finished or
-    /// abandoned: `submit_into`'s contract).
-    out: *mut u8,
+    /// The caller's host memory, if any (valid and untouched until the submission is
+    /// finished or abandoned: `submit_to`'s contract).
+    host: Option<*mut u8>,
     len: usize,
     direct: bool,
 }
@@ -432,15 +433,16 @@ impl Backend for CudaBackend {
 
     /// The frame (`frame.rs`) or the batch (`batch.rs`) staged, uploaded (on the copy
     /// stream when another submission is in flight) and queued; the tensors straight
-    /// into `out` when it is pinned memory of this context, else through the entry's
+    /// into `out` when it is pinned memory of this context or device memory (a shared
+    /// block: with a download to its host copy, if any), else through the entry's
     /// pinned output and one CPU copy at [`Backend::finish_oldest`].
-    unsafe fn submit_into(
+    unsafe fn submit_to(
         &mut self,
         job: Job<'_, '_>,
         conv: Option<&Conv2dOp>,
-        out: *mut u8,
-        len: usize,
+        out: Out,
     ) -> Result<Queued> {
+        let len = out.len();
         match job {
             Job::Frame { image, op } => {
                 crate::backend::check_out_len(op, len)?;
@@ -457,9 +459,9 @@ impl Backend for CudaBackend {
             return Err(crate::Error::Operation(format!("submit_into: {why}")));
         }
         self.gpu.bind()?;
-        // SAFETY: the caller keeps `out` valid for `len` bytes and untouched until the
-        // submission is finished or abandoned (the contract); only its address is kept.
-        let target = self.gpu.direct_target(unsafe { std::slice::from_raw_parts_mut(out, len) });
+        // Only the addresses are kept: the caller keeps them valid and untouched until
+        // the submission is finished or abandoned (the contract).
+        let target = self.gpu.target(out);
         let frame = match job {
             Job::Frame { image, op } => self.frame_submit(image, op, conv, target).map(Some),
             Job::Batch(slots) => self.batch_submit(slots, conv, target).map(|()| None),
@@ -471,21 +473,35 @@ impl Backend for CudaBackend {
                 return Err(e);
             }
         };
-        self.queue.push_back(Submission { frame, out, len, direct: target.is_some() });
+        let host = match out {
+            Out::Host { ptr, .. } => Some(ptr),
+            Out::Device { host, .. } => host,
+        };
+        let direct = target.is_some_and(|t| t.direct());
+        self.queue.push_back(Submission { frame, host, len, direct });
         Ok(Queued::Pending)
+    }
+
+    fn shared_blocks(
+        &self,
+        count: usize,
+        bytes: usize,
+    ) -> Result<Option<Box<dyn crate::handoff::DeviceBlocks>>> {
+        let blocks = vmm::VmmBlocks::new(&self.gpu.ctx, &self.device, count, bytes)?;
+        Ok(Some(Box::new(blocks)))
     }
 
     fn finish_oldest(&mut self) -> Result<StageTimes> {
         let Some(sub) = self.queue.pop_front() else {
             return Err(crate::Error::Operation("finish_oldest: nothing in flight".into()));
         };
-        // SAFETY: `out` is the caller's, valid and untouched until this returns (the
-        // contract of submit_into); the submission's last event is waited for before
-        // the CPU copies into it.
-        let out = unsafe { std::slice::from_raw_parts_mut(sub.out, sub.len) };
+        // SAFETY: `host` is the caller's, valid and untouched until this returns (the
+        // contract of submit_to); the submission's last event is waited for before the
+        // CPU copies into it.
+        let out = sub.host.map(|h| unsafe { std::slice::from_raw_parts_mut(h, sub.len) });
         let result = self.gpu.bind().map_err(Into::into).and_then(|()| match sub.frame {
-            Some(s) => self.frame.ring[s].finish(Some(out)).map(|(t, _)| t),
-            None => self.batch_finish(Some(out)).map(|(t, ..)| t),
+            Some(s) => self.frame.ring[s].finish(out).map(|(t, _)| t),
+            None => self.batch_finish(out).map(|(t, ..)| t),
         });
         match result {
             Ok(times) => {

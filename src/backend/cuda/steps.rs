@@ -13,7 +13,7 @@ use super::kernels::{resize_normalize_entry, RESIZE_NORMALIZE_BATCH};
 use super::launch::{self, Conv2dParams};
 use super::memory::{DeviceBuffer, PinnedBuffer, PinnedKind, SRC_SLACK};
 use super::{drv_err, launch_kernel, CudaBackend};
-use crate::backend::{AxisMap, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes};
+use crate::backend::{AxisMap, Conv2dOp, Out, PreprocessOp, PreprocessParams, StageTimes};
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Error, Result};
 use crate::image::Encoding;
@@ -63,13 +63,37 @@ pub struct Gpu {
     pub poison: bool,
 }
 
-/// Where a submission's tensor lands when the caller's buffer is pinned memory of this
-/// context: its host address (for the download) and, in `mapped` mode, its device
-/// address (the kernels write it there).
+/// Where a submission's tensor lands, when not in the ring entry's own output.
 #[derive(Debug, Clone, Copy)]
-pub struct Target {
-    host: *mut u8,
-    device: Option<CUdeviceptr>,
+pub enum Target {
+    /// The caller's pinned host memory of this context: the kernels write the device
+    /// tensor, then it is downloaded there.
+    Host(*mut u8),
+    /// The caller's mapped host memory (`mapped` mode): the kernels write it in place at
+    /// this device address.
+    Mapped(*mut u8, CUdeviceptr),
+    /// Device memory (a shared block): the kernels write it there; then it is
+    /// downloaded to `copy`'s host memory, if any.
+    Device(CUdeviceptr, DeviceCopy),
+}
+
+/// Where the tensor in a [`Target::Device`] is also copied.
+#[derive(Debug, Clone, Copy)]
+pub enum DeviceCopy {
+    /// Nowhere.
+    None,
+    /// Downloaded to the caller's pinned host memory.
+    To(*mut u8),
+    /// Downloaded to the ring entry's output, then copied into the caller's (pageable)
+    /// host memory at the finish.
+    ViaEntry,
+}
+
+impl Target {
+    /// The tensor reaches the caller's memory with no copy at the finish.
+    pub fn direct(&self) -> bool {
+        !matches!(self, Target::Device(_, DeviceCopy::ViaEntry))
+    }
 }
 
 /// Where the kernels write a submission's tensor(s): in place (mapped host memory) or
@@ -141,12 +165,29 @@ impl Gpu {
         let _ = self.stream.synchronize();
     }
 
-    /// `out` as a direct destination: pinned host memory of this context (in `mapped`
-    /// mode also mapped into the device and aligned for the kernel's stores), else
-    /// `None` (the tensor then goes through the entry's own pinned buffer).
-    pub fn direct_target(&self, out: &mut [u8]) -> Option<Target> {
+    /// Where a submission's tensors go: the caller's host memory as a direct destination
+    /// when it is pinned memory of this context (in `mapped` mode also mapped into the
+    /// device and aligned for the kernel's stores), else `None` (through the entry's own
+    /// pinned buffer and one CPU copy); device memory always (the host copy beside it
+    /// direct, or through the entry when that memory is not pinned).
+    pub fn target(&self, out: Out) -> Option<Target> {
+        match out {
+            Out::Host { ptr, .. } => self.host_target(ptr),
+            Out::Device { ptr, host: None, .. } => Some(Target::Device(ptr, DeviceCopy::None)),
+            Out::Device { ptr, host: Some(h), .. } => Some(Target::Device(
+                ptr,
+                if self.host_target(h).is_some() {
+                    DeviceCopy::To(h)
+                } else {
+                    DeviceCopy::ViaEntry
+                },
+            )),
+        }
+    }
+
+    /// `host` as a direct destination (see [`Gpu::target`]).
+    fn host_target(&self, host: *mut u8) -> Option<Target> {
         use sys::CUpointer_attribute as A;
-        let host = out.as_mut_ptr();
         let mut memory_type: u32 = 0;
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
         let mut device: CUdeviceptr = 0;
@@ -178,8 +219,8 @@ impl Gpu {
         match self.mode {
             _ if !pinned_here => None,
             MemoryMode::Mapped if device == 0 || (host as usize) % DIRECT_ALIGN != 0 => None,
-            MemoryMode::Mapped => Some(Target { host, device: Some(device) }),
-            _ => Some(Target { host, device: None }),
+            MemoryMode::Mapped => Some(Target::Mapped(host, device)),
+            _ => Some(Target::Host(host)),
         }
     }
 
@@ -226,28 +267,40 @@ impl Gpu {
         target: Option<Target>,
         len: usize,
     ) -> Result<Destination, CudaError> {
-        let (host, device) = match target {
-            Some(t) => (t.host, t.device),
-            None => {
-                let o = reserve(&self.ctx, output, len, self.pinned_kind(PinnedKind::Download))?;
-                (o.host_ptr(), o.device_ptr())
-            }
+        let entry = |output: &mut Option<PinnedBuffer>| {
+            reserve(&self.ctx, output, len, self.pinned_kind(PinnedKind::Download))
+                .map(|o| (o.host_ptr(), o.device_ptr()))
         };
-        let dst = match device {
-            Some(tensor) => Destination { tensor, download_to: None },
-            None => {
-                let tensor = self.tensor.ensure(&self.stream, len, "the tensor")?;
-                Destination { tensor, download_to: Some(host) }
+        // The device address the kernels write, the host memory downloaded into, and the
+        // host memory they write in place (mapped).
+        let (tensor, download_to, in_place) = match target {
+            Some(Target::Device(d, DeviceCopy::None)) => (Some(d), None, None),
+            Some(Target::Device(d, DeviceCopy::To(h))) => (Some(d), Some(h), None),
+            Some(Target::Device(d, DeviceCopy::ViaEntry)) => {
+                (Some(d), Some(entry(output)?.0), None)
             }
+            Some(Target::Mapped(h, d)) => (Some(d), None, Some(h)),
+            Some(Target::Host(h)) => (None, Some(h), None),
+            None => match entry(output)? {
+                (h, Some(d)) => (Some(d), None, Some(h)),
+                (h, None) => (None, Some(h), None),
+            },
         };
+        let tensor = match tensor {
+            Some(t) => t,
+            None => self.tensor.ensure(&self.stream, len, "the tensor")?,
+        };
+        let dst = Destination { tensor, download_to };
         #[cfg(feature = "fault-injection")]
         if self.poison {
-            match dst.download_to {
+            match in_place {
                 // SAFETY: `host` has `len` bytes no GPU work uses (the precondition).
-                None => unsafe { std::ptr::write_bytes(host, 0xFF, len) },
-                Some(_) => super::fault::memset(dst.tensor, len, self.stream.cu_stream())?,
+                Some(host) => unsafe { std::ptr::write_bytes(host, 0xFF, len) },
+                None => super::fault::memset(dst.tensor, len, self.stream.cu_stream())?,
             }
         }
+        #[cfg(not(feature = "fault-injection"))]
+        let _ = in_place;
         Ok(dst)
     }
 

@@ -4,16 +4,19 @@
 
 use super::shared::{lock, RateLimitedLog, Shared};
 use crate::handoff::server::{self, Server};
-use crate::handoff::{Lease, Pool};
+use crate::handoff::{Lease, MemoryKind, Pool};
 use crate::pipeline::Pipeline;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The pool and its socket, replaced by a larger one when the output grows (run-time
-/// parameters): consumers see a new `pool_id` and connect again.
+/// The pool and its socket, replaced when the output grows (run-time parameters) or the
+/// backend is replaced (`gpu_failure_policy`): consumers see a new `pool_id` and connect
+/// again.
 pub struct Handoff {
     pool: Arc<Pool>,
+    /// The pipeline's backend epoch the pool was made for.
+    epoch: u64,
     _server: Server,
     dir: PathBuf,
     blocks: usize,
@@ -33,22 +36,46 @@ pub enum SetOutputs {
     NoBlock,
 }
 
-/// Make a pool with its socket.
+/// Make a pool for the pipeline's backend (device memory where it can share it) with its
+/// socket; logs where it is and, when the backend has a device whose memory it could not
+/// share, why the blocks are host memory.
 fn open(
+    pipeline: &Pipeline,
     blocks: usize,
     bytes: usize,
     lease: Duration,
     dir: &std::path::Path,
+    logger: &str,
 ) -> crate::Result<(Arc<Pool>, Server)> {
-    let pool = Pool::host(blocks, bytes, lease, dir)?;
+    let (pool, host_why) = pipeline.shared_pool(blocks, bytes, lease, dir)?;
     let server = Server::start(Arc::clone(&pool))?;
+    let memory = match pool.memory() {
+        MemoryKind::Cuda => format!("CUDA device {} memory", pool.device_info().0),
+        MemoryKind::Host => "host memory".to_string(),
+    };
+    r2r::log_info!(
+        logger,
+        "tensor_ref: pool {}: {blocks} shared blocks of {} bytes ({memory}), consumers connect to {}",
+        pool.id(),
+        pool.block_size(),
+        server.path().display()
+    );
+    if let Some(why) = host_why {
+        r2r::log_warn!(
+            logger,
+            "tensor_ref: the {} backend's tensors are copied into host blocks: its device \
+             memory cannot be shared ({why}; docs/HANDOFF.md)",
+            pipeline.backend().name()
+        );
+    }
     Ok((pool, server))
 }
 
 impl Handoff {
     /// The pool for the node's output, or `None` (logged: `shared_pool_size` 0, or the
-    /// pool could not be made). Host memory whatever the backend (CUDA: the tensor is
-    /// downloaded into the block, as into a message).
+    /// pool could not be made). Device memory with the CUDA backend where the GPU can
+    /// share it (the kernels write the block; no download unless `tensor` is wanted too),
+    /// else host memory.
     pub fn start(
         pipeline: &Pipeline,
         shared: &Shared,
@@ -63,7 +90,6 @@ impl Handoff {
             r2r::log_info!(logger, "tensor_ref: off (shared_pool_size 0)");
             return None;
         }
-        let backend = pipeline.backend().name();
         let lease = Duration::from_millis(u64::from(config.shared_lease_ms));
         let made = pipeline.output_bytes().and_then(|bytes| {
             let dir = server::socket_dir()?;
@@ -75,28 +101,16 @@ impl Handoff {
                     dir.display()
                 );
             }
-            let (pool, srv) = open(blocks, bytes, lease, &dir)?;
+            let (pool, srv) = open(pipeline, blocks, bytes, lease, &dir, logger)?;
             Ok((pool, srv, dir))
         });
         match made {
             Ok((pool, srv, dir)) => {
-                r2r::log_info!(
-                    logger,
-                    "tensor_ref: {blocks} shared blocks of {} bytes (host memory), consumers connect to {}",
-                    pool.block_size(),
-                    srv.path().display()
-                );
-                if backend != "cpu" {
-                    r2r::log_warn!(
-                        logger,
-                        "tensor_ref: the {backend} backend copies each tensor into host memory for \
-                         it (blocks of GPU memory are not built yet: docs/HANDOFF.md)"
-                    );
-                }
                 *lock(&shared.pool) = Some(Arc::clone(&pool));
                 let log = RateLimitedLog::new(&shared.clock);
                 Some(Handoff {
                     pool,
+                    epoch: pipeline.backend_epoch(),
                     _server: srv,
                     dir,
                     blocks,
@@ -126,22 +140,28 @@ impl Handoff {
         }
         let fill = subscribed(&self.tensor);
         let logger = shared.logger.as_str();
+        let epoch = pipeline.backend_epoch();
         match pipeline.output_bytes() {
-            Ok(bytes) if bytes > self.pool.block_size() => {
-                match open(self.blocks, bytes, self.lease, &self.dir) {
+            Ok(bytes) if bytes > self.pool.block_size() || epoch != self.epoch => {
+                match open(pipeline, self.blocks, bytes, self.lease, &self.dir, logger) {
                     Ok((pool, srv)) => {
+                        let why = if epoch != self.epoch {
+                            "the backend was replaced".to_string()
+                        } else {
+                            format!("the output grew to {bytes} bytes")
+                        };
                         r2r::log_info!(
                             logger,
-                            "tensor_ref: the output grew to {bytes} bytes: new pool {} at {}",
-                            pool.id(),
-                            srv.path().display()
+                            "tensor_ref: {why}: consumers move to pool {}",
+                            pool.id()
                         );
                         *lock(&shared.pool) = Some(Arc::clone(&pool));
                         self.pool = pool;
+                        self.epoch = epoch;
                         self._server = srv;
                     }
                     Err(e) => {
-                        log.error(&shared.logger, &format!("tensor_ref: a larger pool: {e}"));
+                        log.error(&shared.logger, &format!("tensor_ref: a new pool: {e}"));
                         return SetOutputs::Go { block: None, fill: true };
                     }
                 }
@@ -196,8 +216,15 @@ pub fn diagnostics(shared: &Shared) -> Vec<(String, String)> {
         return vec![("Shared blocks".into(), "off".into())];
     };
     let (c, in_use, consumers) = pool.counts();
+    let memory = match pool.memory() {
+        MemoryKind::Cuda => format!("cuda, device {}", pool.device_info().0),
+        MemoryKind::Host => "host".into(),
+    };
     vec![
-        ("Shared blocks".into(), format!("{} x {} bytes (host)", pool.len(), pool.block_size())),
+        (
+            "Shared blocks".into(),
+            format!("{} x {} bytes ({})", pool.len(), pool.block_size(), memory),
+        ),
         ("Shared socket".into(), pool.socket_path().display().to_string()),
         ("Shared blocks in use".into(), in_use.to_string()),
         ("Shared consumers".into(), consumers.to_string()),
