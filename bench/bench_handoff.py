@@ -37,18 +37,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = False, hold_ms: float = 0.0) -> None:
+def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = False, hold_ms: float = 0.0,
+             batch: bool = False) -> None:
     """The consumer process: subscribe to `topic` (tensor, tensor_ref, or both: each
     block's tensor compared with the Tensor of the same stamp), record per frame (stamp ->
     tensor usable) and FrameTiming, then write JSON. `use_torch`: the tensor as a CUDA
     torch tensor (tensor: `torch.from_numpy(array).cuda()`, synchronized; tensor_ref:
     `torch.as_tensor(frame.array(), device="cuda")`, which must be the block itself:
     `data_ptr()` == the mapped address). `hold_ms`: hold each frame that long (a slow
-    consumer) and check that its tensor did not change meanwhile."""
+    consumer) and check that its tensor did not change meanwhile. `batch`: the node has
+    several inputs (`TensorBatch` on tensor); a set's age is its oldest valid item's."""
     import rclpy
     import rclpy.executors
     from rclpy.qos import QoSProfile, ReliabilityPolicy
-    from vision_preproc_msgs.msg import FrameTiming, Tensor
+    from vision_preproc_msgs.msg import FrameTiming, Tensor, TensorBatch
 
     from vision_preproc_consumer import TensorRefSubscription
     torch = None
@@ -71,11 +73,16 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     def key(h) -> int:
         return h.stamp.sec * 1_000_000_000 + h.stamp.nanosec
 
+    def age_ms(msg) -> float:
+        """Now minus the camera stamp (a batch: its oldest valid item's), ms."""
+        stamps = [stamp_s(i.header) for i in getattr(msg, "items", []) if i.valid] or [stamp_s(msg.header)]
+        return (time.time() - min(stamps)) * 1e3
+
     def compare(k: int) -> None:
         if k in tensors and k in refs:
             checks["same_bytes" if tensors.pop(k) == refs.pop(k) else "different_bytes"] += 1
 
-    def on_tensor(msg: Tensor) -> None:
+    def on_tensor(msg) -> None:
         nonlocal checksum
         a = np.frombuffer(msg.data, dtype=np.float32).reshape(tuple(msg.shape))
         if torch is not None:
@@ -85,7 +92,7 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
             tensors[key(msg.header)] = a.tobytes()
             compare(key(msg.header))
             return
-        ages[key(msg.header)] = (time.time() - stamp_s(msg.header)) * 1e3
+        ages[key(msg.header)] = age_ms(msg)
         checksum += float(t[0, 0, 0, 0]) if torch is not None else float(a[0, 0, 0, 0])
 
     def value(frame):
@@ -104,7 +111,7 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
             t, address = value(frame)
             k = key(frame.msg.header)
             if topic != "both":
-                ages[k] = (time.time() - stamp_s(frame.msg.header)) * 1e3
+                ages[k] = age_ms(frame.msg)
             if frame.msg.memory_kind not in checks["memory_kinds"]:
                 checks["memory_kinds"].append(int(frame.msg.memory_kind))
             if torch is not None:
@@ -123,7 +130,8 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
     sub = None
     if topic in ("tensor", "both"):
-        node.create_subscription(Tensor, "tensor", on_tensor, qos if topic == "tensor" else 10)
+        node.create_subscription(TensorBatch if batch else Tensor, "tensor", on_tensor,
+                                 qos if topic == "tensor" else 10)
     if topic in ("tensor_ref", "both"):
         sub = TensorRefSubscription(node, "tensor_ref", on_frame, qos if topic == "tensor_ref" else 10)
     node.create_subscription(
@@ -241,6 +249,7 @@ def main() -> None:
                          "writing --out (the GPU machine's scenario starts node and camera itself)")
     ap.add_argument("--torch", action="store_true", help="the consumer makes CUDA torch tensors")
     ap.add_argument("--hold-ms", type=float, default=0.0, help="the consumer holds each frame this long")
+    ap.add_argument("--batch", action="store_true", help="the consumer's node has several inputs (TensorBatch)")
     ap.add_argument("--report", type=Path, nargs="+", help="print the phases of consumer JSON files "
                     "(named <topic>_<round>.json) and their ratio")
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -255,7 +264,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.consumer:
-        consumer(a.consumer, a.ns, a.seconds, a.out, a.torch, a.hold_ms)
+        consumer(a.consumer, a.ns, a.seconds, a.out, a.torch, a.hold_ms, a.batch)
         return
     if a.report:
         phases = [summary(json.loads(f.read_text()), f.stem.rsplit("_", 1)[0], int(f.stem.rsplit("_", 1)[1]))

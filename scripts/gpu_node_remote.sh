@@ -27,7 +27,11 @@
 #             2 x 10 s; "slow" a consumer holding each frame 500 ms for 20 s (its tensor must
 #             not change while held); "kill" a holder SIGKILLed beside a second consumer
 #             that records the node's Shared diagnostics; "sanitizer" the node under
-#             compute-sanitizer memcheck with a consumer
+#             compute-sanitizer memcheck with a consumer; "batch" 4 cameras 1080p (phases not
+#             aligned) -> one node with 4 inputs, TensorBatch 4x3x640x640 vs tensor_ref,
+#             alternating, 2 x 10 s; "fault_retry" / "fault_fallback" a device fault at frame
+#             90 (transient: the backend rebuilt, a new CUDA pool; sticky: the CPU backend, a
+#             host pool) under a consumer (CUDAREF_MODES: a subset of these modes)
 #   single    one single-camera node, 1920x1080 bgr8 -> 640x640 float32 (config/default.yaml),
 #             the previous release (.device/prev.tar.xz, bundled the same way) against this
 #             one, interleaved, 2 trials each: the highest sustained rate (PLAYERS=3
@@ -153,31 +157,47 @@ cudaref_consumer() {  # tag topic seconds [args]: a torch consumer in the backgr
     CPID=$!
 }
 cudaref_run() {  # mode [trial]: see the scenario's description
-    local mode=$1 i=${2:-1} tag="cudaref_${1}_${2:-1}" args=(--params-file config/default.yaml -p backend:=cuda) waits=() pre=()
+    local mode=$1 i=${2:-1} tag="cudaref_${1}_${2:-1}" waits=() pre=() bag="$R/bags/bgr8_1920x1080" stamps=(--restamp)
+    local args=(--params-file config/default.yaml -p backend:=cuda -p network_image_width:=640 -p network_image_height:=640)
     [[ $mode == check ]] && args=("${SMALL[@]}")
     [[ $mode == sanitizer ]] && pre=(compute-sanitizer --tool memcheck --print-limit 20)
-    "${pre[@]}" "$NODE" --ros-args "${args[@]}" >"/tmp/node_$tag.log" 2>&1 &
-    local node=$! secs=13 play=10
+    [[ $mode == batch_* ]] && args+=(-r __ns:=/bb -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]")
+    local node_bin=$NODE fault=()
     case $mode in
-        check) rm -rf "/tmp/rec_$tag"; "$CLI" record "/tmp/rec_$tag" --duration 13 >"/tmp/rec_$tag.log" 2>&1 & waits+=($!)
-               cudaref_consumer "$tag" both 13; waits+=("$CPID") ;;
-        tensor|tensor_ref) cudaref_consumer "${mode}_$i" "$mode" 13; waits+=("$CPID") ;;
-        slow)  secs=23; play=20; cudaref_consumer "$tag" tensor_ref 23 --hold-ms 500; waits+=("$CPID") ;;
-        kill)  cudaref_consumer "${tag}_holder" tensor_ref 30 --hold-ms 60000; local holder=$CPID
-               cudaref_consumer "$tag" tensor_ref 13; waits+=("$CPID")
-               (sleep 6; kill -KILL "$holder"; echo "holder SIGKILLed at $(date +%s.%N)" >"$OUT/${tag}_kill.txt") & waits+=($!) ;;
-        sanitizer) secs=25; play=20; cudaref_consumer "$tag" tensor_ref 25; waits+=("$CPID") ;;
+        fault_retry) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=90:transient); args+=(-p gpu_failure_policy:=retry) ;;
+        fault_fallback) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=90); args+=(-p gpu_failure_policy:=fallback) ;;
     esac
-    "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp --duration "$play" --wait-subscribers 1 >"/tmp/play_$tag.log" 2>&1 &
-    waits+=($!)
+    env "${fault[@]}" "${pre[@]}" "$node_bin" --ros-args "${args[@]}" >"/tmp/node_$tag.log" 2>&1 &
+    local node=$! play=10
+    case $mode in
+        check) # the demo bag as recorded (its stamps repeat per loop: compare_bags.py matches them)
+               bag=.device/bag; stamps=()
+               rm -rf "/tmp/rec_$tag"; "$CLI" record "/tmp/rec_$tag" --duration 13 >"/tmp/rec_$tag.log" 2>&1 & waits+=($!)
+               cudaref_consumer "$tag" both 13; waits+=("$CPID") ;;
+        fault_*) cudaref_consumer "$tag" tensor_ref 13; waits+=("$CPID") ;;
+        tensor|tensor_ref) cudaref_consumer "${mode}_$i" "$mode" 13; waits+=("$CPID") ;;
+        batch_*) cudaref_consumer "${mode}_$i" "${mode#batch_}" 13 --ns /bb --batch; waits+=("$CPID") ;;
+        slow)  play=20; cudaref_consumer "$tag" tensor_ref 23 --hold-ms 500; waits+=("$CPID") ;;
+        kill)  # the holder takes a frame every 1.5 s (within the 2-s lease) and is killed while holding one
+               cudaref_consumer "${tag}_holder" tensor_ref 30 --hold-ms 1500; local holder=$CPID
+               cudaref_consumer "$tag" tensor_ref 13; waits+=("$CPID")
+               (sleep 5.7; kill -KILL "$holder"; echo "holder SIGKILLed at $(date +%s.%N)" >"$OUT/${tag}_kill.txt") & waits+=($!) ;;
+        sanitizer) play=20; cudaref_consumer "$tag" tensor_ref 25; waits+=("$CPID") ;;
+    esac
+    if [[ $mode == batch_* ]]; then
+        play_cameras batched b "$tag" --duration "$play"; waits+=("${PLAYS[@]}")
+    else
+        "$CLI" play "$bag" --loop "${stamps[@]}" --duration "$play" --wait-subscribers 1 >"/tmp/play_$tag.log" 2>&1 &
+        waits+=($!)
+    fi
     sleep 6; local mem; mem=$(rss_gpu "$node")
     wait "${waits[@]}"
-    kill -TERM "$node"; wait "$node"; local rc=$?
-    echo "$tag: $(head -1 "/tmp/play_$tag.log"); node $mem, exit $rc; $(grep -o 'stopped:.*' "/tmp/node_$tag.log")"
-    grep -h "tensor_ref\|ERROR SUMMARY\|WARN" "/tmp/node_$tag.log" | cut -c1-300 | head -12
-    tail -3 "$OUT"/*"$tag"*.consumer.log 2>/dev/null | cut -c1-300
+    if [[ $mode == sanitizer ]]; then pkill -TERM -P "$node"; else kill -TERM "$node"; fi
+    wait "$node"; local rc=$?
+    echo "$tag: $(head -1 /tmp/play_"$tag"*.log | grep -v '==' | tr '\n' ' '); node $mem, exit $rc; $(grep -o 'stopped:.*' "/tmp/node_$tag.log")"
+    grep -h "tensor_ref\|ERROR SUMMARY\|WARN\|ERROR\|gpu_failure\|backend" "/tmp/node_$tag.log" | cut -c1-300 | head -12
     if [[ $mode == check ]]; then tar cf "$OUT/${tag}_bag.tar" -C /tmp "rec_$tag"; rm -rf "/tmp/rec_$tag"; fi
-    [[ $mode == sanitizer ]] && cp "/tmp/node_$tag.log" "$OUT/"
+    [[ $mode == sanitizer || $mode == fault_* ]] && cp "/tmp/node_$tag.log" "$OUT/"
 }
 start_side() {  # side letter tag bag|count: one node with 4 inputs (namespace /<letter>b)
     # or 4 single-camera nodes (/<letter>s0..3), 640x640 letterbox on cuda, and a
@@ -404,8 +424,9 @@ for sc in "${SCENARIOS[@]}"; do
         profile)  warm_up; for side in batched separate; do profile_run "$side"; done 2>&1 | tee "$OUT/profile.log" ;;
         cudaref)  tar xJf .device/py312.tar.xz -C "$R" || exit 1  # $R/py312 (scripts/py312_bundle.sh)
                   warm_up
-                  { for m in ${CUDAREF_MODES:-check bench slow kill sanitizer}; do
+                  { for m in ${CUDAREF_MODES:-check bench slow kill sanitizer batch}; do
                         if [[ $m == bench ]]; then for i in 1 2; do cudaref_run tensor "$i"; cudaref_run tensor_ref "$i"; done
+                        elif [[ $m == batch ]]; then for i in 1 2; do cudaref_run batch_tensor "$i"; cudaref_run batch_tensor_ref "$i"; done
                         else cudaref_run "$m"; fi
                     done; } 2>&1 | tee "$OUT/cudaref.log" ;;
         handoff)  warm_up; { handoff_run same 1; for i in 1 2; do handoff_run tensor "$i"; handoff_run ref "$i"; done; } 2>&1 | tee "$OUT/handoff.log" ;;
