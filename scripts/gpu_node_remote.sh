@@ -30,7 +30,7 @@
 #             compute-sanitizer memcheck with a consumer; "batch" 4 cameras 1080p (phases not
 #             aligned) -> one node with 4 inputs, TensorBatch 4x3x640x640 vs tensor_ref,
 #             alternating, 2 x 10 s; "fault_retry" / "fault_fallback" a device fault at frame
-#             90 (transient: the backend rebuilt, a new CUDA pool; sticky: the CPU backend, a
+#             200 (~7 s in, the consumer connected) (transient: the backend rebuilt, a new CUDA pool; sticky: the CPU backend, a
 #             host pool) under a consumer (CUDAREF_MODES: a subset of these modes)
 #   single    one single-camera node, 1920x1080 bgr8 -> 640x640 float32 (config/default.yaml),
 #             the previous release (.device/prev.tar.xz, bundled the same way) against this
@@ -164,8 +164,8 @@ cudaref_run() {  # mode [trial]: see the scenario's description
     [[ $mode == batch_* ]] && args+=(-r __ns:=/bb -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]")
     local node_bin=$NODE fault=()
     case $mode in
-        fault_retry) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=90:transient); args+=(-p gpu_failure_policy:=retry) ;;
-        fault_fallback) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=90); args+=(-p gpu_failure_policy:=fallback) ;;
+        fault_retry) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=200:transient); args+=(-p gpu_failure_policy:=retry) ;;
+        fault_fallback) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=200); args+=(-p gpu_failure_policy:=fallback) ;;
     esac
     env "${fault[@]}" "${pre[@]}" "$node_bin" --ros-args "${args[@]}" >"/tmp/node_$tag.log" 2>&1 &
     local node=$! play=10

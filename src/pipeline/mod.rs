@@ -645,6 +645,11 @@ impl Pipeline {
         self.abandon_pending();
         for p in &mut self.pending {
             p.message.release();
+            // A set the failed backend refused (its context was already faulted) runs
+            // again on the new one, as the abandoned ones do.
+            if matches!(p.state, PendingState::Failed(Error::Cuda(_))) {
+                p.state = PendingState::Abandoned;
+            }
         }
         self.message.release();
         let left = self.pool.retire();
