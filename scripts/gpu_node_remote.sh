@@ -31,7 +31,8 @@
 #             aligned) -> one node with 4 inputs, TensorBatch 4x3x640x640 vs tensor_ref,
 #             alternating, 2 x 10 s; "fault_retry" / "fault_fallback" a device fault at frame
 #             200 (~7 s in, the consumer connected) (transient: the backend rebuilt, a new CUDA pool; sticky: the CPU backend, a
-#             host pool) under a consumer (CUDAREF_MODES: a subset of these modes)
+#             host pool) under a consumer; "example" examples/tensor_ref_torch.py (a small conv
+#             net on each block) (CUDAREF_MODES: a subset of these modes)
 #   single    one single-camera node, 1920x1080 bgr8 -> 640x640 float32 (config/default.yaml),
 #             the previous release (.device/prev.tar.xz, bundled the same way) against this
 #             one, interleaved, 2 trials each: the highest sustained rate (PLAYERS=3
@@ -175,6 +176,9 @@ cudaref_run() {  # mode [trial]: see the scenario's description
                rm -rf "/tmp/rec_$tag"; "$CLI" record "/tmp/rec_$tag" --duration 13 >"/tmp/rec_$tag.log" 2>&1 & waits+=($!)
                cudaref_consumer "$tag" both 13; waits+=("$CPID") ;;
         fault_*) cudaref_consumer "$tag" tensor_ref 13; waits+=("$CPID") ;;
+        example) # shellcheck disable=SC1091
+                 (source "$R/py312/env.sh" && export ROS_DOMAIN_ID=21 && exec python3 examples/tensor_ref_torch.py /tensor_ref 13) \
+                     >"$OUT/$tag.consumer.log" 2>&1 & waits+=($!) ;;
         tensor|tensor_ref) cudaref_consumer "${mode}_$i" "$mode" 13; waits+=("$CPID") ;;
         batch_*) cudaref_consumer "${mode}_$i" "${mode#batch_}" 13 --ns /bb --batch; waits+=("$CPID") ;;
         slow)  play=20; cudaref_consumer "$tag" tensor_ref 23 --hold-ms 500; waits+=("$CPID") ;;
@@ -198,6 +202,7 @@ cudaref_run() {  # mode [trial]: see the scenario's description
     grep -h "tensor_ref\|ERROR SUMMARY\|WARN\|ERROR\|gpu_failure\|backend" "/tmp/node_$tag.log" | cut -c1-300 | head -12
     if [[ $mode == check ]]; then tar cf "$OUT/${tag}_bag.tar" -C /tmp "rec_$tag"; rm -rf "/tmp/rec_$tag"; fi
     [[ $mode == sanitizer || $mode == fault_* ]] && cp "/tmp/node_$tag.log" "$OUT/"
+    [[ $mode == example ]] && tail -3 "$OUT/$tag.consumer.log"
 }
 start_side() {  # side letter tag bag|count: one node with 4 inputs (namespace /<letter>b)
     # or 4 single-camera nodes (/<letter>s0..3), 640x640 letterbox on cuda, and a
