@@ -9,12 +9,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
-use vision_preproc::backend::{Backend, Conv2dOp, PreprocessOp, StageTimes};
+use vision_preproc::backend::{Backend, Conv2dOp, Job, Out, PreprocessOp, Queued, StageTimes};
 use vision_preproc::config::{GpuFailurePolicy, ResizeMode};
 use vision_preproc::error::CudaError;
 use vision_preproc::pipeline::{
-    FailureAction, FaultKind, FaultPlan, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_RESET_FRAMES,
+    FailureAction, FaultKind, FaultPlan, FrameInput, GpuFailure, GPU_RETRY_ATTEMPTS,
+    GPU_RETRY_RESET_FRAMES,
 };
+use vision_preproc::wire::msgs::Header;
 use vision_preproc::{Config, Error, ImageView, Pipeline};
 
 /// A "GPU" that works like the CPU backend until it fails, then stays broken.
@@ -312,4 +314,87 @@ fn the_cpu_backend_simulates_an_injected_fault() {
     );
     assert!(f.reason.contains("simulated on the cpu backend"), "{}", f.reason);
     assert_eq!(backends, ["cpu"; 4]);
+}
+
+/// A fake GPU with two submissions in flight (as the CUDA backend): a submission is
+/// computed at once (CPU backend) and its times handed out at its finish; once broken
+/// (on submission `fail_on_call`), every submission and finish fails, as on a faulted
+/// context.
+struct PipelinedFakeGpu {
+    fake: FakeGpu,
+    done: std::collections::VecDeque<StageTimes>,
+}
+
+impl Backend for PipelinedFakeGpu {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+    fn device_description(&self) -> String {
+        "fake GPU, 2 in flight".into()
+    }
+    fn process_into(
+        &mut self,
+        image: &ImageView<'_>,
+        op: &PreprocessOp,
+        conv: Option<&Conv2dOp>,
+        out: &mut [u8],
+    ) -> vision_preproc::Result<StageTimes> {
+        self.fake.process_into(image, op, conv, out)
+    }
+    fn max_in_flight(&self) -> usize {
+        2
+    }
+    unsafe fn submit_to(
+        &mut self,
+        job: Job<'_, '_>,
+        conv: Option<&Conv2dOp>,
+        out: Out,
+    ) -> vision_preproc::Result<Queued> {
+        let (Job::Frame { image, op }, Out::Host { ptr, len }) = (job, out) else {
+            panic!("single frames into host memory only");
+        };
+        // SAFETY: the pipeline's promise (submit_to's contract); written before returning.
+        let out = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        let times = self.fake.process_into(image, op, conv, out)?;
+        self.done.push_back(times);
+        Ok(Queued::Pending)
+    }
+    fn finish_oldest(&mut self) -> vision_preproc::Result<StageTimes> {
+        if self.fake.broken {
+            self.done.clear();
+            return Err(self.fake.error("fake finish"));
+        }
+        self.done.pop_front().ok_or_else(|| Error::Operation("nothing in flight".into()))
+    }
+    fn abandon_all(&mut self) {
+        self.done.clear();
+    }
+}
+
+#[test]
+fn a_set_the_faulted_backend_refused_runs_again_after_the_fallback() {
+    // Set 1 is in flight when set 2's submission finds the device broken (refused: on
+    // the H200 the faulted context refused the message buffer's allocation). The
+    // fallback, at set 1's finish, runs set 1 again on the CPU; set 2, refused by the
+    // backend now gone, runs again too instead of failing.
+    let cfg = config(GpuFailurePolicy::Fallback);
+    let gpu = PipelinedFakeGpu { fake: FakeGpu::new(Some(2)), done: Default::default() };
+    let mut p = Pipeline::new(cfg.clone(), Box::new(gpu)).unwrap();
+    let header = Header::default();
+    let frames: Vec<_> = (1..=2).map(frame).collect();
+    let views: Vec<_> = frames
+        .iter()
+        .map(|(w, h, data)| ImageView::new(*w, *h, w * 3, "bgr8", false, data).unwrap())
+        .collect();
+    let items: Vec<_> = views.iter().map(|v| [FrameInput::frame(v, &header, "bgr8")]).collect();
+    p.submit_frames(&items[0], &header).unwrap();
+    p.submit_frames(&items[1], &header).unwrap(); // refused by the broken device: queued as failed
+    let first = p.finish_frames(&items[0]).unwrap();
+    let f = first.gpu_failure.expect("set 1 met the failure");
+    assert_eq!((&f.action, f.backend), (&FailureAction::FellBack, "cpu"));
+    assert_eq!(p.tensor_bytes(), reference(&cfg, 1).as_slice(), "set 1 on the CPU");
+    let second = p.finish_frames(&items[1]).unwrap_or_else(|e| panic!("set 2 failed: {e}"));
+    assert!(second.gpu_failure.is_none(), "one failure, handled once");
+    assert_eq!(p.tensor_bytes(), reference(&cfg, 2).as_slice(), "set 2 run again on the CPU");
+    assert_eq!(p.backend().name(), "cpu");
 }
