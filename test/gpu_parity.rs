@@ -20,7 +20,7 @@ use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::{CudaBackend, FusedPath};
 use vision_preproc::backend::{
-    read_elements, Backend, BatchSlot, Conv2dOp, Job, PreprocessOp, Queued,
+    read_elements, Backend, BatchSlot, Conv2dOp, Job, Out, PreprocessOp, Queued,
 };
 use vision_preproc::config::{
     Border, ChannelOrder, ConvConfig, ConvKernel, DType, Interpolation, Layout, LetterboxAnchor,
@@ -837,6 +837,98 @@ fn main() -> ExitCode {
                 Err(e) => {
                     st.failed += 1;
                     println!("FAIL [{mode:?} {path:?}] two frames in flight: {e}");
+                }
+            }
+        }
+        // 5. Shared device blocks (`tensor_ref`, docs/HANDOFF.md): frame A into block 0
+        // (device only), frame B into block 1 and also downloaded into pinned memory (what
+        // a set gets when `tensor` is wanted too), then a batch [B, padded] into block 0,
+        // two in flight; each block read back and compared with the CPU backend.
+        if stride == 1 && (filter.is_empty() || filter.contains("shared")) {
+            let cfg = base_cfg(96, 72);
+            let fa = random_frame(&mut rng, Encoding::Bgr8, 160, 120, 0, false);
+            let fb = random_frame(&mut rng, Encoding::Nv12, 98, 64, 0, false);
+            let res = (|| -> Result<(), String> {
+                let oa = build_op(&cfg, &fa)?;
+                let ob = build_op(&cfg, &fb)?;
+                let len = oa.params.tensor_desc().byte_len();
+                let blocks = gpu
+                    .shared_blocks(2, 2 * len)
+                    .map_err(|e| format!("shared_blocks: {e}"))?
+                    .ok_or("the CUDA backend offered no device blocks")?;
+                if blocks.len() != 2 || blocks.block_size() < 2 * len || blocks.fd(0) < 0 {
+                    return Err(format!(
+                        "{} blocks of {} bytes, fd {}",
+                        blocks.len(),
+                        blocks.block_size(),
+                        blocks.fd(0)
+                    ));
+                }
+                let read_back =
+                    |gpu: &CudaBackend, b: usize, n: usize| -> Result<Vec<u8>, String> {
+                        let mut v = vec![0u8; n];
+                        gpu.context().bind_to_thread().map_err(|e| format!("{e:?}"))?;
+                        // SAFETY: block b holds at least n bytes on the device; `v` has n bytes;
+                        // no work on it is pending (its submission was finished).
+                        unsafe {
+                            cudarc::driver::sys::cuMemcpyDtoH_v2(
+                                v.as_mut_ptr().cast(),
+                                blocks.address(b),
+                                n,
+                            )
+                        }
+                        .result()
+                        .map_err(|e| format!("reading block {b}: {e:?}"))?;
+                        Ok(v)
+                    };
+                let mut host_b = gpu.alloc_host(len).map_err(|e| e.to_string())?;
+                let (va, vb) = (fa.view(), fb.view());
+                // SAFETY: the blocks and `host_b` live until the end of this closure and
+                // are not touched before their finish_oldest returned.
+                unsafe {
+                    let a = Out::Device { ptr: blocks.address(0), len, host: None };
+                    let host = Some(host_b.as_mut_slice().as_mut_ptr());
+                    let b = Out::Device { ptr: blocks.address(1), len, host };
+                    gpu.submit_to(Job::Frame { image: &va, op: &oa }, None, a)
+                        .map_err(|e| format!("submit A: {e}"))?;
+                    gpu.submit_to(Job::Frame { image: &vb, op: &ob }, None, b)
+                        .map_err(|e| format!("submit B: {e}"))?;
+                }
+                gpu.finish_oldest().map_err(|e| format!("finish A: {e}"))?;
+                gpu.finish_oldest().map_err(|e| format!("finish B: {e}"))?;
+                let ea = expected(&mut cpu, &fa, &cfg, None)?;
+                let eb = expected(&mut cpu, &fb, &cfg, None)?;
+                compare(&read_back(&gpu, 0, len)?, &ea, DType::Float32, &tol, None)
+                    .map_err(|e| format!("block 0 (frame A): {e}"))?;
+                compare(&read_back(&gpu, 1, len)?, &eb, DType::Float32, &tol, None)
+                    .map_err(|e| format!("block 1 (frame B): {e}"))?;
+                compare(host_b.as_slice(), &eb, DType::Float32, &tol, None)
+                    .map_err(|e| format!("frame B's host copy: {e}"))?;
+                let slots =
+                    [BatchSlot { image: Some(&vb), op: &ob }, BatchSlot { image: None, op: &oa }];
+                // SAFETY: as above.
+                unsafe {
+                    let out = Out::Device { ptr: blocks.address(0), len: 2 * len, host: None };
+                    gpu.submit_to(Job::Batch(&slots), None, out).map_err(|e| e.to_string())?;
+                }
+                gpu.finish_oldest().map_err(|e| format!("finish the batch: {e}"))?;
+                let mut want = vec![0u8; 2 * len];
+                cpu.process_batch_into(&slots, None, &mut want).map_err(|e| e.to_string())?;
+                compare(
+                    &read_back(&gpu, 0, 2 * len)?,
+                    &values(&want, DType::Float32),
+                    DType::Float32,
+                    &tol,
+                    None,
+                )
+                .map_err(|e| format!("batch in block 0: {e}"))?;
+                Ok(())
+            })();
+            match res {
+                Ok(()) => st.passed += 1,
+                Err(e) => {
+                    st.failed += 1;
+                    println!("FAIL [{mode:?} {path:?}] shared device blocks: {e}");
                 }
             }
         }

@@ -261,8 +261,8 @@ impl CudaBackend {
         self.frame.tables.ptr(&self.gpu.stream)
     }
 
-    /// Frames processed so far whose tensor went straight into the caller's pinned
-    /// memory (`process_into` on a buffer from `alloc_host`), not through a CPU copy.
+    /// Frames processed so far whose tensor went straight into the caller's memory (pinned
+    /// host memory from `alloc_host`, or a shared device block), not through a CPU copy.
     pub fn direct_frames(&self) -> u64 {
         self.frame.direct_frames
     }
