@@ -135,12 +135,14 @@ impl Handoff {
         let subscribed = |p: &r2r::PublisherUntyped| {
             p.get_inter_process_subscription_count().map_or(true, |n| n > 0)
         };
-        if !subscribed(&self.tensor_ref) {
+        // A replaced backend's pool is replaced at once, subscribers or not (a device
+        // pool was released with its backend: it serves nothing any more).
+        let (wanted, epoch) = (subscribed(&self.tensor_ref), pipeline.backend_epoch());
+        if !wanted && epoch == self.epoch {
             return SetOutputs::Go { block: None, fill: true };
         }
         let fill = subscribed(&self.tensor);
         let logger = shared.logger.as_str();
-        let epoch = pipeline.backend_epoch();
         match pipeline.output_bytes() {
             Ok(bytes) if bytes > self.pool.block_size() || epoch != self.epoch => {
                 match open(pipeline, self.blocks, bytes, self.lease, &self.dir, logger) {
@@ -171,6 +173,9 @@ impl Handoff {
                 log.error(&shared.logger, &format!("tensor_ref: {e}"));
                 return SetOutputs::Go { block: None, fill: true };
             }
+        }
+        if !wanted {
+            return SetOutputs::Go { block: None, fill: true };
         }
         let (lease, reclaimed) = self.pool.lease();
         if reclaimed > 0 {
