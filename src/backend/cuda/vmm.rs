@@ -147,19 +147,26 @@ impl VmmBlocks {
             let mut fd: libc::c_int = -1;
             // SAFETY: for POSIX fd handles the shareable handle is an int written at the
             // pointer; the allocation was created with that handle type.
-            check("cuMemExportToShareableHandle", unsafe {
+            let r = check("cuMemExportToShareableHandle", unsafe {
                 sys::cuMemExportToShareableHandle(
                     (&mut fd as *mut libc::c_int).cast(),
                     handle,
                     sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                     0,
                 )
-            })?;
-            if fd < 0 {
-                // SAFETY: the range mapped above.
-                unsafe { sys::cuMemUnmap(ptr, size) };
-                return Err(drv_err("cuMemExportToShareableHandle", "no file descriptor"));
-            }
+            })
+            .and_then(|()| match fd {
+                fd if fd < 0 => Err(drv_err("cuMemExportToShareableHandle", "no file descriptor")),
+                fd => Ok(fd),
+            });
+            let fd = match r {
+                Ok(fd) => fd,
+                Err(e) => {
+                    // SAFETY: the range mapped above, unmapped once.
+                    unsafe { sys::cuMemUnmap(ptr, size) };
+                    return Err(e);
+                }
+            };
             // SAFETY: the driver made this fd for us; nobody else owns it. Close it on
             // exec, as every fd of ours.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -170,8 +177,8 @@ impl VmmBlocks {
         match exported {
             Ok(fd) => Ok(Block { handle, ptr, fd }),
             Err(e) => {
-                // SAFETY: the reservation and the handle made above (an unmap on failure
-                // was done where it was mapped), each freed once.
+                // SAFETY: the reservation and the handle made above (every failure after
+                // the map unmapped it already), each freed once.
                 unsafe {
                     sys::cuMemAddressFree(ptr, size);
                     sys::cuMemRelease(handle);
