@@ -32,7 +32,8 @@
 #             alternating, 2 x 10 s; "fault_retry" / "fault_fallback" a device fault at frame
 #             200 (~7 s in, the consumer connected) (transient: the backend rebuilt, a new CUDA pool; sticky: the CPU backend, a
 #             host pool) under a consumer; "example" examples/tensor_ref_torch.py (a small conv
-#             net on each block) (CUDAREF_MODES: a subset of these modes)
+#             net on each block); "debug" debug_image watched beside a tensor_ref consumer
+#             (the preview read back from the CUDA block) (CUDAREF_MODES: a subset of these modes)
 #   single    one single-camera node, 1920x1080 bgr8 -> 640x640 float32 (config/default.yaml),
 #             the previous release (.device/prev.tar.xz, bundled the same way) against this
 #             one, interleaved, 2 trials each: the highest sustained rate (PLAYERS=3
@@ -176,6 +177,19 @@ cudaref_run() {  # mode [trial]: see the scenario's description
                rm -rf "/tmp/rec_$tag"; "$CLI" record "/tmp/rec_$tag" --duration 13 >"/tmp/rec_$tag.log" 2>&1 & waits+=($!)
                cudaref_consumer "$tag" both 13; waits+=("$CPID") ;;
         fault_*) cudaref_consumer "$tag" tensor_ref 13; waits+=("$CPID") ;;
+        debug) # debug_image beside a tensor_ref consumer: previews read back from the CUDA block
+               cudaref_consumer "$tag" tensor_ref 13; waits+=("$CPID")
+               # shellcheck disable=SC1091
+               (source "$R/py312/env.sh" && export ROS_DOMAIN_ID=21 && exec python3 -c '
+import time, numpy as np, rclpy
+from sensor_msgs.msg import Image
+rclpy.init(); n = rclpy.create_node("debug_watch"); got = []
+n.create_subscription(Image, "/debug_image", got.append, 10)
+t0 = time.time()
+while time.time() - t0 < 13: rclpy.spin_once(n, timeout_sec=0.1)
+means = [float(np.frombuffer(bytes(m.data), np.uint8).mean()) for m in got]
+print(f"debug_image: {len(got)} images", (got[-1].width, got[-1].height, got[-1].encoding) if got else "", "mean pixel", [round(x, 1) for x in means[-5:]])
+') >"$OUT/${tag}_debug.log" 2>&1 & waits+=($!) ;;
         example) # shellcheck disable=SC1091
                  (source "$R/py312/env.sh" && export ROS_DOMAIN_ID=21 && exec python3 examples/tensor_ref_torch.py /tensor_ref 13) \
                      >"$OUT/$tag.consumer.log" 2>&1 & waits+=($!) ;;
@@ -203,6 +217,7 @@ cudaref_run() {  # mode [trial]: see the scenario's description
     if [[ $mode == check ]]; then tar cf "$OUT/${tag}_bag.tar" -C /tmp "rec_$tag"; rm -rf "/tmp/rec_$tag"; fi
     [[ $mode == sanitizer || $mode == fault_* ]] && cp "/tmp/node_$tag.log" "$OUT/"
     [[ $mode == example ]] && tail -3 "$OUT/$tag.consumer.log"
+    [[ $mode == debug ]] && tail -3 "$OUT/${tag}_debug.log"
 }
 start_side() {  # side letter tag bag|count: one node with 4 inputs (namespace /<letter>b)
     # or 4 single-camera nodes (/<letter>s0..3), 640x640 letterbox on cuda, and a

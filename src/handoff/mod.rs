@@ -95,6 +95,10 @@ pub trait DeviceBlocks: Send + Sync {
     fn device_id(&self) -> i32;
     /// The device's UUID (`TensorRef.device_uuid`).
     fn uuid(&self) -> [u8; 16];
+    /// Copy the first `out.len()` bytes of block i into `out` (waits for the copy), for
+    /// the node's own look at a tensor (`debug_image`). No GPU work may be writing the
+    /// block.
+    fn read(&self, i: usize, out: &mut [u8]) -> Result<()>;
 }
 
 /// A pool's blocks.
@@ -579,6 +583,18 @@ impl Lease {
         }
     }
 
+    /// Copy the first `out.len()` bytes of a device block into `out` (see
+    /// [`DeviceBlocks::read`]; an error for host memory or a released pool).
+    pub fn read_device(&self, out: &mut [u8]) -> Result<()> {
+        match &self.pool.blocks {
+            Blocks::Device(d) => match d.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                Some(d) => d.read(self.index, out),
+                None => Err(Error::Operation("the shared block's pool was released".into())),
+            },
+            Blocks::Host(_) => Err(Error::Operation("a host block has no device copy".into())),
+        }
+    }
+
     /// The block is device memory.
     pub fn is_device(&self) -> bool {
         matches!(self.pool.blocks, Blocks::Device(_))
@@ -711,6 +727,10 @@ mod tests {
         fn uuid(&self) -> [u8; 16] {
             [7; 16]
         }
+        fn read(&self, i: usize, out: &mut [u8]) -> Result<()> {
+            out.fill(i as u8 + 1);
+            Ok(())
+        }
     }
 
     #[test]
@@ -730,8 +750,12 @@ mod tests {
         assert!(a.is_device() && a.bytes().is_empty());
         let Some(BlockMemory::Device(addr, size)) = a.memory() else { panic!("a device block") };
         assert_eq!((addr, size), (0x7000_0000_0000 + (a.index() as u64) * (2 << 20), 2 << 20));
+        let mut copy = [0u8; 4];
+        a.read_device(&mut copy).unwrap();
+        assert_eq!(copy, [a.index() as u8 + 1; 4], "the block's own read");
         p.release_device();
         assert!(p.released() && a.memory().is_none(), "released: no address any more");
+        assert!(a.read_device(&mut copy).is_err());
         assert!(p.fds().is_none() && p.lease().0.is_none(), "nothing served, nothing leased");
     }
 

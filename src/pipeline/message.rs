@@ -157,10 +157,16 @@ impl MessageBuf {
         }
     }
 
-    /// What the network sees of each tensor in the message, stacked top to bottom.
+    /// What the network sees of each tensor in the message, stacked top to bottom (from
+    /// a device block, copied to the host for it, when the message does not hold them).
     pub fn preview(&self) -> Result<PreviewImage> {
-        match &self.params {
-            Some(params) if !self.tensor().is_empty() => preview_items(params, self.tensor()),
+        match (&self.params, &self.block) {
+            (Some(params), Some(b)) if b.is_device() && !self.fill => {
+                let mut bytes = vec![0u8; self.cdr.data_len];
+                b.read_device(&mut bytes)?;
+                preview_items(params, &bytes)
+            }
+            (Some(params), _) if !self.tensor().is_empty() => preview_items(params, self.tensor()),
             _ => Err(Error::Operation("no frame has been processed yet".into())),
         }
     }

@@ -213,6 +213,22 @@ impl DeviceBlocks for VmmBlocks {
     fn uuid(&self) -> [u8; 16] {
         self.uuid
     }
+
+    fn read(&self, i: usize, out: &mut [u8]) -> Result<()> {
+        if out.len() > self.size {
+            return Err(crate::Error::Operation(format!(
+                "reading {} bytes of a {}-byte block",
+                out.len(),
+                self.size
+            )));
+        }
+        self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+        // SAFETY: block i holds `size` >= `out.len()` bytes on the device; `out` is that
+        // many writable bytes; the synchronous copy completes before this returns.
+        let r =
+            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.blocks[i].ptr, out.len()) };
+        Ok(check("cuMemcpyDtoH (a shared block)", r)?)
+    }
 }
 
 impl Drop for VmmBlocks {
