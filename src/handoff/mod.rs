@@ -109,12 +109,37 @@ enum Blocks {
     Device(Mutex<Option<Box<dyn DeviceBlocks>>>),
 }
 
+impl Blocks {
+    /// The device blocks (`None` inside once released); `None` for host memory.
+    fn device(&self) -> Option<MutexGuard<'_, Option<Box<dyn DeviceBlocks>>>> {
+        match self {
+            Blocks::Device(d) => Some(d.lock().unwrap_or_else(|p| p.into_inner())),
+            Blocks::Host(_) => None,
+        }
+    }
+}
+
 /// Where a leased block is written.
 pub enum BlockMemory<'a> {
     /// Host memory: its bytes.
     Host(&'a mut [u8]),
     /// Device memory: its address and size.
     Device(u64, usize),
+}
+
+impl BlockMemory<'_> {
+    /// Bytes of the block.
+    pub fn len(&self) -> usize {
+        match self {
+            BlockMemory::Host(b) => b.len(),
+            BlockMemory::Device(_, size) => *size,
+        }
+    }
+
+    /// Never true (a block is never empty).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A consumer's row of holds.
@@ -219,7 +244,7 @@ impl Pool {
             let map = Mapping::shared(fd.as_raw_fd(), block_size, true)?;
             blocks.push((fd, map));
         }
-        Pool::new(id, MemoryKind::Host, count, block_size, Blocks::Host(blocks), lease, dir)
+        Pool::new(id, count, block_size, Blocks::Host(blocks), lease, dir)
     }
 
     /// A pool of a backend's device `blocks` (see [`DeviceBlocks`]), their socket in
@@ -232,13 +257,12 @@ impl Pool {
             ));
         }
         let blocks = Blocks::Device(Mutex::new(Some(blocks)));
-        Pool::new(random_id(), MemoryKind::Cuda, count, block_size, blocks, lease, dir)
+        Pool::new(random_id(), count, block_size, blocks, lease, dir)
     }
 
     /// The control block and the pool around `blocks`.
     fn new(
         id: u64,
-        memory: MemoryKind,
         count: usize,
         block_size: usize,
         blocks: Blocks,
@@ -255,12 +279,10 @@ impl Pool {
         // not shared with anyone yet.
         unsafe { std::ptr::copy_nonoverlapping(CONTROL_MAGIC.as_ptr(), cmap.ptr(), 8) };
         let socket_path = dir.join(format!("{id:016x}.sock"));
-        let (device_id, uuid) = match &blocks {
-            Blocks::Device(d) => match d.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-                Some(d) => (d.device_id(), d.uuid()),
-                None => (-1, [0; 16]),
-            },
-            Blocks::Host(_) => (-1, [0; 16]),
+        let (memory, device_id, uuid) = match blocks.device().as_deref() {
+            Some(Some(d)) => (MemoryKind::Cuda, d.device_id(), d.uuid()),
+            Some(None) => (MemoryKind::Cuda, -1, [0; 16]),
+            None => (MemoryKind::Host, -1, [0; 16]),
         };
         Ok(Arc::new(Pool {
             id: format!("{id:016x}"),
@@ -290,17 +312,14 @@ impl Pool {
     /// be kept alive by them). The pool then leases nothing and serves no consumer;
     /// consumers keep what they imported. Nothing for a host pool.
     pub fn release_device(&self) {
-        if let Blocks::Device(d) = &self.blocks {
-            drop(d.lock().unwrap_or_else(|p| p.into_inner()).take());
+        if let Some(mut d) = self.blocks.device() {
+            drop(d.take());
         }
     }
 
     /// The device blocks were released ([`Pool::release_device`]).
     pub fn released(&self) -> bool {
-        match &self.blocks {
-            Blocks::Device(d) => d.lock().unwrap_or_else(|p| p.into_inner()).is_none(),
-            Blocks::Host(_) => false,
-        }
+        self.blocks.device().is_some_and(|d| d.is_none())
     }
 
     /// The device's ordinal and UUID (`TensorRef.device_id`, `device_uuid`; -1 and zeros
@@ -528,9 +547,9 @@ impl Pool {
         let mut fds = vec![self.control.0.as_raw_fd()];
         match &self.blocks {
             Blocks::Host(b) => fds.extend(b.iter().map(|(fd, _)| fd.as_raw_fd())),
-            Blocks::Device(d) => {
-                let d = d.lock().unwrap_or_else(|p| p.into_inner());
-                let d = d.as_ref()?;
+            Blocks::Device(_) => {
+                let d = self.blocks.device()?;
+                let d = d.as_deref()?;
                 fds.extend((0..d.len()).map(|i| d.fd(i)));
             }
         }
@@ -563,9 +582,9 @@ impl Lease {
                     std::slice::from_raw_parts_mut(map.ptr(), map.len())
                 }))
             }
-            Blocks::Device(d) => {
-                let d = d.lock().unwrap_or_else(|p| p.into_inner());
-                let d = d.as_ref()?;
+            Blocks::Device(_) => {
+                let d = self.pool.blocks.device()?;
+                let d = d.as_deref()?;
                 Some(BlockMemory::Device(d.address(self.index), d.block_size()))
             }
         }
@@ -586,12 +605,10 @@ impl Lease {
     /// Copy the first `out.len()` bytes of a device block into `out` (see
     /// [`DeviceBlocks::read`]; an error for host memory or a released pool).
     pub fn read_device(&self, out: &mut [u8]) -> Result<()> {
-        match &self.pool.blocks {
-            Blocks::Device(d) => match d.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-                Some(d) => d.read(self.index, out),
-                None => Err(Error::Operation("the shared block's pool was released".into())),
-            },
-            Blocks::Host(_) => Err(Error::Operation("a host block has no device copy".into())),
+        match self.pool.blocks.device().as_deref() {
+            Some(Some(d)) => d.read(self.index, out),
+            Some(None) => Err(Error::Operation("the shared block's pool was released".into())),
+            None => Err(Error::Operation("a host block has no device copy".into())),
         }
     }
 

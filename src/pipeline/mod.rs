@@ -587,22 +587,17 @@ impl Pipeline {
             Some(None) => {
                 return Err(Error::Operation("the shared block's pool was closed".into()));
             }
-            Some(Some(BlockMemory::Host(bytes))) if bytes.len() >= len => {
-                backend::Out::Host { ptr: bytes.as_mut_ptr(), len }
-            }
-            Some(Some(BlockMemory::Device(ptr, size))) if size >= len => {
-                backend::Out::Device { ptr, len, host: fill.then_some(host) }
-            }
-            Some(Some(BlockMemory::Host(b))) => {
+            Some(Some(m)) if m.len() < len => {
                 return Err(Error::Operation(format!(
                     "the shared block holds {} bytes but the tensors are {len}",
-                    b.len()
+                    m.len()
                 )));
             }
-            Some(Some(BlockMemory::Device(_, size))) => {
-                return Err(Error::Operation(format!(
-                    "the shared block holds {size} bytes but the tensors are {len}"
-                )));
+            Some(Some(BlockMemory::Host(bytes))) => {
+                backend::Out::Host { ptr: bytes.as_mut_ptr(), len }
+            }
+            Some(Some(BlockMemory::Device(ptr, _))) => {
+                backend::Out::Device { ptr, len, host: fill.then_some(host) }
             }
         };
         let conv = self.conv.as_ref();
