@@ -42,7 +42,8 @@
 #             node-added latency at 30 Hz (one player, 10 s, `record` p50 / p99)
 #   profile   where a node's time goes at --max, per thread (scripts/thread_cpu.py): the
 #             batched node (4 inputs) and the four single-camera nodes of `batchmax`, and
-#             their players and subscribers
+#             their players and subscribers (PROFILE_SIDES: a subset or order of batched,
+#             pairs (two nodes with 2 inputs each: two DDS participants), separate)
 #   batch     4 cameras 1920x1080 bgr8 at 30 Hz (4 players, phases not aligned) -> one node
 #             with 4 inputs (TensorBatch 4x3x640x640) vs 4 single-camera nodes, cuda;
 #             node-added and end-to-end latency per side (2 x 10 s, interleaved)
@@ -53,7 +54,7 @@
 #             they can (play --max), 6 s each: frames sent / received / published / dropped
 #             per side and rate (the highest rate without drops), and published frames/s at
 #             --max (the highest sustained rate); `record --count-only` as the subscribers
-#             (SWEEP_RATES="1 2": fewer rates; SWEEP_BACKEND=cpu: a dry run of the script
+#             (SWEEP_RATES="1 2": fewer rates; SWEEP_SIDES: sides as PROFILE_SIDES; SWEEP_BACKEND=cpu: a dry run of the script
 #             on a machine without a GPU)
 # Logs: $OUT/<scenario>.log; recorded bags of the first three as $OUT/<scenario>_bag.tar
 # (compare with an offline CPU replay here: scripts/compare_bags.py); JSON per run.
@@ -236,6 +237,13 @@ start_side() {  # side letter tag bag|count: one node with 4 inputs (namespace /
             -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]" >"/tmp/node_$tag.log" 2>&1 &
         PIDS+=($!)
         record_side "$tag" "/${l}b" "$OUT/${tag}.json" --batch
+    elif [[ $side == pairs ]]; then  # two nodes (two DDS participants) with 2 inputs each
+        for k in 0 1; do
+            "$NODE" --ros-args -r __ns:=/${l}p$k --params-file config/default.yaml "${net[@]}" \
+                -p "inputs:=[cam0/image, cam1/image]" >"/tmp/node_${tag}_$k.log" 2>&1 &
+            PIDS+=($!)
+            record_side "${tag}_$k" "/${l}p$k" "$OUT/${tag}_$k.json" --batch
+        done
     else
         for k in 0 1 2 3; do
             "$NODE" --ros-args -r __ns:=/${l}s$k --params-file config/default.yaml "${net[@]}" >"/tmp/node_${tag}_$k.log" 2>&1 &
@@ -250,6 +258,7 @@ play_cameras() {  # side letter tag play-args...: the 4 cameras of start_side's 
     PLAYS=()
     for k in 0 1 2 3; do
         topic=/${l}b/cam$k/image; [[ $side == separate ]] && topic=/${l}s$k/image
+        [[ $side == pairs ]] && topic=/${l}p$((k / 2))/cam$((k % 2))/image
         timeout 60 "$CLI" play "$R/bags/bgr8_1920x1080" --loop --restamp "$@" --image-topic "$topic" \
             --camera-info-topic "${topic%/image}/camera_info" --wait-subscribers 1 >"/tmp/play_${tag}_$k.log" 2>&1 &
         PLAYS+=($!)
@@ -439,9 +448,9 @@ for sc in "${SCENARIOS[@]}"; do
         latency)  for size in 1280x720 1920x1080; do for i in 1 2 3; do latency_run "$size" "$i"; done; done 2>&1 | tee "$OUT/latency.log" ;;
         batch)    warm_up; for i in 1 2; do batch_run batched "$i"; batch_run separate "$i"; done 2>&1 | tee "$OUT/batch.log" ;;
         batchfault) warm_up; for pol in retry fallback; do batch_fault_run "$pol"; done 2>&1 | tee "$OUT/batchfault.log" ;;
-        batchmax) warm_up; for rate in ${SWEEP_RATES:-1 2 4 6 8 max}; do sweep_run batched "$rate"; sweep_run separate "$rate"; done 2>&1 | tee "$OUT/batchmax.log" ;;
+        batchmax) warm_up; for rate in ${SWEEP_RATES:-1 2 4 6 8 max}; do for side in ${SWEEP_SIDES:-batched separate}; do sweep_run "$side" "$rate"; done; done 2>&1 | tee "$OUT/batchmax.log" ;;
         single)   warm_up; single_all 2>&1 | tee "$OUT/single.log" ;;
-        profile)  warm_up; for side in batched separate; do profile_run "$side"; done 2>&1 | tee "$OUT/profile.log" ;;
+        profile)  warm_up; for side in ${PROFILE_SIDES:-batched separate}; do profile_run "$side"; done 2>&1 | tee "$OUT/profile.log" ;;
         cudaref)  tar xJf .device/py312.tar.xz -C "$R" || exit 1  # $R/py312 (scripts/py312_bundle.sh)
                   warm_up
                   { for m in ${CUDAREF_MODES:-check bench slow kill sanitizer batch}; do

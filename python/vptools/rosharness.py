@@ -34,8 +34,15 @@ DEFERRED_CPU_ENV = "VISION_PREPROC_TEST_DEFERRED_CPU"
 #: The test hooks' variables: a node given one of them runs the fault-injection build.
 TEST_HOOK_ENVS = (INJECT_FAULT_ENV, DEFERRED_CPU_ENV)
 
-# One domain for this test run (set before rclpy is imported anywhere), loopback only.
-os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid() ^ int(time.time())).randint(1, 100)))
+# One domain for this test run (set before rclpy is imported anywhere), loopback only. With
+# pytest-xdist (scripts/test.sh runs the ROS tests in workers) each worker gets its own: the
+# run's domain (chosen by the first process that imports this, pytest's controller, whose
+# environment the workers inherit) plus the worker's number.
+os.environ.setdefault("VPTOOLS_ROS_DOMAIN", os.environ.get("ROS_DOMAIN_ID")
+                      or str(random.Random(os.getpid() ^ int(time.time())).randint(1, 90)))
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+os.environ["ROS_DOMAIN_ID"] = str(int(os.environ["VPTOOLS_ROS_DOMAIN"])
+                                  + (int(_worker[2:]) if _worker[2:].isdigit() else 0))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 # The peer publishes large best-effort images: use the Fast DDS profile the README tells
 # camera drivers to use (a large shared-memory segment; see config/fastdds_large_frames.xml).

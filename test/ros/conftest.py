@@ -15,6 +15,21 @@ from vptools.rosharness import ROOT
 COLCON_WS = ROOT / "target" / "colcon"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "alone: runs with no other test beside it (scripts/test.sh runs these "
+                                       "after the others, in one process: they load the machine on purpose)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's `--dist loadgroup` (scripts/test.sh): each file's tests stay
+    in one worker (module fixtures, tests that follow each other), and the files that build
+    the colcon workspace share one group (one worker builds COLCON_WS, once)."""
+    for item in items:
+        group = "colcon" if "colcon_install" in getattr(item, "fixturenames", ()) else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def colcon_build(*args: str) -> None:
     """`colcon build ARGS` from the repository root into COLCON_WS."""
     cmd = ["colcon", "--log-base", str(COLCON_WS / "log"), "build", "--build-base", str(COLCON_WS / "build"),

@@ -28,10 +28,13 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import pytest
+
 from vptools import soak
 from vptools.soak import HEAVY  # a dense 15x15 conv2d (no separable fast path): slow processing
 
 
+@pytest.mark.alone
 def test_overload_5x_for_60_s_is_also_the_ci_soak(tmp_path: Path) -> None:
     cfg = soak.SoakConfig(seconds=60, rate=30, width=1920, height=1080, warmup=5, overload=True,
                           node_params=HEAVY, node_threads=1, window=15, ns="/overload")
