@@ -16,14 +16,6 @@ cd "$ROOT"
 # shellcheck disable=SC1091
 source .ros/env.sh
 export VISION_PREPROC_TEST_FEATURES="fault-injection,bench"
-# The test builds compile this crate at opt-level 1 (its dependencies stay as the product
-# builds them, so nothing else is compiled again): two builds of the crate (the library
-# with the hooks, its unit tests) take ~100 s instead of ~180 s on 2 cores, and the tests
-# run as long (~6 s). Values do not change with the opt-level (Rust neither contracts nor
-# reassociates float arithmetic at any level; docs/JETSON.md); the product binaries that
-# the Python and ROS tests run are the release build's (opt-level 3).
-export VISION_PREPROC_TEST_CARGO_CONFIG="profile.release.package.vision_preproc.opt-level=1"
-TEST_CARGO=(--release --features "$VISION_PREPROC_TEST_FEATURES" --config "$VISION_PREPROC_TEST_CARGO_CONFIG")
 
 STAGE="" STAGE_T0=$SECONDS NVRTC_PID=""
 TIMES=()
@@ -66,14 +58,14 @@ print(f"{len(crates)} crates at opt-level 0 ({', '.join(crates)}): none in the p
 EOF
 
 section rust "Rust tests (unit + integration, CPU, with the test hooks; GPU tests report 'no GPU' and are not counted)"
-cargo test "${TEST_CARGO[@]}" --all-targets --no-run 2>&1
+cargo test --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" --no-run 2>&1
 # test/nvrtc_compile.rs checks the kernels build.rs embedded and compiles one file with
 # NVRTC (a few seconds; it compiled every kernel, about a minute, before they were
 # embedded): it runs in the background beside the other Rust tests, the example and the
 # Python tests without ROS (none of which measures time), and is waited for before the
 # ROS tests.
 NVRTC_LOG=target/nvrtc_compile.log
-cargo test "${TEST_CARGO[@]}" --test nvrtc_compile >"$NVRTC_LOG" 2>&1 &
+cargo test --release --features "$VISION_PREPROC_TEST_FEATURES" --test nvrtc_compile >"$NVRTC_LOG" 2>&1 &
 NVRTC_PID=$!
 # If this script stops early: stop that cargo and the test binary it runs.
 trap '[ -z "$NVRTC_PID" ] || { pkill -P "$NVRTC_PID" || true; kill "$NVRTC_PID" || true; } 2>/dev/null; summary' EXIT
@@ -84,10 +76,10 @@ targets = [t for p in json.load(sys.stdin)["packages"] if p["name"] == "vision_p
 for t in targets:
     if "test" in t["kind"] and t["name"] != "nvrtc_compile":
         print("--test=" + t["name"])')
-cargo test "${TEST_CARGO[@]}" --lib --bins --examples --benches "${other_tests[@]}" 2>&1
+cargo test --release --lib --bins --examples --benches "${other_tests[@]}" --features "$VISION_PREPROC_TEST_FEATURES" 2>&1
 
 section example "the example: Config -> backend -> Pipeline::process on a photograph (examples/preprocess_file.rs)"
-example="$(cargo run -q "${TEST_CARGO[@]}" --example preprocess_file -- test/data/chelsea.png)"
+example="$(cargo run -q --release --features "$VISION_PREPROC_TEST_FEATURES" --example preprocess_file -- test/data/chelsea.png)"
 echo "$example"
 grep -q "451x300 -> tensor \[1, 3, 320, 320\] float32" <<<"$example" || { echo "the example printed something else"; exit 1; }
 

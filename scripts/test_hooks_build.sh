@@ -5,8 +5,8 @@
 # python/vptools/rosharness.py); target/release/ keeps the product binaries.
 #
 # Both builds stay in cargo's cache (target/release/deps holds one per feature set), so
-# after scripts/test.sh's `cargo test` (the same features, the crate at opt-level 1) this
-# compiles nothing: cargo only links the right build into target/release/ again.
+# after `cargo test --features fault-injection,bench` (scripts/test.sh) this compiles
+# nothing: cargo only links the right build into target/release/ again.
 #
 # Usage: scripts/test_hooks_build.sh      (after `source .ros/env.sh`, or it sources it)
 set -euo pipefail
@@ -15,10 +15,8 @@ cd "$ROOT"
 # shellcheck disable=SC1091
 [ -n "${AMENT_PREFIX_PATH:-}" ] || source .ros/env.sh
 FEATURES="${VISION_PREPROC_TEST_FEATURES:-fault-injection,bench}"
-# The crate at scripts/test.sh's opt-level for test builds (else this compiles it again).
-CONFIG="${VISION_PREPROC_TEST_CARGO_CONFIG:-profile.release.package.vision_preproc.opt-level=1}"
 
-cargo build --release --bins --features "$FEATURES" --config "$CONFIG"
+cargo build --release --bins --features "$FEATURES"
 mkdir -p target/fault-injection
 cp -f target/release/vision_preproc_node target/release/vision_preproc target/fault-injection/
 # The product again in target/release/ (cached: no compilation after `make build`).
