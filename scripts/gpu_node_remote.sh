@@ -43,7 +43,8 @@
 #   profile   where a node's time goes at --max, per thread (scripts/thread_cpu.py): the
 #             batched node (4 inputs) and the four single-camera nodes of `batchmax`, and
 #             their players and subscribers (PROFILE_SIDES: a subset or order of batched,
-#             pairs (two nodes with 2 inputs each: two DDS participants), separate)
+#             batched_own (the batched node with input_participants per_input), pairs (two
+#             nodes with 2 inputs each: two DDS participants), separate)
 #   batch     4 cameras 1920x1080 bgr8 at 30 Hz (4 players, phases not aligned) -> one node
 #             with 4 inputs (TensorBatch 4x3x640x640) vs 4 single-camera nodes, cuda;
 #             node-added and end-to-end latency per side (2 x 10 s, interleaved)
@@ -232,8 +233,9 @@ start_side() {  # side letter tag bag|count: one node with 4 inputs (namespace /
             --duration 60 --json "$3" >"/tmp/rec_$1.log" 2>&1 &
         RECS+=($!)
     }
-    if [[ $side == batched ]]; then
-        "$NODE" --ros-args -r __ns:=/${l}b --params-file config/default.yaml "${net[@]}" \
+    if [[ $side == batched || $side == batched_own ]]; then
+        local own=(); [[ $side == batched_own ]] && own=(-p input_participants:=per_input)
+        "$NODE" --ros-args -r __ns:=/${l}b --params-file config/default.yaml "${net[@]}" "${own[@]}" \
             -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]" >"/tmp/node_$tag.log" 2>&1 &
         PIDS+=($!)
         record_side "$tag" "/${l}b" "$OUT/${tag}.json" --batch

@@ -221,6 +221,27 @@ impl BatchPolicyChoice {
     }
 }
 
+/// Which DDS participant takes each input's images (`input_participants`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputParticipants {
+    /// The node's own participant takes every input (one Fast DDS receive thread).
+    One,
+    /// Each input its own participant (a hidden node `_<node>_input<i>`), with its own
+    /// receive thread and its own thread taking the images.
+    PerInput,
+}
+
+impl InputParticipants {
+    /// The parameter value.
+    pub fn name(self) -> &'static str {
+        match self {
+            InputParticipants::One => "one",
+            InputParticipants::PerInput => "per_input",
+        }
+    }
+}
+
 /// The conv2d parameters (`conv.*`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -333,6 +354,9 @@ pub struct Config {
     pub stale_after_ms: u32,
     /// `approximate_time`: frames kept per camera while looking for a set, [1, 100].
     pub batch_queue_size: u32,
+    /// Which DDS participant takes the input images: one | per_input
+    /// (docs/MULTI_CAMERA.md, *Highest frame rates*).
+    pub input_participants: InputParticipants,
     /// Shared output blocks for `tensor_ref` (docs/HANDOFF.md), [0, 64]; 0: no
     /// `tensor_ref`.
     pub shared_pool_size: u32,
@@ -375,6 +399,7 @@ impl Default for Config {
             max_interval_ms: 20,
             stale_after_ms: 1000,
             batch_queue_size: 5,
+            input_participants: InputParticipants::One,
             shared_pool_size: 4,
             shared_lease_ms: 2000,
         }

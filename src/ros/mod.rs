@@ -6,6 +6,7 @@
 mod dds;
 mod native;
 pub mod node;
+mod participant;
 mod play;
 mod record;
 

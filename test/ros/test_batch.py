@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -262,21 +263,36 @@ APPROX_CONFIG = {"network_image_width": NET_W, "network_image_height": NET_H, "r
                  "output_layout": "NHWC", "output_dtype": "float16"}
 
 
-def test_two_cameras_approximate_time_nhwc_float16(tmp_path: Path) -> None:
-    ns = "/batch2"
+@pytest.mark.parametrize("participants", ["one", "per_input"])
+def test_two_cameras_approximate_time_nhwc_float16(tmp_path: Path, participants: str) -> None:
+    """Also with `input_participants: per_input`: each camera's images taken by its own DDS
+    participant (a hidden node), into the same batches."""
+    ns = "/batch2" if participants == "one" else "/batch2p"
     a = photo_frame("rgb8", "astronaut.png", size=(72, 40))
     b = photo_frame("bayer_rggb8", size=(64, 64))
     args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", f"network_image_width:={NET_W}",
             "-p", f"network_image_height:={NET_H}", "-p", "resize_mode:=stretch", "-p", "output_layout:=NHWC",
             "-p", "output_dtype:=float16", "-p", "inputs:=[cam0/image, cam1/image]",
             "-p", "batch_policy:=approximate_time", "-p", "max_interval_ms:=20", "-p", "batch_queue_size:=5",
-            "-p", "debug_image_rate:=50.0"]
+            "-p", "debug_image_rate:=50.0", "-p", f"input_participants:={participants}"]
     with NodeProcess(args, log=tmp_path / "node.log") as node:
         cams = Cameras(ns, 2)
         debug: list[Image] = []
         cams.node.create_subscription(Image, "debug_image", debug.append, RELIABLE)
         try:
             cams.wait_connected(ns)
+            # Who subscribes to each camera: the node, or the input's hidden node (its own
+            # participant; the graph names a reader's node once that participant's node
+            # list has arrived, which may follow the reader); camera_info stays the node's.
+            def readers(i: int) -> list[tuple[str, str]]:
+                return [(r.node_name, r.node_namespace)
+                        for r in cams.node.get_subscriptions_info_by_topic(f"{ns}/cam{i}/image")]
+            want = [("vision_preproc" if participants == "one" else f"_vision_preproc_input{i}", ns)
+                    for i in range(2)]
+            cams.spin_until(lambda: [r for i in range(2) for r in readers(i)] == want, 10,
+                            f"the readers of the cameras: {want}")
+            info_readers = [r.node_name for r in cams.node.get_subscriptions_info_by_topic(f"{ns}/cam0/camera_info")]
+            assert info_readers == ["vision_preproc"], info_readers
             # (No wait for the debug_image subscription to match: a camera without a frame
             # for stale_after_ms since the node started goes stale; the first debug
             # images may be skipped, the later ones are checked.)
@@ -326,6 +342,12 @@ def test_two_cameras_approximate_time_nhwc_float16(tmp_path: Path) -> None:
         finally:
             cams.close()
         assert node.stop() == 0
+    # The books: all 30 frames taken (20 + 10), each published or dropped (the camera-0
+    # frames without a partner), none left with the inputs' own participants.
+    summary = re.search(r"stopped: (\d+) frames received, (\d+) published, (\d+) dropped", node.output())
+    assert summary, node.output()[-2000:]
+    received, published, dropped = map(int, summary.groups())
+    assert received == 30 and published + dropped == received and published >= 16, summary.group(0)
 
 
 def test_one_input_topic_is_the_single_camera_node(tmp_path: Path) -> None:

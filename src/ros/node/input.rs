@@ -9,6 +9,7 @@
 use super::native::{NativeImage, RosArgs};
 use super::shared::{lock, Received, Shared};
 use crate::config::QosPreset;
+use crate::ros::participant::{Deliver, OwnParticipant};
 use crate::transport::{
     adapt_to_offers, Adapted, DeliveryMonitor, Durability, Offer, Reliability, NO_PUBLISHER_YET,
 };
@@ -102,22 +103,36 @@ pub struct Input {
     info: Topic,
     images: Option<Images>,
     infos: Option<CameraInfos>,
+    /// With `input_participants: per_input`, the participant whose thread takes this
+    /// input's images and delivers them itself (`images` stays `None`).
+    own: Option<OwnParticipant>,
     next_check: Instant,
+}
+
+/// An image taken from input `index`'s subscription at `at`: counted by the input's
+/// delivery monitor.
+pub fn arrived(shared: &Shared, index: usize, msg: r2r::NativeMsg<Image>, at: Instant) -> Received {
+    let msg = NativeImage::new(msg);
+    lock(&shared.inputs[index]).monitor.image(at, msg.stamp_ns(), msg.data().len());
+    Received { msg, at }
 }
 
 impl Input {
     /// Subscribe to the image topic `image` (input `index`; `image` for a single
     /// camera) and its `camera_info` ([`camera_info_topic`]); relative names: namespaces
-    /// and remaps apply. `args` resolves the names for the graph queries of `auto`.
+    /// and remaps apply. `args` resolves the names for the graph queries of `auto`. With
+    /// `own` (`input_participants: per_input`), the images come through the input's own
+    /// DDS participant, whose thread hands each to `own` as it takes it.
     pub fn new(
         node: &mut r2r::Node,
         args: Option<&RosArgs>,
         (index, image): (usize, &str),
-        preset: QosPreset,
-        depth: u32,
+        (preset, depth): (QosPreset, u32),
         shared: &Shared,
-    ) -> r2r::Result<Input> {
-        let (name, namespace) = (node.name()?, node.namespace()?);
+        own: Option<Deliver>,
+    ) -> Result<Input, String> {
+        let (name, namespace) =
+            (node.name().map_err(|e| e.to_string())?, node.namespace().map_err(|e| e.to_string())?);
         let resolve = |t: &str| {
             args.and_then(|a| a.resolve_topic(t, &name, &namespace)).unwrap_or_else(|| {
                 if t.starts_with('/') {
@@ -136,8 +151,25 @@ impl Input {
             info: Topic { resolved: resolve(&info), relative: info, chosen: None },
             images: None,
             infos: None,
+            own: None,
             next_check: Instant::now(),
         };
+        if let Some(deliver) = own {
+            let own = OwnParticipant::start(
+                (&name, &namespace, index),
+                &input.image.resolved,
+                &shared.logger,
+                deliver,
+            )?;
+            r2r::log_info!(
+                &shared.logger,
+                "input {index} ({}): taken by its own DDS participant (hidden node {}/{})",
+                input.image.resolved,
+                namespace.trim_end_matches('/'),
+                own.name()
+            );
+            input.own = Some(own);
+        }
         let mut st = lock(&shared.inputs[index]);
         st.topic = input.image.resolved.clone();
         if preset == QosPreset::Auto {
@@ -150,14 +182,31 @@ impl Input {
             st.qos = format!("auto: {NO_PUBLISHER_YET}");
         } else {
             let qos = qos_profile(preset, depth, None);
-            input.images = Some(Box::new(node.subscribe_native::<Image>(image, qos.clone())?));
-            input.infos = Some(Box::new(node.subscribe::<CameraInfo>(&input.info.relative, qos)?));
+            input.subscribe_images(node, qos.clone()).map_err(|e| e.to_string())?;
+            input.infos = Some(Box::new(
+                node.subscribe::<CameraInfo>(&input.info.relative, qos)
+                    .map_err(|e| e.to_string())?,
+            ));
             st.qos = format!("input_qos {}", preset_name(preset));
             st.best_effort = preset == QosPreset::SensorData;
         }
         drop(st);
-        input.adapt(node, shared)?;
+        input.adapt(node, shared).map_err(|e| e.to_string())?;
         Ok(input)
+    }
+
+    /// (Re)subscribe to the images with `qos`: through the input's own participant, or
+    /// the node's (r2r drops a replaced subscription at its next message).
+    fn subscribe_images(&mut self, node: &mut r2r::Node, qos: QosProfile) -> r2r::Result<()> {
+        match &self.own {
+            Some(own) => own.subscribe(qos),
+            None => {
+                self.images = None;
+                self.images =
+                    Some(Box::new(node.subscribe_native::<Image>(&self.image.relative, qos)?));
+            }
+        }
+        Ok(())
     }
 
     /// The resolved image topic.
@@ -174,9 +223,7 @@ impl Input {
         let state = &shared.inputs[self.index];
         if let Some(images) = self.images.as_mut() {
             while let Some(Some(msg)) = images.next().now_or_never() {
-                let msg = NativeImage::new(msg);
-                lock(state).monitor.image(at, msg.stamp_ns(), msg.data().len());
-                out.push(Received { msg, at });
+                out.push(arrived(shared, self.index, msg, at));
             }
         }
         if let Some(infos) = self.infos.as_mut() {
@@ -208,9 +255,7 @@ impl Input {
             let recreate = changed(&self.image.chosen, &adapted);
             if recreate {
                 let qos = qos_profile(self.preset, self.depth, Some(&adapted));
-                self.images = None; // r2r drops the old subscription at its next message
-                self.images =
-                    Some(Box::new(node.subscribe_native::<Image>(&self.image.relative, qos)?));
+                self.subscribe_images(node, qos)?;
                 let mut st = lock(state);
                 st.best_effort = adapted.reliability == Reliability::BestEffort;
                 st.monitor.reset();

@@ -191,6 +191,7 @@ fn run() -> anyhow::Result<()> {
         topics: topics.clone(),
         preset: config.input_qos,
         depth: config.input_qos_depth,
+        participants: config.input_participants,
         ros_args,
     };
     let pipeline = Pipeline::new(config, backend)?;

@@ -335,6 +335,14 @@ pub const PARAMETERS: &[Spec] = &[
         "",
     ),
     spec(
+        "input_participants",
+        Str,
+        true,
+        "Which DDS participant takes the input images: one (the node's) or per_input (each input its own, a hidden node _<node>_input<i>: one receive thread per camera, for the highest frame rates; one more shared-memory segment each)",
+        NoRange,
+        "one of: one, per_input",
+    ),
+    spec(
         "shared_pool_size",
         Integer,
         true,
@@ -905,13 +913,14 @@ mod tests {
             "max_interval_ms",
             "stale_after_ms",
             "batch_queue_size",
+            "input_participants",
         ] {
             let d = descriptor(spec_of(name).unwrap());
             assert!(d.read_only && d.additional_constraints.contains("read-only"), "{name}");
         }
         let read_only: Vec<&str> =
             PARAMETERS.iter().filter(|s| s.read_only).map(|s| s.name).collect();
-        assert_eq!(read_only.len(), 16, "{read_only:?}");
+        assert_eq!(read_only.len(), 17, "{read_only:?}");
     }
 
     #[test]

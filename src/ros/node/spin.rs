@@ -6,12 +6,14 @@
 //! until wrapped) and reported back before anything else starts.
 
 use super::former::Former;
-use super::input::Input;
+use super::input::{arrived, Input};
 use super::native::RosArgs;
 use super::shared::{lock, Shared};
-use crate::config::QosPreset;
+use crate::config::{InputParticipants, QosPreset};
+use crate::ros::participant::Deliver;
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// What the spin thread subscribes to.
 pub struct Subscriptions {
@@ -21,28 +23,44 @@ pub struct Subscriptions {
     pub preset: QosPreset,
     /// `input_qos_depth`.
     pub depth: u32,
+    /// `input_participants`.
+    pub participants: InputParticipants,
     /// The command line (for the remapped input names).
     pub ros_args: Option<RosArgs>,
 }
 
 /// The spin thread's body: subscribe, say so on `ready`, then spin until the node stops.
 /// Returns the node (kept until the end: dropping it invalidates every publisher).
+///
+/// The former is shared with the threads of the inputs' own participants
+/// (`input_participants: per_input`), which push their images into it as they take them;
+/// the spin thread pushes the images of the node's own subscriptions and polls it.
 pub fn spin(
     mut node: r2r::Node,
     subs: Subscriptions,
-    mut former: Former,
+    former: Former,
     shared: Arc<Shared>,
     ready: Sender<Result<(), String>>,
 ) -> r2r::Node {
+    let former = Arc::new(Mutex::new(former));
+    let deliver = |i: usize| -> Option<Deliver> {
+        (subs.participants == InputParticipants::PerInput).then(|| {
+            let (former, shared) = (former.clone(), shared.clone());
+            Box::new(move |msg: r2r::NativeMsg<r2r::sensor_msgs::msg::Image>| {
+                let r = arrived(&shared, i, msg, Instant::now());
+                lock(&former).push(i, r, &shared);
+            }) as Deliver
+        })
+    };
     let mut inputs = Vec::with_capacity(subs.topics.len());
     for (i, topic) in subs.topics.iter().enumerate() {
         match Input::new(
             &mut node,
             subs.ros_args.as_ref(),
             (i, topic),
-            subs.preset,
-            subs.depth,
+            (subs.preset, subs.depth),
             &shared,
+            deliver(i),
         ) {
             Ok(input) => inputs.push(input),
             Err(e) => {
@@ -63,19 +81,23 @@ pub fn spin(
             r2r::log_error!(&shared.logger, "use_sim_time: {e}");
             sim_time = shared.clock.sim_time();
         }
-        node.spin_once(former.spin_timeout());
+        let timeout = lock(&former).spin_timeout();
+        node.spin_once(timeout);
         for (i, input) in inputs.iter_mut().enumerate() {
             for r in input.drain(&shared) {
-                former.push(i, r, &shared);
+                lock(&former).push(i, r, &shared);
             }
         }
-        former.poll(&shared);
+        lock(&former).poll(&shared);
         for input in &mut inputs {
             if let Err(e) = input.adapt(&mut node, &shared) {
                 r2r::log_error!(&shared.logger, "input_qos auto: resubscribing: {e}");
             }
         }
     }
-    former.finish(&shared);
+    // The inputs' own participants stop (their threads joined) before the former counts
+    // what it still holds.
+    drop(inputs);
+    lock(&former).finish(&shared);
     node
 }
