@@ -427,7 +427,8 @@ profile_run() {  # side: --max into one batched node or four nodes, threads of e
     wait "${PLAYS[@]}"; sleep 1
     kill -TERM "${PIDS[@]}"; stop_or_kill node "${PIDS[@]}"
     kill -TERM "${RECS[@]}" 2>/dev/null; stop_or_kill subscriber "${RECS[@]}"
-    echo "profile $side: sent $(cat /tmp/play_${tag}_*.log | grep -o 'play: [0-9]* images' | awk '{s += $2} END {print s}'); $(grep -ho 'stopped: [0-9]* frames received, [0-9]* published, [0-9]* dropped' /tmp/node_${tag}*.log | tr '\n' ' ')"
+    # (The side's own logs only: `profile_batched_*` would also match batched_own's.)
+    echo "profile $side: sent $(cat /tmp/play_${tag}_[0-9].log | grep -o 'play: [0-9]* images' | awk '{s += $2} END {print s}'); $(grep -ho 'stopped: [0-9]* frames received, [0-9]* published, [0-9]* dropped' /tmp/node_${tag}.log /tmp/node_${tag}_[0-9].log 2>/dev/null | tr '\n' ' ')"
 }
 single_all() {
     local P=/tmp/vp_prev; rm -rf "$P"; mkdir -p "$P"; tar xJf .device/prev.tar.xz -C "$P" || { echo "no .device/prev.tar.xz"; status=1; return; }

@@ -5,10 +5,10 @@
 //! subscription and takes each image as it arrives (the copy out of DDS that the node's
 //! spin thread makes for the inputs of the node's own participant).
 //!
-//! Why: one participant takes ~420-570 1080p frames/s on the H200 whatever the number of
+//! Why: one participant takes ~370-420 1080p frames/s on the H200 whatever the number of
 //! cameras (its receive thread copies every frame into the reader's history), four
-//! single-camera nodes four times that; two nodes with two inputs each took 1.5x the
-//! frames of one node with four (docs/BENCHMARKS.md, *Multi-camera*).
+//! single-camera nodes twice that with four cameras; two nodes with two inputs each took
+//! 1.5-1.7x the frames of one node with four (docs/BENCHMARKS.md, *Multi-camera*).
 //!
 //! r2r makes one rcl context per process (`r2r::Context::create` returns the same one),
 //! so this uses rcl directly, as rclcpp does for a second `rclcpp::Context`. The context
