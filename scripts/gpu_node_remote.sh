@@ -40,6 +40,8 @@
 #             `play --max` on the node's one topic, 6 s: published frames/s, with
 #             received / dropped and each thread's CPU, scripts/thread_cpu.py) and the
 #             node-added latency at 30 Hz (one player, 10 s, `record` p50 / p99)
+#   single_own  the single-camera node's highest rate (as `single`, this release only) with
+#             input_participants one vs per_input, interleaved, 2 trials
 #   profile   where a node's time goes at --max, per thread (scripts/thread_cpu.py): the
 #             batched node (4 inputs) and the four single-camera nodes of `batchmax`, and
 #             their players and subscribers (PROFILE_SIDES: a subset or order of batched,
@@ -380,10 +382,10 @@ PY
 threads() {  # seconds label pid...: each thread's share of a core over the window
     python3 scripts/thread_cpu.py "$1" "${@:3}" | sed "s/^/  $2 /"
 }
-single_max() {  # release(prev|new) bin-dir trial: PLAYERS players --max into one node, 6 s
+single_max() {  # label bin-dir trial [node args...]: PLAYERS players --max into one node, 6 s
     local rel=$1 bin=$2 tag="single_${1}_$3" k plays=()
     "$bin/vision_preproc_node" --ros-args -r __ns:=/s$3$rel --params-file config/default.yaml -p backend:=cuda \
-        -p network_image_width:=640 -p network_image_height:=640 >"/tmp/node_$tag.log" 2>&1 &
+        -p network_image_width:=640 -p network_image_height:=640 "${@:4}" >"/tmp/node_$tag.log" 2>&1 &
     local node=$!
     "$CLI" record --count-only --tensor-topic /s$3$rel/tensor --timing-topic /s$3$rel/timing --duration 60 \
         >"/tmp/rec_$tag.log" 2>&1 &
@@ -453,6 +455,7 @@ for sc in "${SCENARIOS[@]}"; do
         batchfault) warm_up; for pol in retry fallback; do batch_fault_run "$pol"; done 2>&1 | tee "$OUT/batchfault.log" ;;
         batchmax) warm_up; for rate in ${SWEEP_RATES:-1 2 4 6 8 max}; do for side in ${SWEEP_SIDES:-batched separate}; do sweep_run "$side" "$rate"; done; done 2>&1 | tee "$OUT/batchmax.log" ;;
         single)   warm_up; single_all 2>&1 | tee "$OUT/single.log" ;;
+        single_own) warm_up; for i in 1 2; do single_max one "$R/bin" "$i"; single_max own "$R/bin" "$i" -p input_participants:=per_input; done 2>&1 | tee "$OUT/single_own.log" ;;
         profile)  warm_up; for side in ${PROFILE_SIDES:-batched separate}; do profile_run "$side"; done 2>&1 | tee "$OUT/profile.log" ;;
         cudaref)  tar xJf .device/py312.tar.xz -C "$R" || exit 1  # $R/py312 (scripts/py312_bundle.sh)
                   warm_up
