@@ -143,16 +143,19 @@ impl Job {
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
-            match rcl.wait(WAIT) {
-                Ok(()) => {
-                    while let Some(msg) = rcl.take() {
-                        (self.deliver)(msg);
+            let failed = match rcl.wait(WAIT) {
+                Ok(()) => loop {
+                    match rcl.take() {
+                        Ok(Some(msg)) => (self.deliver)(msg),
+                        Ok(None) => break None,
+                        Err(e) => break Some(format!("taking an image: {e}")),
                     }
-                }
-                Err(e) => {
-                    r2r::log_error!(&self.logger, "{}: waiting for images: {e}", self.name);
-                    std::thread::sleep(WAIT);
-                }
+                },
+                Err(e) => Some(format!("waiting for images: {e}")),
+            };
+            if let Some(e) = failed {
+                r2r::log_error!(&self.logger, "{} ({}): {e}", self.name, self.topic);
+                std::thread::sleep(WAIT);
             }
         }
     }
@@ -310,19 +313,21 @@ impl Rcl {
     }
 
     /// The next image the subscription holds, if any.
-    fn take(&mut self) -> Option<r2r::NativeMsg<Image>> {
-        let (sub, _) = self.sub.as_ref()?;
+    fn take(&mut self) -> Result<Option<r2r::NativeMsg<Image>>, String> {
+        let Some((sub, _)) = self.sub.as_ref() else { return Ok(None) };
         let msg = r2r::NativeMsg::<Image>::new();
         let mut info = rcl::rmw_message_info_t::default();
         // SAFETY: `msg` is an initialized C message of the subscription's type (its type
         // support made it), which rcl_take fills; the subscription is alive.
         let ret = unsafe { rcl::rcl_take(&**sub, msg.msg.cast(), &mut info, std::ptr::null_mut()) };
         if ret == rcl::RCL_RET_OK as rcl::rcl_ret_t {
-            Some(msg)
-        } else {
+            Ok(Some(msg))
+        } else if ret == rcl::RCL_RET_SUBSCRIPTION_TAKE_FAILED as rcl::rcl_ret_t {
             // SAFETY: resetting the thread-local error state of the take that found nothing.
             unsafe { rcl::rcutils_reset_error() };
-            None
+            Ok(None)
+        } else {
+            Err(rcl_error("rcl_take", ret))
         }
     }
 }

@@ -48,7 +48,11 @@ pub fn spin(
             let (former, shared) = (former.clone(), shared.clone());
             Box::new(move |msg: r2r::NativeMsg<r2r::sensor_msgs::msg::Image>| {
                 let r = arrived(&shared, i, msg, Instant::now());
-                lock(&former).push(i, r, &shared);
+                let mut former = lock(&former);
+                former.push(i, r, &shared);
+                // A deadline set by an earlier push (latest's batch_timeout_ms) is checked
+                // at each arrival too: the spin thread's wait was computed before it.
+                former.poll(&shared);
             }) as Deliver
         })
     };
