@@ -267,7 +267,10 @@ def main() -> None:
         consumer(a.consumer, a.ns, a.seconds, a.out, a.torch, a.hold_ms, a.batch)
         return
     if a.report:
-        phases = [summary(json.loads(f.read_text()), f.stem.rsplit("_", 1)[0], int(f.stem.rsplit("_", 1)[1]))
+        # <topic>_<round>.json, the topic as the consumer's phase ("batch_tensor_ref_2": the
+        # tensor_ref phase of round 2 of a batch run)
+        phases = [summary(json.loads(f.read_text()), f.stem.rsplit("_", 1)[0].removeprefix("batch_"),
+                          int(f.stem.rsplit("_", 1)[1]))
                   for f in a.report]
         for p in phases:
             print(phase_line(p))

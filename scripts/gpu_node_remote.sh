@@ -167,7 +167,10 @@ cudaref_run() {  # mode [trial]: see the scenario's description
     local args=(--params-file config/default.yaml -p backend:=cuda -p network_image_width:=640 -p network_image_height:=640)
     [[ $mode == check ]] && args=("${SMALL[@]}")
     [[ $mode == sanitizer ]] && pre=(compute-sanitizer --tool memcheck --print-limit 20)
-    [[ $mode == batch_* ]] && args+=(-r __ns:=/bb -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]")
+    # (CUDAREF_BATCH_ARGS: more node arguments for the batch modes, e.g. -p input_participants:=per_input;
+    # CUDAREF_BATCH_PLAY: more player arguments for them, e.g. --max.)
+    # shellcheck disable=SC2206
+    [[ $mode == batch_* ]] && args+=(-r __ns:=/bb -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]" ${CUDAREF_BATCH_ARGS:-})
     local node_bin=$NODE fault=()
     case $mode in
         fault_retry) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=200:transient); args+=(-p gpu_failure_policy:=retry) ;;
@@ -207,7 +210,8 @@ print(f"debug_image: {len(got)} images", (got[-1].width, got[-1].height, got[-1]
         sanitizer) play=20; cudaref_consumer "$tag" tensor_ref 25; waits+=("$CPID") ;;
     esac
     if [[ $mode == batch_* ]]; then
-        play_cameras batched b "$tag" --duration "$play"; waits+=("${PLAYS[@]}")
+        # shellcheck disable=SC2086
+        play_cameras batched b "$tag" --duration "$play" ${CUDAREF_BATCH_PLAY:-}; waits+=("${PLAYS[@]}")
     else
         "$CLI" play "$bag" --loop "${stamps[@]}" --duration "$play" --wait-subscribers 1 >"/tmp/play_$tag.log" 2>&1 &
         waits+=($!)

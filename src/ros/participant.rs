@@ -146,7 +146,12 @@ impl Job {
             let failed = match rcl.wait(WAIT) {
                 Ok(()) => loop {
                     match rcl.take() {
-                        Ok(Some(msg)) => (self.deliver)(msg),
+                        Ok(Some(msg)) => {
+                            (self.deliver)(msg);
+                            if self.stop.load(Ordering::Relaxed) {
+                                break None;
+                            }
+                        }
                         Ok(None) => break None,
                         Err(e) => break Some(format!("taking an image: {e}")),
                     }
