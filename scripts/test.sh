@@ -97,11 +97,12 @@ cat "$NVRTC_LOG"
 [ "$nvrtc_status" -eq 0 ] || { echo "test/nvrtc_compile.rs failed (exit $nvrtc_status)"; exit 1; }
 
 section ros "ROS tests (real DDS between processes, colcon install)"
-# In 3 workers (pytest-xdist; each its own ROS domain, each file's tests in one worker,
+# In 3 workers (pytest-xdist; each its own ROS domain, python/vptools/rosharness.py; each
+# file's tests in one worker; the colcon workspace built once, under a lock,
 # test/ros/conftest.py): the tests mostly wait on cameras' rates, so 3 workers take ~1/3 of
 # the time on 2 cores. Then the tests marked `alone` (the 60-s overload soak, which loads
 # the machine on purpose), with nothing beside them.
-python3 -m pytest -v -rA --durations=15 -n 3 --dist loadgroup -m "not alone" test/ros
+python3 -m pytest -v -rA --durations=15 -n 3 --dist loadfile -m "not alone" test/ros
 python3 -m pytest -v -rA --durations=5 -m alone test/ros
 
 # The aarch64 stage (docs/JETSON.md): a second toolchain and two more builds, about

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 from pathlib import Path
 
@@ -18,16 +20,6 @@ COLCON_WS = ROOT / "target" / "colcon"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "alone: runs with no other test beside it (scripts/test.sh runs these "
                                        "after the others, in one process: they load the machine on purpose)")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's `--dist loadgroup` (scripts/test.sh): each file's tests stay
-    in one worker (module fixtures, tests that follow each other), and the files that build
-    the colcon workspace share one group (one worker builds COLCON_WS, once)."""
-    for item in items:
-        group = "colcon" if "colcon_install" in getattr(item, "fixturenames", ()) else item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def colcon_build(*args: str) -> None:
@@ -87,6 +79,24 @@ def r2r_runs_without_cfg_flags(release: Path) -> list[Path]:
 
 @pytest.fixture(scope="session")
 def colcon_install() -> Path:
+    """The colcon workspace, built once per test run: with pytest-xdist (scripts/test.sh)
+    each worker that needs it runs this fixture, so the first one builds (under a lock on
+    the workspace) and the others find its build of this run (PYTEST_XDIST_TESTRUNUID,
+    the same in every worker of one run) and use it."""
+    COLCON_WS.mkdir(parents=True, exist_ok=True)
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid {os.getpid()}"
+    built = COLCON_WS / "built_by_run"
+    with open(COLCON_WS / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if built.exists() and built.read_text() == run:
+            return COLCON_WS / "install"
+        built.unlink(missing_ok=True)
+        install = build_colcon_workspace()
+        built.write_text(run)
+        return install
+
+
+def build_colcon_workspace() -> Path:
     """Build the workspace with colcon as the README says, into COLCON_WS, and return the
     install base. Two colcon builds from the repository root, which together do what the
     README's `colcon build --base-paths . msgs --cargo-args --release` does:
