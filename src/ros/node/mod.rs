@@ -172,10 +172,12 @@ fn run() -> anyhow::Result<()> {
     if config.is_batch() {
         r2r::log_info!(
             &logger,
-            "batching {} cameras ({}), batch_policy {}: one TensorBatch on tensor",
+            "batching {} cameras ({}), batch_policy {}, input_participants {}: one TensorBatch \
+             on tensor",
             topics.len(),
             topics.join(", "),
-            config.batch_policy.name()
+            config.batch_policy.name(),
+            config.input_participants.name()
         );
     }
     let former = former::Former::new(&config);
