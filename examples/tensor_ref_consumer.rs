@@ -1,9 +1,12 @@
 //! A Rust consumer of `tensor_ref` (docs/HANDOFF.md): the tensors the node wrote into its
 //! shared blocks, read in place (no copy, no deserialization of the tensor), with r2r.
+//! Host blocks (CPU backend) are read as bytes; CUDA blocks (CUDA backend) are imported
+//! on the GPU, where a network would read them at the printed device address (printed
+//! once per pool); this example copies each tensor to the host for its mean and DUMP.
 //! Prints, once a second, the frames read and skipped, the mean of the last tensor and
 //! the age of the frames (node clock vs the camera stamp) when they were taken.
 //!
-//!   vision_preproc_node --ros-args -p backend:=cpu &   # and a camera on `image`
+//!   vision_preproc_node --ros-args -p backend:=cpu &   # (or cuda) and a camera on `image`
 //!   cargo run --release --example tensor_ref_consumer -- /tensor_ref 10 [DUMP]
 //!
 //! With DUMP, one line per frame read there: its stamp (ns) and the FNV-1a 64 of its
@@ -12,7 +15,37 @@ use futures::{FutureExt, StreamExt};
 use r2r::vision_preproc_msgs::msg::{FrameTiming, TensorRef};
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use vision_preproc::handoff::consumer::Consumer;
+use vision_preproc::handoff::consumer::{Consumer, Held};
+use vision_preproc::handoff::MemoryKind;
+
+/// The tensor's bytes: in place for host memory; for CUDA memory copied into `host`
+/// (after the checks and the wait of `Held::device`), its device address printed once
+/// per pool (`shown`).
+fn tensor_bytes<'a>(
+    held: &'a Held<'_>,
+    msg: &TensorRef,
+    host: &'a mut Vec<u8>,
+    shown: &mut bool,
+) -> anyhow::Result<&'a [u8]> {
+    let (at, len) = (msg.byte_offset as usize, msg.byte_size as usize);
+    let Some(block) = held.device(msg.device_id, &msg.device_uuid, &msg.ipc_event_handle)? else {
+        return Ok(&held.bytes()[at..at + len]);
+    };
+    if !std::mem::replace(shown, true) {
+        println!(
+            "pool {}: CUDA blocks on device {}; block {} at device address {:#x} ({} bytes \
+             mapped), the tensor at +{at}",
+            msg.pool_id,
+            block.device_id(),
+            msg.block_index,
+            block.ptr(),
+            block.len()
+        );
+    }
+    host.resize(len, 0);
+    block.copy_to_host(at, host)?;
+    Ok(host)
+}
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -29,6 +62,8 @@ fn main() -> anyhow::Result<()> {
     // One connection per pool (a node run); a new pool_id replaces the old one.
     let mut pools: HashMap<String, Consumer> = HashMap::new();
     let (mut read, mut skipped, mut ages_ms) = (0u64, 0u64, Vec::new());
+    // CUDA blocks: the tensor's copy on the host; whether the pool's address was printed.
+    let (mut host, mut shown) = (Vec::new(), false);
     // How long one wait for messages may last (ms; VP_SPIN_MS, default 1). On the H200's
     // host a message did not end the wait: with 5 ms the frames were read ~5 ms later
     // (docs/BENCHMARKS.md, *Zero-copy hand-off*).
@@ -46,6 +81,7 @@ fn main() -> anyhow::Result<()> {
             if stale || !pools.contains_key(&msg.pool_id) {
                 pools.clear();
                 let c = Consumer::connect(std::path::Path::new(&msg.socket_path))?;
+                shown = c.memory() == MemoryKind::Host;
                 pools.insert(msg.pool_id.clone(), c);
             }
             let Some(consumer) = pools.get(&msg.pool_id) else { continue };
@@ -53,8 +89,7 @@ fn main() -> anyhow::Result<()> {
                 skipped += 1; // reused before we took it
                 continue;
             };
-            let (at, len) = (msg.byte_offset as usize, msg.byte_size as usize);
-            let bytes = &held.bytes()[at..at + len];
+            let bytes = tensor_bytes(&held, &msg, &mut host, &mut shown)?;
             if let Some(f) = dump.as_mut() {
                 use std::io::Write;
                 let fnv = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
@@ -64,7 +99,7 @@ fn main() -> anyhow::Result<()> {
                     + i64::from(msg.header.stamp.nanosec);
                 writeln!(f, "{stamp} {fnv:016x}")?;
             }
-            // The network would run here, on `bytes` in place; this one takes a mean.
+            // The network would run here, on the block in place; this one takes a mean.
             let mean = if msg.dtype == "float32" {
                 let v: Vec<f32> = bytes
                     .chunks_exact(4)

@@ -33,7 +33,13 @@
 #             200 (~7 s in, the consumer connected) (transient: the backend rebuilt, a new CUDA pool; sticky: the CPU backend, a
 #             host pool) under a consumer; "example" examples/tensor_ref_torch.py (a small conv
 #             net on each block); "debug" debug_image watched beside a tensor_ref consumer
-#             (the preview read back from the CUDA block) (CUDAREF_MODES: a subset of these modes)
+#             (the preview read back from the CUDA block); "rust" the r2r consumer
+#             (examples/tensor_ref_consumer.rs, bin/tensor_ref_consumer) importing the CUDA
+#             blocks, its FNV-1a of each tensor (copied to the host) against those of the
+#             Tensor messages of the same stamps (a recorder beside it), 64x48 + conv2d;
+#             "ctypes" the "check" consumer with VISION_PREPROC_CUDA_BINDING=ctypes (the blocks
+#             imported through ctypes on libcuda.so.1, not cuda-python)
+#             (CUDAREF_MODES: a subset of these modes)
 #   single    one single-camera node, 1920x1080 bgr8 -> 640x640 float32 (config/default.yaml),
 #             the previous release (.device/prev.tar.xz, bundled the same way) against this
 #             one, interleaved, 2 trials each: the highest sustained rate (PLAYERS=3
@@ -155,17 +161,20 @@ handoff_run() {  # mode trial: tensor_ref on the CUDA node (host blocks), 1920x1
     rm -rf "/tmp/rec_$tag"
 }
 cudaref_consumer() {  # tag topic seconds [args]: a torch consumer in the background, pid in CPID
+    # (CUDA_BINDING=ctypes|cuda-python: its VISION_PREPROC_CUDA_BINDING)
     local tag=$1 topic=$2 secs=$3; shift 3
     # The bundle's environment in the consumer's shell only (the node keeps $R/lib).
     # shellcheck disable=SC1091
-    (source "$R/py312/env.sh" && export ROS_DOMAIN_ID=21 && exec python3 bench/bench_handoff.py --consumer "$topic" \
+    (source "$R/py312/env.sh" && export ROS_DOMAIN_ID=21 \
+        && { [[ -z ${CUDA_BINDING:-} ]] || export VISION_PREPROC_CUDA_BINDING=$CUDA_BINDING; } \
+        && exec python3 bench/bench_handoff.py --consumer "$topic" \
         --torch --seconds "$secs" --ns / --out "$OUT/$tag.json" "$@") >"$OUT/$tag.consumer.log" 2>&1 &
     CPID=$!
 }
 cudaref_run() {  # mode [trial]: see the scenario's description
     local mode=$1 i=${2:-1} tag="cudaref_${1}_${2:-1}" waits=() pre=() bag="$R/bags/bgr8_1920x1080" stamps=(--restamp)
     local args=(--params-file config/default.yaml -p backend:=cuda -p network_image_width:=640 -p network_image_height:=640)
-    [[ $mode == check ]] && args=("${SMALL[@]}")
+    [[ $mode == check || $mode == rust || $mode == ctypes ]] && args=("${SMALL[@]}")
     [[ $mode == sanitizer ]] && pre=(compute-sanitizer --tool memcheck --print-limit 20)
     # (CUDAREF_BATCH_ARGS: more node arguments for the batch modes, e.g. -p input_participants:=per_input;
     # CUDAREF_BATCH_PLAY: more player arguments for them, e.g. --max.)
@@ -183,6 +192,32 @@ cudaref_run() {  # mode [trial]: see the scenario's description
                bag=.device/bag; stamps=()
                rm -rf "/tmp/rec_$tag"; "$CLI" record "/tmp/rec_$tag" --duration 13 >"/tmp/rec_$tag.log" 2>&1 & waits+=($!)
                cudaref_consumer "$tag" both 13; waits+=("$CPID") ;;
+        ctypes) # as check, the blocks imported through ctypes on libcuda.so.1 (not cuda-python)
+               bag=.device/bag; stamps=()
+               # shellcheck disable=SC1091
+               (source "$R/py312/env.sh" && VISION_PREPROC_CUDA_BINDING=ctypes exec python3 -c '
+from vision_preproc_consumer import cuda
+d = cuda.driver(); print("VISION_PREPROC_CUDA_BINDING=ctypes: binding", d.name, getattr(d, "library", ""))') 2>&1
+               CUDA_BINDING=ctypes cudaref_consumer "$tag" both 13; waits+=("$CPID") ;;
+        rust)  # the r2r consumer (CUDA blocks imported in Rust) with DUMP, and a recorder of
+               # tensor: stamp -> FNV-1a 64 of the Tensor bytes (the example's hash), compared below
+               "$R/bin/tensor_ref_consumer" /tensor_ref 13 "$OUT/${tag}_refs.txt" >"$OUT/$tag.consumer.log" 2>&1 & waits+=($!)
+               # shellcheck disable=SC1091
+               (source "$R/py312/env.sh" && export ROS_DOMAIN_ID=21 && exec python3 -c '
+import sys, time, rclpy
+from vision_preproc_msgs.msg import Tensor
+rclpy.init(); n = rclpy.create_node("tensor_hashes"); got = []
+n.create_subscription(Tensor, "/tensor", lambda m: got.append((m.header.stamp.sec * 10**9 + m.header.stamp.nanosec, bytes(m.data))), 50)
+t0 = time.time()
+while time.time() - t0 < 13: rclpy.spin_once(n, timeout_sec=0.1)
+def fnv(b):
+    h = 0xcbf29ce484222325
+    for x in b: h = ((h ^ x) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+with open(sys.argv[1], "w") as f:
+    for stamp, data in got: f.write(f"{stamp} {fnv(data):016x}\n")
+print(f"tensor: {len(got)} messages")
+' "$OUT/${tag}_tensor.txt") >"$OUT/${tag}_tensor.log" 2>&1 & waits+=($!) ;;
         fault_*) cudaref_consumer "$tag" tensor_ref 13; waits+=("$CPID") ;;
         debug) # debug_image beside a tensor_ref consumer: previews read back from the CUDA block
                cudaref_consumer "$tag" tensor_ref 13; waits+=("$CPID")
@@ -225,6 +260,27 @@ print(f"debug_image: {len(got)} images", (got[-1].width, got[-1].height, got[-1]
     if [[ $mode == check ]]; then tar cf "$OUT/${tag}_bag.tar" -C /tmp "rec_$tag"; rm -rf "/tmp/rec_$tag"; fi
     [[ $mode == sanitizer || $mode == fault_* ]] && cp "/tmp/node_$tag.log" "$OUT/"
     [[ $mode == example ]] && tail -3 "$OUT/$tag.consumer.log"
+    if [[ $mode == check || $mode == ctypes ]]; then
+        python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print("consumer checks", d["checks"], "counts", d["counts"])' "$OUT/$tag.json"
+    fi
+    if [[ $mode == rust ]]; then
+        grep -m1 "device address" "$OUT/$tag.consumer.log"; tail -1 "$OUT/$tag.consumer.log"; cat "$OUT/${tag}_tensor.log"
+        python3 - "$OUT/${tag}_refs.txt" "$OUT/${tag}_tensor.txt" <<'PY'
+import sys
+def read(path):
+    out = {}
+    for line in open(path):
+        stamp, fnv = line.split()
+        out.setdefault(int(stamp), set()).add(fnv)
+    return out
+refs, tensors = read(sys.argv[1]), read(sys.argv[2])
+both = sorted(set(refs) & set(tensors))
+equal = sum(refs[s] == tensors[s] for s in both)
+print(f"rust: {equal} of {len(both)} frames' hashes matched (FNV-1a 64 of the tensor the Rust consumer copied from its "
+      f"imported CUDA block vs of the Tensor message of the same stamp); {len(both) - equal} differ; "
+      f"{len(refs)} stamps read from blocks, {len(tensors)} Tensor messages")
+PY
+    fi
     [[ $mode == debug ]] && tail -3 "$OUT/${tag}_debug.log"
 }
 start_side() {  # side letter tag bag|count: one node with 4 inputs (namespace /<letter>b)
@@ -463,7 +519,7 @@ for sc in "${SCENARIOS[@]}"; do
         profile)  warm_up; for side in ${PROFILE_SIDES:-batched separate}; do profile_run "$side"; done 2>&1 | tee "$OUT/profile.log" ;;
         cudaref)  tar xJf .device/py312.tar.xz -C "$R" || exit 1  # $R/py312 (scripts/py312_bundle.sh)
                   warm_up
-                  { for m in ${CUDAREF_MODES:-check bench slow kill sanitizer batch}; do
+                  { for m in ${CUDAREF_MODES:-check bench slow kill sanitizer batch rust ctypes}; do
                         if [[ $m == bench ]]; then for i in 1 2; do cudaref_run tensor "$i"; cudaref_run tensor_ref "$i"; done
                         elif [[ $m == batch ]]; then for i in 1 2; do cudaref_run batch_tensor "$i"; cudaref_run batch_tensor_ref "$i"; done
                         else cudaref_run "$m"; fi

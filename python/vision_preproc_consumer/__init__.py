@@ -26,9 +26,11 @@ The rules:
 - A message whose block was already reused is skipped (`sub.skipped`): the node never
   waits for a consumer.
 - Host memory: `array()` is a read-only NumPy array of the message's shape, dtype and
-  strides. CUDA memory (cuda-python needed): an object with `__cuda_array_interface__`,
-  for `torch.as_tensor(..., device="cuda")` or `cupy.asarray`; pass the stream that reads
-  it to `release(stream)` (without one, release waits for the whole context).
+  strides. CUDA memory: an object with `__cuda_array_interface__`, for
+  `torch.as_tensor(..., device="cuda")` or `cupy.asarray`; pass the stream that reads it
+  to `release(stream)` (without one, release waits for the whole context). The blocks
+  are imported with cuda-python when it is installed, else with ctypes on the driver's
+  libcuda.so.1 (`VISION_PREPROC_CUDA_BINDING=cuda-python|ctypes` forces one).
 
 Modules: `pool` (PoolClient: the connection, the mapped blocks, taking and giving back
 references), `frame` (Frame), `subscription` (TensorRefSubscription, rclpy), `cuda` (CUDA

@@ -236,7 +236,7 @@ class PoolClient:
         if h.memory == "host":
             self._blocks = [Mapping(fd, h.block_size, False, f"block {b}") for b, fd in enumerate(fds[1:])]
         else:
-            from vision_preproc_consumer import cuda  # cuda-python only for CUDA pools
+            from vision_preproc_consumer import cuda  # the CUDA driver only for CUDA pools
 
             self.device = cuda.DeviceBlocks(fds[1:], h.block_size, h.device_id)
 

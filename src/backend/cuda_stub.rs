@@ -16,3 +16,56 @@ impl CudaBackend {
         Err(Error::CudaNotCompiled)
     }
 }
+
+/// Stand-in for the CUDA backend's `vmm` (device memory shared with other processes).
+pub mod vmm {
+    use crate::error::{Error, Result};
+    use std::os::fd::RawFd;
+
+    /// Never constructed without the `cuda` feature: a consumer process cannot import a
+    /// pool's CUDA blocks.
+    pub enum ImportedBlocks {}
+
+    impl ImportedBlocks {
+        /// Always [`Error::CudaNotCompiled`].
+        pub fn import(_fds: &[RawFd], _block_size: usize, _device_id: i32) -> Result<Self> {
+            Err(Error::CudaNotCompiled)
+        }
+
+        pub fn len(&self) -> usize {
+            match *self {}
+        }
+
+        pub fn is_empty(&self) -> bool {
+            match *self {}
+        }
+
+        pub fn block_size(&self) -> usize {
+            match *self {}
+        }
+
+        pub fn address(&self, _i: usize) -> u64 {
+            match *self {}
+        }
+
+        pub fn device_id(&self) -> i32 {
+            match *self {}
+        }
+
+        pub fn uuid(&self) -> [u8; 16] {
+            match *self {}
+        }
+
+        pub fn copy_to_host(&self, _i: usize, _offset: usize, _out: &mut [u8]) -> Result<()> {
+            match *self {}
+        }
+
+        pub fn wait_ipc_event(&self, _handle: &[u8]) -> Result<()> {
+            match *self {}
+        }
+
+        pub fn synchronize(&self) -> Result<()> {
+            match *self {}
+        }
+    }
+}

@@ -1,16 +1,18 @@
 //! The consumer's side in Rust (Python: `vision_preproc_consumer`): connect to a node's
-//! socket, map its blocks once, and read a `TensorRef`'s tensor in place while holding
-//! it. docs/HANDOFF.md; `examples/tensor_ref_consumer.rs` with r2r.
+//! socket, map its blocks once (host memory: `mmap`; CUDA memory: imported on the
+//! device, feature `cuda`), and read a `TensorRef`'s tensor in place while holding it.
+//! docs/HANDOFF.md; `examples/tensor_ref_consumer.rs` with r2r.
 
 use super::memory::Mapping;
-use super::{CONTROL_MAGIC, HELLO_MAGIC, PROTOCOL_VERSION};
+use super::{MemoryKind, CONTROL_MAGIC, HELLO_MAGIC, PROTOCOL_VERSION};
+use crate::backend::cuda::vmm::ImportedBlocks;
 use crate::error::{Error, Result};
 use serde::Deserialize;
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// File descriptors a hello may carry at most (the control block and 64 blocks).
 const MAX_FDS: usize = 65;
@@ -26,6 +28,9 @@ pub struct Hello {
     pub pool_id: String,
     #[serde(default)]
     pub memory: String,
+    /// CUDA memory: the device's ordinal (-1 for host memory).
+    #[serde(default = "no_device")]
+    pub device_id: i32,
     #[serde(default)]
     pub blocks: usize,
     #[serde(default)]
@@ -44,8 +49,78 @@ pub struct Hello {
     pub row_stride: usize,
 }
 
+fn no_device() -> i32 {
+    -1
+}
+
+impl Hello {
+    /// Read and check a hello's JSON: a vision_preproc pool of this protocol version that
+    /// accepted the connection, with memory this consumer knows; the error names what is
+    /// wrong.
+    pub fn parse(json: &[u8]) -> Result<Hello> {
+        let hello: Hello = serde_json::from_slice(json).map_err(protocol)?;
+        if hello.magic != HELLO_MAGIC || hello.version != PROTOCOL_VERSION {
+            let json = String::from_utf8_lossy(json);
+            return Err(protocol(format!(
+                "not a vision_preproc pool of protocol version {PROTOCOL_VERSION} (hello {json})"
+            )));
+        }
+        if let Some(why) = &hello.error {
+            return Err(protocol(format!("refused: {why}")));
+        }
+        match hello.memory() {
+            Some(MemoryKind::Cuda) if hello.device_id < 0 => Err(protocol(format!(
+                "pool {}: memory \"cuda\" on device {}: not a CUDA ordinal",
+                hello.pool_id, hello.device_id
+            ))),
+            Some(_) => Ok(hello),
+            None => Err(protocol(format!(
+                "pool {}: memory {:?} is neither \"host\" nor \"cuda\"",
+                hello.pool_id, hello.memory
+            ))),
+        }
+    }
+
+    /// Where the blocks live (`None`: a kind this consumer does not know).
+    pub fn memory(&self) -> Option<MemoryKind> {
+        [MemoryKind::Host, MemoryKind::Cuda].into_iter().find(|m| m.name() == self.memory)
+    }
+}
+
 fn protocol(what: impl std::fmt::Display) -> Error {
     Error::Operation(format!("tensor_ref hand-off: {what}"))
+}
+
+/// The pool's blocks as this process sees them.
+enum Blocks {
+    /// Host memory, mapped read-only.
+    Host(Vec<Mapping>),
+    /// CUDA memory, imported and mapped on the hello's device.
+    Cuda(ImportedBlocks),
+}
+
+impl Blocks {
+    fn len(&self) -> usize {
+        match self {
+            Blocks::Host(b) => b.len(),
+            Blocks::Cuda(d) => d.len(),
+        }
+    }
+}
+
+/// Import a CUDA pool's blocks (`fds`, the hello's `block_size`, on its device).
+fn import(fds: &[OwnedFd], hello: &Hello) -> Result<ImportedBlocks> {
+    use std::os::fd::AsRawFd;
+    let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
+    ImportedBlocks::import(&raw, hello.block_size, hello.device_id).map_err(|e| match e {
+        Error::CudaNotCompiled => protocol(format!(
+            "pool {}: its blocks are CUDA memory (device {}) and this consumer was built \
+             without the `cuda` feature: rebuild it with `--features cuda` (a default \
+             feature), or run the node with `backend: cpu` (host blocks)",
+            hello.pool_id, hello.device_id
+        )),
+        e => e,
+    })
 }
 
 /// Read `buf.len()` bytes, the fds of the first `recvmsg` into `fds`.
@@ -84,12 +159,14 @@ fn recv_with_fds(stream: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) ->
     Ok(n)
 }
 
-/// A connection to one node's pool (one `pool_id`), with its blocks mapped read-only.
-/// Dropping it closes the connection: the node releases whatever it still held.
+/// A connection to one node's pool (one `pool_id`), with its blocks mapped: host memory
+/// read-only; CUDA memory imported in this process, on the device the hello names, in
+/// its primary context (needs the `cuda` feature and the NVIDIA driver; the error says
+/// so). Dropping it closes the connection: the node releases whatever it still held.
 pub struct Consumer {
     hello: Hello,
     control: Mapping,
-    blocks: Vec<Mapping>,
+    blocks: Blocks,
     stream: UnixStream,
 }
 
@@ -110,19 +187,7 @@ impl Consumer {
         }
         let mut json = vec![0u8; u32::from_le_bytes(len) as usize];
         (&stream).read_exact(&mut json).map_err(protocol)?;
-        let hello: Hello = serde_json::from_slice(&json).map_err(protocol)?;
-        if hello.magic != HELLO_MAGIC || hello.version != PROTOCOL_VERSION {
-            return Err(protocol(format!("not a vision_preproc pool (hello {json:?})")));
-        }
-        if let Some(why) = &hello.error {
-            return Err(protocol(format!("refused: {why}")));
-        }
-        if hello.memory != "host" {
-            return Err(protocol(format!(
-                "memory {:?}: this consumer maps host memory only",
-                hello.memory
-            )));
-        }
+        let hello = Hello::parse(&json)?;
         if fds.len() != hello.blocks + 1 {
             return Err(protocol(format!(
                 "{} file descriptors for {} blocks",
@@ -138,10 +203,15 @@ impl Consumer {
         if magic != CONTROL_MAGIC {
             return Err(protocol("the control block has no VPCTRL01"));
         }
-        let blocks = fds[1..]
-            .iter()
-            .map(|fd| Mapping::shared(fd.as_raw_fd(), hello.block_size, false))
-            .collect::<Result<Vec<_>>>()?;
+        let blocks = match hello.memory() {
+            Some(MemoryKind::Cuda) => Blocks::Cuda(import(&fds[1..], &hello)?),
+            _ => Blocks::Host(
+                fds[1..]
+                    .iter()
+                    .map(|fd| Mapping::shared(fd.as_raw_fd(), hello.block_size, false))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        };
         // The fds close here: the mappings keep the memory.
         Ok(Consumer { hello, control, blocks, stream })
     }
@@ -149,6 +219,14 @@ impl Consumer {
     /// The pool id (as `TensorRef.pool_id`).
     pub fn pool_id(&self) -> &str {
         &self.hello.pool_id
+    }
+
+    /// Where the blocks live.
+    pub fn memory(&self) -> MemoryKind {
+        match self.blocks {
+            Blocks::Host(_) => MemoryKind::Host,
+            Blocks::Cuda(_) => MemoryKind::Cuda,
+        }
     }
 
     /// False once the node closed the connection (it stopped, or disconnected this
@@ -188,29 +266,116 @@ impl Consumer {
             self.hold(b).fetch_sub(1, Ordering::SeqCst);
             return None;
         }
-        Some(Held { consumer: self, block: b })
+        Some(Held { consumer: self, block: b, on_device: AtomicBool::new(false) })
     }
 }
 
-/// A block held: its bytes stay as they are until this is dropped.
+/// A block held: its bytes stay as they are until this is dropped. Host memory:
+/// [`Held::bytes`]; CUDA memory: [`Held::device`] (the device address, or a copy to the
+/// host).
 pub struct Held<'a> {
     consumer: &'a Consumer,
     block: usize,
+    /// [`Held::device`] handed out the block's address: the drop waits for the GPU work.
+    on_device: AtomicBool,
 }
 
 impl Held<'_> {
-    /// The whole block (the tensor is `byte_offset .. byte_offset + byte_size` of it).
+    /// The whole block in host memory (the tensor is `byte_offset .. byte_offset +
+    /// byte_size` of it); empty for CUDA memory (see [`Held::device`]).
     pub fn bytes(&self) -> &[u8] {
-        let m = &self.consumer.blocks[self.block];
+        let Blocks::Host(blocks) = &self.consumer.blocks else { return &[] };
+        let m = &blocks[self.block];
         // SAFETY: a read-only mapping alive as long as the consumer; the node does not
         // write the block while this hold is counted.
         unsafe { std::slice::from_raw_parts(m.ptr(), m.len()) }
     }
+
+    /// The block on the device for CUDA memory (`None` for host memory), once it may be
+    /// read: the `TensorRef`'s device (`device_id`, `device_uuid`) must be the pool's,
+    /// and the node's work named by `ipc_event_handle` (empty: none) is waited for.
+    /// Work this process queues on the address must be done before the `Held` is
+    /// dropped: the drop waits for all work of the device's primary context (queue it
+    /// there, e.g. on a stream of cudarc's `CudaContext::new(device_id)`).
+    pub fn device(
+        &self,
+        device_id: i32,
+        device_uuid: &[u8],
+        ipc_event_handle: &[u8],
+    ) -> Result<Option<DeviceBlock<'_>>> {
+        let Blocks::Cuda(blocks) = &self.consumer.blocks else { return Ok(None) };
+        if device_id != blocks.device_id() {
+            return Err(protocol(format!(
+                "TensorRef device {device_id}, the pool's hello says device {}",
+                blocks.device_id()
+            )));
+        }
+        let own = blocks.uuid();
+        if device_uuid.iter().any(|&b| b != 0) && device_uuid != own {
+            return Err(protocol(format!(
+                "TensorRef device {device_id} has UUID {}, this process's device {} is {}: \
+                 the node and this process number the GPUs differently (CUDA_VISIBLE_DEVICES?)",
+                hex(device_uuid),
+                blocks.device_id(),
+                hex(&own)
+            )));
+        }
+        blocks.wait_ipc_event(ipc_event_handle)?;
+        self.on_device.store(true, Ordering::Relaxed);
+        Ok(Some(DeviceBlock { blocks, index: self.block }))
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
+        if let Blocks::Cuda(blocks) = &self.consumer.blocks {
+            if self.on_device.load(Ordering::Relaxed) {
+                // The block goes back to the node even if the wait fails (a faulted
+                // context has no work left that could read it).
+                let _ = blocks.synchronize();
+            }
+        }
         self.consumer.hold(self.block).fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A held block of CUDA memory ([`Held::device`]): its address on the device in this
+/// process and its size, valid while the `Held` is.
+pub struct DeviceBlock<'h> {
+    blocks: &'h ImportedBlocks,
+    index: usize,
+}
+
+impl DeviceBlock<'_> {
+    /// The block's device address (the tensor starts `byte_offset` bytes after it), in
+    /// the primary context of device [`DeviceBlock::device_id`].
+    pub fn ptr(&self) -> u64 {
+        self.blocks.address(self.index)
+    }
+
+    /// Bytes mapped (the hello's `block_size` rounded up to the allocation granularity).
+    pub fn len(&self) -> usize {
+        self.blocks.block_size()
+    }
+
+    /// Never true (a block is never empty).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The device's ordinal.
+    pub fn device_id(&self) -> i32 {
+        self.blocks.device_id()
+    }
+
+    /// Copy `out.len()` bytes from byte `offset` of the block into `out` (waits for the
+    /// copy): a tensor is `out` of `byte_size` bytes from `byte_offset`.
+    pub fn copy_to_host(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.blocks.copy_to_host(self.index, offset, out)
     }
 }
 
@@ -249,6 +414,86 @@ mod tests {
         drop(next);
         drop(server);
         assert!(!c.connected(), "the node went away");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn hello(fields: &str) -> Result<Hello> {
+        let json = format!(
+            r#"{{"magic": "{HELLO_MAGIC}", "version": {PROTOCOL_VERSION}, "pool_id": "00ab", {fields}}}"#
+        );
+        Hello::parse(json.as_bytes())
+    }
+
+    fn message(r: Result<Hello>) -> String {
+        r.expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn a_hello_is_checked_and_its_errors_name_what_is_wrong() {
+        let h = hello(r#""memory": "cuda", "device_id": 2, "blocks": 4"#).unwrap();
+        assert_eq!((h.memory(), h.device_id, h.blocks), (Some(MemoryKind::Cuda), 2, 4));
+        let h = hello(r#""memory": "host", "blocks": 1"#).unwrap();
+        assert_eq!((h.memory(), h.device_id), (Some(MemoryKind::Host), -1), "no device_id: -1");
+        assert!(message(hello(r#""error": "too many consumers (at most 64 at once)""#))
+            .contains("refused: too many consumers"));
+        let e = message(hello(r#""memory": "gpu""#));
+        assert!(e.contains(r#"memory "gpu" is neither "host" nor "cuda""#), "{e}");
+        let e = message(hello(r#""memory": "cuda", "device_id": -1"#));
+        assert!(e.contains("device -1: not a CUDA ordinal"), "{e}");
+        let e = message(Hello::parse(br#"{"magic": "other", "version": 1}"#));
+        assert!(e.contains("not a vision_preproc pool of protocol version 1"), "{e}");
+        let e = message(Hello::parse(
+            format!(r#"{{"magic": "{HELLO_MAGIC}", "version": 2, "memory": "host"}}"#).as_bytes(),
+        ));
+        assert!(e.contains("not a vision_preproc pool of protocol version 1"), "{e}");
+        assert!(Hello::parse(b"not json").is_err());
+    }
+
+    /// Device blocks as the CUDA backend hands them to the pool, with memfds for fds
+    /// (what a machine without a GPU can make).
+    struct MemfdDevice(Vec<super::super::memory::Memfd>);
+
+    impl super::super::DeviceBlocks for MemfdDevice {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn block_size(&self) -> usize {
+            4096
+        }
+        fn fd(&self, i: usize) -> RawFd {
+            use std::os::fd::AsRawFd;
+            self.0[i].as_raw_fd()
+        }
+        fn address(&self, _: usize) -> u64 {
+            0
+        }
+        fn device_id(&self) -> i32 {
+            0
+        }
+        fn uuid(&self) -> [u8; 16] {
+            [0; 16]
+        }
+        fn read(&self, _: usize, _: &mut [u8]) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_cuda_pool_that_cannot_be_imported_is_refused_with_the_fix() {
+        let dir = std::env::temp_dir().join(format!("vp_consumer_cuda_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fds = (0..2).map(|i| super::super::memory::Memfd::new(&format!("b{i}"), 4096).unwrap());
+        let device = Box::new(MemfdDevice(fds.collect()));
+        let pool = Pool::device(device, Duration::from_secs(5), &dir).unwrap();
+        let server = Server::start(Arc::clone(&pool)).unwrap();
+        let e = Consumer::connect(server.path()).err().expect("memfds are no CUDA memory");
+        let e = e.to_string();
+        // Without the feature: the rebuild; without a driver (this machine): where to run
+        // it; with a GPU: the driver refuses a memfd.
+        let fix = if cfg!(feature = "cuda") { "backend: cpu" } else { "--features cuda" };
+        assert!(e.contains(fix) || e.contains("cuMemImportFromShareableHandle"), "{e}");
+        assert!(pool.counts().0.served >= 1, "the node served the hello");
+        drop(server);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,8 +1,10 @@
 //! Device memory other processes can map: the blocks of the zero-copy hand-off
 //! (`tensor_ref`, docs/HANDOFF.md) as CUDA virtual memory (`cuMemCreate` with POSIX file
 //! descriptor handles, reserved, mapped and made read-write here, exported once as an
-//! fd that the pool's socket hands to consumers with `SCM_RIGHTS`). Legacy CUDA IPC
-//! (`cuIpcGetMemHandle`) does not work on this memory and is not used.
+//! fd that the pool's socket hands to consumers with `SCM_RIGHTS`): [`VmmBlocks`], the
+//! node's side; [`ImportedBlocks`], a consumer process's (the fds imported and mapped
+//! there, `handoff::consumer`). Legacy CUDA IPC (`cuIpcGetMemHandle`) does not work on
+//! this memory and is not used.
 
 use super::{drv_err, DeviceInfo};
 use crate::error::{CudaError, Result};
@@ -10,7 +12,7 @@ use crate::handoff::DeviceBlocks;
 use cudarc::driver::sys::{self, CUdeviceptr, CUmemGenericAllocationHandle};
 use cudarc::driver::CudaContext;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// One block: its allocation, its mapping in this process and its exported fd.
 struct Block {
@@ -244,6 +246,290 @@ impl Drop for VmmBlocks {
                 sys::cuMemUnmap(b.ptr, self.size);
                 sys::cuMemAddressFree(b.ptr, self.size);
                 sys::cuMemRelease(b.handle);
+            }
+        }
+    }
+}
+
+/// Interprocess events a consumer keeps open per pool (the node has a few, reused); when
+/// more arrive, all are closed and opened again as needed.
+pub const MAX_IPC_EVENTS: usize = 64;
+
+/// Bytes of a CUDA interprocess event handle (`CU_IPC_HANDLE_SIZE`).
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+/// An event opened from another process's handle (`cuIpcOpenEventHandle`).
+struct IpcEvent(sys::CUevent);
+
+// SAFETY: a CUevent is a handle of the driver, usable from any thread with its context
+// current (every use binds the context first); `ImportedBlocks` serialises its uses
+// through the mutex that owns it.
+unsafe impl Send for IpcEvent {}
+
+/// A pool's device blocks in a consumer process: each block's fd imported
+/// (`cuMemImportFromShareableHandle`), mapped at an address of this process
+/// (`cuMemAddressReserve`, `cuMemMap`) and made read-write for the device the hello names
+/// (`cuMemSetAccess`), in that device's primary context (the one cudarc's
+/// `CudaContext::new`, PyTorch and CuPy use). The fds may be closed once this is made.
+/// Dropped: every block is unmapped and its range freed, the context released (the node
+/// keeps its memory).
+pub struct ImportedBlocks {
+    ctx: Arc<CudaContext>,
+    /// Each block's address in this process.
+    blocks: Vec<CUdeviceptr>,
+    /// Bytes mapped per block: the hello's block size rounded up to the granularity.
+    size: usize,
+    device_id: i32,
+    uuid: [u8; 16],
+    events: Mutex<Vec<([u8; IPC_HANDLE_BYTES], IpcEvent)>>,
+}
+
+/// "no usable GPU" for a consumer, with the fix.
+fn unavailable(why: impl std::fmt::Display) -> CudaError {
+    CudaError::Unavailable(format!(
+        "{why}; the pool's blocks are CUDA memory: run this consumer where the node's GPU and \
+         driver are, or the node with `backend: cpu` (host blocks)"
+    ))
+}
+
+impl ImportedBlocks {
+    /// Import the blocks of `fds` (each `block_size` bytes, exported by the node as POSIX
+    /// fds) on device `device_id` (the hello's ordinal). Fails with
+    /// [`CudaError::Unavailable`] (and the fix) where this process has no NVIDIA driver or
+    /// no such device; any failure of the driver undoes what was made.
+    pub fn import(fds: &[RawFd], block_size: usize, device_id: i32) -> Result<ImportedBlocks> {
+        // SAFETY: only tries to dlopen libcuda; no symbol is called.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(
+                unavailable("libcuda.so could not be loaded (no NVIDIA driver here)").into()
+            );
+        }
+        cudarc::driver::result::init().map_err(|e| unavailable(format!("cuInit: {e:?}")))?;
+        let count = cudarc::driver::result::device::get_count()
+            .map_err(|e| unavailable(format!("cuDeviceGetCount: {e:?}")))?;
+        let Some(ordinal) = usize::try_from(device_id).ok().filter(|_| device_id < count) else {
+            return Err(unavailable(format!(
+                "the pool's device {device_id} is not one of this process's {count} CUDA \
+                 device(s) (CUDA_VISIBLE_DEVICES must show the node's GPU here too)"
+            ))
+            .into());
+        };
+        let ctx = CudaContext::new(ordinal).map_err(|e| {
+            drv_err(format!("retaining the primary context of device {device_id}"), e)
+        })?;
+        let uuid = ctx.uuid().map_err(|e| drv_err("cuDeviceGetUuid", e))?;
+        let mut imported = ImportedBlocks {
+            ctx,
+            blocks: Vec::with_capacity(fds.len()),
+            size: 0,
+            device_id,
+            uuid: uuid.bytes.map(|b| b as u8),
+            events: Mutex::new(Vec::new()),
+        };
+        for &fd in fds {
+            let ptr = imported.map_one(fd, block_size)?;
+            imported.blocks.push(ptr);
+        }
+        Ok(imported)
+    }
+
+    /// Import, map and open for read-write the block of `fd` (undone on failure); the
+    /// first block sets the mapped size, the others must have the same.
+    fn map_one(&mut self, fd: RawFd, block_size: usize) -> Result<CUdeviceptr> {
+        let mut handle: CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out pointer; for POSIX fd handles the OS handle is the fd itself,
+        // passed in the pointer's place (the driver duplicates what it needs; the fd stays
+        // ours).
+        check("cuMemImportFromShareableHandle (a block of the pool)", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd as usize as *mut std::ffi::c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        let mapped = self.map_handle(handle, block_size);
+        // SAFETY: the handle imported above, released once; a mapping made from it keeps
+        // the memory until it is unmapped.
+        unsafe { sys::cuMemRelease(handle) };
+        mapped
+    }
+
+    /// Reserve, map and open for read-write a range for `handle`.
+    fn map_handle(
+        &mut self,
+        handle: CUmemGenericAllocationHandle,
+        block_size: usize,
+    ) -> Result<CUdeviceptr> {
+        // SAFETY: a plain C struct, filled in by the driver below.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out pointer; a live handle.
+        check("cuMemGetAllocationPropertiesFromHandle", unsafe {
+            sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle)
+        })?;
+        let mut granularity = 0usize;
+        // SAFETY: valid out pointer and properties.
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        let size = block_size.max(1).next_multiple_of(granularity.max(1));
+        if self.size == 0 {
+            self.size = size;
+        } else if size != self.size {
+            return Err(crate::Error::Operation(format!(
+                "tensor_ref hand-off: a block of {size} bytes among blocks of {}",
+                self.size
+            )));
+        }
+        let mut ptr: CUdeviceptr = 0;
+        // SAFETY: valid out pointer; a fresh reservation anywhere.
+        check("cuMemAddressReserve", unsafe { sys::cuMemAddressReserve(&mut ptr, size, 0, 0, 0) })?;
+        let mapped = (|| {
+            // SAFETY: the reservation is `size` bytes; the allocation is at least that
+            // (the node made it `block_size` rounded up to the same granularity).
+            check("cuMemMap", unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) })?;
+            let mut location: sys::CUmemLocation = prop.location;
+            location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            location.id = self.device_id;
+            let access = sys::CUmemAccessDesc {
+                location,
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: the range mapped just above; one access descriptor.
+            let r = check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(ptr, size, &access, 1) });
+            if r.is_err() {
+                // SAFETY: the range mapped just above, unmapped once.
+                unsafe { sys::cuMemUnmap(ptr, size) };
+            }
+            r
+        })();
+        if let Err(e) = mapped {
+            // SAFETY: the reservation made above (unmapped already), freed once.
+            unsafe { sys::cuMemAddressFree(ptr, size) };
+            return Err(e.into());
+        }
+        Ok(ptr)
+    }
+
+    /// Number of blocks.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// No blocks.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Bytes mapped per block (the hello's block size rounded up to the granularity).
+    pub fn block_size(&self) -> usize {
+        self.size
+    }
+
+    /// Block i's address in this process (device `device_id`'s primary context).
+    pub fn address(&self, i: usize) -> u64 {
+        self.blocks[i]
+    }
+
+    /// The device's ordinal in this process.
+    pub fn device_id(&self) -> i32 {
+        self.device_id
+    }
+
+    /// The device's UUID (to compare with `TensorRef.device_uuid`).
+    pub fn uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+
+    /// Copy `out.len()` bytes of block i from byte `offset` into `out` (waits for the
+    /// copy).
+    pub fn copy_to_host(&self, i: usize, offset: usize, out: &mut [u8]) -> Result<()> {
+        if offset.checked_add(out.len()).map_or(true, |end| end > self.size) {
+            return Err(crate::Error::Operation(format!(
+                "reading bytes {offset}..{} of a {}-byte block",
+                offset.saturating_add(out.len()),
+                self.size
+            )));
+        }
+        self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+        // SAFETY: block i is `size` >= `offset + out.len()` mapped bytes on the device;
+        // `out` is that many writable bytes; the synchronous copy completes before this
+        // returns.
+        let r = unsafe {
+            sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.blocks[i] + offset as u64, out.len())
+        };
+        Ok(check("cuMemcpyDtoH (a shared block)", r)?)
+    }
+
+    /// Wait until the node's work named by an interprocess event handle (`TensorRef`'s
+    /// `ipc_event_handle`, 64 bytes) is done; nothing to wait for when it is empty.
+    pub fn wait_ipc_event(&self, handle: &[u8]) -> Result<()> {
+        if handle.is_empty() {
+            return Ok(());
+        }
+        let Ok(key) = <[u8; IPC_HANDLE_BYTES]>::try_from(handle) else {
+            return Err(crate::Error::Operation(format!(
+                "TensorRef.ipc_event_handle has {} bytes; a CUDA IPC event handle has {IPC_HANDLE_BYTES}",
+                handle.len()
+            )));
+        };
+        self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let event = match events.iter().find(|(k, _)| *k == key) {
+            Some((_, e)) => e.0,
+            None => {
+                if events.len() >= MAX_IPC_EVENTS {
+                    for (_, e) in events.drain(..) {
+                        // SAFETY: an event opened below, destroyed once (it leaves the list).
+                        unsafe { sys::cuEventDestroy_v2(e.0) };
+                    }
+                }
+                let mut h = sys::CUipcEventHandle { reserved: [0; IPC_HANDLE_BYTES] };
+                for (d, s) in h.reserved.iter_mut().zip(key) {
+                    *d = s as std::ffi::c_char;
+                }
+                let mut event: sys::CUevent = std::ptr::null_mut();
+                // SAFETY: valid out pointer; the handle is 64 bytes as the driver made them.
+                check("cuIpcOpenEventHandle (TensorRef.ipc_event_handle)", unsafe {
+                    sys::cuIpcOpenEventHandle(&mut event, h)
+                })?;
+                events.push((key, IpcEvent(event)));
+                event
+            }
+        };
+        // SAFETY: an event opened in this context and not destroyed (the lock is held).
+        Ok(check("cuEventSynchronize (the node's IPC event)", unsafe {
+            sys::cuEventSynchronize(event)
+        })?)
+    }
+
+    /// Wait for all work of this process in the device's primary context (the work that
+    /// read a block must be done before the block is given back).
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.ctx.synchronize().map_err(|e| drv_err("cuCtxSynchronize", e))?)
+    }
+}
+
+impl Drop for ImportedBlocks {
+    fn drop(&mut self) {
+        // Errors are ignored: after a device fault the context may refuse, and the
+        // mappings go with it.
+        let _ = self.ctx.bind_to_thread();
+        let events = self.events.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (_, e) in events.drain(..) {
+            // SAFETY: each event opened in `wait_ipc_event`, destroyed once.
+            unsafe { sys::cuEventDestroy_v2(e.0) };
+        }
+        for ptr in self.blocks.drain(..) {
+            // SAFETY: each block's mapping and reservation, made in `map_handle` and freed
+            // once here; no `Held` borrows the blocks any more (they borrow the consumer
+            // that owns this).
+            unsafe {
+                sys::cuMemUnmap(ptr, self.size);
+                sys::cuMemAddressFree(ptr, self.size);
             }
         }
     }
