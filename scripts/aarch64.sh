@@ -87,7 +87,8 @@ xcargo() {
         CARGO_TARGET_DIR="$ARM_DIR" \
         /usr/bin/cargo "$@"
 }
-ARM_ARGS=(--profile aarch64 --target "$TARGET" --no-default-features --features cuda)
+# SQLite from its sources (bundled-sqlite): the cross sysroot has no arm64 libsqlite3.
+ARM_ARGS=(--profile aarch64 --target "$TARGET" --no-default-features --features cuda,bundled-sqlite)
 log "toolchain: $(/usr/bin/rustc --version), $(${VP_QEMU:-qemu-aarch64} --version | head -1)"
 
 # 2. Lint for aarch64: what only this target compiles (the NEON path; the AVX2 path out).
@@ -127,7 +128,7 @@ step "CLI parity x86-64 = aarch64 scalar"
 if [ -n "${VP_AARCH64_ROS_PREFIX:-}" ]; then
     log "type-checking the node for aarch64 against $VP_AARCH64_ROS_PREFIX"
     # shellcheck disable=SC1091
-    (source "$VP_AARCH64_ROS_PREFIX/setup.bash" && xcargo check --profile aarch64 --target "$TARGET" --bins)
+    (source "$VP_AARCH64_ROS_PREFIX/setup.bash" && xcargo check --profile aarch64 --target "$TARGET" --features bundled-sqlite --bins)
     step "ROS node type-check (aarch64)"
 else
     log "ROS node for aarch64: not checked (no ROS 2 for aarch64 here; set VP_AARCH64_ROS_PREFIX)"

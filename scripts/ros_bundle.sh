@@ -30,8 +30,10 @@ rec=$!
 target/release/vision_preproc play .ros/sample_bag --loop --duration 6 --wait-subscribers 1 >"$TMP/play.log" 2>&1 &
 play=$!
 sleep 4
+# The ROS libraries of .ros/, and the system's SQLite (rusqlite links it; the GPU machine
+# need not have it).
 cat "/proc/$node/maps" "/proc/$rec/maps" "/proc/$play/maps" | awk '{print $6}' \
-    | grep -E "^$ROOT/\.ros/.*\.so" | sort -u >"$TMP/libs"
+    | grep -E "^$ROOT/\.ros/.*\.so|/libsqlite3\.so" | sort -u >"$TMP/libs"
 wait "$play" "$rec" || { cat "$TMP"/*.log; exit 1; }
 kill -TERM "$node"; wait "$node" || true
 grep -q ' [1-9][0-9]* tensors' "$TMP/rec.log" || { echo "the live run recorded no tensor:"; cat "$TMP"/*.log; exit 1; }

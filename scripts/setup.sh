@@ -25,9 +25,10 @@ stamp_set() { echo "$2" >"$ROS_DIR/$1.stamp"; }
 
 mkdir -p "$ROS_DIR"
 
-# 1. System packages: r2r runs bindgen at build time (libclang).
+# 1. System packages: r2r runs bindgen at build time (libclang); bags in sqlite3 storage
+# are read through the system's SQLite.
 missing=()
-for p in libclang-dev clang; do
+for p in libclang-dev clang libsqlite3-dev; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if ((${#missing[@]})); then
@@ -37,7 +38,7 @@ if ((${#missing[@]})); then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
-    log "apt: libclang-dev clang present"
+    log "apt: libclang-dev clang libsqlite3-dev present"
 fi
 
 # 2. The venv with pinned ROS 2 wheels, colcon, test tools, NVRTC, NVTX.
