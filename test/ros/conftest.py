@@ -25,9 +25,10 @@ def pytest_configure(config: pytest.Config) -> None:
 #: The files that take longest, first: pytest-xdist's `--dist loadfile` hands the files to
 #: its workers in collection order, so the longest one collected last (test_transport.py,
 #: alphabetically) ran alone at the end (the 3 workers: 100 s where the files' sum is
-#: 218 s). Seconds measured on the 2-core machine, 2026-12-03: transport 50, handoff 51
-#: (with its 20-s slow consumer), node 36, batch 25; every other file under 18.
-LONG_FILES_FIRST = ("test_handoff.py", "test_transport.py", "test_node.py", "test_batch.py")
+#: 218 s). Seconds measured on the 2-core machine, 2026-12-03: launch 56 on a fresh clone
+#: (it builds the colcon workspace, 41 s), handoff 51 (with its 20-s slow consumer),
+#: transport 50, node 36, batch 25; every other file under 18.
+LONG_FILES_FIRST = ("test_launch.py", "test_handoff.py", "test_transport.py", "test_node.py", "test_batch.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
