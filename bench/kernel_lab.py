@@ -62,8 +62,8 @@ VARIANTS = {
     "vec16": ("new", {"RN_VEC": 16}),
     "prefetch": ("new", {"RN_PREFETCH": 1}),
     "batch_enc": ("new", {"RN_BATCH_ENC": 1}),        # + resize_normalize_batch_<enc>
-    "mid": ("new", {"RN_MID": 1}),                    # the exact-2x midpoint path
-    "mid_mb5": ("new", {"RN_MID": 1, "RN_MIN_BLOCKS_SPAN": 5}),  # the same at 48 registers
+    "nomid": ("new", {"RN_MID": 0}),                  # without the exact-2x midpoint path
+    "mid_mb5": ("new", {"RN_MIN_BLOCKS_SPAN": 5}),    # the midpoint path at 48 registers (spills)
 }
 # The runs of 2026-12-02 (docs/evidence/h200_2026-12-02_kernel_lab_run1.log, run2.log and their .json, _ncu.txt) used these
 # labels for the kernel of their day: run 1 (x table staged in shared memory, one register
@@ -72,7 +72,8 @@ VARIANTS = {
 # {RN_PX: 8}, s8_px8_mb4, s4_mb4; run 2 (x table read by each thread): t8_mb4
 # {RN_MIN_BLOCKS: 4} (= "default" for rgb8/bgr8/rgba8/bgra8 and the batch), t4_mb4,
 # t8_mb4_pf / t4_mb4_pf {RN_PREFETCH: 1}, t8_mb5 {} (= "span_mb5"), t8_mb4_enc
-# {RN_BATCH_ENC: 1}.
+# {RN_BATCH_ENC: 1}. The runs of 2026-12-03 (docs/evidence/h200_2026-12-03_kernel_lab_mid.log)
+# used the labels above: default (RN_MID=1), nomid, mid_mb5.
 
 
 def variant_px(label):
@@ -385,6 +386,11 @@ class Lab:
         cp.cuda.runtime.free(0)  # make the primary context current
         self.drv = Driver()
         self.stream = cp.cuda.Stream(non_blocking=True)
+        # CuPy's own work (buffers filled, tables copied in) on the same stream as the
+        # launches: on the default stream it is not ordered before a non-blocking
+        # stream's kernels (a kernel read a table whose copy had not landed: illegal
+        # address, 2026-12-03).
+        self.stream.use()
         self.sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
         self.l2 = cp.cuda.runtime.getDeviceProperties(0)["l2CacheSize"]
         self.mods = {}
