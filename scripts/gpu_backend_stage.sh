@@ -20,7 +20,8 @@ if [[ -f .ros/env.sh ]]; then
     source .ros/env.sh
 fi
 # Own target dir: a no-ROS build must not overwrite the ROS build in target/release.
-FEATURES=(--release --no-default-features --features cuda,bench,fault-injection --target-dir target/gpu)
+# SQLite compiled in (bundled-sqlite): the GPU machine need not have libsqlite3.
+FEATURES=(--release --no-default-features --features cuda,bench,fault-injection,bundled-sqlite --target-dir target/gpu)
 cargo build "${FEATURES[@]}" --bin vision_preproc
 cargo test "${FEATURES[@]}" --test nvrtc_compile
 # The GPU test binaries (harness = false) without running them.
