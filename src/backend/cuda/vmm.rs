@@ -51,6 +51,20 @@ fn properties(device: i32) -> sys::CUmemAllocationProp {
     prop
 }
 
+/// `bytes` (at least 1) rounded up to the allocation granularity of blocks with `prop`.
+fn rounded(bytes: usize, prop: &sys::CUmemAllocationProp) -> std::result::Result<usize, CudaError> {
+    let mut granularity = 0usize;
+    // SAFETY: valid out pointer and properties.
+    check("cuMemGetAllocationGranularity", unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut granularity,
+            prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    })?;
+    Ok(bytes.max(1).next_multiple_of(granularity.max(1)))
+}
+
 /// Why the device cannot share its memory as file descriptors, if it cannot: the device
 /// attributes for virtual memory management and POSIX fd handles.
 pub fn unsupported(ctx: &CudaContext) -> Option<String> {
@@ -85,16 +99,7 @@ impl VmmBlocks {
         }
         let device_id = i32::try_from(device.ordinal).unwrap_or(i32::MAX);
         let prop = properties(device_id);
-        let mut granularity = 0usize;
-        // SAFETY: valid out pointer and properties.
-        check("cuMemGetAllocationGranularity", unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut granularity,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        })?;
-        let size = bytes.max(1).next_multiple_of(granularity.max(1));
+        let size = rounded(bytes, &prop)?;
         let mut uuid = sys::CUuuid { bytes: [0; 16] };
         // SAFETY: valid out pointer; the context's device.
         check("cuDeviceGetUuid", unsafe { sys::cuDeviceGetUuid(&mut uuid, ctx.cu_device()) })?;
@@ -366,16 +371,7 @@ impl ImportedBlocks {
         check("cuMemGetAllocationPropertiesFromHandle", unsafe {
             sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle)
         })?;
-        let mut granularity = 0usize;
-        // SAFETY: valid out pointer and properties.
-        check("cuMemGetAllocationGranularity", unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut granularity,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        })?;
-        let size = block_size.max(1).next_multiple_of(granularity.max(1));
+        let size = rounded(block_size, &prop)?;
         if self.size == 0 {
             self.size = size;
         } else if size != self.size {
