@@ -41,8 +41,9 @@
 //   3x horizontal downscales: 3840 -> 1920, 1920 -> 640, ...) take the span path below:
 //   the group's contiguous source bytes of each row as aligned 8-byte vectors, bytes
 //   selected at compile time; at an exact 2x in both axes (every weight 0.5) the four
-//   taps are summed as integers (the midpoint path, exact). Everything else byte by byte (-DRN_WORD_PAIRS=1 reads
-//   rgb8/bgr8/rgba8/bgra8 tap pairs as aligned words instead: slower on the H200).
+//   taps are summed as integers (the midpoint path, exact). Everything else byte by
+//   byte (-DRN_WORD_PAIRS=1 reads rgb8/bgr8/rgba8/bgra8 tap pairs as aligned words
+//   instead: slower on the H200).
 // Staged path (compiled with -DRN_STAGED=1; the host passes row_words > 0 for encodings
 //   whose pixel x starts at byte x*bpp of its row, when the widest tile window fits): the
 //   block copies, with cp.async 32-bit copies, the source columns its tile samples from
@@ -459,14 +460,15 @@ __device__ __forceinline__ void span_channel(const u32 (&a0)[NW], const u32 (&a1
 }
 
 // The exact 2x midpoint (RN_MID=1, default; docs/GPU.md, version 10: the 4K case 3 %
-// faster in events, 9 % in the kernel's own duration, 26 % fewer instructions). When a group's four x weights and its y
-// weight are all 0.5 (a 2x downscale through the tables' half-pixel sampling: 3840 ->
-// 1920, 1280 -> 640, ...), the specification's s00*(1-w) + s01*w, horizontal then
-// vertical, is (s00 + s01 + s10 + s11) / 4 exactly: every intermediate is a multiple of
-// 1/4 below 256, exact in float32. So the four bytes are summed as integers (IDP4A with
-// a mask of ones on the two bytes of each row's word, accumulated into the mantissa of
-// 2^23), and one FMA, exact because its result is representable, takes sum / 4 out of
-// it: ~6 instructions per value instead of ~19 (4 conversions, 3 lerps), the same bits.
+// faster in events, 9 % in the kernel's own duration, 26 % fewer instructions). When a
+// group's four x weights and its y weight are all 0.5 (a 2x downscale through the
+// tables' half-pixel sampling: 3840 -> 1920, 1280 -> 640, ...), the specification's
+// s00*(1-w) + s01*w, horizontal then vertical, is (s00 + s01 + s10 + s11) / 4 exactly:
+// every intermediate is a multiple of 1/4 below 256, exact in float32. So the four
+// bytes are summed as integers (IDP4A with a mask of ones on the two bytes of each row's
+// word, accumulated into the mantissa of 2^23), and one FMA, exact because its result is
+// representable, takes sum / 4 out of it: ~6 instructions per value instead of ~19
+// (4 conversions, 3 lerps), the same bits.
 #ifndef RN_MID
 #define RN_MID 1
 #endif
@@ -593,7 +595,8 @@ __device__ __forceinline__ void span_group(const PreprocessParams& p, void* __re
     load_span<SPAN>(row1 + xs * (int)enc_bpp(ENC), a1);
     const int W = p.dst_width, H = p.dst_height;
     // the exact 2x midpoint (all five weights 0.5): integer sums, the same bits
-    const bool mid = S == 2 && wy == 0.5f && wxs[0] == 0.5f && wxs[1] == 0.5f && wxs[2] == 0.5f && wxs[3] == 0.5f;
+    const bool mid = S == 2 && wy == 0.5f && wxs[0] == 0.5f && wxs[1] == 0.5f && wxs[2] == 0.5f &&
+                     wxs[3] == 0.5f;
     if (p.layout == LAYOUT_NCHW && (W & 3) == 0) {
         float o[4];
         const unsigned long long plane = (unsigned long long)H * W;
