@@ -41,6 +41,36 @@ else
     log "apt: libclang-dev clang libsqlite3-dev present"
 fi
 
+# The Rust dependencies that need no ROS environment (image, clap, tokio, cudarc, mcap,
+# ...: about half of a cold build's CPU time), compiled in the background while the steps
+# below install the venv and build the interface package, which keep about one of a
+# 2-core machine's cores busy: `make build` then finds them compiled (the same units: same
+# profile, features and environment). r2r's crates are left to the build: their build
+# scripts read the ROS environment written below. A failure here only costs time: the
+# build reports it. VP_PREBUILD=0 skips it.
+prebuild_pid=""
+if [ "${VP_PREBUILD:-1}" = 1 ] && command -v cargo >/dev/null; then
+    mkdir -p "$ROOT/target"
+    log "cargo: compiling the dependencies that need no ROS in the background (target/prebuild.log)"
+    (
+        cd "$ROOT"
+        t0=$SECONDS
+        specs="$(cargo metadata --format-version 1 2>/dev/null | python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+pkg = {p["id"]: p for p in m["packages"]}
+root = next(n for n in m["resolve"]["nodes"] if pkg[n["id"]]["name"] == "vision_preproc")
+for d in root["deps"]:
+    p = pkg[d["pkg"]]
+    if any(k["kind"] is None for k in d["dep_kinds"]) and not p["name"].startswith("r2r"):
+        print("--package=%s@%s" % (p["name"], p["version"]))')"
+        # shellcheck disable=SC2086
+        cargo build --release $specs && echo "prebuild: done in $((SECONDS - t0)) s"
+    ) >"$ROOT/target/prebuild.log" 2>&1 &
+    prebuild_pid=$!
+    trap '[ -z "$prebuild_pid" ] || kill "$prebuild_pid" 2>/dev/null || true' EXIT
+fi
+
 # 2. The venv with pinned ROS 2 wheels, colcon, test tools, NVRTC, NVTX.
 command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found (Python 3.11 is required by the ROS 2 wheels)" >&2; exit 1; }
 req_hash="$(hash_of "$ROOT/scripts/requirements-ros.txt")-$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')-$ROOT"
@@ -98,6 +128,15 @@ if stamp_ok sample_bag "$bag_hash" && [ -f "$ROS_DIR/sample_bag/metadata.yaml" ]
 else
     (source "$ROS_DIR/env.sh" && python3 "$ROOT/scripts/make_sample_bag.py" "$ROS_DIR/sample_bag")
     stamp_set sample_bag "$bag_hash"
+fi
+
+if [ -n "$prebuild_pid" ]; then
+    if wait "$prebuild_pid"; then
+        log "cargo: $(tail -n 1 "$ROOT/target/prebuild.log")"
+    else
+        log "cargo: compiling the dependencies in the background failed (target/prebuild.log); the build will say why"
+    fi
+    prebuild_pid=""
 fi
 
 log "done. Use it with: source $ROS_DIR/env.sh"
