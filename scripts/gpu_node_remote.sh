@@ -24,7 +24,7 @@
 #             torch tensor whose data_ptr must be the mapped block) equal to the Tensor of
 #             the same stamp, the tensors recorded (compare with a CPU replay here); "bench"
 #             1080p -> 640x640 float32, tensor (+ torch .cuda()) vs tensor_ref, alternating,
-#             2 x 10 s; "slow" a consumer holding each frame 500 ms for 20 s (its tensor must
+#             2 x 10 s; "slow" a consumer holding each frame 500 ms for 20 s (CUDAREF_SLOW_S; its tensor must
 #             not change while held); "kill" a holder SIGKILLed beside a second consumer
 #             that records the node's Shared diagnostics; "sanitizer" the node under
 #             compute-sanitizer memcheck with a consumer; "batch" 4 cameras 1080p (phases not
@@ -237,7 +237,8 @@ print(f"debug_image: {len(got)} images", (got[-1].width, got[-1].height, got[-1]
                      >"$OUT/$tag.consumer.log" 2>&1 & waits+=($!) ;;
         tensor|tensor_ref) cudaref_consumer "${mode}_$i" "$mode" 13; waits+=("$CPID") ;;
         batch_*) cudaref_consumer "${mode}_$i" "${mode#batch_}" 13 --ns /bb --batch; waits+=("$CPID") ;;
-        slow)  play=20; cudaref_consumer "$tag" tensor_ref 23 --hold-ms 500; waits+=("$CPID") ;;
+        slow)  # (CUDAREF_SLOW_S: its seconds, 20 by default; 600 for the soak)
+               play=${CUDAREF_SLOW_S:-20}; cudaref_consumer "$tag" tensor_ref $((play + 3)) --hold-ms 500; waits+=("$CPID") ;;
         kill)  # the holder takes a frame every 1.5 s (within the 2-s lease) and is killed while holding one
                cudaref_consumer "${tag}_holder" tensor_ref 30 --hold-ms 1500; local holder=$CPID
                cudaref_consumer "$tag" tensor_ref 13; waits+=("$CPID")
