@@ -64,6 +64,9 @@ for d in root["deps"]:
     p = pkg[d["pkg"]]
     if any(k["kind"] is None for k in d["dep_kinds"]) and not p["name"].startswith("r2r"):
         print("--package=%s@%s" % (p["name"], p["version"]))')"
+        # Without the list (cargo metadata failed) nothing is compiled here: a plain
+        # `cargo build` would run r2r's build scripts without the ROS environment.
+        [ -n "$specs" ] || { echo "prebuild: no dependency list (cargo metadata failed)"; exit 1; }
         # shellcheck disable=SC2086
         cargo build --release $specs && echo "prebuild: done in $((SECONDS - t0)) s"
     ) >"$ROOT/target/prebuild.log" 2>&1 &
