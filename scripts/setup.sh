@@ -71,7 +71,7 @@ for d in root["deps"]:
         cargo build --release $specs && echo "prebuild: done in $((SECONDS - t0)) s"
     ) >"$ROOT/target/prebuild.log" 2>&1 &
     prebuild_pid=$!
-    trap '[ -z "$prebuild_pid" ] || kill "$prebuild_pid" 2>/dev/null || true' EXIT
+    trap '[ -z "$prebuild_pid" ] || { pkill -TERM -P "$prebuild_pid"; kill "$prebuild_pid"; } 2>/dev/null || true' EXIT
 fi
 
 # 2. The venv with pinned ROS 2 wheels, colcon, test tools, NVRTC, NVTX.
