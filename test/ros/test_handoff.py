@@ -685,10 +685,16 @@ def test_without_tensor_subscribers_the_tensor_is_not_serialized(node: NodeProce
             assert len(got) >= 10 and all(m.outputs == want for m in got), (what, [m.outputs for m in got])
             return got
 
+        skipped_before = c.sub.skipped
         only_ref = settle(FrameTiming.OUTPUT_TENSOR_REF, "tensor_ref only")
         c.spin_for(0.3)
         missing = [stamp_ns(m.header) for m in only_ref if stamp_ns(m.header) not in c.refs]
-        assert len(missing) <= len(only_ref) // 10, f"{len(missing)} of {len(only_ref)} descriptors not delivered"
+        # A descriptor not delivered must be one the subscription counted as skipped (its
+        # block reused before this consumer, behind under load, could take it: a fresh-clone
+        # run's third ROS pass saw 6 of 28 in a row), never lost silently; most arrive.
+        skipped = c.sub.skipped - skipped_before
+        assert len(missing) <= skipped and len(missing) <= len(only_ref) // 2, \
+            f"{len(missing)} of {len(only_ref)} descriptors not delivered, {skipped} counted as skipped"
 
         raw: list[bytes] = []
         c.node.create_subscription(Tensor, "tensor", raw.append, DEEP, raw=True)
