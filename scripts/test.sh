@@ -58,7 +58,10 @@ print(f"{len(crates)} crates at opt-level 0 ({', '.join(crates)}): none in the p
 EOF
 
 section rust "Rust tests (unit + integration, CPU, with the test hooks; GPU tests report 'no GPU' and are not counted)"
-cargo test --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" --no-run 2>&1
+# `--tests` (every target whose `test` is on: the library, the CLI, the integration
+# tests; not the node binary, `test = false`) rather than `--all-targets`, whose `--bins`
+# builds a harness for every binary.
+cargo test --release --tests --examples --benches --features "$VISION_PREPROC_TEST_FEATURES" --no-run 2>&1
 # test/nvrtc_compile.rs checks the kernels build.rs embedded and compiles one file with
 # NVRTC (a few seconds; it compiled every kernel, about a minute, before they were
 # embedded): it runs in the background beside the other Rust tests, the example and the
@@ -69,14 +72,17 @@ cargo test --release --features "$VISION_PREPROC_TEST_FEATURES" --test nvrtc_com
 NVRTC_PID=$!
 # If this script stops early: stop that cargo and the test binary it runs.
 trap '[ -z "$NVRTC_PID" ] || { pkill -P "$NVRTC_PID" || true; kill "$NVRTC_PID" || true; } 2>/dev/null; summary' EXIT
-# Every other target of --all-targets: the integration tests named from Cargo.toml.
+# Every other target built above: the binaries with unit tests and the integration tests,
+# named from Cargo.toml.
 mapfile -t other_tests < <(cargo metadata --no-deps --format-version 1 | python3 -c '
 import json, sys
 targets = [t for p in json.load(sys.stdin)["packages"] if p["name"] == "vision_preproc" for t in p["targets"]]
 for t in targets:
     if "test" in t["kind"] and t["name"] != "nvrtc_compile":
-        print("--test=" + t["name"])')
-cargo test --release --lib --bins --examples --benches "${other_tests[@]}" --features "$VISION_PREPROC_TEST_FEATURES" 2>&1
+        print("--test=" + t["name"])
+    elif "bin" in t["kind"] and t["test"]:
+        print("--bin=" + t["name"])')
+cargo test --release --lib --examples --benches "${other_tests[@]}" --features "$VISION_PREPROC_TEST_FEATURES" 2>&1
 
 section example "the example: Config -> backend -> Pipeline::process on a photograph (examples/preprocess_file.rs)"
 example="$(cargo run -q --release --features "$VISION_PREPROC_TEST_FEATURES" --example preprocess_file -- test/data/chelsea.png)"
