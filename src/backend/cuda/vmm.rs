@@ -108,7 +108,7 @@ impl VmmBlocks {
             blocks: Vec::with_capacity(count),
             size,
             device_id,
-            uuid: uuid.bytes.map(|b| b as u8),
+            uuid: bytemuck::cast(uuid.bytes), // c_char: i8 on x86-64, u8 on aarch64
         };
         for _ in 0..count {
             let block = blocks.make_one(&prop)?;
@@ -328,7 +328,7 @@ impl ImportedBlocks {
             blocks: Vec::with_capacity(fds.len()),
             size: 0,
             device_id,
-            uuid: uuid.bytes.map(|b| b as u8),
+            uuid: bytemuck::cast(uuid.bytes), // c_char: i8 on x86-64, u8 on aarch64
             events: Mutex::new(Vec::new()),
         };
         for &fd in fds {
