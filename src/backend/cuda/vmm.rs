@@ -65,6 +65,13 @@ fn rounded(bytes: usize, prop: &sys::CUmemAllocationProp) -> std::result::Result
     Ok(bytes.max(1).next_multiple_of(granularity.max(1)))
 }
 
+/// The UUID of the context's device (`cuDeviceGetUuid`), as bytes.
+fn device_uuid(ctx: &CudaContext) -> std::result::Result<[u8; 16], CudaError> {
+    let uuid = ctx.uuid().map_err(|e| drv_err("cuDeviceGetUuid", e))?;
+    // c_char: i8 on x86-64, u8 on aarch64.
+    Ok(bytemuck::cast(uuid.bytes))
+}
+
 /// Why the device cannot share its memory as file descriptors, if it cannot: the device
 /// attributes for virtual memory management and POSIX fd handles.
 pub fn unsupported(ctx: &CudaContext) -> Option<String> {
@@ -100,15 +107,13 @@ impl VmmBlocks {
         let device_id = i32::try_from(device.ordinal).unwrap_or(i32::MAX);
         let prop = properties(device_id);
         let size = rounded(bytes, &prop)?;
-        let mut uuid = sys::CUuuid { bytes: [0; 16] };
-        // SAFETY: valid out pointer; the context's device.
-        check("cuDeviceGetUuid", unsafe { sys::cuDeviceGetUuid(&mut uuid, ctx.cu_device()) })?;
+        let uuid = device_uuid(ctx)?;
         let mut blocks = VmmBlocks {
             ctx: Arc::clone(ctx),
             blocks: Vec::with_capacity(count),
             size,
             device_id,
-            uuid: bytemuck::cast(uuid.bytes), // c_char: i8 on x86-64, u8 on aarch64
+            uuid,
         };
         for _ in 0..count {
             let block = blocks.make_one(&prop)?;
@@ -322,13 +327,13 @@ impl ImportedBlocks {
         let ctx = CudaContext::new(ordinal).map_err(|e| {
             drv_err(format!("retaining the primary context of device {device_id}"), e)
         })?;
-        let uuid = ctx.uuid().map_err(|e| drv_err("cuDeviceGetUuid", e))?;
+        let uuid = device_uuid(&ctx)?;
         let mut imported = ImportedBlocks {
             ctx,
             blocks: Vec::with_capacity(fds.len()),
             size: 0,
             device_id,
-            uuid: bytemuck::cast(uuid.bytes), // c_char: i8 on x86-64, u8 on aarch64
+            uuid,
             events: Mutex::new(Vec::new()),
         };
         for &fd in fds {
