@@ -154,7 +154,7 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     while time.time() - t0 < seconds:
         executor.spin_once(timeout_sec=0.05)
     skipped = sub.skipped if sub else 0
-    counts = {k: getattr(sub, k) for k in ("received", "delivered", "skipped", "reconnects", "errors")} if sub else {}
+    counts = {k: getattr(sub, k) for k in ("received", "delivered", "skipped", "withdrawn", "reconnects", "errors")} if sub else {}
     out.write_text(json.dumps({"ages_ms": [ages[k] for k in sorted(ages)],
                                "timings": [timings[k] for k in sorted(timings)],
                                "after_publish_ms": [ages[k] - timings[k][2] for k in sorted(ages) if k in timings],

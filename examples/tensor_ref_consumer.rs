@@ -19,7 +19,7 @@ use vision_preproc::handoff::consumer::{Consumer, Held};
 use vision_preproc::handoff::MemoryKind;
 
 /// The tensor's bytes: in place for host memory; for CUDA memory copied into `host`
-/// (after the checks and the wait of `Held::device`), its device address printed once
+/// (after `Held::ready` and the checks of `Held::device`), its device address printed once
 /// per pool (`shown`).
 fn tensor_bytes<'a>(
     held: &'a Held<'_>,
@@ -89,6 +89,10 @@ fn main() -> anyhow::Result<()> {
                 skipped += 1; // reused before we took it
                 continue;
             };
+            if !held.ready(&msg.ipc_event_handle)? {
+                skipped += 1; // withdrawn: the node's GPU work on it failed
+                continue;
+            }
             let bytes = tensor_bytes(&held, &msg, &mut host, &mut shown)?;
             if let Some(f) = dump.as_mut() {
                 use std::io::Write;

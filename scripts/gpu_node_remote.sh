@@ -38,7 +38,9 @@
 #             blocks, its FNV-1a of each tensor (copied to the host) against those of the
 #             Tensor messages of the same stamps (a recorder beside it), 64x48 + conv2d;
 #             "ctypes" the "check" consumer with VISION_PREPROC_CUDA_BINDING=ctypes (the blocks
-#             imported through ctypes on libcuda.so.1, not cuda-python)
+#             imported through ctypes on libcuda.so.1, not cuda-python); "prev" the bench's
+#             tensor_ref consumer with the previous release's node (.device/prev.tar.xz, as
+#             for `single`) and with this one, alternating, 2 x 10 s
 #             (CUDAREF_MODES: a subset of these modes)
 #   single    one single-camera node, 1920x1080 bgr8 -> 640x640 float32 (config/default.yaml),
 #             the previous release (.device/prev.tar.xz, bundled the same way) against this
@@ -182,6 +184,7 @@ cudaref_run() {  # mode [trial]: see the scenario's description
     [[ $mode == batch_* ]] && args+=(-r __ns:=/bb -p "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]" ${CUDAREF_BATCH_ARGS:-})
     local node_bin=$NODE fault=()
     case $mode in
+        prev_ref) node_bin=/tmp/vp_prev/bin/vision_preproc_node ;;
         fault_retry) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=200:transient); args+=(-p gpu_failure_policy:=retry) ;;
         fault_fallback) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=200); args+=(-p gpu_failure_policy:=fallback) ;;
     esac
@@ -236,6 +239,7 @@ print(f"debug_image: {len(got)} images", (got[-1].width, got[-1].height, got[-1]
                  (source "$R/py312/env.sh" && export ROS_DOMAIN_ID=21 && exec python3 examples/tensor_ref_torch.py /tensor_ref 13) \
                      >"$OUT/$tag.consumer.log" 2>&1 & waits+=($!) ;;
         tensor|tensor_ref) cudaref_consumer "${mode}_$i" "$mode" 13; waits+=("$CPID") ;;
+        prev_ref) cudaref_consumer "${mode}_$i" tensor_ref 13; waits+=("$CPID") ;;
         batch_*) cudaref_consumer "${mode}_$i" "${mode#batch_}" 13 --ns /bb --batch; waits+=("$CPID") ;;
         slow)  # (CUDAREF_SLOW_S: its seconds, 20 by default; 600 for the soak)
                play=${CUDAREF_SLOW_S:-20}; cudaref_consumer "$tag" tensor_ref $((play + 3)) --hold-ms 500; waits+=("$CPID") ;;
@@ -523,6 +527,10 @@ for sc in "${SCENARIOS[@]}"; do
                   { for m in ${CUDAREF_MODES:-check bench slow kill sanitizer batch rust ctypes}; do
                         if [[ $m == bench ]]; then for i in 1 2; do cudaref_run tensor "$i"; cudaref_run tensor_ref "$i"; done
                         elif [[ $m == batch ]]; then for i in 1 2; do cudaref_run batch_tensor "$i"; cudaref_run batch_tensor_ref "$i"; done
+                        elif [[ $m == prev ]]; then
+                            rm -rf /tmp/vp_prev && mkdir -p /tmp/vp_prev && tar xJf .device/prev.tar.xz -C /tmp/vp_prev || { echo "no .device/prev.tar.xz"; status=1; continue; }
+                            echo "prev: commit $(cat /tmp/vp_prev/COMMIT); this: commit $(cat "$R/COMMIT")"
+                            for i in 1 2; do cudaref_run prev_ref "$i"; cudaref_run tensor_ref "$i"; done
                         else cudaref_run "$m"; fi
                     done; } 2>&1 | tee "$OUT/cudaref.log" ;;
         handoff)  warm_up; { handoff_run same 1; for i in 1 2; do handoff_run tensor "$i"; handoff_run ref "$i"; done; } 2>&1 | tee "$OUT/handoff.log" ;;

@@ -885,10 +885,21 @@ fn main() -> ExitCode {
                 let (va, vb) = (fa.view(), fb.view());
                 // SAFETY: the blocks and `host_b` live until the end of this closure and
                 // are not touched before their finish_oldest returned.
+                // Each block's interprocess event (the H200 has them: attribute 125),
+                // recorded by the submission into it.
+                let events: Vec<_> = (0..2).map(|b| blocks.ready_event(b)).collect();
+                let (Some(ev_a), Some(ev_b)) = (events[0], events[1]) else {
+                    return Err("the blocks have no interprocess events (attribute 125)".into());
+                };
+                if ev_a.handle == [0; 64] || ev_a.handle == ev_b.handle {
+                    return Err("the blocks' event handles are empty or equal".into());
+                }
                 unsafe {
-                    let a = Out::Device { ptr: blocks.address(0), len, host: None };
+                    let ready = Some(ev_a.raw);
+                    let a = Out::Device { ptr: blocks.address(0), len, host: None, ready };
                     let host = Some(host_b.as_mut_slice().as_mut_ptr());
-                    let b = Out::Device { ptr: blocks.address(1), len, host };
+                    let ready = Some(ev_b.raw);
+                    let b = Out::Device { ptr: blocks.address(1), len, host, ready };
                     gpu.submit_to(Job::Frame { image: &va, op: &oa }, None, a)
                         .map_err(|e| format!("submit A: {e}"))?;
                     gpu.submit_to(Job::Frame { image: &vb, op: &ob }, None, b)
@@ -896,6 +907,13 @@ fn main() -> ExitCode {
                 }
                 gpu.finish_oldest().map_err(|e| format!("finish A: {e}"))?;
                 gpu.finish_oldest().map_err(|e| format!("finish B: {e}"))?;
+                for (name, e) in [("A", ev_a), ("B", ev_b)] {
+                    // SAFETY: the blocks' events, alive with `blocks`.
+                    let r = unsafe { cudarc::driver::sys::cuEventQuery(e.raw as _) };
+                    if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+                        return Err(format!("frame {name}'s block event after its finish: {r:?}"));
+                    }
+                }
                 let ea = expected(&mut cpu, &fa, &cfg, None)?;
                 let eb = expected(&mut cpu, &fb, &cfg, None)?;
                 compare(&read_back(&gpu, 0, len)?, &ea, DType::Float32, &tol, None)
@@ -908,7 +926,12 @@ fn main() -> ExitCode {
                     [BatchSlot { image: Some(&vb), op: &ob }, BatchSlot { image: None, op: &oa }];
                 // SAFETY: as above.
                 unsafe {
-                    let out = Out::Device { ptr: blocks.address(0), len: 2 * len, host: None };
+                    let out = Out::Device {
+                        ptr: blocks.address(0),
+                        len: 2 * len,
+                        host: None,
+                        ready: None,
+                    };
                     gpu.submit_to(Job::Batch(&slots), None, out).map_err(|e| e.to_string())?;
                 }
                 gpu.finish_oldest().map_err(|e| format!("finish the batch: {e}"))?;

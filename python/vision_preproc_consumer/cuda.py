@@ -13,11 +13,17 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 import weakref
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 #: Opened IPC events kept per pool (the node has a few, reused); more are closed.
 MAX_EVENTS = 64
+#: DeviceBlocks.wait_event queries the node's event back to back for this long (a usual
+#: wait is 0.1-0.3 ms: a sleep would add its own latency), then sleeps EVENT_POLL_S between
+#: queries (Linux's timer slack makes that ~0.1 ms).
+EVENT_SPIN_S = 200e-6
+EVENT_POLL_S = 50e-6
 #: The environment variable that chooses the binding, and its values.
 BINDING_ENV = "VISION_PREPROC_CUDA_BINDING"
 CUDA_PYTHON = "cuda-python"
@@ -28,6 +34,7 @@ LIBCUDA = "libcuda.so.1"
 # The driver API's constants (cuda.h, CUDA 12; the same values in cudarc's bindgen output,
 # cudarc/src/driver/sys/mod.rs, which the node uses).
 CUDA_SUCCESS = 0
+CUDA_ERROR_NOT_READY = 600
 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
 CU_MEM_LOCATION_TYPE_DEVICE = 1
 CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
@@ -79,7 +86,8 @@ def stream_int(stream: Any) -> int:
 
 class Driver(Protocol):
     """The driver calls this module makes, one binding each (`CudaPythonDriver`,
-    `CtypesDriver`); each raises RuntimeError naming the call and the driver's error.
+    `CtypesDriver`); each raises RuntimeError naming the call and the driver's error
+    (event_query returns False for CUDA_ERROR_NOT_READY: the event's work is not done).
     Handles (device, context, allocation, event) are the binding's own objects; addresses,
     sizes and streams are ints."""
 
@@ -100,8 +108,7 @@ class Driver(Protocol):
     def free(self, ptr: int, size: int) -> None: ...
     def release(self, handle: Any) -> None: ...
     def open_event(self, handle: bytes) -> Any: ...
-    def event_synchronize(self, event: Any) -> None: ...
-    def stream_wait_event(self, stream: int, event: Any) -> None: ...
+    def event_query(self, event: Any) -> bool: ...
     def event_destroy(self, event: Any) -> None: ...
     def context_synchronize(self) -> None: ...
     def stream_synchronize(self, stream: int) -> None: ...
@@ -123,13 +130,14 @@ class CudaPythonDriver:
 
     def _call(self, name: str, *args: Any) -> Any:
         """driver.<name>(*args), raising on an error result; returns the result's value(s)."""
-        d = self.d
-        out = getattr(d, name)(*args)
-        err = out[0]
-        if err != d.CUresult.CUDA_SUCCESS:
-            _, text = d.cuGetErrorString(err)
-            raise RuntimeError(f"{name} failed: {getattr(err, 'name', err)}: {text.decode() if text else '?'}")
+        out = getattr(self.d, name)(*args)
+        if out[0] != self.d.CUresult.CUDA_SUCCESS:
+            raise self._error(name, out[0])
         return out[1] if len(out) == 2 else out[1:] or None
+
+    def _error(self, name: str, err: Any) -> RuntimeError:
+        _, text = self.d.cuGetErrorString(err)
+        return RuntimeError(f"{name} failed: {getattr(err, 'name', err)}: {text.decode() if text else '?'}")
 
     def init(self) -> None:
         self._call("cuInit", 0)
@@ -188,11 +196,13 @@ class CudaPythonDriver:
         h.reserved = handle
         return self._call("cuIpcOpenEventHandle", h)
 
-    def event_synchronize(self, event: Any) -> None:
-        self._call("cuEventSynchronize", event)
-
-    def stream_wait_event(self, stream: int, event: Any) -> None:
-        self._call("cuStreamWaitEvent", self.d.CUstream(stream), event, 0)
+    def event_query(self, event: Any) -> bool:
+        err = self.d.cuEventQuery(event)[0]
+        if err == self.d.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        if err != self.d.CUresult.CUDA_SUCCESS:
+            raise self._error("cuEventQuery", err)
+        return True
 
     def event_destroy(self, event: Any) -> None:
         self._call("cuEventDestroy", event)
@@ -265,8 +275,7 @@ PROTOTYPES: dict[str, list[Any]] = {
     "cuMemAddressFree": [_CUdeviceptr, ctypes.c_size_t],
     "cuMemRelease": [_CUmemGenericAllocationHandle],
     "cuIpcOpenEventHandle": [_P(_CUevent), CUipcEventHandle],
-    "cuEventSynchronize": [_CUevent],
-    "cuStreamWaitEvent": [_CUstream, _CUevent, ctypes.c_uint],
+    "cuEventQuery": [_CUevent],
     "cuEventDestroy_v2": [_CUevent],
     "cuStreamSynchronize": [_CUstream],
     "cuGetErrorName": [_CUresult, _P(ctypes.c_char_p)],
@@ -379,11 +388,13 @@ class CtypesDriver:
         self._call("cuIpcOpenEventHandle", ctypes.byref(event), CUipcEventHandle.from_buffer_copy(handle))
         return event
 
-    def event_synchronize(self, event: Any) -> None:
-        self._call("cuEventSynchronize", event)
-
-    def stream_wait_event(self, stream: int, event: Any) -> None:
-        self._call("cuStreamWaitEvent", stream, event, 0)
+    def event_query(self, event: Any) -> bool:
+        err = self.fns["cuEventQuery"](event)
+        if err == CUDA_ERROR_NOT_READY:
+            return False
+        if err != CUDA_SUCCESS:
+            raise self._error("cuEventQuery", err)
+        return True
 
     def event_destroy(self, event: Any) -> None:
         self._call("cuEventDestroy_v2", event)
@@ -477,10 +488,8 @@ class DeviceBlocks:
         """Make the device's primary context this thread's current one."""
         self.driver.set_current(self.context)
 
-    def view(self, ref: Any, msg: Any, shape: tuple[int, ...], typestr: str, strides: tuple[int, ...] | None,
-             stream: Any = None) -> CudaView:
-        """The TensorRef's tensor as a CudaView, after the node's IPC event if it sent one
-        (`stream` waits for it on the GPU; without `stream` this call waits)."""
+    def check_device(self, msg: Any) -> None:
+        """Raise ValueError unless the TensorRef's GPU is this pool's device in this process."""
         if int(msg.device_id) != self.device_id:
             raise ValueError(f"TensorRef device {msg.device_id}, the pool's hello says device {self.device_id}")
         uuid = bytes(msg.device_uuid)
@@ -488,16 +497,38 @@ class DeviceBlocks:
             raise ValueError(f"TensorRef device {msg.device_id} has UUID {uuid.hex()}, this process's device "
                              f"{self.device_id} is {self.uuid.hex()}: the node and this process number the GPUs "
                              "differently (CUDA_VISIBLE_DEVICES?)")
-        self.make_current()
-        handle = bytes(msg.ipc_event_handle)
-        if handle:
-            event = self._event(handle)
-            if stream is None:
-                self.driver.event_synchronize(event)
-            else:
-                self.driver.stream_wait_event(stream_int(stream), event)
+
+    def view(self, ref: Any, msg: Any, shape: tuple[int, ...], typestr: str,
+             strides: tuple[int, ...] | None) -> CudaView:
+        """The TensorRef's tensor as a CudaView. It does not wait for the node's IPC event:
+        wait_event() first (Frame.array() does)."""
+        self.check_device(msg)
         pointer = self.pointers[int(msg.block_index)] + int(msg.byte_offset)
         return CudaView((ref, self), pointer, shape, typestr, strides)
+
+    def wait_event(self, handle: bytes, still_valid: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait on the host for the node's IPC event `handle` (opened once, then cached):
+        True once it completed and `still_valid()` holds; False as soon as `still_valid()`
+        (the block's generation unchanged, the connection open; called between queries)
+        turns False, or after `timeout_s`. Never cuEventSynchronize or cuStreamWaitEvent:
+        an IPC event whose producer's context faulted, or whose producer died with the work
+        in flight, stays not ready forever (measured on an H200, driver 580), and either
+        would wait forever. Raises on a driver error other than "not ready"."""
+        self.make_current()
+        event = self._event(handle)
+        query = self.driver.event_query
+        start = time.monotonic()
+        spin_until, deadline = start + EVENT_SPIN_S, start + timeout_s
+        while not query(event):
+            if not still_valid():
+                return False
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if now >= spin_until:
+                time.sleep(EVENT_POLL_S)
+        # A set withdrawn as its event completed (its work failed after all) is not to be read.
+        return still_valid()
 
     def _event(self, handle: bytes) -> Any:
         with self._lock:

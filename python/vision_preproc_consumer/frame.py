@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any
+import time
+from typing import Any, Callable
 
 import numpy as np
 
-from vision_preproc_consumer.pool import PoolClient
+from vision_preproc_consumer.pool import PoolClient, PoolError
 
 #: TensorRef.memory_kind values (TensorRef.msg).
 MEMORY_HOST = 0
 MEMORY_CUDA = 1
+
+#: How long Frame.wait_ready() waits for the node's GPU work on a block by default (it
+#: usually takes 0.1-0.3 ms). The block is held meanwhile: the wait counts against the
+#: node's shared_lease_ms (2 s by default).
+EVENT_TIMEOUT_S = 1.0
+#: How often that wait checks that the node is still connected (a syscall; the block's
+#: generation, a load from the control block, is checked between every two queries).
+CONNECTION_CHECK_S = 0.01
 
 #: The NumPy type of each `dtype` name (little-endian, as the node writes it).
 NAMED_DTYPES = {"float32": "<f4", "float16": "<f2"}
@@ -107,10 +116,12 @@ class Frame:
 
     `msg` is the TensorRef; `array()` the tensor in place (no copy): a read-only NumPy
     array for host memory, an object with `__cuda_array_interface__` (v3) for CUDA memory
-    (`torch.as_tensor(frame.array(), device="cuda")`, `cupy.asarray(...)`). Give the block
-    back with `release()` or `with frame:` as soon as the work on it is done; the node
-    reuses it for a later tensor then, so nothing made by `array()` may be read after.
-    A Frame dropped unreleased is released once it and every view of it are garbage.
+    (`torch.as_tensor(frame.array(), device="cuda")`, `cupy.asarray(...)`). CUDA memory:
+    the node may publish before its GPU work on the block is done; `wait_ready()` waits
+    for it (array() calls it). Give the block back with `release()` or `with frame:` as
+    soon as the work on it is done; the node reuses it for a later tensor then, so nothing
+    made by `array()` may be read after. A Frame dropped unreleased is released once it
+    and every view of it are garbage.
     """
 
     def __init__(self, client: PoolClient, msg: Any) -> None:
@@ -120,19 +131,77 @@ class Frame:
         self._client = client
         self._ref = _Reference(client, int(msg.block_index))
         self._view: Any = None
+        self._ready = False
+        self._not_ready = ""  # why the last wait_ready() said no
 
     @property
     def released(self) -> bool:
         return self._ref.released
 
+    def wait_ready(self, timeout_s: float = EVENT_TIMEOUT_S) -> bool:
+        """Whether the tensor may be read: True at once for host memory or a TensorRef
+        without `ipc_event_handle`; else True once the node's IPC event completed (polled
+        from the host: see array() for why never on the GPU). False when the node withdrew
+        the set (a new generation in the block's record: its GPU work failed, or its device
+        was replaced), the node closed the connection, or `timeout_s` passed: release the
+        frame and skip it. A True result is kept (the wait is done once). Raises after
+        release(), for a TensorRef of another GPU, and on a driver error."""
+        self._check_held()
+        if self._ready:
+            return True
+        m = self.msg
+        handle = bytes(m.ipc_event_handle)
+        if m.memory_kind != MEMORY_CUDA or not handle:
+            self._ready = True
+            return True
+        device = self._device()
+        device.check_device(m)
+        self._ready = device.wait_event(handle, self._still_valid(), timeout_s)
+        if not self._ready:
+            self._not_ready = self._why_not_ready(timeout_s)
+        return self._ready
+
+    def _still_valid(self) -> Callable[[], bool]:
+        """For DeviceBlocks.wait_event: the block still holds the message's generation and
+        the node is still connected (checked every CONNECTION_CHECK_S)."""
+        client, block, generation = self._client, self._ref.block, int(self.msg.generation)
+        next_check = 0.0
+
+        def still_valid() -> bool:
+            nonlocal next_check
+            now = time.monotonic()
+            if now >= next_check:
+                if not client.connected:
+                    return False
+                next_check = now + CONNECTION_CHECK_S
+            try:
+                return client.generation(block) == generation
+            except PoolError:  # (closed meanwhile: the node took the reference back)
+                return False
+
+        return still_valid
+
+    def _why_not_ready(self, timeout_s: float) -> str:
+        if not self._client.connected:
+            return "the connection to the node is closed (the node took this client's references back)"
+        if self._client.generation(self._ref.block) != int(self.msg.generation):
+            return "withdrawn by the node (its GPU work on the block failed, or its device was replaced)"
+        return f"the node's GPU work on it did not end within {timeout_s} s (timed out)"
+
     def array(self, stream: Any = None) -> Any:
         """The tensor, in place: NumPy for host memory, a `__cuda_array_interface__` object
-        for CUDA memory. CUDA: when the node left work in flight (an IPC event with the
-        message), `stream` (an int handle, or an object with `.cuda_stream`) is made to
-        wait for it, or, without `stream`, this call waits. Raises after release()."""
-        if self._ref.released:
-            raise RuntimeError(f"frame of block {self._ref.block} was released: the node may have reused the block")
+        for CUDA memory. CUDA: first waits for the node's GPU work (wait_ready(), unless it
+        already said True), raising RuntimeError naming why when it says no (withdrawn by
+        the node, disconnected, timed out). `stream` is accepted for compatibility and
+        ignored: it used to be made to wait for the node's event on the GPU
+        (cuStreamWaitEvent), but an IPC event whose producer's context faulted or whose
+        producer died stays not ready forever (measured on an H200, driver 580), and the
+        stream would never run again. Raises after release()."""
+        self._check_held()
         if self._view is None:
+            if not self.wait_ready():
+                raise RuntimeError(f"frame of block {self._ref.block}, generation {self.msg.generation}: "
+                                   f"{self._not_ready}; release it and skip the frame")
             m = self.msg
             dt, shape, strides = layout(m, self._client.hello.block_size)
             if m.memory_kind == MEMORY_HOST:
@@ -142,12 +211,20 @@ class Frame:
                 self._view = np.asarray(_HostView(self._ref, block, block.address + int(m.byte_offset), shape,
                                                   dt.str, strides))
             elif m.memory_kind == MEMORY_CUDA:
-                if self._client.device is None:
-                    raise ValueError("TensorRef says CUDA memory, the pool's hello says host memory")
-                self._view = self._client.device.view(self._ref, m, shape, dt.str, strides, stream)
+                self._view = self._device().view(self._ref, m, shape, dt.str, strides)
             else:
                 raise ValueError(f"TensorRef memory_kind {m.memory_kind} is neither host (0) nor CUDA (1)")
         return self._view
+
+    def _check_held(self) -> None:
+        if self._ref.released:
+            raise RuntimeError(f"frame of block {self._ref.block} was released: the node may have reused the block")
+
+    def _device(self) -> Any:
+        """The pool's cuda.DeviceBlocks, for a TensorRef of CUDA memory."""
+        if self._client.device is None:
+            raise ValueError("TensorRef says CUDA memory, the pool's hello says host memory")
+        return self._client.device
 
     def release(self, stream: Any = None) -> None:
         """Give the block back (again: nothing). CUDA memory: first waits for the work

@@ -251,8 +251,7 @@ class PoolClient:
             a = _atomics()
             hold = self._hold_address(block)
             a.fetch_add(hold, 1, _SEQ_CST)
-            if a.load_8(self._base + self.hello.records_offset + block * self.hello.record_stride,
-                        _SEQ_CST) != generation:
+            if a.load_8(self._record_address(block), _SEQ_CST) != generation:
                 a.fetch_sub(hold, 1, _SEQ_CST)
                 return False
             self._held[block] += 1
@@ -275,6 +274,21 @@ class PoolClient:
     def held(self, block: int) -> int:
         """References this client holds on `block`."""
         return self._held[block]
+
+    def generation(self, block: int) -> int:
+        """The generation in `block`'s record now (the read acquire() makes): a held frame
+        whose TensorRef has another one was withdrawn by the node (its GPU work failed, or
+        its device was replaced). Raises PoolError once the client is closed (the control
+        block is unmapped then); unlike acquire() it makes no syscall."""
+        with self._lock:
+            if self._closed:
+                raise PoolError(f"{self.socket_path}: closed; make a new PoolClient")
+            if not 0 <= block < self.hello.blocks:
+                raise PoolError(f"block {block} outside the pool's 0..{self.hello.blocks - 1}")
+            return int(_atomics().load_8(self._record_address(block), _SEQ_CST))
+
+    def _record_address(self, block: int) -> int:
+        return self._base + self.hello.records_offset + block * self.hello.record_stride
 
     def _hold_address(self, block: int) -> int:
         return self._base + self.hello.holds_offset + self.hello.row * self.hello.row_stride + 4 * block

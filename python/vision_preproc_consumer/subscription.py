@@ -17,19 +17,25 @@ RETRY_S = 1.0
 class TensorRefSubscription:
     """Subscribes `node` to `topic` (vision_preproc_msgs/TensorRef) and calls
     `callback(frame)` with a taken Frame for every message whose block still holds its
-    tensor.
+    tensor, once the tensor is ready to read (`Frame.wait_ready()`: the node's GPU work on
+    it is done; the wait, up to frame.EVENT_TIMEOUT_S, runs before `callback`, in the
+    executor's thread).
 
     The callback owns the frame: it must give it back, with `frame.release()` or
     `with frame:`, as soon as it is done with the tensor (it may keep it past the callback,
     e.g. for another thread, but never longer than the node's `shared_lease_ms`: the node
-    then disconnects this consumer and takes every block back). If the callback raises,
-    the frame is released and the exception goes on to the executor.
+    then disconnects this consumer and takes every block back). If the callback raises
+    (or the wait, on a driver error), the frame is released and the exception goes on to
+    the executor.
 
     One PoolClient per pool (a node run), keyed by the message's pool_id and connected on
     the pool's first message; a connection the node closed is replaced by a new one on the
     next message. Counters: `received` messages, `delivered` frames, `skipped` (the block
-    was reused before it could be taken), `reconnects` (connections the node closed that
-    were replaced), `errors` (messages dropped because the pool could not be reached).
+    was reused before it could be taken), `withdrawn` (taken, but never ready: the node
+    withdrew the set as its GPU work failed, closed the connection, or did not end its
+    work within frame.EVENT_TIMEOUT_S; given back without a callback), `reconnects`
+    (connections the node closed that were replaced), `errors` (messages dropped because
+    the pool could not be reached).
     """
 
     def __init__(self, node: Any, topic: str, callback: Callable[[Frame], Any], qos: Any = 10) -> None:
@@ -40,6 +46,7 @@ class TensorRefSubscription:
         self.received = 0
         self.delivered = 0
         self.skipped = 0
+        self.withdrawn = 0
         self.reconnects = 0
         self.errors = 0
         self.clients: dict[str, PoolClient] = {}
@@ -66,6 +73,15 @@ class TensorRefSubscription:
             self.skipped += 1
             return
         frame = Frame(client, msg)
+        try:
+            ready = frame.wait_ready()
+        except BaseException:
+            frame.release()
+            raise
+        if not ready:
+            frame.release()
+            self.withdrawn += 1
+            return
         self.delivered += 1
         try:
             self.callback(frame)

@@ -60,7 +60,12 @@ pub mod vmm {
             match *self {}
         }
 
-        pub fn wait_ipc_event(&self, _handle: &[u8]) -> Result<()> {
+        pub fn wait_ipc_event(
+            &self,
+            _handle: &[u8],
+            _still_valid: &dyn Fn() -> bool,
+            _timeout: std::time::Duration,
+        ) -> Result<bool> {
             match *self {}
         }
 

@@ -40,8 +40,10 @@ pub enum Out {
     Host { ptr: *mut u8, len: usize },
     /// `len` bytes of device memory at `ptr` (a block of [`Backend::shared_blocks`]),
     /// and also the `len` bytes of host memory at `host` when given (the `tensor`
-    /// message of a set that both outputs want).
-    Device { ptr: u64, len: usize, host: Option<*mut u8> },
+    /// message of a set that both outputs want). `ready`: the block's interprocess event
+    /// ([`crate::handoff::BlockEvent::raw`]), recorded after the submission's last
+    /// write.
+    Device { ptr: u64, len: usize, host: Option<*mut u8>, ready: Option<usize> },
 }
 
 impl Out {

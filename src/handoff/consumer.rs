@@ -13,9 +13,16 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// File descriptors a hello may carry at most (the control block and 64 blocks).
 const MAX_FDS: usize = 65;
+
+/// How long [`Held::ready`] waits for the node's work on a block at most.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How often [`Held::ready`] checks that the node is still connected while it waits.
+const CONNECTION_CHECK: Duration = Duration::from_millis(10);
 
 /// The hello's fields (docs/HANDOFF.md).
 #[derive(Debug, Clone, Deserialize)]
@@ -266,18 +273,28 @@ impl Consumer {
             self.hold(b).fetch_sub(1, Ordering::SeqCst);
             return None;
         }
-        Some(Held { consumer: self, block: b, on_device: AtomicBool::new(false) })
+        Some(Held {
+            consumer: self,
+            block: b,
+            generation,
+            on_device: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
+        })
     }
 }
 
 /// A block held: its bytes stay as they are until this is dropped. Host memory:
-/// [`Held::bytes`]; CUDA memory: [`Held::device`] (the device address, or a copy to the
-/// host).
+/// [`Held::bytes`]; CUDA memory: [`Held::ready`], then [`Held::device`] (the device
+/// address, or a copy to the host).
 pub struct Held<'a> {
     consumer: &'a Consumer,
     block: usize,
+    /// The generation it was taken with (the `TensorRef`'s).
+    generation: u64,
     /// [`Held::device`] handed out the block's address: the drop waits for the GPU work.
     on_device: AtomicBool,
+    /// [`Held::ready`] said yes.
+    ready: AtomicBool,
 }
 
 impl Held<'_> {
@@ -291,12 +308,39 @@ impl Held<'_> {
         unsafe { std::slice::from_raw_parts(m.ptr(), m.len()) }
     }
 
+    /// Wait for the node's work on a CUDA block, named by the `TensorRef`'s
+    /// `ipc_event_handle` (empty, or host memory: nothing to wait for): true once the
+    /// block may be read; false when the node withdrew the set (its GPU work failed: the
+    /// block got a new generation), the node went away, or the work did not end within
+    /// [`EVENT_TIMEOUT`]: drop the `Held` and skip the frame. The wait polls from the
+    /// host (docs/HANDOFF.md says why it never waits on the GPU).
+    pub fn ready(&self, ipc_event_handle: &[u8]) -> Result<bool> {
+        let Blocks::Cuda(blocks) = &self.consumer.blocks else { return Ok(true) };
+        if self.ready.load(Ordering::Relaxed) {
+            return Ok(true);
+        }
+        let checked = std::cell::Cell::new(Instant::now());
+        let still_valid = || {
+            if self.consumer.generation(self.block).load(Ordering::SeqCst) != self.generation {
+                return false;
+            }
+            if checked.get().elapsed() < CONNECTION_CHECK {
+                return true;
+            }
+            checked.set(Instant::now());
+            self.consumer.connected()
+        };
+        let ready = blocks.wait_ipc_event(ipc_event_handle, &still_valid, EVENT_TIMEOUT)?;
+        self.ready.store(ready, Ordering::Relaxed);
+        Ok(ready)
+    }
+
     /// The block on the device for CUDA memory (`None` for host memory), once it may be
     /// read: the `TensorRef`'s device (`device_id`, `device_uuid`) must be the pool's,
-    /// and the node's work named by `ipc_event_handle` (empty: none) is waited for.
-    /// Work this process queues on the address must be done before the `Held` is
-    /// dropped: the drop waits for all work of the device's primary context (queue it
-    /// there, e.g. on a stream of cudarc's `CudaContext::new(device_id)`).
+    /// and the node's work named by `ipc_event_handle` done ([`Held::ready`]: an error
+    /// if it says no). Work this process queues on the address must be done before the
+    /// `Held` is dropped: the drop waits for all work of the device's primary context
+    /// (queue it there, e.g. on a stream of cudarc's `CudaContext::new(device_id)`).
     pub fn device(
         &self,
         device_id: i32,
@@ -320,7 +364,14 @@ impl Held<'_> {
                 hex(&own)
             )));
         }
-        blocks.wait_ipc_event(ipc_event_handle)?;
+        if !self.ready(ipc_event_handle)? {
+            return Err(protocol(format!(
+                "block {}: the node withdrew this set (its GPU work failed) or its work did not \
+                 end within {} ms; check Held::ready first and skip the frame when it says no",
+                self.block,
+                EVENT_TIMEOUT.as_millis()
+            )));
+        }
         self.on_device.store(true, Ordering::Relaxed);
         Ok(Some(DeviceBlock { blocks, index: self.block }))
     }

@@ -99,6 +99,29 @@ pub trait DeviceBlocks: Send + Sync {
     /// the node's own look at a tensor (`debug_image`). No GPU work may be writing the
     /// block.
     fn read(&self, i: usize, out: &mut [u8]) -> Result<()>;
+    /// Block i's interprocess event, if the device has them (`None`: the node finishes a
+    /// set's work before its `TensorRef` goes out).
+    fn ready_event(&self, _i: usize) -> Option<BlockEvent> {
+        None
+    }
+    /// Why the blocks have no interprocess events, if they have none.
+    fn events_missing(&self) -> Option<String> {
+        Some("these device blocks have none".into())
+    }
+}
+
+/// Bytes of an interprocess event handle (CUDA's `CU_IPC_HANDLE_SIZE`).
+pub const EVENT_HANDLE_BYTES: usize = 64;
+
+/// A block's interprocess event (CUDA: made with `CU_EVENT_INTERPROCESS`): the backend
+/// records it after its last write into the block, so that the block's `TensorRef` can go
+/// out before that work ends, carrying `handle` for consumers to wait on.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockEvent {
+    /// The event in the node's process (a `CUevent`), for the backend to record.
+    pub raw: usize,
+    /// What a consumer opens (`cuIpcOpenEventHandle`): `TensorRef.ipc_event_handle`.
+    pub handle: [u8; EVENT_HANDLE_BYTES],
 }
 
 /// A pool's blocks.
@@ -123,8 +146,8 @@ impl Blocks {
 pub enum BlockMemory<'a> {
     /// Host memory: its bytes.
     Host(&'a mut [u8]),
-    /// Device memory: its address and size.
-    Device(u64, usize),
+    /// Device memory: its address and size, and its interprocess event if any.
+    Device(u64, usize, Option<BlockEvent>),
 }
 
 impl BlockMemory<'_> {
@@ -132,7 +155,7 @@ impl BlockMemory<'_> {
     pub fn len(&self) -> usize {
         match self {
             BlockMemory::Host(b) => b.len(),
-            BlockMemory::Device(_, size) => *size,
+            BlockMemory::Device(_, size, _) => *size,
         }
     }
 
@@ -182,6 +205,10 @@ pub struct PoolCounts {
     pub bad_clients: u64,
     /// Consumers served since the start.
     pub served: u64,
+    /// Sets whose `TensorRef` went out before their GPU work ended and whose work then
+    /// failed (or whose device was replaced): their blocks got a new generation, so that
+    /// consumers drop them.
+    pub withdrawn: u64,
 }
 
 struct State {
@@ -322,6 +349,16 @@ impl Pool {
         self.blocks.device().is_some_and(|d| d.is_none())
     }
 
+    /// Why a device pool's blocks have no interprocess events (`None`: they have, or the
+    /// pool is host memory, which needs none).
+    pub fn events_missing(&self) -> Option<String> {
+        match self.blocks.device().as_deref() {
+            Some(Some(d)) => d.events_missing(),
+            Some(None) => Some("the pool was released".into()),
+            None => None,
+        }
+    }
+
     /// The device's ordinal and UUID (`TensorRef.device_id`, `device_uuid`; -1 and zeros
     /// for host memory).
     pub fn device_info(&self) -> (i32, [u8; 16]) {
@@ -429,7 +466,13 @@ impl Pool {
             }
             st.blocks[b].leased = true;
             return (
-                Some(Lease { pool: Arc::clone(self), index: b, generation, published: false }),
+                Some(Lease {
+                    pool: Arc::clone(self),
+                    index: b,
+                    generation,
+                    announced: false,
+                    published: false,
+                }),
                 reclaimed,
             );
         }
@@ -559,11 +602,14 @@ impl Pool {
 
 /// A block leased to write one set's tensors into. Publishing it ([`Lease::published`])
 /// starts its grace; dropping it without publishing gives it back at once (its
-/// generation changed when it was leased, so no consumer takes the old contents).
+/// generation changed when it was leased, so no consumer takes the old contents; if its
+/// `TensorRef` was announced, the generation changes again, withdrawing it).
 pub struct Lease {
     pool: Arc<Pool>,
     index: usize,
     generation: u64,
+    /// Its `TensorRef` went out before the set's work was finished ([`Lease::announce`]).
+    announced: bool,
     published: bool,
 }
 
@@ -585,7 +631,8 @@ impl Lease {
             Blocks::Device(_) => {
                 let d = self.pool.blocks.device()?;
                 let d = d.as_deref()?;
-                Some(BlockMemory::Device(d.address(self.index), d.block_size()))
+                let event = d.ready_event(self.index);
+                Some(BlockMemory::Device(d.address(self.index), d.block_size(), event))
             }
         }
     }
@@ -632,8 +679,21 @@ impl Lease {
         &self.pool
     }
 
-    /// Its `TensorRef` was published: the block goes back to the pool, reusable once no
-    /// consumer holds it and [`GRACE`] has passed.
+    /// Its `TensorRef` went out before the set's work ended (it carries the block's
+    /// interprocess event): if the lease is dropped without [`Lease::published`] (the
+    /// work failed), the block's generation changes, withdrawing that `TensorRef` from
+    /// consumers that wait for its event (docs/HANDOFF.md).
+    pub fn announce(&mut self) {
+        self.announced = true;
+    }
+
+    /// [`Lease::announce`] was called.
+    pub fn announced(&self) -> bool {
+        self.announced
+    }
+
+    /// Its `TensorRef` was published (and the set's work is done): the block goes back
+    /// to the pool, reusable once no consumer holds it and [`GRACE`] has passed.
     pub fn published(mut self) {
         self.published = true;
     }
@@ -642,6 +702,12 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         let mut st = self.pool.state();
+        if self.announced && !self.published {
+            let generation = st.next_generation;
+            st.next_generation += 1;
+            self.pool.generation(self.index).store(generation, Ordering::SeqCst);
+            st.counts.withdrawn += 1;
+        }
         let b = &mut st.blocks[self.index];
         b.leased = false;
         b.published = if self.published { Some(Instant::now()) } else { None };
@@ -674,6 +740,37 @@ mod tests {
         let c = p.lease().0.unwrap();
         assert_eq!(c.index(), 0);
         assert_eq!(p.generation(0).load(Ordering::SeqCst), c.generation());
+    }
+
+    #[test]
+    fn an_announced_set_dropped_unpublished_is_withdrawn_from_its_holders() {
+        let p = pool(2);
+        let row = p.attach(7, -1).unwrap();
+        // Announced, then published (its work done): the generation consumers took stays.
+        let mut a = p.lease().0.unwrap();
+        let (ga, ia) = (a.generation(), a.index());
+        a.announce();
+        assert!(a.announced());
+        a.published();
+        assert_eq!(p.generation(ia).load(Ordering::SeqCst), ga);
+        // Announced, taken by a consumer, and its work failed: a new generation tells the
+        // holder to let go; the block stays held (not reused) until it does.
+        let mut b = p.lease().0.unwrap();
+        let (gb, ib) = (b.generation(), b.index());
+        b.announce();
+        p.hold(row, ib).fetch_add(1, Ordering::SeqCst);
+        drop(b);
+        let now = p.generation(ib).load(Ordering::SeqCst);
+        assert_ne!(now, gb, "withdrawn");
+        assert!(now > gb, "a generation never published before");
+        assert_eq!(p.counts().0.withdrawn, 1);
+        std::thread::sleep(GRACE * 2);
+        let c = p.lease().0.unwrap();
+        assert_eq!(c.index(), ia, "the withdrawn block is still held: the other one is leased");
+        p.hold(row, ib).fetch_sub(1, Ordering::SeqCst);
+        // Not announced, dropped unpublished: nothing withdrawn.
+        drop(c);
+        assert_eq!(p.counts().0.withdrawn, 1);
     }
 
     #[test]
@@ -765,7 +862,9 @@ mod tests {
         assert_eq!(p.fds().unwrap().len(), 3, "control + 2 blocks");
         let mut a = p.lease().0.unwrap();
         assert!(a.is_device() && a.bytes().is_empty());
-        let Some(BlockMemory::Device(addr, size)) = a.memory() else { panic!("a device block") };
+        let Some(BlockMemory::Device(addr, size, None)) = a.memory() else {
+            panic!("a device block")
+        };
         assert_eq!((addr, size), (0x7000_0000_0000 + (a.index() as u64) * (2 << 20), 2 << 20));
         let mut copy = [0u8; 4];
         a.read_device(&mut copy).unwrap();

@@ -191,6 +191,8 @@ pub struct BlockFields<'a> {
     /// `device_id`, `device_uuid` (-1 and zeros for host memory).
     pub device_id: i32,
     pub device_uuid: [u8; 16],
+    /// `ipc_event_handle` (empty: the set's work is done).
+    pub ipc_event_handle: &'a [u8],
 }
 
 /// The CDR of a `vision_preproc_msgs/TensorRef`: the descriptor of the tensors of one
@@ -235,7 +237,7 @@ pub fn tensor_ref_cdr(
     w.u8(block.memory_kind);
     w.i32(block.device_id);
     w.u8_array(&block.device_uuid);
-    w.bytes(&[]);
+    w.bytes(block.ipc_event_handle);
     let items_cdr = batch_items_cdr(w.body_len(), items);
     let mut out = w.finish();
     out.extend_from_slice(&items_cdr);
@@ -420,6 +422,55 @@ mod tests {
         let at = cdr.prefix.len() + cdr.data_len;
         msg[at..].copy_from_slice(&suffix);
         assert_eq!(TensorBatch::decode(&msg).unwrap().items[0].age_us, 1234.5);
+    }
+
+    #[test]
+    fn a_tensor_ref_carries_its_event_handle_after_the_device_uuid() {
+        let g = geometry();
+        let header = Header { sec: 1, nanosec: 2, frame_id: "cam".into() };
+        let desc = TensorDesc {
+            channels: 3,
+            height: 3,
+            width: 5,
+            layout: Layout::Nchw,
+            dtype: DType::Float32,
+        };
+        let item = BatchItemFields {
+            topic: "/image",
+            valid: true,
+            repeated: false,
+            header: &header,
+            source_encoding: "bgr8",
+            geometry: Some(&g),
+            age_us: 5.0,
+        };
+        let handle: Vec<u8> = (1..=64).collect();
+        let cdr = |h: &[u8]| {
+            let block = BlockFields {
+                pool_id: "00ab",
+                socket_path: "/tmp/x.sock",
+                index: 1,
+                size: 4096,
+                generation: 9,
+                memory_kind: 1,
+                device_id: 0,
+                device_uuid: [0xEE; 16],
+                ipc_event_handle: h,
+            };
+            tensor_ref_cdr(&header, "images", desc, false, &block, std::slice::from_ref(&item))
+        };
+        let (without, with) = (cdr(&[]), cdr(&handle));
+        // The uuid, then the sequence: its u32 length (aligned: the uuid ends on a 4-byte
+        // boundary after the i32 device_id) and its bytes; the items follow unchanged
+        // (they re-align from a 4-byte boundary, and 64 keeps it).
+        let uuid_at = without.windows(16).position(|w| w == [0xEE; 16]).unwrap();
+        let seq_at = uuid_at + 16;
+        assert_eq!(&without[seq_at..seq_at + 4], &0u32.to_le_bytes());
+        assert_eq!(&with[seq_at..seq_at + 4], &64u32.to_le_bytes());
+        assert_eq!(&with[seq_at + 4..seq_at + 68], &handle[..]);
+        assert_eq!(with.len(), without.len() + 64);
+        assert_eq!(&with[..seq_at], &without[..seq_at]);
+        assert_eq!(&with[seq_at + 68..], &without[seq_at + 4..]);
     }
 
     #[test]

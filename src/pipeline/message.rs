@@ -102,6 +102,29 @@ impl MessageBuf {
         }
     }
 
+    /// The `TensorRef` of the block (`None`: no block), with each item's age and the
+    /// interprocess event a consumer waits on (empty: none).
+    pub fn tensor_ref(&self, ages: &[f32], ipc_event_handle: &[u8]) -> Option<Vec<u8>> {
+        let block = self.block.as_ref()?;
+        let desc = self.params.as_ref()?.tensor_desc();
+        let batch = !self.items.is_empty();
+        let items = if batch { &self.items } else { &self.block_items };
+        let pool = block.pool();
+        let fields = BlockFields {
+            pool_id: pool.id(),
+            socket_path: pool.socket_str(),
+            index: block.index() as u32,
+            size: pool.block_size() as u64,
+            generation: block.generation(),
+            memory_kind: pool.memory().code(),
+            device_id: pool.device_info().0,
+            device_uuid: pool.device_info().1,
+            ipc_event_handle,
+        };
+        let items = batch_fields(items, ages);
+        Some(tensor_ref_cdr(&self.block_header, &self.name, desc, batch, &fields, &items))
+    }
+
     /// Write each batch item's `age_us` (0 for invalid items) into the message; nothing
     /// for a `Tensor`, which has no ages.
     fn set_ages(&mut self, ages: &[f32]) -> Result<()> {
@@ -276,27 +299,21 @@ impl OwnedMessage {
         self.buf.as_ref().map_or(&[], |b| b.tensor())
     }
 
-    /// The `TensorRef` of the shared block holding the tensors (`None`: no block), with
-    /// each item's age (`ages[i]`, as [`OwnedMessage::set_ages`]).
+    /// The `TensorRef` of the shared block holding the tensors (`None`: no block, or it
+    /// went out already, [`OwnedMessage::announced`]), with each item's age (`ages[i]`,
+    /// as [`OwnedMessage::set_ages`]).
     pub fn tensor_ref(&self, ages: &[f32]) -> Option<Vec<u8>> {
         let buf = self.buf.as_ref()?;
-        let block = buf.block.as_ref()?;
-        let desc = buf.params.as_ref()?.tensor_desc();
-        let batch = !buf.items.is_empty();
-        let items = if batch { &buf.items } else { &buf.block_items };
-        let pool = block.pool();
-        let fields = BlockFields {
-            pool_id: pool.id(),
-            socket_path: pool.socket_str(),
-            index: block.index() as u32,
-            size: pool.block_size() as u64,
-            generation: block.generation(),
-            memory_kind: pool.memory().code(),
-            device_id: pool.device_info().0,
-            device_uuid: pool.device_info().1,
-        };
-        let items = batch_fields(items, ages);
-        Some(tensor_ref_cdr(&buf.block_header, &buf.name, desc, batch, &fields, &items))
+        if buf.block.as_ref()?.announced() {
+            return None;
+        }
+        buf.tensor_ref(ages, &[])
+    }
+
+    /// The set's `TensorRef` went out before its work ended
+    /// ([`super::Pipeline::announce`]).
+    pub fn announced(&self) -> bool {
+        self.buf.as_ref().and_then(|b| b.block.as_ref()).is_some_and(Lease::announced)
     }
 
     /// The block, taken out (to mark it published).

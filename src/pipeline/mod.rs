@@ -407,6 +407,34 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Announce the set submitted last: when its tensors go to a shared block with an
+    /// interprocess event (CUDA), its `TensorRef` (with `ages` per item and the event's
+    /// handle) can go out now, before its GPU work ends; `publish` sends it and says
+    /// whether it went out. Then the finished message does not describe it again
+    /// ([`OwnedMessage::tensor_ref`] is `None`, [`OwnedMessage::announced`] true), and if
+    /// the set fails its block is withdrawn (docs/HANDOFF.md). False when nothing was
+    /// announced (no such block, the set failed already, or `publish` said no).
+    pub fn announce(&mut self, ages: &[f32], publish: impl FnOnce(&[u8]) -> bool) -> bool {
+        let Some(p) = self.pending.back_mut() else { return false };
+        if !matches!(p.state, PendingState::InFlight) {
+            return false;
+        }
+        let Some(event) = p.message.block.as_mut().and_then(Lease::memory).and_then(|m| match m {
+            BlockMemory::Device(_, _, event) => event,
+            BlockMemory::Host(_) => None,
+        }) else {
+            return false;
+        };
+        let Some(cdr) = p.message.tensor_ref(ages, &event.handle) else { return false };
+        if !publish(&cdr) {
+            return false;
+        }
+        if let Some(block) = p.message.block.as_mut() {
+            block.announce();
+        }
+        true
+    }
+
     /// The second half of [`Pipeline::process_frames`]: wait for the oldest submitted set
     /// (`items` must be its frames, as submitted) and make its message the pipeline's
     /// ([`Pipeline::message`], [`Pipeline::take_message`]). A device error starts
@@ -596,9 +624,12 @@ impl Pipeline {
             Some(Some(BlockMemory::Host(bytes))) => {
                 backend::Out::Host { ptr: bytes.as_mut_ptr(), len }
             }
-            Some(Some(BlockMemory::Device(ptr, _))) => {
-                backend::Out::Device { ptr, len, host: fill.then_some(host) }
-            }
+            Some(Some(BlockMemory::Device(ptr, _, event))) => backend::Out::Device {
+                ptr,
+                len,
+                host: fill.then_some(host),
+                ready: event.map(|e| e.raw),
+            },
         };
         let conv = self.conv.as_ref();
         // `out` is the data of `message`'s buffer and/or its block's memory (host mapping

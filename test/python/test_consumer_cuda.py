@@ -2,8 +2,10 @@
 (VISION_PREPROC_CUDA_BINDING), the errors that name the fix when none can be loaded, and
 the ctypes binding end to end against a fake libcuda built here from C (below): every
 prototype resolves, a pool's CUDA blocks (memfds standing in for the exported fds) are
-imported, mapped and read through PoolClient and Frame, the node's IPC event is waited
-for, and every import, reservation, mapping, event and context is given back.
+imported, mapped and read through PoolClient and Frame, the node's IPC event is polled
+from the host (never cuEventSynchronize or cuStreamWaitEvent) until it completes, the
+node withdraws the set, the connection closes or the wait times out, and every import,
+reservation, mapping, event and context is given back.
 
 The fake maps each "imported" fd into the reserved range (mmap MAP_FIXED), so that the
 pointer Frame.array() hands out reads the block's bytes on the host; it checks what the
@@ -21,13 +23,16 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
+import time
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from vision_preproc_consumer import Frame, PoolClient, cuda
+from vision_preproc_consumer import Frame, PoolClient, TensorRefSubscription, cuda
 
 FAKE_LIBCUDA_C = r"""
 #define _GNU_SOURCE
@@ -42,19 +47,22 @@ typedef struct { int type; int handle_types; Loc location; void *win32; unsigned
 typedef struct { Loc location; int flags; } Access;
 typedef struct { char reserved[64]; } Ipc;
 
-enum { OK = 0, INVALID_VALUE = 1, INVALID_DEVICE = 101, INVALID_CONTEXT = 201, INVALID_HANDLE = 400 };
+enum { OK = 0, INVALID_VALUE = 1, INVALID_DEVICE = 101, INVALID_CONTEXT = 201, INVALID_HANDLE = 400,
+       NOT_READY = 600 };
 enum { INITS, RETAINS, RELEASES, IMPORTS, MEM_RELEASES, RESERVES, FREES, MAPS, UNMAPS, ACCESSES,
-       EVENTS_OPENED, EVENTS_DESTROYED, EVENT_SYNCS, STREAM_WAITS, CTX_SYNCS, STREAM_SYNCS, N };
+       EVENTS_OPENED, EVENTS_DESTROYED, EVENT_QUERIES, EVENT_SYNCS, STREAM_WAITS, CTX_SYNCS, STREAM_SYNCS, N };
 static long counts[N];
 static void *current;
 static void *last_stream;
 static char last_ipc[64];
+static volatile int pending;  /* queries still answered NOT_READY; -1: forever (a faulted producer) */
 #define TAG 0xC0DE00000000ULL
 #define DEVICE0 100  /* device handles are not ordinals */
 
 void fake_counts(long *out) { memcpy(out, counts, sizeof counts); }
 void fake_last_ipc(char *out) { memcpy(out, last_ipc, 64); }
 void *fake_last_stream(void) { return last_stream; }
+void fake_set_event_pending(int n) { pending = n; }
 
 int cuInit(unsigned flags) { counts[INITS]++; return flags ? INVALID_VALUE : OK; }
 int cuDeviceGet(int *dev, int ordinal) {
@@ -118,6 +126,14 @@ int cuMemRelease(u64 h) {
 int cuIpcOpenEventHandle(void **ev, Ipc h) {
     memcpy(last_ipc, h.reserved, 64); *ev = (void *)0xE0E0; counts[EVENTS_OPENED]++; return OK;
 }
+int cuEventQuery(void *ev) {
+    if (ev != (void *)0xE0E0) return INVALID_HANDLE;
+    counts[EVENT_QUERIES]++;
+    if (pending == 0) return OK;
+    if (pending > 0) pending--;
+    return NOT_READY;
+}
+/* Never called by the consumer (they would wait forever on a faulted producer's event): counted to check. */
 int cuEventSynchronize(void *ev) { if (ev != (void *)0xE0E0) return INVALID_HANDLE; counts[EVENT_SYNCS]++; return OK; }
 int cuStreamWaitEvent(void *s, void *ev, unsigned flags) {
     if (ev != (void *)0xE0E0 || flags) return INVALID_HANDLE;
@@ -133,7 +149,7 @@ int cuGetErrorName(int e, const char **s) { *s = name(e); return OK; }
 int cuGetErrorString(int e, const char **s) { *s = e == INVALID_DEVICE ? "invalid device ordinal" : "fake error"; return OK; }
 """
 COUNTERS = ("inits retains releases imports mem_releases reserves frees maps unmaps accesses events_opened "
-            "events_destroyed event_syncs stream_waits ctx_syncs stream_syncs").split()
+            "events_destroyed event_queries event_syncs stream_waits ctx_syncs stream_syncs").split()
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +169,16 @@ def counts(lib: Path) -> dict[str, int]:
     out = (ctypes.c_long * len(COUNTERS))()
     ctypes.CDLL(str(lib)).fake_counts(out)
     return dict(zip(COUNTERS, out))
+
+
+def since(lib: Path, before: dict[str, int]) -> dict[str, int]:
+    now = counts(lib)
+    return {k: now[k] - before[k] for k in COUNTERS}
+
+
+def event_pending(lib: Path, n: int) -> None:
+    """The fake's event answers NOT_READY to the next `n` queries (-1: to all), then SUCCESS."""
+    ctypes.CDLL(str(lib)).fake_set_event_pending(n)
 
 
 @pytest.fixture
@@ -234,6 +260,16 @@ def test_every_prototype_resolves_and_errors_name_the_call(fake_libcuda: Path) -
     assert d.device_uuid(d.device(0)) == bytes(i * 16 for i in range(16)), "all 16 bytes, the leading zero too"
 
 
+def test_event_query_says_not_ready_then_done_and_raises_on_other_errors(fake_libcuda: Path) -> None:
+    d = cuda.CtypesDriver(str(fake_libcuda))
+    event = d.open_event(bytes(64))
+    event_pending(fake_libcuda, 2)
+    assert [d.event_query(event) for _ in range(3)] == [False, False, True]
+    with pytest.raises(RuntimeError, match=r"cuEventQuery failed: CUDA_ERROR_INVALID_HANDLE"):
+        d.event_query(ctypes.c_void_p(0x1234))
+    d.event_destroy(event)
+
+
 def memfd(name: str, data: bytes, size: int) -> int:
     fd = os.memfd_create(name)
     os.ftruncate(fd, size)
@@ -304,6 +340,10 @@ class FakeNode:
     def hold(self, b: int) -> int:
         return struct.unpack("<I", os.pread(self.control, 4, self.hello["holds_offset"] + 4 * b))[0]
 
+    def withdraw(self, b: int, generation: int) -> None:
+        """What the node does to a set whose GPU work failed: a new generation in the record."""
+        os.pwrite(self.control, struct.pack("<Q", generation), self.hello["records_offset"] + self.hello["record_stride"] * b)
+
     def close(self) -> None:
         for s in (*self.conns, self.listener):
             s.close()
@@ -330,9 +370,14 @@ def test_a_cuda_pool_through_the_ctypes_binding(tmp_path: Path, fake_libcuda: Pa
         assert client.device.driver.name == "ctypes" and client.device.uuid == bytes(i * 16 + 1 for i in range(16))
         assert client.acquire(1, 11) and node.hold(1) == 1
         assert not client.acquire(0, 99), "another generation: not taken"
+        assert client.generation(1) == 11
         event = bytes(range(64))
         frame = Frame(client, tensor_ref(1, 11, 32, ipc_event_handle=event))
+        event_pending(fake_libcuda, 5)  # the node's work ends at the 6th query
         view = frame.array()
+        assert since(fake_libcuda, before)["event_queries"] == 6, "polled until the event completed"
+        assert frame.wait_ready(), "remembered: no more queries"
+        assert since(fake_libcuda, before)["event_queries"] == 6
         cai = view.__cuda_array_interface__
         assert cai["shape"] == (8,) and cai["typestr"] == "<f4"
         pointer = cai["data"][0]
@@ -347,24 +392,139 @@ def test_a_cuda_pool_through_the_ctypes_binding(tmp_path: Path, fake_libcuda: Pa
         lib.fake_last_stream.restype = ctypes.c_void_p
         assert lib.fake_last_stream() == 0x5151
         assert client.acquire(1, 11)
-        other_gpu = Frame(client, tensor_ref(1, 11, 32, device_uuid=bytes(16 * [9])))
+        other_gpu = Frame(client, tensor_ref(1, 11, 32, device_uuid=bytes(16 * [9]), ipc_event_handle=event))
         with pytest.raises(ValueError, match="number the GPUs differently"):
-            other_gpu.array()
+            other_gpu.array()  # (refused before its event is opened or queried)
         other_gpu.release()
+        assert since(fake_libcuda, before)["event_queries"] == 6
         second = Frame(client, tensor_ref(1, 11, 32, ipc_event_handle=event)) if client.acquire(1, 11) else None
         assert second is not None
-        second.array(stream=0x77)  # the stream waits for the event (opened once, cached)
+        second.array(stream=0x77)  # accepted, but no stream is made to wait (the event was opened once, cached)
         second.release()  # no stream: the whole context
         client.close()
         del frame, view, second, client
         gc.collect()
     finally:
         node.close()
-    after = counts(fake_libcuda)
-    delta = {k: after[k] - before[k] for k in COUNTERS}
+    delta = since(fake_libcuda, before)
     assert delta["imports"] == delta["mem_releases"] == 2, delta
     assert delta["reserves"] == delta["frees"] == 2 and delta["maps"] == delta["unmaps"] == 2, delta
     assert delta["accesses"] == 2 and delta["retains"] == delta["releases"] == 1, delta
     assert delta["events_opened"] == delta["events_destroyed"] == 1, delta
-    assert (delta["event_syncs"], delta["stream_waits"]) == (1, 1), delta
+    assert (delta["event_queries"], delta["event_syncs"], delta["stream_waits"]) == (7, 0, 0), delta
     assert (delta["stream_syncs"], delta["ctx_syncs"]) == (1, 1), delta
+
+
+def after(seconds: float, action) -> threading.Timer:
+    timer = threading.Timer(seconds, action)
+    timer.start()
+    return timer
+
+
+def timed_wait(frame: Frame, timeout_s: float) -> tuple[bool, float]:
+    t0 = time.monotonic()
+    ready = frame.wait_ready(timeout_s)
+    return ready, time.monotonic() - t0
+
+
+@pytest.fixture
+def cuda_pool(tmp_path: Path, fake_libcuda: Path, no_driver_yet):
+    """A FakeNode of 2 blocks and a PoolClient of it, through the ctypes binding."""
+    no_driver_yet.setattr(cuda, "_DRIVER", cuda.CtypesDriver(str(fake_libcuda)))
+    node = FakeNode(tmp_path / "pool.sock", [bytes(64), bytes(64)])
+    client = PoolClient(str(tmp_path / "pool.sock"))
+    yield node, client
+    client.close()
+    node.close()
+
+
+def test_a_set_the_node_withdraws_is_not_waited_for(cuda_pool, fake_libcuda: Path) -> None:
+    node, client = cuda_pool
+    before = counts(fake_libcuda)
+    event_pending(fake_libcuda, -1)  # the node's context faulted: its event never completes
+    assert client.acquire(1, 11)
+    frame = Frame(client, tensor_ref(1, 11, 32, ipc_event_handle=bytes(range(64))))
+    timer = after(0.02, lambda: node.withdraw(1, 12))
+    ready, took = timed_wait(frame, 2.0)
+    timer.join()
+    assert not ready and 0.02 <= took < 0.5, f"withdrawn after 0.02 s, the wait said {ready} after {took:.3f} s"
+    assert since(fake_libcuda, before)["event_queries"] > 1
+    with pytest.raises(RuntimeError, match=r"block 1, generation 11: withdrawn by the node .* skip the frame"):
+        frame.array()
+    frame.release()
+    assert node.hold(1) == 0
+
+
+def test_a_wait_ends_when_the_node_closes_the_connection(cuda_pool, fake_libcuda: Path) -> None:
+    node, client = cuda_pool
+    event_pending(fake_libcuda, -1)  # the node was killed with the work in flight
+    assert client.acquire(0, 10)
+    frame = Frame(client, tensor_ref(0, 10, 32, ipc_event_handle=bytes(range(64))))
+    timer = after(0.02, node.conns[0].close)
+    ready, took = timed_wait(frame, 2.0)
+    timer.join()
+    assert not ready and 0.02 <= took < 0.5, f"closed after 0.02 s, the wait said {ready} after {took:.3f} s"
+    with pytest.raises(RuntimeError, match="the connection to the node is closed"):
+        frame.array()
+    frame.release()
+
+
+def test_a_wait_times_out(cuda_pool, fake_libcuda: Path) -> None:
+    node, client = cuda_pool
+    before = counts(fake_libcuda)
+    event_pending(fake_libcuda, -1)
+    assert client.acquire(0, 10)
+    frame = Frame(client, tensor_ref(0, 10, 32, ipc_event_handle=bytes(range(64))))
+    ready, took = timed_wait(frame, 0.05)
+    assert not ready and 0.05 <= took < 0.5, f"timeout 0.05 s, the wait said {ready} after {took:.3f} s"
+    queries = since(fake_libcuda, before)["event_queries"]
+    # Spinning 0.2 ms, then a query every ~0.1 ms (a 50-us sleep and the timer slack):
+    # some hundreds in 50 ms, not the millions of a busy loop.
+    assert 10 < queries < 5000, queries
+    frame.release()
+    assert node.hold(0) == 0
+
+
+def test_the_subscription_calls_back_with_ready_frames_only(tmp_path: Path, fake_libcuda: Path,
+                                                            no_driver_yet) -> None:
+    """TensorRefSubscription against a fake rclpy node (its message callback called as
+    rclpy would): a frame whose event completes is delivered ready; a withdrawn set is
+    given back, counted in `withdrawn`, and never reaches the callback."""
+    no_driver_yet.setattr(cuda, "_DRIVER", cuda.CtypesDriver(str(fake_libcuda)))
+    msgs = types.ModuleType("vision_preproc_msgs.msg")
+    msgs.TensorRef = object  # (no ROS needed: the type only goes to create_subscription)
+    no_driver_yet.setitem(sys.modules, "vision_preproc_msgs", types.ModuleType("vision_preproc_msgs"))
+    no_driver_yet.setitem(sys.modules, "vision_preproc_msgs.msg", msgs)
+    subscribed = {}
+    ros_node = SimpleNamespace(
+        create_subscription=lambda kind, topic, callback, qos: subscribed.setdefault("on_message", callback),
+        destroy_subscription=lambda s: None, get_logger=lambda: SimpleNamespace(warning=print))
+    node = FakeNode(tmp_path / "pool.sock", [bytes(range(64)), bytes(64)])
+    got: list[Frame] = []
+    sub = TensorRefSubscription(ros_node, "tensor_ref", got.append)
+    try:
+        ref = dict(socket_path=str(tmp_path / "pool.sock"), block_size=FakeNode.BLOCK,
+                   ipc_event_handle=bytes(range(64)))
+        before = counts(fake_libcuda)
+        event_pending(fake_libcuda, 3)
+        subscribed["on_message"](tensor_ref(0, 10, 32, **ref))
+        assert (sub.delivered, sub.withdrawn) == (1, 0) and len(got) == 1
+        assert since(fake_libcuda, before)["event_queries"] == 4, "waited before the callback"
+        view = got[0].array()
+        assert since(fake_libcuda, before)["event_queries"] == 4, "the callback's array() waits no more"
+        assert ctypes.string_at(view.__cuda_array_interface__["data"][0], 4) == bytes(range(4, 8))
+        got.pop().release()
+        assert node.hold(0) == 0
+
+        event_pending(fake_libcuda, -1)
+        timer = after(0.02, lambda: node.withdraw(1, 12))
+        t0 = time.monotonic()
+        subscribed["on_message"](tensor_ref(1, 11, 32, **ref))
+        took = time.monotonic() - t0
+        timer.join()
+        assert (sub.received, sub.delivered, sub.withdrawn, sub.skipped, sub.errors) == (2, 1, 1, 0, 0)
+        assert got == [] and node.hold(1) == 0, "given back, never delivered"
+        assert took < 0.5, f"{took:.3f} s: the withdrawal ended the wait, not the timeout"
+    finally:
+        sub.close()
+        node.close()

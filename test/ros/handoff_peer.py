@@ -110,7 +110,7 @@ def main() -> int:
                 summary["held"] += 1
                 frame.release()
     summary.update(received=sub.received, delivered=sub.delivered, skipped=sub.skipped,
-                   reconnects=sub.reconnects, errors=sub.errors)
+                   withdrawn=sub.withdrawn, reconnects=sub.reconnects, errors=sub.errors)
     print(json.dumps(summary), flush=True)
     sub.close()
     node.destroy_node()

@@ -358,7 +358,8 @@ def test_every_tensor_ref_array_is_its_tensor_byte_for_byte(node: NodeProcess) -
             if stamp_ns(m.header) in sent:
                 assert m.outputs == FrameTiming.OUTPUT_TENSOR | FrameTiming.OUTPUT_TENSOR_REF, m.outputs
         s = c.sub
-        assert (s.skipped, s.errors, s.reconnects, len(s.clients)) == (0, 0, 0, 1), vars(s)
+        # (Host blocks carry no event: nothing is ever withdrawn.)
+        assert (s.skipped, s.withdrawn, s.errors, s.reconnects, len(s.clients)) == (0, 0, 0, 0, 1), vars(s)
     finally:
         c.close()
 
@@ -408,7 +409,7 @@ def test_two_cameras_tensor_batch_and_tensor_ref_agree(tmp_path: Path) -> None:
                         f = sent[stamp_ns(it.header)]
                         want = oracle.preprocess(f.data, f.encoding, f.width, f.height, f.step, f.big_endian, config)
                         assert_close(values[i], want[0], "float32", f"batch {stamp} item {i}")
-            assert (c.sub.skipped, c.sub.errors, c.sub.reconnects) == (0, 0, 0), vars(c.sub)
+            assert (c.sub.skipped, c.sub.withdrawn, c.sub.errors, c.sub.reconnects) == (0, 0, 0, 0), vars(c.sub)
         finally:
             c.close()
         assert node.stop() == 0
@@ -566,7 +567,7 @@ def test_a_slow_consumer_does_not_slow_the_node(node: NodeProcess, camera: Camer
         assert np.percentile(totals, 99) < 0.5 * HOLD_S * 1e3, f"total_us p99 {np.percentile(totals, 99):.0f} ms"
         assert s["changed_while_held"] == 0, s
         assert s["held"] >= 0.5 * SLOW_S / HOLD_S and min(s["hold_s"]) >= HOLD_S, s
-        assert s["skipped"] > 0 and (s["errors"], s["reconnects"]) == (0, 0), s
+        assert s["skipped"] > 0 and (s["withdrawn"], s["errors"], s["reconnects"]) == (0, 0, 0), s
         print(f"slow consumer: {s['held']} frames held {HOLD_S} s, {s['skipped']} skipped by generation; "
               f"node tensor_ref {rate:.1f}/s (before {rate0:.1f}/s), total_us p99 {np.percentile(totals, 99):.1f} ms")
 

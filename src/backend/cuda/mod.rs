@@ -466,6 +466,20 @@ impl Backend for CudaBackend {
             Job::Frame { image, op } => self.frame_submit(image, op, conv, target).map(Some),
             Job::Batch(slots) => self.batch_submit(slots, conv, target).map(|()| None),
         };
+        // A shared block's interprocess event, after the submission's last write (its
+        // download too, when the `tensor` message wants the bytes).
+        let frame = frame.and_then(|f| match out {
+            Out::Device { ready: Some(event), .. } => {
+                // SAFETY: an event of this context (the pool's blocks were made by this
+                // backend), alive as long as the pool; the stream is ours.
+                let r = unsafe {
+                    sys::cuEventRecord(event as sys::CUevent, self.gpu.stream.cu_stream())
+                };
+                r.result().map_err(|e| drv_err("cuEventRecord (a shared block's event)", e))?;
+                Ok(f)
+            }
+            _ => Ok(f),
+        });
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {

@@ -8,7 +8,7 @@
 
 use super::{drv_err, DeviceInfo};
 use crate::error::{CudaError, Result};
-use crate::handoff::DeviceBlocks;
+use crate::handoff::{BlockEvent, DeviceBlocks, EVENT_HANDLE_BYTES};
 use cudarc::driver::sys::{self, CUdeviceptr, CUmemGenericAllocationHandle};
 use cudarc::driver::CudaContext;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -22,15 +22,19 @@ struct Block {
 }
 
 /// `count` blocks of device memory of one size (a multiple of the allocation
-/// granularity), mapped read-write for the device and exported as fds. They keep the
-/// context alive; dropped, every block is unmapped and released (consumers that imported
-/// a block keep its memory until they unmap it).
+/// granularity), mapped read-write for the device and exported as fds, each with an
+/// interprocess event where the device has them. They keep the context alive; dropped,
+/// every block is unmapped and released (consumers that imported a block keep its memory
+/// until they unmap it).
 pub struct VmmBlocks {
     ctx: Arc<CudaContext>,
     blocks: Vec<Block>,
     size: usize,
     device_id: i32,
     uuid: [u8; 16],
+    /// One per block, or none (with why not: [`VmmBlocks::events_missing`]).
+    events: Vec<BlockEvent>,
+    events_missing: Option<String>,
 }
 
 fn check(call: &str, r: sys::CUresult) -> std::result::Result<(), CudaError> {
@@ -114,12 +118,61 @@ impl VmmBlocks {
             size,
             device_id,
             uuid,
+            events: Vec::new(),
+            events_missing: None,
         };
         for _ in 0..count {
             let block = blocks.make_one(&prop)?;
             blocks.blocks.push(block);
         }
+        match blocks.make_events(count) {
+            Ok(events) => blocks.events = events,
+            Err(why) => blocks.events_missing = Some(why),
+        }
         Ok(blocks)
+    }
+
+    /// `count` interprocess events (`CU_EVENT_INTERPROCESS`, without timing, as CUDA
+    /// requires) with their handles, or why the device cannot have them (attribute 125,
+    /// or the driver's refusal: nothing is left made).
+    fn make_events(&self, count: usize) -> std::result::Result<Vec<BlockEvent>, String> {
+        use sys::CUevent_flags as F;
+        let supported = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED)
+            .unwrap_or(0);
+        if supported != 1 {
+            return Err("the device has no interprocess events (CUDA attribute 125)".into());
+        }
+        let flags = F::CU_EVENT_INTERPROCESS as u32 | F::CU_EVENT_DISABLE_TIMING as u32;
+        let mut events = Vec::with_capacity(count);
+        let made = (0..count).try_for_each(|_| {
+            let mut event: sys::CUevent = std::ptr::null_mut();
+            // SAFETY: valid out pointer; the context is current (`new`).
+            check("cuEventCreate(interprocess)", unsafe { sys::cuEventCreate(&mut event, flags) })?;
+            let mut h = sys::CUipcEventHandle { reserved: [0; EVENT_HANDLE_BYTES] };
+            // SAFETY: an interprocess event just made; valid out pointer.
+            let got =
+                check("cuIpcGetEventHandle", unsafe { sys::cuIpcGetEventHandle(&mut h, event) });
+            if let Err(e) = got {
+                // SAFETY: the event made above, destroyed once.
+                unsafe { sys::cuEventDestroy_v2(event) };
+                return Err(e);
+            }
+            // c_char: i8 on x86-64, u8 on aarch64.
+            events.push(BlockEvent { raw: event as usize, handle: bytemuck::cast(h.reserved) });
+            Ok(())
+        });
+        match made {
+            Ok(()) => Ok(events),
+            Err(e) => {
+                for e in events {
+                    // SAFETY: each event made above, destroyed once.
+                    unsafe { sys::cuEventDestroy_v2(e.raw as sys::CUevent) };
+                }
+                Err(format!("interprocess events: {e}"))
+            }
+        }
     }
 
     /// Create, map, open for read-write and export one block (undone on failure).
@@ -226,6 +279,14 @@ impl DeviceBlocks for VmmBlocks {
         self.uuid
     }
 
+    fn ready_event(&self, i: usize) -> Option<BlockEvent> {
+        self.events.get(i).copied()
+    }
+
+    fn events_missing(&self) -> Option<String> {
+        self.events_missing.clone()
+    }
+
     fn read(&self, i: usize, out: &mut [u8]) -> Result<()> {
         if out.len() > self.size {
             return Err(crate::Error::Operation(format!(
@@ -248,6 +309,12 @@ impl Drop for VmmBlocks {
         // Errors are ignored: after a device fault the context may refuse, and the
         // memory goes with it.
         let _ = self.ctx.bind_to_thread();
+        for e in self.events.drain(..) {
+            // SAFETY: each event made in `make_events`, destroyed once; no work of ours
+            // records it any more (as for the blocks, below). A consumer that opened it
+            // keeps its own reference.
+            unsafe { sys::cuEventDestroy_v2(e.raw as sys::CUevent) };
+        }
         for b in self.blocks.drain(..) {
             // SAFETY: each block's mapping, reservation and handle, made in `make_one`
             // and freed once here; nothing of ours uses them any more (the pool is
@@ -265,8 +332,10 @@ impl Drop for VmmBlocks {
 /// more arrive, all are closed and opened again as needed.
 pub const MAX_IPC_EVENTS: usize = 64;
 
-/// Bytes of a CUDA interprocess event handle (`CU_IPC_HANDLE_SIZE`).
-pub const IPC_HANDLE_BYTES: usize = 64;
+/// How long a consumer polls the node's interprocess event without sleeping, and how
+/// long it sleeps between polls after that.
+const EVENT_SPIN: std::time::Duration = std::time::Duration::from_micros(300);
+const EVENT_POLL: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// An event opened from another process's handle (`cuIpcOpenEventHandle`).
 struct IpcEvent(sys::CUevent);
@@ -291,7 +360,7 @@ pub struct ImportedBlocks {
     size: usize,
     device_id: i32,
     uuid: [u8; 16],
-    events: Mutex<Vec<([u8; IPC_HANDLE_BYTES], IpcEvent)>>,
+    events: Mutex<Vec<([u8; EVENT_HANDLE_BYTES], IpcEvent)>>,
 }
 
 /// "no usable GPU" for a consumer, with the fix.
@@ -466,18 +535,28 @@ impl ImportedBlocks {
     }
 
     /// Wait until the node's work named by an interprocess event handle (`TensorRef`'s
-    /// `ipc_event_handle`, 64 bytes) is done; nothing to wait for when it is empty.
-    pub fn wait_ipc_event(&self, handle: &[u8]) -> Result<()> {
+    /// `ipc_event_handle`, 64 bytes; empty: nothing to wait for) is done: `Ok(true)`.
+    /// `Ok(false)` as soon as `still_valid` says no (the node withdrew the set: its work
+    /// failed) or after `timeout`. The wait polls the event from the host: when the
+    /// node's context faults or the node dies, its event never completes (measured on
+    /// the H200, docs/HANDOFF.md), so a blocking or GPU-side wait could last forever.
+    pub fn wait_ipc_event(
+        &self,
+        handle: &[u8],
+        still_valid: &dyn Fn() -> bool,
+        timeout: std::time::Duration,
+    ) -> Result<bool> {
         if handle.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
-        let Ok(key) = <[u8; IPC_HANDLE_BYTES]>::try_from(handle) else {
+        let Ok(key) = <[u8; EVENT_HANDLE_BYTES]>::try_from(handle) else {
             return Err(crate::Error::Operation(format!(
-                "TensorRef.ipc_event_handle has {} bytes; a CUDA IPC event handle has {IPC_HANDLE_BYTES}",
+                "TensorRef.ipc_event_handle has {} bytes; a CUDA IPC event handle has {EVENT_HANDLE_BYTES}",
                 handle.len()
             )));
         };
         self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
+        // Held for the wait: no other thread closes the event meanwhile.
         let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let event = match events.iter().find(|(k, _)| *k == key) {
             Some((_, e)) => e.0,
@@ -488,10 +567,8 @@ impl ImportedBlocks {
                         unsafe { sys::cuEventDestroy_v2(e.0) };
                     }
                 }
-                let mut h = sys::CUipcEventHandle { reserved: [0; IPC_HANDLE_BYTES] };
-                for (d, s) in h.reserved.iter_mut().zip(key) {
-                    *d = s as std::ffi::c_char;
-                }
+                // c_char: i8 on x86-64, u8 on aarch64.
+                let h = sys::CUipcEventHandle { reserved: bytemuck::cast(key) };
                 let mut event: sys::CUevent = std::ptr::null_mut();
                 // SAFETY: valid out pointer; the handle is 64 bytes as the driver made them.
                 check("cuIpcOpenEventHandle (TensorRef.ipc_event_handle)", unsafe {
@@ -501,10 +578,25 @@ impl ImportedBlocks {
                 event
             }
         };
-        // SAFETY: an event opened in this context and not destroyed (the lock is held).
-        Ok(check("cuEventSynchronize (the node's IPC event)", unsafe {
-            sys::cuEventSynchronize(event)
-        })?)
+        let start = std::time::Instant::now();
+        loop {
+            // SAFETY: an event opened in this context and not destroyed (the lock is held).
+            match unsafe { sys::cuEventQuery(event) } {
+                sys::CUresult::CUDA_SUCCESS => return Ok(still_valid()),
+                sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                r => check("cuEventQuery (the node's IPC event)", r)?,
+            }
+            let waited = start.elapsed();
+            if !still_valid() || waited > timeout {
+                return Ok(false);
+            }
+            // The node's work takes ~0.1-0.3 ms: spin for that long, then poll gently.
+            if waited > EVENT_SPIN {
+                std::thread::sleep(EVENT_POLL);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
     }
 
     /// Wait for all work of this process in the device's primary context (the work that

@@ -49,9 +49,17 @@ fn open(
 ) -> crate::Result<(Arc<Pool>, Server)> {
     let (pool, host_why) = pipeline.shared_pool(blocks, bytes, lease, dir)?;
     let server = Server::start(Arc::clone(&pool))?;
-    let memory = match pool.memory() {
-        MemoryKind::Cuda => format!("CUDA device {} memory", pool.device_info().0),
-        MemoryKind::Host => "host memory".to_string(),
+    let memory = match (pool.memory(), pool.events_missing()) {
+        (MemoryKind::Cuda, None) => format!(
+            "CUDA device {} memory; each TensorRef goes out before its GPU work ends, with an \
+             interprocess event to wait on",
+            pool.device_info().0
+        ),
+        (MemoryKind::Cuda, Some(why)) => format!(
+            "CUDA device {} memory; each TensorRef goes out after its GPU work ended: {why}",
+            pool.device_info().0
+        ),
+        (MemoryKind::Host, _) => "host memory".to_string(),
     };
     r2r::log_info!(
         logger,
@@ -124,6 +132,18 @@ impl Handoff {
             Err(e) => {
                 r2r::log_warn!(logger, "tensor_ref: not published: {e}");
                 None
+            }
+        }
+    }
+
+    /// Publish a set's `TensorRef` (announced before its work ended); false if it could
+    /// not go out (logged).
+    pub fn announce(&mut self, cdr: &[u8], shared: &Shared) -> bool {
+        match self.tensor_ref.publish_raw(cdr) {
+            Ok(()) => true,
+            Err(e) => {
+                self.log.error(&shared.logger, &format!("publishing tensor_ref: {e}"));
+                false
             }
         }
     }
@@ -235,6 +255,7 @@ pub fn diagnostics(shared: &Shared) -> Vec<(String, String)> {
         ("Shared consumers".into(), consumers.to_string()),
         ("Shared no free block".into(), c.no_free_block.to_string()),
         ("Shared reclaims".into(), c.reclaims.to_string()),
+        ("Shared withdrawn sets".into(), c.withdrawn.to_string()),
         ("Shared refused connections".into(), c.refused.to_string()),
         ("Shared bad clients".into(), c.bad_clients.to_string()),
     ]

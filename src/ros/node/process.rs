@@ -51,6 +51,8 @@ struct Ready {
     times: StageTimes,
     backend: &'static str,
     formed_at: Instant,
+    /// When its `TensorRef` went out, if before its work ended ([`Pipeline::announce`]).
+    announced_at: Option<Instant>,
     /// Its valid frames not in an earlier set (counted failed if publishing fails).
     new_valid: u64,
 }
@@ -93,6 +95,8 @@ struct Submitted {
     formed: Formed,
     /// Its valid frames not in an earlier set (counted failed if it fails).
     new_valid: u64,
+    /// When its `TensorRef` went out, if it did already.
+    announced_at: Option<Instant>,
 }
 
 /// The processing thread: takes the newest formed set and submits it, finishes it and
@@ -245,7 +249,22 @@ impl Context<'_> {
         log: &mut RateLimitedLog,
     ) -> Option<Submitted> {
         let new_valid = self.submit_set(pipeline, &formed, log)?;
-        Some(Submitted { formed, new_valid })
+        let announced_at = self.announce(pipeline, &formed);
+        Some(Submitted { formed, new_valid, announced_at })
+    }
+
+    /// A set just submitted into a shared block with an interprocess event (CUDA): its
+    /// `TensorRef` goes out now, before its GPU work ends (consumers wait for the
+    /// event), with each item's age now. When it went out.
+    fn announce(&self, pipeline: &mut Pipeline, formed: &Formed) -> Option<Instant> {
+        let handoff = self.handoff.as_ref()?;
+        let now = self.shared.clock.now();
+        let ages: Vec<f32> = slots_of(formed)
+            .iter()
+            .map(|s| clock::age_us(now, &ros_header(&s.header).stamp))
+            .collect();
+        let sent = pipeline.announce(&ages, |cdr| handoff.borrow_mut().announce(cdr, self.shared));
+        sent.then(Instant::now)
     }
 
     /// [`Context::submit`]'s work: the set's new valid frames when it was queued.
@@ -374,6 +393,7 @@ impl Context<'_> {
             times: info.times,
             backend: pipeline.backend().name(),
             formed_at: sub.formed.at,
+            announced_at: sub.announced_at,
             new_valid: sub.new_valid,
         };
         Finished::Ready(Box::new(ready))
@@ -396,8 +416,9 @@ fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
         if let Err(e) = ready.message.set_ages(&ages) {
             r2r::log_warn!(logger, "TensorBatch ages: {e}");
         }
-        // The descriptor first (small: consumers of the shared block get it sooner).
-        let mut outputs = 0u8;
+        // The descriptor first (small: consumers of the shared block get it sooner),
+        // unless it went out already, before the set's GPU work ended.
+        let mut outputs = if ready.message.announced() { OUTPUT_TENSOR_REF } else { 0 };
         if let Some(cdr) = ready.message.tensor_ref(&ages) {
             match out.tensor_ref.publish_raw(&cdr) {
                 Ok(()) => outputs |= OUTPUT_TENSOR_REF,
@@ -443,12 +464,18 @@ fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
             }
         }
         let dropped = shared.stats.dropped.load(Ordering::Relaxed);
+        // Until its outputs went out: the `TensorRef` alone when it was announced and
+        // no `tensor` was published.
+        let handed_over = match ready.announced_at {
+            Some(at) if outputs & OUTPUT_TENSOR == 0 => at,
+            _ => Instant::now(),
+        };
         let timing = frame_timing(
             &ready.header,
             sequence,
             ready.backend,
             &ready.times,
-            ready.formed_at.elapsed().as_secs_f32() * 1e6,
+            handed_over.saturating_duration_since(ready.formed_at).as_secs_f32() * 1e6,
             oldest_age,
             u32::try_from(dropped.saturating_sub(dropped_reported)).unwrap_or(u32::MAX),
         );
