@@ -513,13 +513,21 @@ class DeviceBlocks:
         turns False, or after `timeout_s`. Never cuEventSynchronize or cuStreamWaitEvent:
         an IPC event whose producer's context faulted, or whose producer died with the work
         in flight, stays not ready forever (measured on an H200, driver 580), and either
-        would wait forever. Raises on a driver error other than "not ready"."""
+        would wait forever. Raises on a driver error other than "not ready" (unless the set
+        was withdrawn meanwhile: then False)."""
         self.make_current()
         event = self._event(handle)
         query = self.driver.event_query
         start = time.monotonic()
         spin_until, deadline = start + EVENT_SPIN_S, start + timeout_s
-        while not query(event):
+        while True:
+            try:
+                if query(event):
+                    break
+            except RuntimeError:
+                if not still_valid():  # (the node withdrew the set and freed its event)
+                    return False
+                raise
             if not still_valid():
                 return False
             now = time.monotonic()

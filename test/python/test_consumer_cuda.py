@@ -342,7 +342,8 @@ class FakeNode:
 
     def withdraw(self, b: int, generation: int) -> None:
         """What the node does to a set whose GPU work failed: a new generation in the record."""
-        os.pwrite(self.control, struct.pack("<Q", generation), self.hello["records_offset"] + self.hello["record_stride"] * b)
+        record = self.hello["records_offset"] + self.hello["record_stride"] * b
+        os.pwrite(self.control, struct.pack("<Q", generation), record)
 
     def close(self) -> None:
         for s in (*self.conns, self.listener):

@@ -584,6 +584,8 @@ impl ImportedBlocks {
             match unsafe { sys::cuEventQuery(event) } {
                 sys::CUresult::CUDA_SUCCESS => return Ok(still_valid()),
                 sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                // (The node withdrew the set and freed its event.)
+                _ if !still_valid() => return Ok(false),
                 r => check("cuEventQuery (the node's IPC event)", r)?,
             }
             let waited = start.elapsed();
