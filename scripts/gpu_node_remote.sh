@@ -31,7 +31,8 @@
 #             aligned) -> one node with 4 inputs, TensorBatch 4x3x640x640 vs tensor_ref,
 #             alternating, 2 x 10 s; "fault_retry" / "fault_fallback" a device fault at frame
 #             200 (~7 s in, the consumer connected) (transient: the backend rebuilt, a new CUDA pool; sticky: the CPU backend, a
-#             host pool) under a consumer; "example" examples/tensor_ref_torch.py (a small conv
+#             host pool) under a consumer; "fault_inflight" the fault inside set 200's own GPU
+#             work, after its TensorRef went out (policy retry): the set withdrawn; "example" examples/tensor_ref_torch.py (a small conv
 #             net on each block); "debug" debug_image watched beside a tensor_ref consumer
 #             (the preview read back from the CUDA block); "rust" the r2r consumer
 #             (examples/tensor_ref_consumer.rs, bin/tensor_ref_consumer) importing the CUDA
@@ -187,6 +188,7 @@ cudaref_run() {  # mode [trial]: see the scenario's description
         prev_ref) node_bin=/tmp/vp_prev/bin/vision_preproc_node ;;
         fault_retry) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=200:transient); args+=(-p gpu_failure_policy:=retry) ;;
         fault_fallback) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=200); args+=(-p gpu_failure_policy:=fallback) ;;
+        fault_inflight) node_bin=$NODE_FI; fault=(VISION_PREPROC_INJECT_CUDA_FAULT=200:in_flight); args+=(-p gpu_failure_policy:=retry) ;;
     esac
     env "${fault[@]}" "${pre[@]}" "$node_bin" --ros-args "${args[@]}" >"/tmp/node_$tag.log" 2>&1 &
     local node=$! play=10

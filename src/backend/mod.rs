@@ -225,6 +225,14 @@ pub trait Backend: Send {
         Ok(HostBuffer::heap(len))
     }
 
+    /// Test hook (feature `fault-injection`): make the next submission fault on the
+    /// device after its kernels ([`FaultKind::InFlight`]); false where the backend cannot
+    /// (no device: the default).
+    #[cfg(feature = "fault-injection")]
+    fn arm_in_flight_fault(&mut self) -> bool {
+        false
+    }
+
     /// Test hook (feature `fault-injection`; `VISION_PREPROC_INJECT_CUDA_FAULT`, see
     /// `pipeline::FaultPlan`): make the device fail the way a real fault of `kind` does
     /// and return the error the failed frame gets. The CUDA backend causes a real fault;
@@ -425,6 +433,11 @@ pub enum FaultKind {
     /// An allocation the device cannot satisfy (out of memory, as when another process
     /// took the memory): the call fails, the context stays usable.
     Transient,
+    /// A sticky fault inside the set's own GPU work, after its kernels and before its
+    /// shared block's event ([`Backend::arm_in_flight_fault`]): the submission succeeds
+    /// (its `TensorRef` may go out), its finish fails. Where a backend cannot queue one,
+    /// the set fails at its launch as with `Sticky`.
+    InFlight,
 }
 
 #[cfg(test)]

@@ -17,7 +17,9 @@ pub const INJECT_FAULT_ENV: &str = "VISION_PREPROC_INJECT_CUDA_FAULT";
 /// The variable's forms: `N` (frame N fails once), `N..` (frame N and every later attempt
 /// fails, the re-runs of a failed frame on a rebuilt backend included: a GPU that stays
 /// broken, until the pipeline falls back to the CPU), each optionally followed by
-/// `:sticky` (the default: a kernel's illegal address) or `:transient` (out of memory).
+/// `:sticky` (the default: a kernel's illegal address), `:transient` (out of memory) or
+/// `:in_flight` (an illegal address in the set's own GPU work, after it was submitted:
+/// a shared block's `TensorRef` has gone out, docs/HANDOFF.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FaultPlan {
     /// The first frame that fails.
@@ -47,13 +49,15 @@ impl FaultPlan {
                 INJECT_FAULT_ENV,
                 format!("{text:?}"),
                 "use N (frame N fails once) or N.. (every frame from N fails), N >= 1, \
-                 optionally followed by :sticky (default) or :transient; unset it outside tests",
+                 optionally followed by :sticky (default), :transient or :in_flight; unset it \
+                 outside tests",
             )
         };
         let t = text.trim();
         let (frames, kind) = match t.split_once(':') {
             Some((f, "sticky")) => (f, FaultKind::Sticky),
             Some((f, "transient")) => (f, FaultKind::Transient),
+            Some((f, "in_flight")) => (f, FaultKind::InFlight),
             Some(_) => return Err(bad()),
             None => (t, FaultKind::Sticky),
         };
@@ -124,6 +128,10 @@ mod tests {
             FaultPlan::once(3, FaultKind::Transient)
         );
         assert_eq!(FaultPlan::parse("7..:sticky").unwrap(), FaultPlan::from(7, FaultKind::Sticky));
+        assert_eq!(
+            FaultPlan::parse("200:in_flight").unwrap(),
+            FaultPlan::once(200, FaultKind::InFlight)
+        );
         for bad in ["0", "", "x", "3..4", "-1", "0..", "3:", "3:hard", ":transient"] {
             let e = FaultPlan::parse(bad).unwrap_err().to_string();
             assert!(e.contains(INJECT_FAULT_ENV) && e.contains("N.."), "{bad}: {e}");

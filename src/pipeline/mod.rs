@@ -416,7 +416,8 @@ impl Pipeline {
     /// announced (no such block, the set failed already, or `publish` said no).
     pub fn announce(&mut self, ages: &[f32], publish: impl FnOnce(&[u8]) -> bool) -> bool {
         let Some(p) = self.pending.back_mut() else { return false };
-        if !matches!(p.state, PendingState::InFlight) {
+        let announced = p.message.block.as_ref().is_some_and(Lease::announced);
+        if announced || !matches!(p.state, PendingState::InFlight) {
             return false;
         }
         let Some(event) = p.message.block.as_mut().and_then(Lease::memory).and_then(|m| match m {
@@ -602,7 +603,10 @@ impl Pipeline {
         if let Some(kind) =
             self.recovery.injection.due(self.recovery.frame, self.recovery.fell_back)
         {
-            return Err(self.backend.inject_fault(kind));
+            let armed = kind == FaultKind::InFlight && self.backend.arm_in_flight_fault();
+            if !armed {
+                return Err(self.backend.inject_fault(kind));
+            }
         }
         let Some(pad) = self.pad_op.as_ref() else {
             return Err(Error::Operation("no pad operation".into()));
@@ -1107,5 +1111,170 @@ mod tests {
         assert_eq!((both.width, both.height), (16, 16));
         assert_eq!(&both.data[..one.data.len()], &one.data[..], "item 0 on top");
         assert_ne!(&both.data[one.data.len()..], &one.data[..], "item 1 (pixels + 1) below");
+    }
+
+    /// Blocks of a simulated device: heap memory at each block's "device address", each
+    /// with an "interprocess event" (`raw` 100 + i, handle bytes i + 1).
+    struct SimBlocks(Vec<Box<[u8]>>);
+
+    impl crate::handoff::DeviceBlocks for SimBlocks {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn block_size(&self) -> usize {
+            self.0[0].len()
+        }
+        fn fd(&self, _: usize) -> std::os::fd::RawFd {
+            -1
+        }
+        fn address(&self, i: usize) -> u64 {
+            self.0[i].as_ptr() as u64
+        }
+        fn device_id(&self) -> i32 {
+            0
+        }
+        fn uuid(&self) -> [u8; 16] {
+            [1; 16]
+        }
+        fn read(&self, i: usize, out: &mut [u8]) -> Result<()> {
+            out.copy_from_slice(&self.0[i][..out.len()]);
+            Ok(())
+        }
+        fn ready_event(&self, i: usize) -> Option<crate::handoff::BlockEvent> {
+            Some(crate::handoff::BlockEvent { raw: 100 + i, handle: [i as u8 + 1; 64] })
+        }
+        fn events_missing(&self) -> Option<String> {
+            None
+        }
+    }
+
+    /// The CPU backend as a device with two sets in flight: it computes a submission
+    /// into its `Out` at once (the device memory is host memory) and reports it at
+    /// `finish_oldest`, as failed when `fail` was set; it notes the events it records.
+    #[derive(Default)]
+    struct SimDevice {
+        cpu: CpuBackend,
+        queue: VecDeque<Result<StageTimes>>,
+        fail: Arc<std::sync::atomic::AtomicBool>,
+        recorded: Arc<Mutex<Vec<usize>>>,
+    }
+
+    impl Backend for SimDevice {
+        fn name(&self) -> &'static str {
+            "simdevice"
+        }
+        fn device_description(&self) -> String {
+            String::new()
+        }
+        fn process_into(
+            &mut self,
+            image: &ImageView<'_>,
+            op: &PreprocessOp,
+            conv: Option<&Conv2dOp>,
+            out: &mut [u8],
+        ) -> Result<StageTimes> {
+            self.cpu.process_into(image, op, conv, out)
+        }
+        fn max_in_flight(&self) -> usize {
+            2
+        }
+        unsafe fn submit_to(
+            &mut self,
+            job: Job<'_, '_>,
+            conv: Option<&Conv2dOp>,
+            out: backend::Out,
+        ) -> Result<Queued> {
+            let (ptr, len) = match out {
+                backend::Out::Host { ptr, len } => (ptr, len),
+                backend::Out::Device { ptr, len, ready, .. } => {
+                    self.recorded.lock().unwrap().extend(ready);
+                    (ptr as *mut u8, len)
+                }
+            };
+            // SAFETY: the caller's promise (submit_to's contract).
+            let out = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+            let times = match job {
+                Job::Frame { image, op } => self.cpu.process_into(image, op, conv, out)?,
+                Job::Batch(slots) => self.cpu.process_batch_into(slots, conv, out)?,
+            };
+            let failed = self.fail.swap(false, std::sync::atomic::Ordering::SeqCst);
+            self.queue.push_back(if failed {
+                Err(Error::Operation("the simulated device failed the set".into()))
+            } else {
+                Ok(times)
+            });
+            Ok(Queued::Pending)
+        }
+        fn shared_blocks(
+            &self,
+            count: usize,
+            bytes: usize,
+        ) -> Result<Option<Box<dyn crate::handoff::DeviceBlocks>>> {
+            Ok(Some(Box::new(SimBlocks((0..count).map(|_| vec![0u8; bytes].into()).collect()))))
+        }
+        fn finish_oldest(&mut self) -> Result<StageTimes> {
+            self.queue.pop_front().unwrap_or_else(|| Err(Error::Operation("nothing".into())))
+        }
+        fn abandon_all(&mut self) {
+            self.queue.clear();
+        }
+    }
+
+    #[test]
+    fn a_set_in_a_block_with_an_event_is_announced_at_submission_and_withdrawn_if_it_fails() {
+        use crate::handoff::MemoryKind;
+        let sim = SimDevice::default();
+        let (fail, recorded) = (Arc::clone(&sim.fail), Arc::clone(&sim.recorded));
+        let cfg = Config { network_image_width: 16, network_image_height: 8, ..Config::default() };
+        let mut p = Pipeline::new(cfg, Box::new(sim)).expect("pipeline");
+        let bytes = p.output_bytes().unwrap();
+        let (pool, why) =
+            p.shared_pool(2, bytes, Duration::from_secs(1), Path::new("/tmp")).unwrap();
+        assert_eq!((pool.memory(), why, pool.events_missing()), (MemoryKind::Cuda, None, None));
+        // A set into block b: its event is recorded with the submission, its TensorRef
+        // goes out before the finish with the block's handle, once.
+        let mut sent = Vec::new();
+        let (b, g) = with_inputs(&["image"], 10, 1, |inputs, header| {
+            let block = pool.lease().0.unwrap();
+            let (b, g) = (block.index(), block.generation());
+            p.submit_frames_to(inputs, header, Some(block), false).unwrap();
+            assert!(p.announce(&[2.5], |cdr| {
+                sent = cdr.to_vec();
+                true
+            }));
+            assert!(!p.announce(&[2.5], |_| true), "announced once");
+            p.finish_frames(inputs).unwrap();
+            (b, g)
+        });
+        assert_eq!(*recorded.lock().unwrap(), [100 + b]);
+        let handle = [b as u8 + 1; 64];
+        let at = sent.windows(64).position(|w| w == handle).expect("the block's event handle");
+        assert_eq!(&sent[at - 4..at], &64u32.to_le_bytes(), "a 64-byte sequence");
+        let mut m = p.take_message();
+        assert!(m.announced() && m.tensor_ref(&[2.5]).is_none(), "not described again");
+        assert!(!m.has_bytes(), "tensor_ref alone: no Tensor bytes");
+        let block = m.take_block().unwrap();
+        assert_eq!((block.index(), block.generation()), (b, g));
+        block.published();
+        assert_eq!(pool.counts().0.withdrawn, 0);
+        // A set whose work fails after its TensorRef went out: its block is withdrawn (a
+        // new generation; docs/HANDOFF.md), the set is an error.
+        fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        with_inputs(&["image"], 20, 2, |inputs, header| {
+            let block = pool.lease().0.unwrap();
+            p.submit_frames_to(inputs, header, Some(block), false).unwrap();
+            assert!(p.announce(&[1.0], |_| true));
+            assert!(p.finish_frames(inputs).is_err());
+        });
+        assert_eq!(pool.counts().0.withdrawn, 1);
+        // Not announced (it could not go out), then failed: nothing to withdraw.
+        fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        with_inputs(&["image"], 30, 3, |inputs, header| {
+            let block = pool.lease().0.unwrap();
+            p.submit_frames_to(inputs, header, Some(block), false).unwrap();
+            assert!(!p.announce(&[1.0], |_| false));
+            assert!(p.finish_frames(inputs).is_err());
+        });
+        assert_eq!(pool.counts().0.withdrawn, 1);
     }
 }

@@ -23,7 +23,42 @@ pub(super) fn memset(ptr: CUdeviceptr, len: usize, stream: sys::CUstream) -> Res
         .map_err(|e| drv_err("poisoning an output buffer", e))
 }
 
-/// A real device fault. `Sticky`: `conv2d_tiled_k3` is launched on a
+/// `conv2d_tiled_k3` on a null source and destination, queued on the compute stream and
+/// not waited for: the device traps when it gets there (an illegal address; the context
+/// is lost from then on).
+fn launch_null_conv(b: &CudaBackend) -> Result<(), CudaError> {
+    let (f, _) = b.conv_kernel(3, false);
+    let cp = launch::Conv2dParams {
+        width: 64,
+        height: 64,
+        channels: 1,
+        size: 3,
+        border: Border::Replicate,
+        layout: Layout::Nchw,
+        dtype: DType::Float32,
+        skip: 0,
+    };
+    let null: CUdeviceptr = 0;
+    // (The macro's SAFETY note covers the argument list; the null pointers are the
+    // point: the device traps the access, no host memory is involved.)
+    launch_kernel!(
+        b.gpu.stream,
+        f,
+        "conv2d_tiled_k3",
+        launch::conv_tiled_cfg(64, 64),
+        &cp,
+        &null,
+        &null
+    )
+}
+
+/// `FaultKind::InFlight`: the illegal address queued inside a submission, after its
+/// kernels (and before its shared block's event): its finish fails.
+pub(super) fn queue(b: &CudaBackend) -> Result<()> {
+    Ok(launch_null_conv(b)?)
+}
+
+/// A real device fault. `Sticky` (and `InFlight` where it is injected at the launch): `conv2d_tiled_k3` is launched on a
 /// null source and destination, so the kernel's first load traps with an illegal
 /// address, after which every call on this context fails, as after a real kernel
 /// fault. `Transient`: a 1 PiB device allocation, which fails with out-of-memory
@@ -42,29 +77,7 @@ pub(super) fn inject(b: &mut CudaBackend, kind: FaultKind) -> Error {
                 .map_err(|e| drv_err("cuMemFree", e))?;
             return Ok(());
         }
-        let (f, _) = b.conv_kernel(3, false);
-        let cp = launch::Conv2dParams {
-            width: 64,
-            height: 64,
-            channels: 1,
-            size: 3,
-            border: Border::Replicate,
-            layout: Layout::Nchw,
-            dtype: DType::Float32,
-            skip: 0,
-        };
-        let null: CUdeviceptr = 0;
-        // (The macro's SAFETY note covers the argument list; the null pointers are the
-        // point: the device traps the access, no host memory is involved.)
-        launch_kernel!(
-            b.gpu.stream,
-            f,
-            "conv2d_tiled_k3",
-            launch::conv_tiled_cfg(64, 64),
-            &cp,
-            &null,
-            &null
-        )?;
+        launch_null_conv(b)?;
         b.gpu
             .stream
             .synchronize()

@@ -466,6 +466,12 @@ impl Backend for CudaBackend {
             Job::Frame { image, op } => self.frame_submit(image, op, conv, target).map(Some),
             Job::Batch(slots) => self.batch_submit(slots, conv, target).map(|()| None),
         };
+        // Test hook: a fault inside this submission's GPU work (`FaultKind::InFlight`).
+        #[cfg(feature = "fault-injection")]
+        let frame = match frame {
+            Ok(f) if std::mem::take(&mut self.gpu.fault_armed) => fault::queue(self).map(|()| f),
+            other => other,
+        };
         // A shared block's interprocess event, after the submission's last write (its
         // download too, when the `tensor` message wants the bytes).
         let frame = frame.and_then(|f| match out {
@@ -549,6 +555,12 @@ impl Backend for CudaBackend {
     #[cfg(feature = "fault-injection")]
     fn inject_fault(&mut self, kind: crate::backend::FaultKind) -> crate::Error {
         fault::inject(self, kind)
+    }
+
+    #[cfg(feature = "fault-injection")]
+    fn arm_in_flight_fault(&mut self) -> bool {
+        self.gpu.fault_armed = true;
+        true
     }
 }
 

@@ -61,6 +61,10 @@ pub struct Gpu {
     /// Test hook (feature `fault-injection`): poison the outputs of every submission.
     #[cfg(feature = "fault-injection")]
     pub poison: bool,
+    /// Test hook (feature `fault-injection`): the next submission faults after its
+    /// kernels (`FaultKind::InFlight`).
+    #[cfg(feature = "fault-injection")]
+    pub fault_armed: bool,
 }
 
 /// Where a submission's tensor lands, when not in the ring entry's own output.
@@ -122,6 +126,8 @@ impl Gpu {
             scratch: DeviceBuffer::default(),
             #[cfg(feature = "fault-injection")]
             poison: false,
+            #[cfg(feature = "fault-injection")]
+            fault_armed: false,
         })
     }
 

@@ -355,7 +355,16 @@ impl Context<'_> {
         let views: Vec<Option<ImageView<'_>>> =
             slots.iter().map(|s| s.frame.and_then(|f| f.msg.view().ok())).collect();
         let inputs = inputs_of(&slots, &views, topics);
-        let info = match pipeline.finish_frames(&inputs) {
+        let result = pipeline.finish_frames(&inputs);
+        if sub.announced_at.is_some() && !result.as_ref().is_ok_and(|i| i.gpu_failure.is_none()) {
+            // Its block was given back unpublished: a new generation withdrew it.
+            r2r::log_warn!(
+                shared.logger.as_str(),
+                "tensor_ref: a set whose TensorRef went out before its GPU work failed: withdrawn \
+                 (consumers drop it; Shared withdrawn sets)"
+            );
+        }
+        let info = match result {
             Ok(info) => info,
             Err(e @ crate::Error::GpuFailure { .. }) => {
                 let in_flight: u64 = queue.drain(..).map(|s| s.new_valid).sum();
