@@ -25,6 +25,11 @@ The rules:
   the next message; `sub.reconnects`).
 - A message whose block was already reused is skipped (`sub.skipped`): the node never
   waits for a consumer.
+- CUDA memory: the node publishes a message while its GPU work on the block may still
+  run; the subscription waits for that work (`Frame.wait_ready()`, polling the node's
+  interprocess event from the host) before the callback, so a callback's frame is ready.
+  A set the node withdrew (its GPU work failed) or that did not end within 1 s is dropped
+  (`sub.withdrawn`).
 - Host memory: `array()` is a read-only NumPy array of the message's shape, dtype and
   strides. CUDA memory: an object with `__cuda_array_interface__`, for
   `torch.as_tensor(..., device="cuda")` or `cupy.asarray`; pass the stream that reads it
