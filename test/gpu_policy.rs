@@ -3,15 +3,18 @@
 //! every tensor must equal the CPU reference bit for bit) and fails the way a faulted
 //! CUDA context does: once it has failed, every later call on that instance fails too
 //! (a sticky error), so only a new instance from the opener recovers. The same policy
-//! code runs on the H200 with the real CUDA backend in `test/gpu_fault.rs`.
+//! code runs on the H200 with the real CUDA backend in `test/gpu_fault.rs`. The
+//! pipelined fake also has shared device blocks with events (host memory standing in),
+//! for `tensor_ref`'s early `TensorRef` and its withdrawal.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::{Backend, Conv2dOp, Job, Out, PreprocessOp, Queued, StageTimes};
 use vision_preproc::config::{GpuFailurePolicy, ResizeMode};
 use vision_preproc::error::CudaError;
+use vision_preproc::handoff::{BlockEvent, DeviceBlocks, MemoryKind};
 use vision_preproc::pipeline::{
     FailureAction, FaultKind, FaultPlan, FrameInput, GpuFailure, GPU_RETRY_ATTEMPTS,
     GPU_RETRY_RESET_FRAMES,
@@ -319,10 +322,57 @@ fn the_cpu_backend_simulates_an_injected_fault() {
 /// A fake GPU with two submissions in flight (as the CUDA backend): a submission is
 /// computed at once (CPU backend) and its times handed out at its finish; once broken
 /// (on submission `fail_on_call`), every submission and finish fails, as on a faulted
-/// context.
+/// context. Its "device memory" ([`SimBlocks`], for `tensor_ref`) is host memory; it
+/// notes the blocks' events it records (`recorded`).
 struct PipelinedFakeGpu {
     fake: FakeGpu,
     done: std::collections::VecDeque<StageTimes>,
+    recorded: Arc<Mutex<Vec<usize>>>,
+}
+
+/// The shared blocks of [`PipelinedFakeGpu`]: heap memory at each block's "device
+/// address", block i with an "interprocess event" (`raw` 100 + i, handle bytes i + 1).
+struct SimBlocks(Vec<Box<[u8]>>);
+
+impl DeviceBlocks for SimBlocks {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn block_size(&self) -> usize {
+        self.0[0].len()
+    }
+    fn fd(&self, _: usize) -> std::os::fd::RawFd {
+        -1
+    }
+    fn address(&self, i: usize) -> u64 {
+        self.0[i].as_ptr() as u64
+    }
+    fn device_id(&self) -> i32 {
+        0
+    }
+    fn uuid(&self) -> [u8; 16] {
+        [1; 16]
+    }
+    fn read(&self, i: usize, out: &mut [u8]) -> vision_preproc::Result<()> {
+        out.copy_from_slice(&self.0[i][..out.len()]);
+        Ok(())
+    }
+    fn ready_event(&self, i: usize) -> Option<BlockEvent> {
+        Some(BlockEvent { raw: 100 + i, handle: [i as u8 + 1; 64] })
+    }
+    fn events_missing(&self) -> Option<String> {
+        None
+    }
+}
+
+impl PipelinedFakeGpu {
+    fn new(fail_on_call: Option<u32>) -> Self {
+        PipelinedFakeGpu {
+            fake: FakeGpu::new(fail_on_call),
+            done: Default::default(),
+            recorded: Default::default(),
+        }
+    }
 }
 
 impl Backend for PipelinedFakeGpu {
@@ -350,9 +400,14 @@ impl Backend for PipelinedFakeGpu {
         conv: Option<&Conv2dOp>,
         out: Out,
     ) -> vision_preproc::Result<Queued> {
-        let (Job::Frame { image, op }, Out::Host { ptr, len }) = (job, out) else {
-            panic!("single frames into host memory only");
+        let (ptr, len) = match out {
+            Out::Host { ptr, len } => (ptr, len),
+            Out::Device { ptr, len, ready, .. } => {
+                self.recorded.lock().unwrap().extend(ready);
+                (ptr as *mut u8, len)
+            }
         };
+        let Job::Frame { image, op } = job else { panic!("single frames only") };
         // SAFETY: the pipeline's promise (submit_to's contract); written before returning.
         let out = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
         let times = self.fake.process_into(image, op, conv, out)?;
@@ -369,6 +424,13 @@ impl Backend for PipelinedFakeGpu {
     fn abandon_all(&mut self) {
         self.done.clear();
     }
+    fn shared_blocks(
+        &self,
+        count: usize,
+        bytes: usize,
+    ) -> vision_preproc::Result<Option<Box<dyn DeviceBlocks>>> {
+        Ok(Some(Box::new(SimBlocks((0..count).map(|_| vec![0u8; bytes].into()).collect()))))
+    }
 }
 
 #[test]
@@ -378,7 +440,7 @@ fn a_set_the_faulted_backend_refused_runs_again_after_the_fallback() {
     // fallback, at set 1's finish, runs set 1 again on the CPU; set 2, refused by the
     // backend now gone, runs again too instead of failing.
     let cfg = config(GpuFailurePolicy::Fallback);
-    let gpu = PipelinedFakeGpu { fake: FakeGpu::new(Some(2)), done: Default::default() };
+    let gpu = PipelinedFakeGpu::new(Some(2));
     let mut p = Pipeline::new(cfg.clone(), Box::new(gpu)).unwrap();
     let header = Header::default();
     let frames: Vec<_> = (1..=2).map(frame).collect();
@@ -397,4 +459,72 @@ fn a_set_the_faulted_backend_refused_runs_again_after_the_fallback() {
     assert!(second.gpu_failure.is_none(), "one failure, handled once");
     assert_eq!(p.tensor_bytes(), reference(&cfg, 2).as_slice(), "set 2 run again on the CPU");
     assert_eq!(p.backend().name(), "cpu");
+}
+
+#[test]
+fn a_set_announced_before_its_finish_is_withdrawn_when_the_device_fails() {
+    // tensor_ref with block events: a set's TensorRef goes out at its submission
+    // (docs/HANDOFF.md). Set 1 finishes well; set 2 is in flight when set 3's submission
+    // finds the device broken, so set 2's finish fails after its TensorRef went out: its
+    // block is withdrawn (a new generation), and set 2 runs again on the CPU into the
+    // Tensor message alone.
+    let cfg = config(GpuFailurePolicy::Fallback);
+    let gpu = PipelinedFakeGpu::new(Some(3));
+    let recorded = Arc::clone(&gpu.recorded);
+    let mut p = Pipeline::new(cfg.clone(), Box::new(gpu)).unwrap();
+    let bytes = p.output_bytes().unwrap();
+    let lease = std::time::Duration::from_secs(1);
+    let (pool, why) = p.shared_pool(2, bytes, lease, std::path::Path::new("/tmp")).unwrap();
+    assert_eq!((pool.memory(), why, pool.events_missing()), (MemoryKind::Cuda, None, None));
+    let header = Header::default();
+    let frames: Vec<_> = (1..=3).map(frame).collect();
+    let views: Vec<_> = frames
+        .iter()
+        .map(|(w, h, data)| ImageView::new(*w, *h, w * 3, "bgr8", false, data).unwrap())
+        .collect();
+    let items: Vec<_> = views.iter().map(|v| [FrameInput::frame(v, &header, "bgr8")]).collect();
+    // Set 1: the block's event recorded with the submission; its TensorRef out before
+    // the finish, with the block's handle, once.
+    let block = pool.lease().0.unwrap();
+    let (b, g) = (block.index(), block.generation());
+    p.submit_frames_to(&items[0], &header, Some(block), false).unwrap();
+    let mut sent = Vec::new();
+    assert!(p.announce(&[2.5], |cdr| {
+        sent = cdr.to_vec();
+        true
+    }));
+    assert!(!p.announce(&[2.5], |_| true), "announced once");
+    assert_eq!(*recorded.lock().unwrap(), [100 + b]);
+    let handle = [b as u8 + 1; 64];
+    let at = sent.windows(64).position(|w| w == handle).expect("the block's event handle");
+    assert_eq!(&sent[at - 4..at], &64u32.to_le_bytes(), "a 64-byte sequence");
+    let first = p.finish_frames(&items[0]).unwrap();
+    assert!(first.gpu_failure.is_none());
+    let mut m = p.take_message();
+    assert!(m.announced() && m.tensor_ref(&[2.5]).is_none(), "not described again");
+    assert!(!m.has_bytes(), "tensor_ref alone: no Tensor bytes");
+    let block = m.take_block().unwrap();
+    assert_eq!((block.index(), block.generation()), (b, g));
+    let mut written = vec![0u8; bytes];
+    block.read_device(&mut written).unwrap();
+    assert_eq!(written, reference(&cfg, 1), "set 1 in its block");
+    block.published();
+    drop(m);
+    assert_eq!(pool.counts().0.withdrawn, 0);
+    // Set 2 announced; set 3 (into the message) breaks the device; set 2's finish fails.
+    let block = pool.lease().0.unwrap();
+    p.submit_frames_to(&items[1], &header, Some(block), false).unwrap();
+    assert!(p.announce(&[1.0], |_| true));
+    p.submit_frames(&items[2], &header).unwrap(); // refused by the broken device: queued as failed
+    let second = p.finish_frames(&items[1]).unwrap();
+    let f = second.gpu_failure.expect("set 2 met the failure");
+    assert_eq!((&f.action, f.backend), (&FailureAction::FellBack, "cpu"));
+    assert_eq!(pool.counts().0.withdrawn, 1, "set 2's TensorRef withdrawn");
+    let m = p.take_message();
+    assert!(!m.announced() && m.has_bytes(), "set 2 again, on the CPU: the Tensor message");
+    assert_eq!(m.tensor(), reference(&cfg, 2).as_slice());
+    drop(m);
+    p.finish_frames(&items[2]).unwrap();
+    assert_eq!(p.tensor_bytes(), reference(&cfg, 3).as_slice());
+    assert_eq!(pool.counts().0.withdrawn, 1);
 }
