@@ -358,10 +358,10 @@ impl Context<'_> {
         let result = pipeline.finish_frames(&inputs);
         if sub.announced_at.is_some() && !result.as_ref().is_ok_and(|i| i.gpu_failure.is_none()) {
             // Its block was given back unpublished: a new generation withdrew it.
-            r2r::log_warn!(
-                shared.logger.as_str(),
+            log.warn(
+                &shared.logger,
                 "tensor_ref: a set whose TensorRef went out before its GPU work failed: withdrawn \
-                 (consumers drop it; Shared withdrawn sets)"
+                 (consumers drop it; Shared withdrawn sets)",
             );
         }
         let info = match result {
