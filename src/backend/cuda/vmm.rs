@@ -32,7 +32,7 @@ pub struct VmmBlocks {
     size: usize,
     device_id: i32,
     uuid: [u8; 16],
-    /// One per block, or none (with why not: [`VmmBlocks::events_missing`]).
+    /// One per block, or none, with why not in `events_missing`.
     events: Vec<BlockEvent>,
     events_missing: Option<String>,
 }
@@ -333,8 +333,9 @@ impl Drop for VmmBlocks {
 pub const MAX_IPC_EVENTS: usize = 64;
 
 /// How long a consumer polls the node's interprocess event without sleeping, and how
-/// long it sleeps between polls after that.
-const EVENT_SPIN: std::time::Duration = std::time::Duration::from_micros(300);
+/// long it sleeps between polls after that (as the Python consumer,
+/// `vision_preproc_consumer.cuda`).
+const EVENT_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 const EVENT_POLL: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// An event opened from another process's handle (`cuIpcOpenEventHandle`).
@@ -592,7 +593,7 @@ impl ImportedBlocks {
             if !still_valid() || waited > timeout {
                 return Ok(false);
             }
-            // The node's work takes ~0.1-0.3 ms: spin for that long, then poll gently.
+            // The node's work takes ~0.1-0.3 ms: spin for most of that, then poll gently.
             if waited > EVENT_SPIN {
                 std::thread::sleep(EVENT_POLL);
             } else {
