@@ -25,8 +25,9 @@ pub(super) fn memset(ptr: CUdeviceptr, len: usize, stream: sys::CUstream) -> Res
 
 /// `conv2d_tiled_k3` on a null source and destination, queued on the compute stream and
 /// not waited for: the device traps when it gets there (an illegal address; the context
-/// is lost from then on).
-fn launch_null_conv(b: &CudaBackend) -> Result<(), CudaError> {
+/// is lost from then on). Queued inside a submission after its kernels (and before its
+/// shared block's event), it is `FaultKind::InFlight`: the submission's finish fails.
+pub(super) fn queue_illegal_address(b: &CudaBackend) -> Result<(), CudaError> {
     let (f, _) = b.conv_kernel(3, false);
     let cp = launch::Conv2dParams {
         width: 64,
@@ -52,14 +53,8 @@ fn launch_null_conv(b: &CudaBackend) -> Result<(), CudaError> {
     )
 }
 
-/// `FaultKind::InFlight`: the illegal address queued inside a submission, after its
-/// kernels (and before its shared block's event): its finish fails.
-pub(super) fn queue(b: &CudaBackend) -> Result<()> {
-    Ok(launch_null_conv(b)?)
-}
-
-/// A real device fault. `Sticky` (and `InFlight` where it is injected at the launch): `conv2d_tiled_k3` is launched on a
-/// null source and destination, so the kernel's first load traps with an illegal
+/// A real device fault. `Sticky` (and `InFlight` injected at the launch):
+/// `conv2d_tiled_k3` is launched on a null source and destination, so the kernel's first load traps with an illegal
 /// address, after which every call on this context fails, as after a real kernel
 /// fault. `Transient`: a 1 PiB device allocation, which fails with out-of-memory
 /// and leaves the context usable.
@@ -77,7 +72,7 @@ pub(super) fn inject(b: &mut CudaBackend, kind: FaultKind) -> Error {
                 .map_err(|e| drv_err("cuMemFree", e))?;
             return Ok(());
         }
-        launch_null_conv(b)?;
+        queue_illegal_address(b)?;
         b.gpu
             .stream
             .synchronize()

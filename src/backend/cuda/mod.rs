@@ -469,7 +469,9 @@ impl Backend for CudaBackend {
         // Test hook: a fault inside this submission's GPU work (`FaultKind::InFlight`).
         #[cfg(feature = "fault-injection")]
         let frame = match frame {
-            Ok(f) if std::mem::take(&mut self.gpu.fault_armed) => fault::queue(self).map(|()| f),
+            Ok(f) if std::mem::take(&mut self.gpu.fault_armed) => {
+                fault::queue_illegal_address(self).map(|()| f).map_err(Into::into)
+            }
             other => other,
         };
         // A shared block's interprocess event, after the submission's last write (its

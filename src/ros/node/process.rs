@@ -99,6 +99,12 @@ struct Submitted {
     announced_at: Option<Instant>,
 }
 
+/// Each item's age now on the node's clock (`TensorBatch`'s and `TensorRef`'s items).
+fn ages<'h>(shared: &Shared, headers: impl Iterator<Item = &'h Header>) -> Vec<f32> {
+    let now = shared.clock.now();
+    headers.map(|h| clock::age_us(now, &ros_header(h).stamp)).collect()
+}
+
 /// The processing thread: takes the newest formed set and submits it, finishes it and
 /// hands it to the publishing thread. With a backend that keeps two sets in flight
 /// (CUDA), a set that is waiting when the previous one is finished is submitted before
@@ -258,11 +264,7 @@ impl Context<'_> {
     /// event), with each item's age now. When it went out.
     fn announce(&self, pipeline: &mut Pipeline, formed: &Formed) -> Option<Instant> {
         let handoff = self.handoff.as_ref()?;
-        let now = self.shared.clock.now();
-        let ages: Vec<f32> = slots_of(formed)
-            .iter()
-            .map(|s| clock::age_us(now, &ros_header(&s.header).stamp))
-            .collect();
+        let ages = ages(self.shared, slots_of(formed).iter().map(|s| &s.header));
         let sent = pipeline.announce(&ages, |cdr| handoff.borrow_mut().announce(cdr, self.shared));
         sent.then(Instant::now)
     }
@@ -419,9 +421,7 @@ fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
     let mut debug_throttle = Throttle::new(Duration::ZERO);
     for mut ready in rx {
         let _range = crate::nvtx::stage(crate::nvtx::Stage::Publish);
-        let now = shared.clock.now();
-        let ages: Vec<f32> =
-            ready.slots.iter().map(|s| clock::age_us(now, &ros_header(&s.header).stamp)).collect();
+        let ages = ages(shared, ready.slots.iter().map(|s| &s.header));
         if let Err(e) = ready.message.set_ages(&ages) {
             r2r::log_warn!(logger, "TensorBatch ages: {e}");
         }
