@@ -30,8 +30,8 @@ release, built into another target dir; same frames, same peers, same run); `--n
 sets the network size of every node (default 640x480; the message-path figures use 640x640);
 `--delivery` runs the delivery cases instead (a stock camera = no Fast DDS profile in the
 camera process: reliable, best effort; and a best-effort camera with the profile), each
-node with its defaults and no profile of its own (`FASTDDS_DEFAULT_PROFILES_FILE` unset in
-the node's process), recording frames sent, received, published, tensors and the
+node with its defaults and no profile of its own (neither profile variable set in the
+node's process), recording frames sent, received, published, tensors and the
 /diagnostics levels the node reported.
 
 Usage: python3 bench/bench_node.py [--runs 3] [--seconds 20] [--out docs/evidence/node.json]
@@ -53,18 +53,22 @@ import threading
 import time
 from pathlib import Path
 
+from vptools.fastdds import profile_var, with_profile
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.randint(150, 230)))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 PROFILE = ROOT / "config" / "fastdds_large_frames.xml"
+#: The profile's variable for the installed Fast DDS (Jazzy's 2.14 reads only the old name).
+PROFILE_VAR = profile_var()
 
 
 def use_profile(segment_mb: int | None) -> str:
-    """Point FASTDDS_DEFAULT_PROFILES_FILE at the profile (a copy with another segment size
+    """Point the Fast DDS profile variable at the profile (a copy with another segment size
     for --segment-mb) before rclpy is imported; returns a description."""
     if segment_mb is None:
-        os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(PROFILE))
-        path = Path(os.environ["FASTDDS_DEFAULT_PROFILES_FILE"])
+        os.environ.setdefault(PROFILE_VAR, str(PROFILE))
+        path = Path(os.environ[PROFILE_VAR])
     else:
         text = PROFILE.read_text()
         a = text.index("<segment_size>") + len("<segment_size>")
@@ -72,7 +76,7 @@ def use_profile(segment_mb: int | None) -> str:
         path = ROOT / "bench" / ".cache" / f"fastdds_shm_{segment_mb}mb.xml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text[:a] + str(segment_mb * 1024 * 1024) + text[b:])
-        os.environ["FASTDDS_DEFAULT_PROFILES_FILE"] = str(path)
+        os.environ[PROFILE_VAR] = str(path)
     seg = path.read_text().split("<segment_size>")[1].split("</segment_size>")[0]
     return f"{path.name} (SHM segment {int(seg) / 2**20:.0f} MB)"
 
@@ -150,7 +154,7 @@ def pct(v: list[float], q: float) -> float:
 
 
 def without_profile(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k != "FASTDDS_DEFAULT_PROFILES_FILE"}
+    return with_profile(env, None)
 
 
 def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, idx: int,
@@ -234,7 +238,7 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
             play_cmd += ["--reliable"]
     camera_env = without_profile(dict(os.environ)) if case.startswith("stock") else dict(os.environ)
     if case == "profile-best-effort":
-        camera_env["FASTDDS_DEFAULT_PROFILES_FILE"] = str(PROFILE)
+        camera_env[PROFILE_VAR] = str(PROFILE)
     samples = []
     player = subprocess.Popen(play_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=camera_env)
     while player.poll() is None:

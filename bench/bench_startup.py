@@ -45,10 +45,12 @@ import threading
 import time
 from pathlib import Path
 
+from vptools.fastdds import profile_var
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.randint(150, 230)))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(ROOT / "config" / "fastdds_large_frames.xml"))
+os.environ.setdefault(profile_var(), str(ROOT / "config" / "fastdds_large_frames.xml"))
 
 import numpy as np  # noqa: E402
 import rclpy  # noqa: E402
@@ -222,7 +224,7 @@ def main() -> int:
     meta = save(args.out, {
         "eviction": "drop_caches" if args.drop_caches else "posix_fadvise DONTNEED of the node's mapped files",
         "files_evicted": sorted(files), "source": f"{args.size} bgr8 at 30 Hz (Rust player)",
-        "transport": os.environ["FASTDDS_DEFAULT_PROFILES_FILE"]}, results)
+        "transport": os.environ[profile_var()]}, results)
     print(f"\n{ {k: v for k, v in meta.items() if k != 'files_evicted'} }\n")
     print("\n".join(table(results)))
     return 0

@@ -16,7 +16,7 @@ with --camera-info TOPIC also a sensor_msgs/CameraInfo per frame, with the frame
 
 Usage: rclpy_publisher.py --width 1280 --height 720 --rate 30 --seconds 20 --topic /ns/image
        [--wait-subscribers 1] [--reliable] [--camera-info /ns/camera_info] [--count N]
-       (ROS_DOMAIN_ID and FASTDDS_DEFAULT_PROFILES_FILE from the env)
+       (ROS_DOMAIN_ID and the Fast DDS profile variable from the env)
 """
 
 from __future__ import annotations

@@ -70,7 +70,8 @@ def generate_launch_description():
         *[DeclareLaunchArgument(name, default_value=default, description=description)
           for name, default, description in ARGUMENTS],
         # No Fast DDS profile is set here: the node sizes its own shared-memory segment from
-        # its output unless FASTDDS_DEFAULT_PROFILES_FILE is set. The camera driver is the
-        # one that needs config/fastdds_large_frames.xml (see docs/QOS_AND_TRANSPORTS.md).
+        # its output unless a profile is set (FASTRTPS_DEFAULT_PROFILES_FILE on Jazzy,
+        # FASTDDS_DEFAULT_PROFILES_FILE from Kilted on). The camera driver is the one that
+        # needs config/fastdds_large_frames.xml (see docs/QOS_AND_TRANSPORTS.md).
         OpaqueFunction(function=launch_node),
     ])

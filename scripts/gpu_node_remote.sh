@@ -79,7 +79,10 @@ R=/tmp/vp_ros; rm -rf "$R"; mkdir -p "$R/bags" && tar xJf .device/ros.tar.xz -C 
 export LD_LIBRARY_PATH="$R/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export RMW_IMPLEMENTATION=rmw_fastrtps_cpp ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST ROS_DOMAIN_ID=21
 export ROS_LOG_DIR=/tmp/vp_roslog HOME="${HOME:-/tmp}"
-export FASTDDS_DEFAULT_PROFILES_FILE="$PWD/config/fastdds_large_frames.xml"
+# The profile under the name the bundle's Fast DDS reads (2.x, Jazzy: only the old name).
+PROFILE_VAR=FASTDDS_DEFAULT_PROFILES_FILE
+compgen -G "$R/lib/libfastrtps.so.2*" >/dev/null && PROFILE_VAR=FASTRTPS_DEFAULT_PROFILES_FILE
+export "$PROFILE_VAR=$PWD/config/fastdds_large_frames.xml"
 export VISION_PREPROC_KERNEL_CACHE=/tmp/vp_kernel_cache
 unset VISION_PREPROC_NVRTC_DIR
 NODE="$R/bin/vision_preproc_node"; CLI="$R/bin/vision_preproc"

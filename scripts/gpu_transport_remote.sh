@@ -56,6 +56,9 @@ node|node-quick)
     export RMW_IMPLEMENTATION=rmw_fastrtps_cpp ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST ROS_DOMAIN_ID=23
     export ROS_LOG_DIR=/tmp/vp_roslog HOME="${HOME:-/tmp}"
     PROFILE="$D/fastdds_large_frames.xml"
+    # The name the bundle's Fast DDS reads its profile from (2.x, Jazzy: only the old one).
+    PV=FASTDDS_DEFAULT_PROFILES_FILE
+    compgen -G "$R/lib/libfastrtps.so.2*" >/dev/null && PV=FASTRTPS_DEFAULT_PROFILES_FILE
     # For the ledger only: the node's transports with an 8 MB maximum message size (no
     # 64 KB DATA_FRAG fragments, even through shared memory; remote readers over UDP
     # would then get nothing, so it is not the node's default).
@@ -66,16 +69,16 @@ node|node-quick)
         local rel=$1 size=$2 i=$3 prof=$4 tag="${1}_${2}_${3}_${4}" node_bin yaml
         if [[ $rel == new ]]; then node_bin="$R/bin/vision_preproc_node"; yaml="$D/default.yaml"
         else node_bin="$R/bin/old/vision_preproc_node"; yaml="$D/default_old.yaml"; fi
-        local env_node=(env FASTDDS_DEFAULT_PROFILES_FILE="$PROFILE")
-        [[ $prof == no ]] && env_node=(env -u FASTDDS_DEFAULT_PROFILES_FILE)
-        [[ $prof == nofrag ]] && env_node=(env FASTDDS_DEFAULT_PROFILES_FILE="$NOFRAG")
+        local env_node=(env "$PV=$PROFILE")
+        [[ $prof == no ]] && env_node=(env -u FASTDDS_DEFAULT_PROFILES_FILE -u FASTRTPS_DEFAULT_PROFILES_FILE)
+        [[ $prof == nofrag ]] && env_node=(env "$PV=$NOFRAG")
         rm -rf "/tmp/rec_$tag"
         "${env_node[@]}" "$node_bin" --ros-args --params-file "$yaml" -p backend:=cuda \
             -p network_image_width:=640 -p network_image_height:=640 >"$OUT/node_$tag.log" 2>&1 &
         local node=$!
-        FASTDDS_DEFAULT_PROFILES_FILE="$PROFILE" "$R/bin/vision_preproc" record "/tmp/rec_$tag" --duration 11 --json "$OUT/$tag.json" >"/tmp/rec_$tag.log" 2>&1 &
+        env "$PV=$PROFILE" "$R/bin/vision_preproc" record "/tmp/rec_$tag" --duration 11 --json "$OUT/$tag.json" >"/tmp/rec_$tag.log" 2>&1 &
         local rec=$!
-        FASTDDS_DEFAULT_PROFILES_FILE="$PROFILE" "$R/bin/vision_preproc" play "$R/bags/bgr8_$size" --loop --restamp --duration 8 --wait-subscribers 1 >"/tmp/play_$tag.log" 2>&1 &
+        env "$PV=$PROFILE" "$R/bin/vision_preproc" play "$R/bags/bgr8_$size" --loop --restamp --duration 8 --wait-subscribers 1 >"/tmp/play_$tag.log" 2>&1 &
         local play=$!
         sleep 6
         local rss gpu; rss=$(awk '/VmRSS/ {printf "%.0f", $2/1024}' "/proc/$node/status" 2>/dev/null)

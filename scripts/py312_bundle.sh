@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Bundle rclpy (ROS 2 Kilted from the PyPI wheels, cp312), vision_preproc_msgs built for
+# Bundle rclpy (ROS 2 from the PyPI wheels, cp312; the distribution of VP_ROS_DISTRO, as
+# scripts/setup.sh: jazzy by default), vision_preproc_msgs built for
 # CPython 3.12 and python/vision_preproc_consumer, for a Python 3.12 consumer on the GPU
 # machine (Ubuntu 24.04, python3 3.12 with its own numpy, no ROS, no network).
 #
 #   scripts/py312_bundle.sh        # -> .device/py312/ and .device/py312.tar.xz
 #   # there:  tar xJf .device/py312.tar.xz -C "$R" && source "$R/py312/env.sh" && python3 ...
 #
-# Steps: a throwaway 3.12 venv (/tmp/py312venv) with the run-time and build pins of
-# scripts/requirements-ros.txt; the wheel fix-ups (scripts/ros_fixups.py); colcon builds
+# Steps: a throwaway 3.12 venv (/tmp/py312venv) with the ROS pins of
+# scripts/requirements/ros-<distro>.txt and the build tools and colcon of common.txt; the wheel fix-ups (scripts/ros_fixups.py); colcon builds
 # msgs/vision_preproc_msgs with that interpreter into /tmp/py312ws (type support
 # extensions for cpython-312); then only what runs is copied: the files of the ROS
 # wheels rclpy and the message packages pull in (dependency closure, without numpy, the
@@ -18,6 +19,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+DISTRO="${VP_ROS_DISTRO:-jazzy}"
 PY312="${PY312:-/root/.pyenv/versions/3.12.1/bin/python3.12}"
 VENV="${PY312_VENV:-/tmp/py312venv}"
 WS="${PY312_WS:-/tmp/py312ws}"
@@ -29,9 +31,11 @@ mkdir -p "$OUTDIR"
 # .device/ is not in .gitignore: keep the bundles out of `git status` / `git add -A`.
 [ -f "$OUTDIR/.gitignore" ] || echo '*' >"$OUTDIR/.gitignore"
 
-# 1. The venv: run-time, build-dependency and colcon pins (not cargo, test or plot ones).
-PINS="$(awk '/^# Run time/{s=1;next} /^# Build dependencies/{s=2;next} /^# colcon/{s=3;next} /^# /{s=0}
-             s && !/^#/ && NF && !(s==3 && /cargo/)' scripts/requirements-ros.txt)"
+# 1. The venv: the distribution's ROS pins, the build tools and colcon (not cargo, test
+# or plot ones).
+PINS="$(grep -v '^#' "scripts/requirements/ros-$DISTRO.txt" | grep .
+        awk '/^# Build tools/{s=1;next} /^# colcon/{s=2;next} /^# /{s=0}
+             s && !/^#/ && NF && !(s==2 && /cargo/)' scripts/requirements/common.txt)"
 venv_key="$(printf '%s\n%s\n' "$PINS" "$("$PY312" -VV)" | sha256sum | cut -c1-16)"
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.py312_bundle.stamp" 2>/dev/null)" = "$venv_key" ]; then
     log "venv: up to date ($VENV)"
@@ -62,7 +66,7 @@ else
         export PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV"
         export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV"
         LD_LIBRARY_PATH="$VENV/lib$(printf ':%s' "$SITE"/ros_*.libs)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-        export LD_LIBRARY_PATH PYTHONPATH="" _ROS_WHEELS_BOOTSTRAP_COMPLETE=1 ROS_DISTRO=kilted
+        export LD_LIBRARY_PATH PYTHONPATH="" _ROS_WHEELS_BOOTSTRAP_COMPLETE=1 ROS_DISTRO=$DISTRO
         cd "$WS"
         colcon --log-base "$WS/log" build \
             --base-paths "$ROOT/msgs" \
@@ -198,7 +202,7 @@ export LD_LIBRARY_PATH="$_vp312_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONPATH="$_vp312/lib/python3.12/site-packages${PYTHONPATH:+:$PYTHONPATH}"
 export AMENT_PREFIX_PATH="$_vp312${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}"
 export RMW_IMPLEMENTATION=rmw_fastrtps_cpp
-export ROS_DISTRO=kilted ROS_VERSION=2 ROS_PYTHON_VERSION=3
+export ROS_DISTRO=@DISTRO@ ROS_VERSION=2 ROS_PYTHON_VERSION=3
 # Node creation fails with RCL_RET_ERROR when neither ROS_LOG_DIR nor HOME is set.
 export ROS_LOG_DIR="${ROS_LOG_DIR:-${HOME:-/tmp}/.ros/log}"
 # The wheels' bootstrapper is not bundled; the flag keeps it quiet if one is installed.
@@ -207,6 +211,7 @@ export _ROS_WHEELS_BOOTSTRAP_COMPLETE=1
 export ROS_AUTOMATIC_DISCOVERY_RANGE="${ROS_AUTOMATIC_DISCOVERY_RANGE:-LOCALHOST}"
 unset _vp312 _vp312_libs _d
 ENV
+sed -i "s/@DISTRO@/$DISTRO/" "$DIR/env.sh"
 git rev-parse HEAD >"$DIR/COMMIT"
 
 rm -f "$DIR.tar.xz"

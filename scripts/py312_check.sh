@@ -142,7 +142,7 @@ run_case() {  # label, then the command prefix that gives the environment
         set -euo pipefail
         source "$0/env.sh"
         export VP312_BUNDLE="$0" VP312_STOP="$4.$1.stop" ROS_DOMAIN_ID="$1" ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
-        case ":$LD_LIBRARY_PATH:$PYTHONPATH:" in *"/.ros/"*) echo "(.ros is on LD_LIBRARY_PATH/PYTHONPATH, after the bundle)";; esac
+        case ":$LD_LIBRARY_PATH:$PYTHONPATH:" in *"/.ros/"*|*"/.ros-"*) echo "(.ros is on LD_LIBRARY_PATH/PYTHONPATH, after the bundle)";; esac
         py="$2"; prefix="$3"; script="$4"
         "$py" "$script" import "$prefix"
         "$py" "$script" sub "$prefix" & sub=$!

@@ -33,7 +33,7 @@ sleep 4
 # The ROS libraries of .ros/, and the system's SQLite (rusqlite links it; the GPU machine
 # need not have it).
 cat "/proc/$node/maps" "/proc/$rec/maps" "/proc/$play/maps" | awk '{print $6}' \
-    | grep -E "^$ROOT/\.ros/.*\.so|/libsqlite3\.so" | sort -u >"$TMP/libs"
+    | grep -E "^$ROOT/\.ros(-[a-z]+)?/.*\.so|/libsqlite3\.so" | sort -u >"$TMP/libs"
 wait "$play" "$rec" || { cat "$TMP"/*.log; exit 1; }
 kill -TERM "$node"; wait "$node" || true
 grep -q ' [1-9][0-9]* tensors' "$TMP/rec.log" || { echo "the live run recorded no tensor:"; cat "$TMP"/*.log; exit 1; }

@@ -97,7 +97,7 @@ SELECT=/batch/vision_preproc
 start_stock() {  # a stock 1080p camera (rclpy, reliable, no profile) into /stock/vision_preproc
   [ "${RQT_STOCK_CAMERA:-1}" != 0 ] || return 0
   start stock_node.log "$RUN/bin/vision_preproc_node" --ros-args -p backend:=cpu -r __ns:=/stock
-  start stock_camera.log env -u FASTDDS_DEFAULT_PROFILES_FILE python3 bench/rclpy_publisher.py --topic /stock/image \
+  start stock_camera.log env -u FASTDDS_DEFAULT_PROFILES_FILE -u FASTRTPS_DEFAULT_PROFILES_FILE python3 bench/rclpy_publisher.py --topic /stock/image \
     --width 1920 --height 1080 --rate 30 --reliable --seconds 600 --wait-reliable-subscriber
   SELECT=/stock/vision_preproc
   sleep 8  # the node judges the last 5 s of arrivals

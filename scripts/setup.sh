@@ -1,19 +1,37 @@
 #!/usr/bin/env bash
 # Installs everything vision_preproc needs on a fresh Debian 12 / Ubuntu x86-64 machine
-# with no ROS packages: apt packages, a Python 3.11 venv in .ros/venv holding ROS 2
-# Kilted from PyPI wheels, colcon, the test tools, NVRTC and NVTX, the three wheel fix-ups,
-# the project's Python helpers (python/vptools) on the venv's path,
-# the interface package vision_preproc_msgs built into .ros/install, .ros/env.sh, and the
-# demo's sample bag .ros/sample_bag.
+# with no ROS packages: apt packages, a Python 3.11 venv holding ROS 2 from PyPI wheels,
+# colcon, the test tools, NVRTC and NVTX, the three wheel fix-ups, the project's Python
+# helpers (python/vptools) on the venv's path, the interface package vision_preproc_msgs,
+# the environment file, and the demo's sample bag.
+#
+# One ROS 2 distribution at a time, chosen by VP_ROS_DISTRO: jazzy (the default: the LTS
+# robot stacks run, supported to May 2029) or kilted (support ends 2026-12-31). Each has its
+# own folders, side by side, never shared (r2r caches the message bindings it generates
+# from the installation, and the binaries embed its library paths):
+#   .ros-<distro>/     venv, interface package, env.sh, sample bag, logs
+#   target-<distro>/   cargo's build outputs
+# and .ros and target are links to the distribution set up last, so every path in the
+# docs and scripts (.ros/env.sh, target/release/...) names the one in use. Switching is
+# `VP_ROS_DISTRO=kilted make test`; a plain `make ...` switches back to the default. Two
+# distributions' builds or tests cannot run at the same time in one checkout.
 #
 # Idempotent: each step is skipped when its inputs have not changed (stamp files in
-# .ros/), so a second run finishes in about a second.
+# .ros-<distro>/), so a second run finishes in about a second.
 #
-# Usage: scripts/setup.sh            then: source .ros/env.sh
+# Usage: [VP_ROS_DISTRO=jazzy|kilted] scripts/setup.sh      then: source .ros/env.sh
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-ROS_DIR="$ROOT/.ros"
+DISTRO="${VP_ROS_DISTRO:-jazzy}"
+case "$DISTRO" in
+    jazzy | kilted) ;;
+    *)
+        echo "setup: VP_ROS_DISTRO=$DISTRO is not a distribution set up here: use jazzy (the default) or kilted" >&2
+        exit 1
+        ;;
+esac
+ROS_DIR="$ROOT/.ros-$DISTRO"
 VENV="$ROS_DIR/venv"
 PREFIX="$ROS_DIR/install"
 PYTHON="${PYTHON:-python3.11}"
@@ -23,7 +41,27 @@ hash_of() { cat "$@" | sha256sum | cut -c1-16; }
 stamp_ok() { [ -f "$ROS_DIR/$1.stamp" ] && [ "$(cat "$ROS_DIR/$1.stamp")" = "$2" ]; }
 stamp_set() { echo "$2" >"$ROS_DIR/$1.stamp"; }
 
-mkdir -p "$ROS_DIR"
+# The links .ros and target name this distribution's folders. A real folder in their
+# place is the layout before distributions were chosen (Kilted, one folder each): its
+# build outputs become target-kilted (cargo rebuilds what the move invalidates), its .ros
+# (a venv cannot move) is removed and set up again when Kilted is chosen.
+link_to() {  # NAME FOLDER
+    local name="$ROOT/$1"
+    if [ -d "$name" ] && [ ! -L "$name" ]; then
+        if [ "$1" = target ] && [ ! -e "$ROOT/target-kilted" ]; then
+            log "moving the single-distribution target/ (Kilted) to target-kilted/"
+            mv "$name" "$ROOT/target-kilted"
+        else
+            log "removing the single-distribution $1/ (Kilted; now $1-<distro>/)"
+            rm -rf "$name"
+        fi
+    fi
+    mkdir -p "$ROOT/$2"
+    ln -sfn "$2" "$name"
+}
+link_to .ros ".ros-$DISTRO"
+link_to target "target-$DISTRO"
+log "ROS 2 $DISTRO (VP_ROS_DISTRO): .ros -> .ros-$DISTRO, target -> target-$DISTRO"
 
 # 1. System packages: r2r runs bindgen at build time (libclang); bags in sqlite3 storage
 # are read through the system's SQLite.
@@ -74,15 +112,16 @@ for d in root["deps"]:
     trap '[ -z "$prebuild_pid" ] || { pkill -TERM -P "$prebuild_pid"; kill "$prebuild_pid"; } 2>/dev/null || true' EXIT
 fi
 
-# 2. The venv with pinned ROS 2 wheels, colcon, test tools, NVRTC, NVTX.
+# 2. The venv with this distribution's pinned ROS 2 wheels, colcon, test tools, NVRTC, NVTX.
 command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found (Python 3.11 is required by the ROS 2 wheels)" >&2; exit 1; }
-req_hash="$(hash_of "$ROOT/scripts/requirements-ros.txt")-$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')-$ROOT"
+REQS=("$ROOT/scripts/requirements/ros-$DISTRO.txt" "$ROOT/scripts/requirements/common.txt")
+req_hash="$(hash_of "${REQS[@]}")-$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')-$ROOT"
 if [ -x "$VENV/bin/python" ] && stamp_ok venv "$req_hash"; then
     log "venv: up to date ($VENV)"
 else
     log "venv: installing pinned wheels into $VENV (about 30 s with a warm pip cache)"
     "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/scripts/requirements-ros.txt"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "${REQS[0]}" -r "${REQS[1]}"
     rm -f "$ROS_DIR"/*.stamp
     stamp_set venv "$req_hash"
 fi
@@ -96,7 +135,7 @@ site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pu
 echo "$ROOT/python" >"$site/vision_preproc_vptools.pth"
 
 # 4. The environment file.
-"$VENV/bin/python" "$ROOT/scripts/write_env.py" "$ROOT" >"$ROS_DIR/env.sh.tmp"
+"$VENV/bin/python" "$ROOT/scripts/write_env.py" "$ROOT" "$DISTRO" >"$ROS_DIR/env.sh.tmp"
 mv "$ROS_DIR/env.sh.tmp" "$ROS_DIR/env.sh"
 
 # 5. The interface package, built with colcon into .ros/install.
@@ -117,7 +156,7 @@ else
     )
     # r2r caches its generated message bindings by environment only: a changed message
     # of ours would keep the old bindings (an unknown type at run time). Rebuild r2r.
-    if [ -d "$ROOT/target/release/build" ] && ls -d "$ROOT"/target/release/build/r2r-* >/dev/null 2>&1; then
+    if ls -d "$ROOT"/target/release/build/r2r-* >/dev/null 2>&1; then
         log "vision_preproc_msgs changed: r2r's bindings are regenerated at the next build"
         (source "$ROS_DIR/env.sh" && cd "$ROOT" && cargo clean --release -p r2r -p r2r_msg_gen -q)
     fi

@@ -19,6 +19,11 @@ pub mod node {
 
 pub use crate::bag::{PlayOptions, PlayStats, RecordOptions, RecordStats};
 
+/// No Fast DDS without ROS (for `info`).
+pub fn fastdds_status() -> (String, String) {
+    ("none: built without the `ros` feature".into(), "none".into())
+}
+
 /// Always an error: publishing needs ROS.
 pub fn play(_opts: &PlayOptions) -> crate::Result<PlayStats> {
     Err(crate::Error::Bag {

@@ -3,6 +3,7 @@ vision_preproc): inputs for `replay`/`play`, and the reader of their output bags
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,10 @@ MSGS = ROOT / "msgs" / "vision_preproc_msgs" / "msg"
 
 
 def typestore():
-    """Kilted's types plus vision_preproc_msgs, read from our .msg files."""
-    ts = get_typestore(Stores.LATEST)
+    """The installed distribution's types (ROS_DISTRO; rosbags' latest without one) plus
+    vision_preproc_msgs, read from our .msg files."""
+    distro = os.environ.get("ROS_DISTRO", "")
+    ts = get_typestore(getattr(Stores, f"ROS2_{distro.upper()}", Stores.LATEST))
     add = {}
     for name in ("Tensor", "FrameTiming", "BatchItem", "TensorBatch"):
         add.update(get_types_from_msg((MSGS / f"{name}.msg").read_text(), f"vision_preproc_msgs/msg/{name}"))

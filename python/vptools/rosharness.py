@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from vptools import BIN_DIR, ROOT
+from vptools.fastdds import PROFILE_VARS, profile_var, with_profile
 from vptools.tolerances import tensor_array  # noqa: F401 (callers import it from here)
 
 NODE_BIN = BIN_DIR / "vision_preproc_node"
@@ -45,8 +46,9 @@ os.environ["ROS_DOMAIN_ID"] = str(int(os.environ["VPTOOLS_ROS_DOMAIN"])
                                   + (int(_worker[2:]) if _worker[2:].isdigit() else 0))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 # The peer publishes large best-effort images: use the Fast DDS profile the README tells
-# camera drivers to use (a large shared-memory segment; see config/fastdds_large_frames.xml).
-os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(ROOT / "config" / "fastdds_large_frames.xml"))
+# camera drivers to use (a large shared-memory segment; see config/fastdds_large_frames.xml),
+# under the name the installed Fast DDS reads (Jazzy's 2.14 ignores the other one).
+os.environ.setdefault(profile_var(), str(ROOT / "config" / "fastdds_large_frames.xml"))
 
 import rclpy  # noqa: E402
 from rclpy.node import Node  # noqa: E402
@@ -66,20 +68,18 @@ PROFILE = ROOT / "config" / "fastdds_large_frames.xml"
 def stock_env(profile: bool = False) -> dict:
     """This process's environment for a camera or node: without a Fast DDS profile unless
     `profile` (then the shipped camera profile)."""
-    env = {k: v for k, v in os.environ.items() if k != "FASTDDS_DEFAULT_PROFILES_FILE"}
-    if profile:
-        env["FASTDDS_DEFAULT_PROFILES_FILE"] = str(PROFILE)
-    return env
+    return with_profile(dict(os.environ), PROFILE if profile else None)
 
 
 class Camera:
     """bench/rclpy_publisher.py in its own process (a stock camera: no Fast DDS profile
-    unless `profile`), publishing on `<ns>/image`."""
+    unless `profile`, or exactly the environment `env`), publishing on `<ns>/image`."""
 
-    def __init__(self, ns: str, *args: str, profile: bool = False, frame_id: str = "camera"):
+    def __init__(self, ns: str, *args: str, profile: bool = False, frame_id: str = "camera",
+                 env: dict | None = None):
         self.cmd = [sys.executable, str(PUBLISHER), "--topic", f"{ns}/image", "--frame-id", frame_id, *args]
-        self.proc = subprocess.Popen(self.cmd, env=stock_env(profile), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(self.cmd, env=env if env is not None else stock_env(profile),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def sent(self, timeout: float = 60.0) -> int:
         out, _ = self.proc.communicate(timeout=timeout)

@@ -111,7 +111,8 @@ impl BagWriter {
         Ok(())
     }
 
-    /// Finish the MCAP file and write `metadata.yaml`.
+    /// Finish the MCAP file and write `metadata.yaml` (`ros_distro` as rosbag2 writes it:
+    /// the environment's `ROS_DISTRO`, empty when unset).
     pub fn finish(mut self) -> Result<PathBuf> {
         self.mcap.finish().map_err(|e| bag_err(&self.dir, format!("finishing MCAP: {e}")))?;
         let start = self.first.unwrap_or(0);
@@ -132,13 +133,24 @@ impl BagWriter {
         yaml += &format!(
             "  compression_format: ''\n  compression_mode: ''\n  relative_file_paths:\n    - {f}\n  files:\n    \
              - path: {f}\n      starting_time:\n        nanoseconds_since_epoch: {start}\n      duration:\n        \
-             nanoseconds: {duration}\n      message_count: {count}\n  custom_data: ~\n  ros_distro: kilted\n",
+             nanoseconds: {duration}\n      message_count: {count}\n  custom_data: ~\n  ros_distro: '{distro}'\n",
             f = self.file_name,
-            count = self.count
+            count = self.count,
+            distro = ros_distro()
         );
         let meta = self.dir.join("metadata.yaml");
         std::fs::write(&meta, yaml)
             .map_err(|e| Error::io(format!("writing {}", meta.display()), e))?;
         Ok(self.dir)
     }
+}
+
+/// The distribution this process runs in, as rosbag2 records it: `ROS_DISTRO` (set by every
+/// ROS set-up file; `scripts/setup.sh`'s `.ros/env.sh` sets the installed one), or empty.
+fn ros_distro() -> String {
+    std::env::var("ROS_DISTRO")
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+        .collect()
 }

@@ -1,16 +1,107 @@
-//! The Fast DDS transports of the processes this crate starts: the node's own profile,
-//! sized from its parsed configuration before its DDS participant exists, and the
-//! shipped camera profile (`config/fastdds_large_frames.xml`) that `play` and `record`
-//! use when the user gave none.
+//! The Fast DDS transports of the processes this crate starts: which Fast DDS the ROS
+//! middleware loaded (2.x in Jazzy, 3.x from Kilted on: they read their XML profile from
+//! differently named variables), the node's own profile, sized from its parsed
+//! configuration before its DDS participant exists, and the shipped camera profile
+//! (`config/fastdds_large_frames.xml`) that `play` and `record` use when the user gave
+//! none.
 
 use crate::config::Config;
 use crate::transport::dds;
 use std::path::{Path, PathBuf};
 
+/// The variable Fast DDS 3 reads its XML profile from. Fast DDS 3 still reads the old
+/// name too, with a deprecation warning (even when the new one is set beside it).
+pub const PROFILE_VAR_3: &str = "FASTDDS_DEFAULT_PROFILES_FILE";
+/// The only variable Fast DDS 2 (ROS 2 Jazzy's 2.14) reads its XML profile from: the new
+/// name is silently ignored there.
+pub const PROFILE_VAR_2: &str = "FASTRTPS_DEFAULT_PROFILES_FILE";
+
+/// The Fast DDS library this process runs on, as the dynamic loader mapped it
+/// (`libfastrtps.so.2.14.5`: Jazzy; `libfastdds.so.3.2.2`: Kilted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FastDds {
+    /// Major version: decides the profile variable.
+    pub major: u32,
+    /// The full version, from the library's file name.
+    pub version: String,
+}
+
+impl FastDds {
+    /// The Fast DDS mapped into this process (`/proc/self/maps`), if one is. The node and
+    /// the CLI link the ROS middleware, so it is mapped from the start.
+    pub fn loaded() -> Option<FastDds> {
+        Self::from_maps(&std::fs::read_to_string("/proc/self/maps").ok()?)
+    }
+
+    /// The Fast DDS named in a `/proc/<pid>/maps` text.
+    pub fn from_maps(maps: &str) -> Option<FastDds> {
+        maps.lines().filter_map(|l| l.rsplit('/').next()).find_map(|file| {
+            let version = ["libfastdds.so.", "libfastrtps.so."]
+                .iter()
+                .find_map(|stem| file.strip_prefix(stem))?
+                .trim();
+            let major = version.split('.').next()?.parse().ok()?;
+            Some(FastDds { major, version: version.to_string() })
+        })
+    }
+
+    /// The variable this Fast DDS reads its XML profile from.
+    pub fn profile_var(&self) -> &'static str {
+        if self.major >= 3 {
+            PROFILE_VAR_3
+        } else {
+            PROFILE_VAR_2
+        }
+    }
+
+    /// The other name, which this Fast DDS ignores (2.x) or reads with a deprecation
+    /// warning (3.x).
+    pub fn other_profile_var(&self) -> &'static str {
+        if self.major >= 3 {
+            PROFILE_VAR_2
+        } else {
+            PROFILE_VAR_3
+        }
+    }
+}
+
+/// The profile variable of the Fast DDS this process runs on; Fast DDS 3's name when no
+/// Fast DDS is mapped (never the case in a binary built with ROS).
+pub fn profile_var() -> &'static str {
+    FastDds::loaded().map_or(PROFILE_VAR_3, |f| f.profile_var())
+}
+
+/// One line for `info` and `/diagnostics`: the Fast DDS loaded and the profile in force.
+pub fn describe() -> (String, String) {
+    let var = profile_var();
+    let fastdds = match FastDds::loaded() {
+        Some(f) => format!("{} (reads {var})", f.version),
+        None => "not loaded".into(),
+    };
+    let set = |var: &str| std::env::var_os(var).filter(|v| !v.is_empty());
+    let other = if var == PROFILE_VAR_3 { PROFILE_VAR_2 } else { PROFILE_VAR_3 };
+    let profile = match (set(var), set(other)) {
+        (Some(v), _) => format!("{var}={}", v.to_string_lossy()),
+        (None, Some(v)) if var == PROFILE_VAR_3 => {
+            format!(
+                "{other}={} (the old name: read, with a deprecation warning)",
+                v.to_string_lossy()
+            )
+        }
+        (None, Some(v)) => format!(
+            "none: {other}={} is set, but this Fast DDS reads only {var}",
+            v.to_string_lossy()
+        ),
+        (None, None) => format!("none ({var} unset): Fast DDS's built-in transports"),
+    };
+    (fastdds, profile)
+}
+
 /// The Fast DDS transports of the node: the user's, or its own with its shared-memory
 /// segment sized from its largest output.
 pub enum DdsSetup {
-    /// `FASTDDS_DEFAULT_PROFILES_FILE` (or `FASTDDS_BUILTIN_TRANSPORTS`) was given.
+    /// A profile (under the name the loaded Fast DDS reads) or `FASTDDS_BUILTIN_TRANSPORTS`
+    /// was given.
     User(String),
     /// The node wrote its own profile to this file, for outputs up to `largest` bytes.
     Sized {
@@ -27,16 +118,37 @@ impl DdsSetup {
     /// For the node whose configuration is `config` (the one it starts with: parsed from
     /// the command line before the DDS participant exists, while this process has one
     /// thread).
-    pub fn configure(config: &Config) -> anyhow::Result<DdsSetup> {
+    ///
+    /// A profile given under the name this Fast DDS does not read (Jazzy's Fast DDS 2 and
+    /// `FASTDDS_DEFAULT_PROFILES_FILE`) is used all the same, under the right name, and
+    /// said in the returned warning: the camera's process, started the same way, ignores it.
+    pub fn configure(config: &Config) -> anyhow::Result<(DdsSetup, Option<String>)> {
+        let fastdds = FastDds::loaded();
+        let (var, other) = fastdds
+            .as_ref()
+            .map_or((PROFILE_VAR_3, PROFILE_VAR_2), |f| (f.profile_var(), f.other_profile_var()));
         // (An empty value counts as unset.)
-        for var in [
-            "FASTDDS_DEFAULT_PROFILES_FILE",
-            "FASTRTPS_DEFAULT_PROFILES_FILE",
-            "FASTDDS_BUILTIN_TRANSPORTS",
-        ] {
-            if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
-                return Ok(DdsSetup::User(format!("{var}={}", v.to_string_lossy())));
+        let set = |var: &str| std::env::var_os(var).filter(|v| !v.is_empty());
+        if let Some(v) = set(var) {
+            return Ok((DdsSetup::User(format!("{var}={}", v.to_string_lossy())), None));
+        }
+        if let Some(v) = set(other) {
+            let read_anyway = fastdds.as_ref().is_none_or(|f| f.major >= 3);
+            let warning = (!read_anyway).then(|| {
+                format!(
+                    "{other} is set, but this Fast DDS ({}) reads only {var}: the node uses                      the profile under that name; other processes started the same way (the                      camera driver) ignore it. Set {var}={} instead",
+                    fastdds.as_ref().map_or("?", |f| f.version.as_str()),
+                    v.to_string_lossy()
+                )
+            });
+            if !read_anyway {
+                std::env::set_var(var, &v);
             }
+            return Ok((DdsSetup::User(format!("{other}={}", v.to_string_lossy())), warning));
+        }
+        if let Some(v) = set("FASTDDS_BUILTIN_TRANSPORTS") {
+            let how = format!("FASTDDS_BUILTIN_TRANSPORTS={}", v.to_string_lossy());
+            return Ok((DdsSetup::User(how), None));
         }
         let largest = dds::largest_output(config);
         let segment = dds::segment_size(largest);
@@ -45,13 +157,13 @@ impl DdsSetup {
             std::env::temp_dir().join(format!("vision_preproc_fastdds_{}.xml", std::process::id()));
         std::fs::write(&file, dds::profile_xml(segment, udp)).map_err(|e| {
             anyhow::anyhow!(
-                "writing the node's Fast DDS profile {}: {e}; set FASTDDS_DEFAULT_PROFILES_FILE \
-                 to a profile of your own (e.g. config/fastdds_large_frames.xml) instead",
+                "writing the node's Fast DDS profile {}: {e}; set {var} to a profile of your \
+                 own (e.g. config/fastdds_large_frames.xml) instead",
                 file.display()
             )
         })?;
-        std::env::set_var("FASTDDS_DEFAULT_PROFILES_FILE", &file);
-        Ok(DdsSetup::Sized { file, segment, largest })
+        std::env::set_var(var, &file);
+        Ok((DdsSetup::Sized { file, segment, largest }, None))
     }
 }
 
@@ -63,13 +175,25 @@ impl Drop for DdsSetup {
     }
 }
 
-/// The Fast DDS profile for camera-sized samples shipped with the package, if
-/// `FASTDDS_DEFAULT_PROFILES_FILE` is not already set (for `play` and `record`).
-pub fn default_dds_profile() -> Option<PathBuf> {
-    if std::env::var_os("FASTDDS_DEFAULT_PROFILES_FILE").is_some() {
-        return None;
+/// For `play` and `record`: unless a profile is set under the name the loaded Fast DDS
+/// reads, set that name to the given one's value (a profile under the other name, which
+/// Fast DDS 2 would ignore) or else to the profile for camera-sized samples shipped with
+/// the package.
+pub fn use_default_dds_profile() {
+    let Some(fastdds) = FastDds::loaded() else {
+        return;
+    };
+    let var = fastdds.profile_var();
+    if std::env::var_os(var).is_some_and(|v| !v.is_empty()) {
+        return;
     }
-    shipped_dds_profile()
+    let given = std::env::var_os(fastdds.other_profile_var()).filter(|v| !v.is_empty());
+    if given.is_some() && fastdds.major >= 3 {
+        return; // read anyway
+    }
+    if let Some(p) = given.or_else(|| shipped_dds_profile().map(Into::into)) {
+        std::env::set_var(var, p);
+    }
 }
 
 /// The shipped camera profile `fastdds_large_frames.xml`, whatever the environment says:
@@ -82,4 +206,25 @@ pub fn shipped_dds_profile() -> Option<PathBuf> {
     });
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("config").join(name);
     installed.into_iter().chain([source]).find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fast_dds_of_each_distribution_and_its_profile_variable() {
+        // Lines of /proc/<pid>/maps of the node on each distribution's wheels.
+        let jazzy = "7f1c2a000000-7f1c2a3c0000 r-xp 00000000 fe:01 123 \
+                     /w/.ros-jazzy/venv/lib/libfastrtps.so.2.14.5\n";
+        let kilted = "7f00-7f10 r--p 00000000 fe:01 9 /w/.ros-kilted/venv/lib/libfastcdr.so.2.3.0\n\
+                      7f10-7f20 r-xp 00000000 fe:01 7 /w/.ros-kilted/venv/lib/libfastdds.so.3.2.2\n";
+        let j = FastDds::from_maps(jazzy).expect("jazzy");
+        assert_eq!((j.major, j.version.as_str()), (2, "2.14.5"));
+        assert_eq!((j.profile_var(), j.other_profile_var()), (PROFILE_VAR_2, PROFILE_VAR_3));
+        let k = FastDds::from_maps(kilted).expect("kilted");
+        assert_eq!((k.major, k.version.as_str()), (3, "3.2.2"));
+        assert_eq!(k.profile_var(), "FASTDDS_DEFAULT_PROFILES_FILE");
+        assert_eq!(FastDds::from_maps("7f-8f r-xp 0 0 0 /usr/lib/libc.so.6\n"), None);
+    }
 }

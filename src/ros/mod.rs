@@ -10,7 +10,12 @@ mod participant;
 mod play;
 mod record;
 
-use dds::default_dds_profile;
+use dds::use_default_dds_profile;
+
+/// The Fast DDS this process loaded and the XML profile in force (for `info`).
+pub fn fastdds_status() -> (String, String) {
+    dds::describe()
+}
 
 pub use crate::bag::{PlayOptions, PlayStats, RecordOptions, RecordStats};
 pub use play::play;

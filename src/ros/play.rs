@@ -64,9 +64,7 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     let info_topic =
         topics.iter().find(|t| t.type_name == CAMERA_INFO_TYPE).map(|t| t.name.clone());
 
-    if let Some(p) = super::default_dds_profile() {
-        std::env::set_var("FASTDDS_DEFAULT_PROFILES_FILE", p);
-    }
+    super::use_default_dds_profile();
     let ctx = r2r::Context::create().map_err(|e| ros_err("creating the ROS context", e))?;
     let mut node = r2r::Node::create(ctx, "vision_preproc_player", "")
         .map_err(|e| ros_err("creating the node", e))?;

@@ -35,9 +35,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
         None => None,
     };
 
-    if let Some(p) = super::default_dds_profile() {
-        std::env::set_var("FASTDDS_DEFAULT_PROFILES_FILE", p);
-    }
+    super::use_default_dds_profile();
     let ctx = r2r::Context::create().map_err(|e| ros_err("creating the ROS context", e))?;
     let mut node = r2r::Node::create(ctx, "vision_preproc_recorder", "")
         .map_err(|e| ros_err("creating the node", e))?;

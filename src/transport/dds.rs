@@ -4,7 +4,8 @@
 //! UDP transport with socket buffers as large as the kernel allows (what a reader can do
 //! for large samples that do not come through shared memory).
 //!
-//! Used only when the user gave no profile (`FASTDDS_DEFAULT_PROFILES_FILE` unset).
+//! Used only when the user gave no profile (neither `FASTRTPS_DEFAULT_PROFILES_FILE`, what
+//! Fast DDS 2 reads, nor `FASTDDS_DEFAULT_PROFILES_FILE`, Fast DDS 3's; `ros::dds`).
 //! Camera drivers need the shipped `config/fastdds_large_frames.xml`: a best-effort
 //! frame travels through shared memory only when it fits the **publisher's** segment.
 
@@ -46,7 +47,7 @@ pub fn segment_size(largest: usize) -> usize {
 pub fn profile_xml(segment: usize, udp_buffer: usize) -> String {
     format!(
         r#"<?xml version="1.0" encoding="UTF-8" ?>
-<!-- Written by vision_preproc_node for itself (no FASTDDS_DEFAULT_PROFILES_FILE was
+<!-- Written by vision_preproc_node for itself (no Fast DDS profile was
      given): shared-memory segment sized from its largest output, {segment} bytes. -->
 <dds xmlns="http://www.eprosima.com">
   <profiles>
@@ -86,7 +87,7 @@ pub fn socket_buffer_limit() -> Option<usize> {
 }
 
 /// The kernel settings that ROS 2's DDS tuning guide raises for large samples over UDP
-/// (`docs.ros.org/en/kilted/How-To-Guides/DDS-tuning.html`): socket receive buffers,
+/// (`docs.ros.org/en/jazzy/How-To-Guides/DDS-tuning.html`): socket receive buffers,
 /// and the memory and time the kernel gives IP fragments to reassemble. They matter
 /// when frames cross a network (datagrams of 64 KB are cut into MTU-sized IP
 /// fragments); on one machine (loopback, 64 KB MTU) they changed nothing measurable

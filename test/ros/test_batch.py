@@ -23,6 +23,7 @@ from rclpy.qos import ReliabilityPolicy
 from sensor_msgs.msg import CameraInfo, Image
 
 from vptools import oracle
+from vptools.fastdds import PROFILE_VARS
 from vptools.rosharness import RELIABLE, NodeProcess, Peer, frame_msg, image_msg, stamp_ns, tensor_array
 from vptools.sources import photo_frame
 from vptools.tolerances import assert_close, assert_preview_close
@@ -388,7 +389,7 @@ def test_the_shared_memory_segment_holds_the_whole_batch(tmp_path: Path) -> None
     params = ["-r", "__ns:=/batch_segment", "-p", "backend:=cpu", "-p", "network_image_width:=640",
               "-p", "network_image_height:=640",
               "-p", "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]"]
-    with NodeProcess(params, unset=("FASTDDS_DEFAULT_PROFILES_FILE",), log=log) as node:
+    with NodeProcess(params, unset=PROFILE_VARS, log=log) as node:
         deadline = time.monotonic() + 20
         while "shared-memory segment" not in node.output() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -432,6 +433,9 @@ def test_record_batch_writes_the_batches_and_their_latency(tmp_path: Path) -> No
                 p.terminate()
                 p.wait(timeout=10)
     assert rec.returncode == 0, out
+    # The bag names the distribution it was recorded on, as rosbag2 does (the environment's).
+    meta = (tmp_path / "rec" / "metadata.yaml").read_text()
+    assert f"ros_distro: '{os.environ['ROS_DISTRO']}'" in meta, meta[-300:]
     batches, timings = read_outputs(tmp_path / "rec")
     assert len(batches) >= 6 and timings, out
     for b in batches:
@@ -469,7 +473,7 @@ def test_stock_1080p_cameras_into_a_batched_node_from_a_shared_params_file(tmp_p
         "    network_image_height: 64\n    resize_mode: letterbox\n    inputs: [front/image, rear/image]\n")
     name = f"{ns.strip('/')}/vision_preproc"
     with NodeProcess(["-r", f"__ns:={ns}", "--params-file", str(params)],
-                     unset=("FASTDDS_DEFAULT_PROFILES_FILE",), log=tmp_path / "node.log") as node:
+                     unset=PROFILE_VARS, log=tmp_path / "node.log") as node:
         sub = Cameras(ns, 0)
         cams: list[Camera] = []
         try:

@@ -21,13 +21,14 @@ and the warning for frames lost before the node.
   and clears when the camera runs with the shipped profile. A bag replayed without
   `--clock` (stamps three years old, by design) is on time: no WARN.
 
-The cameras are bench/rclpy_publisher.py in their own processes, started without
-FASTDDS_DEFAULT_PROFILES_FILE ("stock") unless a test says otherwise; the node runs without
+The cameras are bench/rclpy_publisher.py in their own processes, started without a
+Fast DDS profile ("stock": neither FASTDDS_ nor FASTRTPS_DEFAULT_PROFILES_FILE) unless a test says otherwise; the node runs without
 it too (it then sizes its own shared-memory segment).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -38,6 +39,7 @@ import numpy as np
 import pytest
 
 from vptools.bags import write_bag
+from vptools.fastdds import PROFILE_VARS, profile_var
 from vptools.rosharness import PROFILE, ROOT, RELIABLE, Camera, NodeProcess, Peer, image_msg, stamp_ns
 from vptools.sources import photo_frame
 
@@ -162,7 +164,7 @@ def test_input_qos_auto_follows_the_publishers(tmp_path: Path) -> None:
     log = tmp_path / "node.log"
     params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "network_image_width:=64",
               "-p", "network_image_height:=48", "-p", "output_qos_depth:=20"]
-    with NodeProcess(params, unset=("FASTDDS_DEFAULT_PROFILES_FILE",), log=log) as node:
+    with NodeProcess(params, unset=PROFILE_VARS, log=log) as node:
         peer = Peer(ns, publish_images=False)
         diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
         cams: list[Camera] = []
@@ -223,7 +225,7 @@ def test_frames_lost_before_the_node_raise_a_warning(tmp_path: Path) -> None:
     ns = "/transport_loss"
     log = tmp_path / "node.log"
     params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu"]
-    with NodeProcess(params, unset=("FASTDDS_DEFAULT_PROFILES_FILE",), log=log) as node:
+    with NodeProcess(params, unset=PROFILE_VARS, log=log) as node:
         peer = Peer(ns, publish_images=False)
         diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
         # With camera_info, as camera drivers publish it: the camera's rate is known from
@@ -241,7 +243,7 @@ def test_frames_lost_before_the_node_raise_a_warning(tmp_path: Path) -> None:
         assert node.stop() == 0
     text = log.read_text()
     assert text.count("frames are lost before they reach the node") == 1, text[-3000:]
-    assert f"FASTDDS_DEFAULT_PROFILES_FILE={PROFILE}" in text or "fastdds_large_frames.xml" in text
+    assert f"{profile_var()}={PROFILE}" in text or "fastdds_large_frames.xml" in text
 
 
 def test_a_slow_camera_raises_no_warning(tmp_path: Path) -> None:
@@ -249,7 +251,7 @@ def test_a_slow_camera_raises_no_warning(tmp_path: Path) -> None:
     arrives; the delivery is measured (from camera_info) and no warning is raised."""
     ns = "/transport_slow"
     params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu"]
-    with NodeProcess(params, unset=("FASTDDS_DEFAULT_PROFILES_FILE",), log=tmp_path / "node.log") as node:
+    with NodeProcess(params, unset=PROFILE_VARS, log=tmp_path / "node.log") as node:
         peer = Peer(ns, publish_images=False)
         diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
         cam = Camera(ns, "--width", "1920", "--height", "1080", "--rate", "3", "--seconds", "6",
@@ -270,6 +272,70 @@ def test_a_slow_camera_raises_no_warning(tmp_path: Path) -> None:
         assert "frames are lost" not in node.output()
 
 
+def documented_profile_variable(distro: str) -> str:
+    """The variable docs/QOS_AND_TRANSPORTS.md tells users of `distro` to start their camera
+    driver with (its table: ROS 2 | Fast DDS | `export VAR=...`)."""
+    text = (ROOT / "docs" / "QOS_AND_TRANSPORTS.md").read_text()
+    rows = re.findall(r"^\| ([A-Za-z, ]+) \| [0-9.x]+ \| `export ([A-Z_]+)=\$PWD/config/fastdds_large_frames\.xml` \|$",
+                      text, flags=re.M)
+    found = [var for distros, var in rows if distro.capitalize() in [d.strip() for d in distros.split(",")]]
+    assert len(found) == 1, (distro, rows)
+    return found[0]
+
+
+def shm_mappings(pid: int) -> dict[str, int]:
+    """The Fast DDS shared-memory files mapped by process `pid`, with their mapped bytes."""
+    sizes: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[5].startswith("/dev/shm/fast"):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            sizes[fields[5]] = sizes.get(fields[5], 0) + end - start
+    return sizes
+
+
+def test_a_camera_started_as_the_docs_say_reaches_the_node_through_shared_memory(tmp_path: Path) -> None:
+    """The test that would have caught Jazzy's trap (Fast DDS 2.14 ignores
+    FASTDDS_DEFAULT_PROFILES_FILE): a 1080p best-effort camera started with exactly the
+    variable docs/QOS_AND_TRANSPORTS.md gives for the installed distribution maps the
+    profile's large shared-memory segment and >= 95 % of its frames reach the node; the
+    node, started without a profile, maps the segment it sized for itself."""
+    distro = os.environ["ROS_DISTRO"]
+    var = documented_profile_variable(distro)
+    segment = int(re.search(r"<segment_size>(\d+)</segment_size>", PROFILE.read_text())[1])
+    env = {k: v for k, v in os.environ.items() if k not in PROFILE_VARS}
+    env[var] = f"{ROOT}/config/fastdds_large_frames.xml"
+    ns = "/transport_documented"
+    params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu"]
+    with NodeProcess(params, unset=PROFILE_VARS, log=tmp_path / "node.log") as node:
+        peer = Peer(ns, publish_images=False)
+        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+        cam = Camera(ns, "--width", "1920", "--height", "1080", "--rate", "30", "--seconds", "6",
+                     "--wait-subscribers", "1", env=env)
+        try:
+            own = re.search(r"own shared-memory segment of (\d+) MiB", node.output())
+            assert own, node.output()[-2000:]
+            peer.spin_until(lambda: len(peer.tensors) >= 3, 30.0, "the camera's first tensors")
+            camera_maps, node_maps = shm_mappings(cam.proc.pid), shm_mappings(node.proc.pid)
+            peer.spin_until(lambda: cam.proc.poll() is not None, 40.0, "the camera to finish")
+            sent = cam.sent()
+            received = lambda s: int(diag.value(s, "Frames received"))  # noqa: E731
+            s = diag.wait_for(lambda s: received(s) >= 0.95 * sent, 10.0, f"95 % of {sent} frames received")
+            fastdds, profile = diag.value(s, "Fast DDS"), diag.value(s, "Fast DDS profile")
+        finally:
+            cam.stop()
+            peer.close()
+        assert node.stop() == 0
+    # The camera wrote into the profile's segment (Fast DDS's default one is 512 KB).
+    assert max(camera_maps.values(), default=0) >= segment, (var, camera_maps)
+    # The node's own profile is in force: its segment is mapped, at the size it logged.
+    mib = int(own[1]) << 20
+    assert any(mib <= size < mib + (mib >> 1) for size in node_maps.values()), (own[0], node_maps)
+    assert sent >= 30 and received(s) >= 0.95 * sent, (sent, received(s))
+    # /diagnostics names the Fast DDS and the profile the node runs with.
+    assert f"reads {profile_var()}" in fastdds and profile.startswith(f"{profile_var()}="), (fastdds, profile)
+
+
 TIMELINESS = re.compile(r"behind the quickest frame: median ([0-9.]+) ms, p90 ([0-9.]+) ms; ([0-9]+) % in bursts "
                         r"\((\d+) frames\)")
 
@@ -287,7 +353,7 @@ def test_a_slow_camera_transport_is_named(tmp_path: Path) -> None:
     ns = "/transport_late"
     log = tmp_path / "node.log"
     params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu"]
-    with NodeProcess(params, unset=("FASTDDS_DEFAULT_PROFILES_FILE",), log=log) as node:
+    with NodeProcess(params, unset=PROFILE_VARS, log=log) as node:
         peer = Peer(ns, publish_images=False)
         diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
         cam = Camera(ns, "--reliable", "--width", "1920", "--height", "1080", "--rate", "30", "--seconds", "25",
@@ -321,7 +387,7 @@ def test_a_slow_camera_transport_is_named(tmp_path: Path) -> None:
     text = log.read_text()
     assert text.count("frames reach the node late") == 1, text[-3000:]
     warn = text[text.index("frames reach the node late"):].split("\n")[0]
-    assert "reliable images" in warn and f"FASTDDS_DEFAULT_PROFILES_FILE={PROFILE}" in warn, warn
+    assert "reliable images" in warn and f"{profile_var()}={PROFILE}" in warn, warn
     # The kernel's settings are named with the tuning guide's values where they differ.
     assert ("sudo sysctl -w" in warn) == ("guide:" in kernel), (warn, kernel)
 

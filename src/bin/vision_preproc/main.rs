@@ -101,6 +101,9 @@ fn run(cli: Cli) -> Result<()> {
                 println!("no GPU backend: {reason}");
             }
             println!("NVTX ranges: {}", vision_preproc::nvtx::status());
+            let (fastdds, profile) = vision_preproc::ros::fastdds_status();
+            println!("Fast DDS: {fastdds}");
+            println!("Fast DDS profile: {profile}");
         }
         Command::ConvFile(args) => conv_file::run(args)?,
         Command::RunFile(args) => run_file::run(args)?,

@@ -7,7 +7,7 @@
 use super::clock;
 use super::shared::{lock, Shared};
 use super::stats::{Counts, InputReport};
-use crate::ros::dds::shipped_dds_profile;
+use crate::ros::dds::{profile_var, shipped_dds_profile};
 use crate::transport::dds::KernelUdp;
 use crate::transport::{delivery, Basis, Timeliness};
 use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
@@ -34,6 +34,9 @@ pub async fn publish_diagnostics(
     let mut last: Option<Duration> = None;
     let mut warned = vec![Raised::default(); shared.inputs.len()];
     let mut camera_previous: Vec<u64> = Vec::new();
+    // Which Fast DDS and which profile: fixed for the node's life.
+    let (fastdds, profile) = crate::ros::dds::describe();
+    let transport = [("Fast DDS".to_string(), fastdds), ("Fast DDS profile".to_string(), profile)];
     loop {
         poll.tick().await;
         let Some(now) = shared.clock.now() else {
@@ -58,6 +61,7 @@ pub async fn publish_diagnostics(
         status.values.extend(
             super::handoff::diagnostics(&shared)
                 .into_iter()
+                .chain(transport.iter().cloned())
                 .map(|(key, value)| KeyValue { key, value }),
         );
         let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
@@ -261,10 +265,11 @@ fn delivery_report(
                     "frames are lost before they reach the node: {:.1} of the camera's ~{:.1} \
                      frames/s arrive on {topic} ({:.1} MB {kind} images, camera rate from \
                      {basis}). {cause}. Fix: start the camera driver with \
-                     FASTDDS_DEFAULT_PROFILES_FILE={}{}.{}",
+                     {}={}{}.{}",
                     d.arrived_hz,
                     d.camera_hz,
                     d.largest_bytes as f64 / 1e6,
+                    profile_var(),
                     profile(),
                     if best_effort {
                         ", or make it publish reliable (input_qos auto then subscribes reliable)"
@@ -300,12 +305,13 @@ fn delivery_report(
                      is the bottleneck: samples that do not fit its Fast DDS shared-memory \
                      segment go as UDP fragments, and every repair of a lost fragment holds \
                      back the frames behind it. Fix: start the camera driver with \
-                     FASTDDS_DEFAULT_PROFILES_FILE={} (shared memory on one machine).{}",
+                     {}={} (shared memory on one machine).{}",
                     delivery::TIMELY_WINDOW.as_secs(),
                     late_p50_s * 1e3,
                     late_p90_s * 1e3,
                     100.0 * bursts,
                     largest as f64 / 1e6,
+                    profile_var(),
                     profile(),
                     across_machines(&kernel)
                 );

@@ -69,17 +69,20 @@ fn read_parameters(args: Option<&RosArgs>) -> anyhow::Result<(NodeParams, Vec<St
     Ok((params, unknown.iter().map(|u| format!("parameter {u}")).collect()))
 }
 
-/// Log how the node's DDS transports were set up.
+/// Log which Fast DDS runs the node and how its transports were set up.
 fn log_dds(logger: &str, setup: &DdsSetup) {
+    let (fastdds, _) = super::dds::describe();
     match setup {
-        DdsSetup::User(how) => r2r::log_info!(logger, "Fast DDS transports: {how}"),
-        DdsSetup::Sized { segment, largest, .. } => r2r::log_info!(
+        DdsSetup::User(how) => r2r::log_info!(logger, "Fast DDS {fastdds}: transports {how}"),
+        DdsSetup::Sized { segment, largest, file } => r2r::log_info!(
             logger,
-            "Fast DDS: own shared-memory segment of {} MiB ({} samples of the largest output, \
-             {} bytes; FASTDDS_DEFAULT_PROFILES_FILE unset)",
+            "Fast DDS {fastdds}: own shared-memory segment of {} MiB ({} samples of the \
+             largest output, {} bytes; no profile was given), {}={}",
             segment >> 20,
             dds::SEGMENT_SAMPLES,
-            largest
+            largest,
+            super::dds::profile_var(),
+            file.display()
         ),
     }
 }
@@ -140,7 +143,7 @@ fn run() -> anyhow::Result<()> {
     // value stops the node once it can say so (on /rosout too); the DDS segment of that
     // short life is sized for the defaults.
     let parsed = read_parameters(ros_args.as_ref());
-    let dds_setup = DdsSetup::configure(
+    let (dds_setup, dds_warning) = DdsSetup::configure(
         parsed.as_ref().map_or(&crate::config::Config::default(), |(p, _)| &p.config),
     )?;
     let ctx = r2r::Context::create()?;
@@ -156,6 +159,9 @@ fn run() -> anyhow::Result<()> {
         r2r::log_warn!(&logger, "{u}");
     }
     log_dds(&logger, &dds_setup);
+    if let Some(w) = &dds_warning {
+        r2r::log_warn!(&logger, "{w}");
+    }
     let clock = NodeClock::of(&node);
     clock.request_sim_time(node_params.use_sim_time);
     let params = Arc::new(Mutex::new(node_params));
