@@ -133,7 +133,7 @@ impl DdsSetup {
             return Ok((DdsSetup::User(format!("{var}={}", v.to_string_lossy())), None));
         }
         if let Some(v) = set(other) {
-            let read_anyway = fastdds.as_ref().is_none_or(|f| f.major >= 3);
+            let read_anyway = fastdds.as_ref().map_or(true, |f| f.major >= 3);
             let warning = (!read_anyway).then(|| {
                 format!(
                     "{other} is set, but this Fast DDS ({}) reads only {var}: the node uses                      the profile under that name; other processes started the same way (the                      camera driver) ignore it. Set {var}={} instead",
