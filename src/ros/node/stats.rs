@@ -158,52 +158,63 @@ impl Stats {
             d(now.failed, previous.failed),
             d(now.gpu_failures, previous.gpu_failures),
         );
-        let warn = DiagnosticStatus::WARN as u8;
+        let (error, warn) = (DiagnosticStatus::ERROR as u8, DiagnosticStatus::WARN as u8);
         let input = self.input_report();
-        let (level, message) = if rejected > 0 {
-            (
-                DiagnosticStatus::ERROR as u8,
+        // Every condition active in this window, in the order of urgency; the summary
+        // merges them as diagnostic_updater's `mergeSummary` does (the highest level, the
+        // messages joined with "; "), most severe first: one warning never hides another
+        // (rqt's monitor shows only the summary).
+        let mut active: Vec<(u8, String)> = Vec::new();
+        if rejected > 0 {
+            active.push((
+                error,
                 format!("rejecting invalid frames ({rejected} in the last {seconds:.0} s)"),
-            )
-        } else if failed > 0 {
-            (
-                DiagnosticStatus::ERROR as u8,
-                format!("frames failed ({failed} in the last {seconds:.0} s)"),
-            )
-        } else if let (true, Some((_, action))) = (gpu_failures > 0, &backend.gpu_failure) {
-            (warn, format!("GPU failure ({gpu_failures} in the last {seconds:.0} s): {action}"))
-        } else if let (true, Some(w)) = (input.urgent, &input.warning) {
-            (warn, w.clone())
-        } else if let (true, n) = (
-            now.dropped_no_block > previous.dropped_no_block,
-            now.dropped_no_block - previous.dropped_no_block.min(now.dropped_no_block),
-        ) {
-            (
+            ));
+        }
+        if failed > 0 {
+            active.push((error, format!("frames failed ({failed} in the last {seconds:.0} s)")));
+        }
+        if let (true, Some((_, action))) = (gpu_failures > 0, &backend.gpu_failure) {
+            active.push((
+                warn,
+                format!("GPU failure ({gpu_failures} in the last {seconds:.0} s): {action}"),
+            ));
+        }
+        if let (true, Some(w)) = (input.urgent, &input.warning) {
+            active.push((warn, w.clone()));
+        }
+        let no_block = d(now.dropped_no_block, previous.dropped_no_block);
+        if no_block > 0 {
+            active.push((
                 warn,
                 format!(
-                    "dropping frames: no free shared block for tensor_ref ({n} in the last \
-                     {seconds:.0} s): its consumers hold them all; release frames sooner or \
-                     raise shared_pool_size"
+                    "dropping frames: no free shared block for tensor_ref ({no_block} in the \
+                     last {seconds:.0} s): its consumers hold them all; release frames sooner \
+                     or raise shared_pool_size"
                 ),
-            )
-        } else if dropped > 0 {
-            (
+            ));
+        }
+        if dropped > 0 {
+            active.push((
                 warn,
                 format!(
                     "dropping frames: {dropped} replaced by newer ones in the last {seconds:.0} s"
                 ),
-            )
-        } else if let Some(w) = &input.warning {
-            (warn, w.clone())
-        } else if let (Some((_, action)), "cpu") = (&backend.gpu_failure, backend.name.as_str()) {
-            (warn, format!("running on the CPU after a GPU failure: {action}"))
-        } else if backend.fallback.is_some() {
-            (DiagnosticStatus::WARN as u8, "no usable GPU: running on the CPU backend".to_string())
-        } else if now.received == 0 {
-            (DiagnosticStatus::OK as u8, "waiting for images".to_string())
-        } else {
-            (DiagnosticStatus::OK as u8, "ok".to_string())
-        };
+            ));
+        }
+        if let (false, Some(w)) = (input.urgent, &input.warning) {
+            active.push((warn, w.clone()));
+        }
+        if let (Some((_, action)), "cpu") = (&backend.gpu_failure, backend.name.as_str()) {
+            active.push((warn, format!("running on the CPU after a GPU failure: {action}")));
+        }
+        if backend.fallback.is_some() {
+            active.push((warn, "no usable GPU: running on the CPU backend".to_string()));
+        }
+        let (level, message) = merge_summary(active).unwrap_or_else(|| {
+            let quiet = if now.received == 0 { "waiting for images" } else { "ok" };
+            (DiagnosticStatus::OK as u8, quiet.to_string())
+        });
         let mut values = vec![
             kv("Actual frequency (Hz)", format!("{:.2}", published as f64 / seconds.max(1e-9))),
             kv("Frames received", now.received.to_string()),
@@ -241,6 +252,16 @@ impl Stats {
         };
         (status, now)
     }
+}
+
+/// The summary of the active conditions `(level, message)` (in order of urgency): the
+/// highest level, and every message, the most severe first (a stable order within a level),
+/// joined with "; " as diagnostic_updater's `mergeSummary` joins them. None when none is
+/// active.
+fn merge_summary(mut active: Vec<(u8, String)>) -> Option<(u8, String)> {
+    active.sort_by_key(|(level, _)| std::cmp::Reverse(*level));
+    let level = active.first()?.0;
+    Some((level, active.into_iter().map(|(_, m)| m).collect::<Vec<_>>().join("; ")))
 }
 
 fn kv(key: &str, value: String) -> KeyValue {
@@ -316,6 +337,46 @@ mod tests {
         let (s, _) = stats.status("vp", stats.counts(), 1.0, &fallback);
         assert_eq!(s.level, DiagnosticStatus::WARN as u8);
         assert_eq!(value(&s, "Backend fallback reason"), "no GPU");
+    }
+
+    #[test]
+    fn every_active_warning_reaches_the_summary_most_severe_first() {
+        // As a new user saw it: `backend: auto` on a machine without a GPU and a stock
+        // reliable 1080p camera arriving late; the fallback's WARN hid the transport's.
+        let stats = Stats::default();
+        let auto = BackendInfo {
+            name: "cpu".into(),
+            device: "CPU, 2 threads".into(),
+            fallback: Some("no usable GPU".into()),
+            ..Default::default()
+        };
+        stats.received.fetch_add(3, Ordering::Relaxed);
+        *stats.input.lock().unwrap() = InputReport {
+            values: vec![],
+            warning: Some("camera transport too slow: frames arrive up to 240 ms late".into()),
+            urgent: false,
+        };
+        let (s, prev) = stats.status("vp", Counts::default(), 1.0, &auto);
+        assert_eq!(
+            (s.level, s.message.as_str()),
+            (
+                DiagnosticStatus::WARN as u8,
+                "camera transport too slow: frames arrive up to 240 ms late; no usable GPU: \
+                 running on the CPU backend"
+            )
+        );
+        // An error comes first and sets the level; the warnings stay in the message.
+        stats.rejected("encoding `8UC3` is not supported".into());
+        let (s, _) = stats.status("vp", prev, 1.0, &auto);
+        assert_eq!(s.level, DiagnosticStatus::ERROR as u8);
+        assert_eq!(
+            s.message,
+            "rejecting invalid frames (1 in the last 1 s); camera transport too slow: frames \
+             arrive up to 240 ms late; no usable GPU: running on the CPU backend"
+        );
+        assert_eq!(merge_summary(vec![]), None);
+        let order = merge_summary(vec![(1, "a".into()), (2, "b".into()), (1, "c".into())]);
+        assert_eq!(order, Some((2, "b; a; c".into())));
     }
 
     #[test]
