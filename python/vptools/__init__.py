@@ -11,6 +11,7 @@ Importable in this checkout's venv (scripts/setup.sh puts `python/` on its path 
     rosharness   real ROS 2 between processes: the node as a process, rclpy as the peer
                  (importing it sets this run's ROS_DOMAIN_ID; import it before rclpy)
     soak         soak and overload runs through real DDS (scripts/soak.py is its CLI)
+    fastdds      the installed Fast DDS and the variable it reads its XML profile from
 """
 
 from pathlib import Path
