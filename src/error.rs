@@ -1,5 +1,8 @@
-//! One error type for the crate: configuration, image validation, CUDA, I/O. (Why an
-//! image is rejected, [`ImageError`], lives with the image in `image.rs`.)
+//! One error type for the crate, one kind per cause: configuration, image validation, an
+//! operation that does not fit its frame, a misused API or broken invariant, the device
+//! (CUDA), the hand-off's I/O, ROS, files and bags. Only a device failure starts the GPU
+//! failure policy ([`Error::is_device_failure`]). (Why an image is rejected,
+//! [`ImageError`], lives with the image in `image.rs`.)
 
 pub use crate::image::ImageError;
 
@@ -62,6 +65,28 @@ pub enum Error {
     /// hand-built `PreprocessOp`; the pipeline always builds consistent ones).
     #[error("preprocessing operation does not match the image: {0}")]
     Operation(String),
+    /// A call that breaks an API contract or an invariant of this crate (the caller's
+    /// mistake or this crate's bug: finishing a set that was never submitted, submitting
+    /// past the ring's depth). Never a device failure: it starts no `gpu_failure_policy`.
+    #[error("{call}: {message}")]
+    Misuse {
+        /// The call that was misused (e.g. `finish_batch`).
+        call: String,
+        /// What is wrong, and the fix.
+        message: String,
+    },
+    /// The zero-copy hand-off's own I/O or protocol failed (its socket, memfds, mappings,
+    /// thread, a consumer's view of the protocol); the message names the path or call.
+    #[error("{0}")]
+    Handoff(String),
+    /// A ROS operation failed, or ROS is not in this binary (`play`, `record`).
+    #[error("ROS: {context}: {message}")]
+    Ros {
+        /// What was being done.
+        context: String,
+        /// ROS's error, or the fix.
+        message: String,
+    },
     /// Reading or writing a file.
     #[error("{context}: {source}")]
     Io {
@@ -115,6 +140,18 @@ impl Error {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }
     }
+
+    /// A misuse of `call` (a broken contract or invariant), with what is wrong.
+    pub fn misuse(call: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Misuse { call: call.into(), message: message.into() }
+    }
+
+    /// The device (or its driver) failed: what `gpu_failure_policy` acts on (retry,
+    /// fallback, exit). A misuse, an operation that does not fit its frame, an invalid
+    /// image or an I/O error is never one.
+    pub fn is_device_failure(&self) -> bool {
+        matches!(self, Error::Cuda(_))
+    }
 }
 
 /// A CUDA failure with the context needed to find it: which call, which kernel, which
@@ -154,4 +191,29 @@ pub enum CudaError {
         /// Driver error.
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_names_its_cause_and_only_the_device_starts_the_failure_policy() {
+        let misuse = Error::misuse("finish_batch", "no batch in flight: submit_batch first");
+        assert_eq!(misuse.to_string(), "finish_batch: no batch in flight: submit_batch first");
+        let handoff = Error::Handoff("binding /tmp/x.sock: Address in use".into());
+        assert_eq!(handoff.to_string(), "binding /tmp/x.sock: Address in use");
+        let ros = Error::Ros { context: "play".into(), message: "no subscriber on /image".into() };
+        assert_eq!(ros.to_string(), "ROS: play: no subscriber on /image");
+        let device = Error::Cuda(CudaError::Driver {
+            call: "cuEventRecord".into(),
+            message: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+        });
+        assert_eq!(device.to_string(), "CUDA: cuEventRecord: CUDA_ERROR_ILLEGAL_ADDRESS");
+        assert!(device.is_device_failure());
+        let op = Error::Operation("set_source: encoding 3 is not the frame's 2".into());
+        for e in [misuse, handoff, ros, op, Error::CudaNotCompiled] {
+            assert!(!e.is_device_failure(), "{e:?}");
+        }
+    }
 }

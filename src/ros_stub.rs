@@ -26,16 +26,20 @@ pub fn fastdds_status() -> (String, String) {
 
 /// Always an error: publishing needs ROS.
 pub fn play(_opts: &PlayOptions) -> crate::Result<PlayStats> {
-    Err(crate::Error::Bag {
-        path: "play".into(),
-        message: "this binary was built without the `ros` feature; `play` needs ROS 2".into(),
+    Err(crate::Error::Ros {
+        context: "play".into(),
+        message: "this binary was built without the `ros` feature; `play` needs ROS 2: rebuild \
+                  with default features in an environment with ROS 2 sourced"
+            .into(),
     })
 }
 
 /// Always an error: subscribing needs ROS.
 pub fn record(_opts: &RecordOptions) -> crate::Result<RecordStats> {
-    Err(crate::Error::Bag {
-        path: "record".into(),
-        message: "this binary was built without the `ros` feature; `record` needs ROS 2".into(),
+    Err(crate::Error::Ros {
+        context: "record".into(),
+        message: "this binary was built without the `ros` feature; `record` needs ROS 2: \
+                  rebuild with default features in an environment with ROS 2 sourced"
+            .into(),
     })
 }

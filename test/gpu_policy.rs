@@ -30,6 +30,9 @@ struct FakeGpu {
     /// Run this call (1-based) with an operation for another encoding: the caller's
     /// mistake, which the backend refuses with the operation error.
     wrong_op_on_call: Option<u32>,
+    /// Refuse this call (1-based) as a misuse of the ring (the CUDA backend's answer to a
+    /// submission past its depth): a caller's mistake too.
+    misuse_on_call: Option<u32>,
     calls: u32,
     broken: bool,
 }
@@ -40,6 +43,7 @@ impl FakeGpu {
             cpu: CpuBackend::new(),
             fail_on_call,
             wrong_op_on_call: None,
+            misuse_on_call: None,
             calls: 0,
             broken: false,
         }
@@ -72,6 +76,12 @@ impl Backend for FakeGpu {
         }
         if self.broken {
             return Err(self.error("fake kernel"));
+        }
+        if self.misuse_on_call == Some(self.calls) {
+            return Err(Error::misuse(
+                "submit_batch",
+                "2 batches already in flight: finish_batch one first",
+            ));
         }
         if self.wrong_op_on_call == Some(self.calls) {
             let mut wrong = op.clone();
@@ -299,6 +309,31 @@ fn an_operation_that_does_not_fit_the_frame_starts_no_failure_policy() {
 }
 
 #[test]
+fn a_misuse_of_the_ring_starts_no_failure_policy() {
+    // A broken contract on the CUDA path (here: a submission past the ring's depth) is
+    // the caller's mistake or a bug, never the device's: with the exit policy the
+    // pipeline only returns it, and the next frame runs on the same GPU.
+    let cfg = config(GpuFailurePolicy::Exit);
+    let mut fake = FakeGpu::new(None);
+    fake.misuse_on_call = Some(2);
+    let (mut p, opened) = pipeline(&cfg, fake, None, 0);
+    let (w, h, data) = frame(1);
+    let view = ImageView::new(w, h, w * 3, "bgr8", false, &data).unwrap();
+    p.process(&view).unwrap();
+    let e = p.process(&view).unwrap_err();
+    assert!(matches!(e, Error::Misuse { .. }) && !e.is_device_failure(), "{e:?}");
+    assert_eq!(e.to_string(), "submit_batch: 2 batches already in flight: finish_batch one first");
+    let info = p.process(&view).unwrap();
+    assert!(info.gpu_failure.is_none(), "{:?}", info.gpu_failure);
+    assert_eq!(p.tensor_bytes(), reference(&cfg, 1).as_slice());
+    assert_eq!((p.backend().name(), opened.load(Ordering::SeqCst)), ("cuda", 0));
+    // The fake's device error is one: the same policy makes the pipeline exit on it.
+    let (mut p, _) = pipeline(&cfg, FakeGpu::new(Some(1)), None, 0);
+    let e = p.process(&view).unwrap_err();
+    assert!(matches!(e, Error::GpuFailure { .. }), "{e:?}");
+}
+
+#[test]
 fn the_cpu_backend_simulates_an_injected_fault() {
     // What the node does on a machine without a GPU when the injection is set: the CPU
     // backend's (default) inject_fault returns a simulated CUDA error, and the policy acts.
@@ -419,7 +454,7 @@ impl Backend for PipelinedFakeGpu {
             self.done.clear();
             return Err(self.fake.error("fake finish"));
         }
-        self.done.pop_front().ok_or_else(|| Error::Operation("nothing in flight".into()))
+        self.done.pop_front().ok_or_else(|| Error::misuse("finish_oldest", "nothing in flight"))
     }
     fn abandon_all(&mut self) {
         self.done.clear();

@@ -95,7 +95,7 @@ impl Hello {
 }
 
 fn protocol(what: impl std::fmt::Display) -> Error {
-    Error::Operation(format!("tensor_ref hand-off: {what}"))
+    Error::Handoff(format!("tensor_ref hand-off: {what}"))
 }
 
 /// The pool's blocks as this process sees them.

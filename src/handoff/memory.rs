@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 fn os_error(what: &str) -> Error {
-    Error::Operation(format!("{what}: {}", std::io::Error::last_os_error()))
+    Error::Handoff(format!("{what}: {}", std::io::Error::last_os_error()))
 }
 
 /// The page size.
@@ -21,8 +21,8 @@ pub struct Memfd(OwnedFd);
 
 impl Memfd {
     pub fn new(name: &str, len: usize) -> Result<Self> {
-        let cname =
-            CString::new(name).map_err(|_| Error::Operation("memfd name has a NUL".into()))?;
+        let cname = CString::new(name)
+            .map_err(|_| Error::misuse("memfd_create", "the name has a NUL byte"))?;
         // SAFETY: a valid C string; the flags are defined by libc.
         let fd = unsafe {
             libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
@@ -32,7 +32,9 @@ impl Memfd {
         }
         // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let size = libc::off_t::try_from(len).map_err(|_| Error::Operation("memfd size".into()))?;
+        let size = libc::off_t::try_from(len).map_err(|_| {
+            Error::misuse("ftruncate", format!("a memfd of {len} bytes is larger than off_t"))
+        })?;
         // SAFETY: a valid fd of ours.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
             return Err(os_error("ftruncate of a shared block"));

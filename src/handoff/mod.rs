@@ -259,8 +259,9 @@ impl Pool {
     /// a block.
     pub fn host(count: usize, bytes: usize, lease: Duration, dir: &Path) -> Result<Arc<Pool>> {
         if count == 0 || bytes == 0 {
-            return Err(Error::Operation(
-                "a shared pool needs at least one non-empty block".into(),
+            return Err(Error::misuse(
+                "creating the tensor_ref pool",
+                "a shared pool needs at least one non-empty block (shared_pool_size >= 1)",
             ));
         }
         let block_size = bytes.next_multiple_of(memory::page_size());
@@ -279,8 +280,9 @@ impl Pool {
     pub fn device(blocks: Box<dyn DeviceBlocks>, lease: Duration, dir: &Path) -> Result<Arc<Pool>> {
         let (count, block_size) = (blocks.len(), blocks.block_size());
         if count == 0 || block_size == 0 {
-            return Err(Error::Operation(
-                "a shared pool needs at least one non-empty block".into(),
+            return Err(Error::misuse(
+                "creating the tensor_ref pool",
+                "a shared pool needs at least one non-empty block (shared_pool_size >= 1)",
             ));
         }
         let blocks = Blocks::Device(Mutex::new(Some(blocks)));
@@ -654,8 +656,8 @@ impl Lease {
     pub fn read_device(&self, out: &mut [u8]) -> Result<()> {
         match self.pool.blocks.device().as_deref() {
             Some(Some(d)) => d.read(self.index, out),
-            Some(None) => Err(Error::Operation("the shared block's pool was released".into())),
-            None => Err(Error::Operation("a host block has no device copy".into())),
+            Some(None) => Err(Error::misuse("read_device", "the shared block's pool was released")),
+            None => Err(Error::misuse("read_device", "a host block has no device copy: map it")),
         }
     }
 

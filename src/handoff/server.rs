@@ -33,16 +33,16 @@ pub fn socket_dir() -> Result<PathBuf> {
     };
     if let Err(e) = std::fs::create_dir(&dir) {
         if e.kind() != ErrorKind::AlreadyExists {
-            return Err(Error::Operation(format!("creating {}: {e}", dir.display())));
+            return Err(Error::Handoff(format!("creating {}: {e}", dir.display())));
         }
     } else {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| Error::Operation(format!("chmod 0700 {}: {e}", dir.display())))?;
+            .map_err(|e| Error::Handoff(format!("chmod 0700 {}: {e}", dir.display())))?;
     }
     let meta = std::fs::symlink_metadata(&dir)
-        .map_err(|e| Error::Operation(format!("{}: {e}", dir.display())))?;
+        .map_err(|e| Error::Handoff(format!("{}: {e}", dir.display())))?;
     if !meta.is_dir() || meta.uid() != euid() || meta.mode() & 0o077 != 0 {
-        return Err(Error::Operation(format!(
+        return Err(Error::Handoff(format!(
             "{} must be a directory of user {} with mode 0700 (it is uid {}, mode {:o}): \
              remove it, or set XDG_RUNTIME_DIR to a private directory",
             dir.display(),
@@ -137,7 +137,7 @@ impl Server {
         let path = pool.socket_path().to_path_buf();
         if let Ok(m) = std::fs::symlink_metadata(&path) {
             if m.uid() != euid() {
-                return Err(Error::Operation(format!(
+                return Err(Error::Handoff(format!(
                     "{} exists and is not ours (uid {}): remove it",
                     path.display(),
                     m.uid()
@@ -146,18 +146,18 @@ impl Server {
             let _ = std::fs::remove_file(&path);
         }
         let listener = UnixListener::bind(&path)
-            .map_err(|e| Error::Operation(format!("binding {}: {e}", path.display())))?;
+            .map_err(|e| Error::Handoff(format!("binding {}: {e}", path.display())))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| Error::Operation(format!("chmod 0600 {}: {e}", path.display())))?;
+            .map_err(|e| Error::Handoff(format!("chmod 0600 {}: {e}", path.display())))?;
         listener
             .set_nonblocking(true)
-            .map_err(|e| Error::Operation(format!("{}: {e}", path.display())))?;
+            .map_err(|e| Error::Handoff(format!("{}: {e}", path.display())))?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("handoff".into())
             .spawn(move || serve(&pool, &listener, &flag))
-            .map_err(|e| Error::Operation(format!("starting the hand-off thread: {e}")))?;
+            .map_err(|e| Error::Handoff(format!("starting the hand-off thread: {e}")))?;
         Ok(Server { stop, thread: Some(thread), path })
     }
 

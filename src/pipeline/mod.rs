@@ -390,7 +390,7 @@ impl Pipeline {
         let state = match self.launch(&images, &mut message) {
             Ok(Queued::Done(times)) => PendingState::Done(times),
             Ok(Queued::Pending) => PendingState::InFlight,
-            Err(e @ Error::Cuda(_)) => {
+            Err(e) if e.is_device_failure() => {
                 // Nothing in flight survives a device error (an injected fault never
                 // reached the backend: it is told too).
                 self.backend.abandon_all();
@@ -451,7 +451,7 @@ impl Pipeline {
                 let (set, items, batch) = (p.set, items.len(), self.config.is_batch());
                 let _range = crate::nvtx::push_with(|| crate::nvtx::frame_name(set, items, batch));
                 let r = self.backend.finish_oldest();
-                if matches!(r, Err(Error::Cuda(_))) {
+                if r.as_ref().is_err_and(Error::is_device_failure) {
                     self.abandon_pending();
                 }
                 r
@@ -464,7 +464,7 @@ impl Pipeline {
                 self.recovery.good_frame();
                 (times, None)
             }
-            Err(e @ Error::Cuda(_)) if !self.recovery.fell_back => {
+            Err(e) if e.is_device_failure() && !self.recovery.fell_back => {
                 // The failed backend's buffer goes before the backend does.
                 p.message.release();
                 let message = &mut p.message;
@@ -677,7 +677,7 @@ impl Pipeline {
             p.message.release();
             // A set the failed backend refused (its context was already faulted) runs
             // again on the new one, as the abandoned ones do.
-            if matches!(p.state, PendingState::Failed(Error::Cuda(_))) {
+            if matches!(&p.state, PendingState::Failed(e) if e.is_device_failure()) {
                 p.state = PendingState::Abandoned;
             }
         }
@@ -738,7 +738,9 @@ impl Pipeline {
                             };
                             return Ok((times, failure));
                         }
-                        Err(e @ Error::Cuda(_)) => last_error = format!("the frame again: {e}"),
+                        Err(e) if e.is_device_failure() => {
+                            last_error = format!("the frame again: {e}")
+                        }
                         Err(e) => return Err(e),
                     }
                 }

@@ -16,7 +16,7 @@ use r2r::QosProfile;
 use std::time::{Duration, Instant};
 
 fn ros_err(what: &str, e: r2r::Error) -> Error {
-    Error::Bag { path: what.to_string(), message: e.to_string() }
+    Error::Ros { context: what.to_string(), message: e.to_string() }
 }
 
 /// `/clock` with the bag's time (`--clock`).
@@ -95,9 +95,12 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
             && !stopped()
         {
             if Instant::now() > deadline {
-                return Err(Error::Bag {
-                    path: opts.input.display().to_string(),
-                    message: format!("no subscriber on {} within 20 s", opts.image_topic),
+                return Err(Error::Ros {
+                    context: format!("playing {}", opts.input.display()),
+                    message: format!(
+                        "no subscriber on {} within 20 s (--wait-subscribers {})",
+                        opts.image_topic, opts.wait_subscribers
+                    ),
                 });
             }
             node.spin_once(Duration::from_millis(50));

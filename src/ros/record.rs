@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 fn ros_err(what: &str, e: r2r::Error) -> Error {
-    Error::Bag { path: what.to_string(), message: e.to_string() }
+    Error::Ros { context: what.to_string(), message: e.to_string() }
 }
 
 fn now_ns() -> u64 {

@@ -11,7 +11,7 @@
 use super::kernels::RESIZE_NORMALIZE_BATCH;
 use super::launch::{self, BatchItemDesc, MAX_BATCH_SLOTS};
 use super::steps::{Entry, InFlight, Tables, Target};
-use super::{drv_err, resident_blocks, CudaBackend};
+use super::{resident_blocks, CudaBackend};
 use crate::backend::{BatchSlot, Conv2dOp, StageTimes};
 use crate::config::{DType, Layout};
 use crate::error::{CudaError, Error, Result};
@@ -122,11 +122,12 @@ impl CudaBackend {
         self.batch.queue.len()
     }
 
-    /// `result`; after an error other than a caller's mistake (which leaves the queue
-    /// as it was), first wait for both streams (queued work may still use the buffers
-    /// or the caller's `out`) and forget every queued batch.
+    /// `result`; after an error other than a caller's mistake (an operation that does not
+    /// fit, a misuse: either leaves the queue as it was), first wait for both streams
+    /// (queued work may still use the buffers or the caller's `out`) and forget every
+    /// queued batch.
     pub fn abandon_on_error<T>(&mut self, result: Result<T>) -> Result<T> {
-        if matches!(&result, Err(e) if !matches!(e, Error::Operation(_))) {
+        if matches!(&result, Err(e) if !matches!(e, Error::Operation(_) | Error::Misuse { .. })) {
             self.gpu.synchronize();
             self.batch.abandon();
         }
@@ -145,11 +146,10 @@ impl CudaBackend {
     ) -> Result<()> {
         let r = self.batch.next;
         if self.batch.ring[r].in_flight.is_some() {
-            return Err(drv_err(
+            return Err(Error::misuse(
                 "submit_batch",
                 format!("{BATCH_RING} batches already in flight: finish_batch one first"),
-            )
-            .into());
+            ));
         }
         self.batch.next = (r + 1) % BATCH_RING;
         if let Some(c) = conv {
@@ -241,7 +241,7 @@ impl CudaBackend {
     /// the caller's memory).
     pub fn batch_finish(&mut self, out: Option<&mut [u8]>) -> Result<(StageTimes, usize, usize)> {
         let Some(&r) = self.batch.queue.front() else {
-            return Err(drv_err("finish_batch", "no batch in flight").into());
+            return Err(Error::misuse("finish_batch", "no batch in flight: submit_batch first"));
         };
         let (times, f) = self.batch.ring[r].finish(out)?;
         self.batch.queue.pop_front();

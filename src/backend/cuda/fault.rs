@@ -80,6 +80,9 @@ pub(super) fn inject(b: &mut CudaBackend, kind: FaultKind) -> Error {
     };
     match fault() {
         Err(e) => e.into(),
-        Ok(()) => drv_err(call, "the device did not fail (no error reported)").into(),
+        Ok(()) => Error::misuse(
+            call,
+            "the device did not fail (no error reported): the fault was not injected",
+        ),
     }
 }

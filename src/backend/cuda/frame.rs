@@ -11,7 +11,7 @@ use super::steps::{Entry, InFlight, Tables, Target};
 use super::{resident_blocks, CudaBackend, FusedPath};
 use crate::backend::{Conv2dOp, PreprocessOp, StageTimes};
 use crate::config::{DType, Layout};
-use crate::error::{CudaError, Result};
+use crate::error::{CudaError, Error, Result};
 use crate::image::{Encoding, ImageView};
 use crate::launch_kernel;
 use crate::nvtx::{self, Stage};
@@ -81,7 +81,10 @@ impl CudaBackend {
     pub fn finish(&mut self, slot: usize, out: &mut Vec<u8>) -> Result<StageTimes> {
         self.gpu.bind()?;
         let Some(e) = self.frame.ring.get_mut(slot) else {
-            return Err(super::drv_err("finish", format!("no ring slot {slot}")).into());
+            return Err(Error::misuse(
+                "finish",
+                format!("no ring slot {slot}: finish a slot that submit returned"),
+            ));
         };
         out.resize(e.in_flight.as_ref().map_or(0, |f| f.len), 0);
         e.finish(Some(out)).map(|(times, _)| times)

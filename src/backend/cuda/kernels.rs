@@ -199,7 +199,7 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
     // SAFETY: both pointers are valid for writes for the duration of the call.
     unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) }
         .result()
-        .map_err(|e| drv_err("nvrtcVersion", e))?;
+        .map_err(|e| CudaError::Unavailable(format!("nvrtcVersion: {e:?}")))?;
     Ok((major, minor))
 }
 
@@ -719,7 +719,8 @@ pub(super) fn load_backend(
     cache: Option<&std::path::Path>,
     staged: bool,
 ) -> Result<BackendKernels, CudaError> {
-    let err = |message: &str| drv_err("loading kernels", message);
+    // A kernel that cannot be had leaves no usable GPU (`backend: auto` falls back).
+    let err = |message: &str| CudaError::Unavailable(format!("loading kernels: {message}"));
     let policy = KernelPolicy::from_env()?;
     let extra = |file: KernelFile| match file {
         KernelFile::ResizeNormalize if staged => vec!["-DRN_STAGED=1".to_string()],

@@ -3,7 +3,7 @@
 //! buffers that grow only when a frame needs more.
 
 use super::drv_err as drv;
-use crate::error::CudaError;
+use crate::error::{CudaError, Error, Result};
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::ptr::NonNull;
@@ -61,7 +61,11 @@ impl PinnedBuffer {
         // owned by the returned value, which frees it exactly once.
         let raw = unsafe { cudarc::driver::result::malloc_host(len, flags) }
             .map_err(|e| drv(what(), e))?;
-        let ptr = NonNull::new(raw as *mut u8).ok_or_else(|| drv(what(), "null pointer"))?;
+        // Success with a null pointer: the driver broke its own contract.
+        let ptr = NonNull::new(raw as *mut u8).ok_or_else(|| CudaError::Driver {
+            call: what(),
+            message: "returned success and a null pointer".into(),
+        })?;
         let mut buf = PinnedBuffer { ptr, len, device_ptr: None, ctx: ctx.clone() };
         // SAFETY: ptr points to `len` freshly allocated bytes nobody else uses yet.
         unsafe { std::ptr::write_bytes(buf.ptr.as_ptr(), 0, len) };
@@ -161,7 +165,7 @@ impl DeviceBuffer {
         stream: &Arc<CudaStream>,
         len: usize,
         what: &str,
-    ) -> Result<CUdeviceptr, CudaError> {
+    ) -> Result<CUdeviceptr> {
         let len = len.max(1).next_multiple_of(STAGING_ALIGN);
         let big_enough = self.slice.as_ref().is_some_and(|s| s.len() >= len);
         if !big_enough {
@@ -172,7 +176,7 @@ impl DeviceBuffer {
             })?;
             self.slice = Some(s);
         }
-        self.ptr(stream).ok_or_else(|| drv(what, "buffer missing after allocation"))
+        self.ptr(stream).ok_or_else(|| Error::misuse(what, "buffer missing after allocation"))
     }
 
     /// The device address, if allocated.

@@ -53,7 +53,7 @@ use crate::backend::{
     Backend, BatchSlot, Conv2dOp, Job, Out, PreprocessOp, PreprocessParams, Queued, StageTimes,
 };
 use crate::config::MemoryMode;
-use crate::error::{CudaError, Result};
+use crate::error::{CudaError, Error, Result};
 use crate::image::{Encoding, ImageView};
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
@@ -72,7 +72,7 @@ pub enum FusedPath {
     Staged,
 }
 
-pub(crate) fn drv_err(call: impl Into<String>, e: impl std::fmt::Debug) -> CudaError {
+pub(crate) fn drv_err(call: impl Into<String>, e: cudarc::driver::DriverError) -> CudaError {
     CudaError::Driver { call: call.into(), message: format!("{e:?}") }
 }
 
@@ -308,7 +308,7 @@ impl CudaBackend {
         if self.conv_constants.as_ref().is_some_and(same) {
             return Ok(());
         }
-        let set = |symbol: &str, values: &[f32]| -> Result<(), CudaError> {
+        let set = |symbol: &str, values: &[f32]| -> Result<()> {
             let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             let mut sym = self
                 .kernels
@@ -316,13 +316,21 @@ impl CudaBackend {
                 .get_global(symbol, &self.gpu.stream)
                 .map_err(|e| drv_err(format!("cuModuleGetGlobal({symbol})"), e))?;
             if bytes.len() > sym.len() {
-                return Err(drv_err(format!("setting {symbol}"), "too many weights"));
+                return Err(Error::misuse(
+                    format!("setting {symbol}"),
+                    format!(
+                        "{} bytes of conv2d weights do not fit its {} bytes (a Conv2dOp larger \
+                         than conv.size allows: build it with Conv2dOp::new)",
+                        bytes.len(),
+                        sym.len()
+                    ),
+                ));
             }
             let mut dst = sym.slice_mut(..bytes.len());
             self.gpu
                 .stream
                 .memcpy_htod(&bytes, &mut dst)
-                .map_err(|e| drv_err(format!("copying conv2d weights to {symbol}"), e))
+                .map_err(|e| drv_err(format!("copying conv2d weights to {symbol}"), e).into())
         };
         set("c_conv_w", &conv.weights)?;
         if let Some((col, row)) = &conv.separable {
@@ -344,8 +352,9 @@ impl CudaBackend {
         out: &mut [u8],
     ) -> Result<StageTimes> {
         if !self.queue.is_empty() || self.batches_in_flight() > 0 {
-            let why = "submissions of submit_into or submit_batch are not finished";
-            return Err(drv_err("process_into", why).into());
+            let why =
+                "submissions of submit_into or submit_batch are not finished: finish them first";
+            return Err(Error::misuse("process_into", why));
         }
         // SAFETY: `out` is borrowed for this whole call, and the submission is finished
         // (or abandoned on error) before it returns.

@@ -272,7 +272,7 @@ impl Gpu {
         output: &mut Option<PinnedBuffer>,
         target: Option<Target>,
         len: usize,
-    ) -> Result<Destination, CudaError> {
+    ) -> Result<Destination> {
         let entry = |output: &mut Option<PinnedBuffer>| {
             reserve(&self.ctx, output, len, self.pinned_kind(PinnedKind::Download))
                 .map(|o| (o.host_ptr(), o.device_ptr()))
@@ -312,7 +312,7 @@ impl Gpu {
 
     /// conv2d's input: `elements` float32 values on the device (poisoned when the test
     /// hook asks).
-    pub fn conv_input(&mut self, elements: usize) -> Result<CUdeviceptr, CudaError> {
+    pub fn conv_input(&mut self, elements: usize) -> Result<CUdeviceptr> {
         let d = self.scratch.ensure(&self.stream, elements * 4, "the conv2d input")?;
         #[cfg(feature = "fault-injection")]
         if self.poison {
@@ -341,12 +341,12 @@ fn reserve<'a>(
     slot: &'a mut Option<PinnedBuffer>,
     len: usize,
     kind: PinnedKind,
-) -> Result<&'a mut PinnedBuffer, CudaError> {
+) -> Result<&'a mut PinnedBuffer> {
     if !slot.as_ref().is_some_and(|b| b.len() >= len) {
         *slot = None;
         *slot = Some(PinnedBuffer::new(ctx, len, kind)?);
     }
-    slot.as_mut().ok_or_else(|| drv_err("staging", "pinned buffer missing after allocation"))
+    slot.as_mut().ok_or_else(|| Error::misuse("staging", "pinned buffer missing after allocation"))
 }
 
 /// `dst = src` (equal lengths), in [`STAGING_THREADS`] pieces when large: the copies
@@ -387,9 +387,12 @@ impl Staging {
         len: usize,
         up: &Arc<CudaStream>,
         what: &str,
-    ) -> Result<CUdeviceptr, CudaError> {
+    ) -> Result<CUdeviceptr> {
         let Some(host) = self.host.as_ref() else {
-            return Err(drv_err(format!("uploading {what}"), "nothing was staged"));
+            return Err(Error::misuse(
+                format!("uploading {what}"),
+                "nothing was staged: stage it first",
+            ));
         };
         if let Some(d) = host.device_ptr() {
             return Ok(d);
@@ -421,7 +424,7 @@ impl Tables {
         &mut self,
         stream: &Arc<CudaStream>,
         op: &PreprocessOp,
-    ) -> Result<(CUdeviceptr, bool), CudaError> {
+    ) -> Result<(CUdeviceptr, bool)> {
         if let (Some((x, y)), Some(d)) = (&self.of, self.dev.ptr(stream)) {
             if *x == op.x_map && *y == op.y_map {
                 return Ok((d, false));
@@ -530,7 +533,10 @@ impl Entry {
     /// download with the copy out) with what was in flight.
     pub fn finish(&mut self, out: Option<&mut [u8]>) -> Result<(StageTimes, InFlight)> {
         let Some(f) = self.in_flight.take() else {
-            return Err(drv_err("finish", "nothing in flight on this ring entry").into());
+            return Err(Error::misuse(
+                "finish",
+                "nothing in flight on this ring entry: submit first",
+            ));
         };
         let (what, kernel) = match f.encoding {
             Some(enc) => ("frame", resize_normalize_entry(enc)),
@@ -572,9 +578,11 @@ impl Entry {
     ///
     /// # Safety
     /// No GPU work that writes the output may be pending.
-    pub unsafe fn output_bytes(&self) -> Result<&[u8], CudaError> {
-        let o =
-            self.output.as_ref().ok_or_else(|| drv_err("finish", "ring entry output missing"))?;
+    pub unsafe fn output_bytes(&self) -> Result<&[u8]> {
+        let o = self
+            .output
+            .as_ref()
+            .ok_or_else(|| Error::misuse("finish", "ring entry output missing"))?;
         // SAFETY: no GPU write is pending (the precondition).
         Ok(unsafe { o.host() })
     }

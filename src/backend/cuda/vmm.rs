@@ -221,7 +221,11 @@ impl VmmBlocks {
                 )
             })
             .and_then(|()| match fd {
-                fd if fd < 0 => Err(drv_err("cuMemExportToShareableHandle", "no file descriptor")),
+                // The driver broke its own contract (success, no descriptor): a driver failure.
+                fd if fd < 0 => Err(CudaError::Driver {
+                    call: "cuMemExportToShareableHandle".into(),
+                    message: "returned success but no file descriptor".into(),
+                }),
                 fd => Ok(fd),
             });
             let fd = match r {
@@ -289,11 +293,10 @@ impl DeviceBlocks for VmmBlocks {
 
     fn read(&self, i: usize, out: &mut [u8]) -> Result<()> {
         if out.len() > self.size {
-            return Err(crate::Error::Operation(format!(
-                "reading {} bytes of a {}-byte block",
-                out.len(),
-                self.size
-            )));
+            return Err(crate::Error::misuse(
+                "DeviceBlocks::read",
+                format!("reading {} bytes of a {}-byte block", out.len(), self.size),
+            ));
         }
         self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
         // SAFETY: block i holds `size` >= `out.len()` bytes on the device; `out` is that
@@ -450,7 +453,7 @@ impl ImportedBlocks {
         if self.size == 0 {
             self.size = size;
         } else if size != self.size {
-            return Err(crate::Error::Operation(format!(
+            return Err(crate::Error::Handoff(format!(
                 "tensor_ref hand-off: a block of {size} bytes among blocks of {}",
                 self.size
             )));
@@ -519,11 +522,14 @@ impl ImportedBlocks {
     /// copy).
     pub fn copy_to_host(&self, i: usize, offset: usize, out: &mut [u8]) -> Result<()> {
         if offset.checked_add(out.len()).map_or(true, |end| end > self.size) {
-            return Err(crate::Error::Operation(format!(
-                "reading bytes {offset}..{} of a {}-byte block",
-                offset.saturating_add(out.len()),
-                self.size
-            )));
+            return Err(crate::Error::misuse(
+                "copy_to_host",
+                format!(
+                    "reading bytes {offset}..{} of a {}-byte block",
+                    offset.saturating_add(out.len()),
+                    self.size
+                ),
+            ));
         }
         self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
         // SAFETY: block i is `size` >= `offset + out.len()` mapped bytes on the device;
@@ -551,7 +557,7 @@ impl ImportedBlocks {
             return Ok(true);
         }
         let Ok(key) = <[u8; EVENT_HANDLE_BYTES]>::try_from(handle) else {
-            return Err(crate::Error::Operation(format!(
+            return Err(crate::Error::Handoff(format!(
                 "TensorRef.ipc_event_handle has {} bytes; a CUDA IPC event handle has {EVENT_HANDLE_BYTES}",
                 handle.len()
             )));
