@@ -1084,12 +1084,23 @@ fn main() -> ExitCode {
                     return Err(format!("{} batches in flight, not 2", gpu.batches_in_flight()));
                 }
                 let third = gpu.submit_batch(&batches[0], None);
-                if third.is_ok() {
-                    return Err("a third batch in flight was accepted".into());
-                }
-                // The refusal abandoned both (documented): submit them again.
-                for (slots, conv) in batches.iter().zip(convs_of) {
-                    gpu.submit_batch(slots, conv).map_err(|e| format!("CUDA submit: {e}"))?;
+                match third {
+                    Ok(()) => return Err("a third batch in flight was accepted".into()),
+                    // A misuse of the ring, never a device failure: refused before anything
+                    // is queued, the two batches in flight stay (and finish below).
+                    Err(e)
+                        if e.is_device_failure()
+                            || !matches!(e, vision_preproc::Error::Misuse { .. }) =>
+                    {
+                        return Err(format!("the third batch's refusal is not a misuse: {e:?}"))
+                    }
+                    Err(_) if gpu.batches_in_flight() != 2 => {
+                        return Err(format!(
+                            "the refusal left {} batches in flight, not 2",
+                            gpu.batches_in_flight()
+                        ))
+                    }
+                    Err(_) => {}
                 }
                 for (k, (w, cfg)) in want.iter().zip([&a, &c]).enumerate() {
                     // The first through the copy into `got`, the second read in place.

@@ -79,9 +79,10 @@ impl CudaBackend {
     /// stream. At most [`BATCH_RING`] batches may be queued; [`CudaBackend::finish_batch`]
     /// returns them in order. Submitting batch k+1 before finishing batch k is what
     /// overlaps k+1's staging and upload with k's kernels and download. A batch that
-    /// fails its checks (an operation that does not fit its frame) is refused before
-    /// anything is queued; on any other error every queued batch is abandoned (both
-    /// streams waited for).
+    /// fails its checks (an operation that does not fit its frame) or comes while the ring
+    /// is full (`Error::Misuse`) is refused before anything is queued, and the queued
+    /// batches stay; on any other error every queued batch is abandoned (both streams
+    /// waited for).
     ///
     /// [`Backend::process_batch_into`]: crate::backend::Backend::process_batch_into
     pub fn submit_batch(
