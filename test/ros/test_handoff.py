@@ -309,6 +309,43 @@ FRAMES = [("bgr8", "chelsea.png", None), ("rgb8", "astronaut.png", (256, 256)), 
           ("nv12", "rocket.jpg", (214, 320)), ("mono8", "camera.png", None), ("bayer_rggb8", "chelsea.png", None)]
 
 
+def shared_block_rss_kb(pid: int) -> int:
+    """Resident kB of process `pid`'s mappings of the tensor_ref pool's memfds."""
+    total, name = 0, ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            name = head[5] if len(head) >= 6 else ""
+        elif line.startswith("Rss:") and name.startswith("/memfd:vision_preproc"):
+            total += int(head[1])
+    return total
+
+
+def test_the_blocks_stay_untouched_while_nobody_subscribes_to_tensor_ref(tmp_path: Path) -> None:
+    """The pool costs no memory until a consumer comes (issue 37, a new user's RSS
+    question): with only a `tensor` subscriber, 120 frames leave the node's 4 shared blocks
+    (3.7 MB each) unwritten, so not resident; with a tensor_ref consumer they are written,
+    and the same measurement sees them (the witness)."""
+    ns = "/handoff_untouched"
+    with NodeProcess(["-r", f"__ns:={ns}", "-p", "backend:=cpu"], log=tmp_path / "node.log") as node:
+        cam = Camera(ns, "--width", "640", "--height", "480", "--rate", "30", "--seconds", "30", profile=True)
+        c = Consumer(ns, tensor_type=Tensor, refs=False)
+        try:
+            c.spin_until(lambda: len(c.tensors) >= 120, 30, "120 tensors without a tensor_ref consumer")
+            idle = shared_block_rss_kb(node.proc.pid)
+            c.sub = TensorRefSubscription(c.node, "tensor_ref", c._on_frame, 10)
+            c.spin_until(lambda: c.sub.delivered >= 8, 30, "8 frames through tensor_ref")
+            used = shared_block_rss_kb(node.proc.pid)
+        finally:
+            c.close()
+            cam.stop()
+        assert node.stop() == 0
+    block_kb = 640 * 480 * 3 * 4 // 1024
+    # At most the pool's control page(s) while nobody subscribes; a block once written.
+    assert idle <= 16, f"{idle} kB of shared blocks resident without a tensor_ref subscriber"
+    assert used >= block_kb, f"{used} kB resident after 8 frames through blocks of {block_kb} kB"
+
+
 def test_every_tensor_ref_array_is_its_tensor_byte_for_byte(node: NodeProcess) -> None:
     """Six photographs (more frames than blocks: blocks are reused), one at a time: the
     Tensor and the TensorRef of each; the array equals the Tensor's data byte for byte
