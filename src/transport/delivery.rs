@@ -17,9 +17,10 @@
 //! without `--clock` has stamps hours old, by design). So only the arrival pattern
 //! is judged, against the stamps' own spacing: how much later than the window's
 //! quickest frame each frame arrives (any clock offset cancels), and how many frames
-//! arrive much closer together than they were stamped. Both are judged only while the
-//! stamps advance at the arrival rate (a live camera, or a replay at rate 1): a replay
-//! at another rate, or as fast as possible, is not a camera's transport.
+//! arrive much closer together than they were stamped. A live camera (its stamps near the
+//! node's clock, [`LIVE_AGE_S`]) is always judged; other frames only while the stamps
+//! advance at the arrival rate (a replay at rate 1): a replay at another rate, or as fast
+//! as possible, is not a camera's transport.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -76,6 +77,12 @@ pub const LATE_CLEAR_PERIODS: f64 = 0.5;
 /// The stamps advance at the arrival rate when (arrival span) / (stamp span) is within
 /// these bounds.
 pub const REAL_TIME: (f64, f64) = (0.8, 1.25);
+/// A frame whose stamp is within this of the node's (system) clock when it arrives comes
+/// from a live camera: a late live frame is late by far less, and a recording's stamps (a
+/// bag replayed without `--clock`) are hours or years old. Something a late live camera
+/// cannot fake, unlike the ratio of its stamps to its arrivals, which a transport that
+/// stalls and catches up moves away from 1.
+pub const LIVE_AGE_S: f64 = 10.0;
 
 /// Where the camera's rate came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +160,15 @@ impl Timeliness {
 /// with header stamps `stamps_ns`; `None` with fewer than [`MIN_TIMED`] frames or
 /// stamps that never advance.
 pub fn timeliness(arrivals: &[f64], stamps_ns: &[i64]) -> Option<Timeliness> {
+    timeliness_of(arrivals, stamps_ns, false)
+}
+
+/// [`timeliness`], told whether the frames are `live` (their stamps near the node's clock,
+/// [`LIVE_AGE_S`]): a live camera's pattern is judged whatever the ratio of its stamps to
+/// its arrivals (a stalled transport catching up moves that ratio, and is what must be
+/// flagged); frames not known to be live are judged only while their stamps advance at the
+/// arrival rate (a replay at rate 1), as [`timeliness`] does.
+pub fn timeliness_of(arrivals: &[f64], stamps_ns: &[i64], live: bool) -> Option<Timeliness> {
     let n = arrivals.len().min(stamps_ns.len());
     if n < MIN_TIMED {
         return None;
@@ -164,7 +180,7 @@ pub fn timeliness(arrivals: &[f64], stamps_ns: &[i64]) -> Option<Timeliness> {
         return None;
     }
     let ratio = stamp_span / arrival_span;
-    if !(REAL_TIME.0..=REAL_TIME.1).contains(&ratio) {
+    if !live && !(REAL_TIME.0..=REAL_TIME.1).contains(&ratio) {
         return Some(Timeliness::OtherRate { ratio });
     }
     let mut gaps = Vec::with_capacity(n);
@@ -205,6 +221,9 @@ pub struct DeliveryMonitor {
     /// (arrival, header stamp in ns, bytes) of the last [`STAMPS_KEPT`] images within
     /// [`STAMP_WINDOW`]
     stamps: VecDeque<(Instant, i64, usize)>,
+    /// (arrival, the node's clock at arrival - stamp, s) over [`WINDOW`], when the node's
+    /// clock is the system's (not sim time)
+    ages: VecDeque<(Instant, f64)>,
 }
 
 impl DeliveryMonitor {
@@ -216,6 +235,13 @@ impl DeliveryMonitor {
         if self.stamps.len() > STAMPS_KEPT {
             self.stamps.pop_front();
         }
+        self.trim(at);
+    }
+
+    /// The image that arrived at `at` was `age_s` old on the node's clock (the node's
+    /// system clock minus its stamp; not told under sim time, whose clock is a recording's).
+    pub fn image_age(&mut self, at: Instant, age_s: f64) {
+        self.ages.push_back((at, age_s));
         self.trim(at);
     }
 
@@ -251,6 +277,9 @@ impl DeliveryMonitor {
         while self.infos.front().is_some_and(|&t| t < from) {
             self.infos.pop_front();
         }
+        while self.ages.front().is_some_and(|a| a.0 < from) {
+            self.ages.pop_front();
+        }
     }
 
     /// When the frames of the last [`TIMELY_WINDOW`] arrived against their stamps
@@ -266,7 +295,11 @@ impl DeliveryMonitor {
         let arrivals: Vec<f64> =
             recent.iter().map(|i| i.0.duration_since(first).as_secs_f64()).collect();
         let stamps: Vec<i64> = recent.iter().map(|i| i.1).collect();
-        timeliness(&arrivals, &stamps)
+        // Live when the median age of the same frames is within LIVE_AGE_S.
+        let mut ages: Vec<f64> = self.ages.iter().filter(|a| a.0 >= from).map(|a| a.1).collect();
+        ages.sort_by(f64::total_cmp);
+        let live = ages.get(ages.len() / 2).is_some_and(|a| a.abs() < LIVE_AGE_S);
+        timeliness_of(&arrivals, &stamps, live)
     }
 
     /// The largest image of the last [`WINDOW`], bytes.
@@ -533,6 +566,48 @@ mod tests {
         // Too few frames, or stamps that stand still: nothing said.
         assert_eq!(timeliness(&arrivals[..19], &stamps[..19]), None);
         assert_eq!(timeliness(&arrivals, &[7; 60]), None);
+    }
+
+    /// A live camera whose transport stalled and is catching up (a new user's stock
+    /// reliable 1080p camera): 150 frames at 30 Hz whose delay falls from 1.5 s to 0 over
+    /// the window, so their stamps advance ~1.4x as fast as they arrive.
+    fn catching_up() -> (Vec<f64>, Vec<i64>) {
+        let stamps: Vec<i64> =
+            (0..150).map(|i| 1_700_000_000_000_000_000 + i * 33_333_333).collect();
+        let arrivals =
+            (0..150).map(|i| f64::from(i) / 30.0 + 1.5 * (1.0 - f64::from(i) / 149.0)).collect();
+        (arrivals, stamps)
+    }
+
+    #[test]
+    fn a_live_camera_catching_up_is_judged_late_and_a_recording_is_not() {
+        let (a, s) = catching_up();
+        // Without knowing it is live, the ratio reads as a replay at another rate: the
+        // misfire a new user saw ("not judged: ... 1.62x").
+        let t = timeliness(&a, &s).unwrap();
+        assert!(matches!(t, Timeliness::OtherRate { ratio } if ratio > 1.25), "{t:?}");
+        // Live (its stamps near the node's clock): judged, and late.
+        let t = timeliness_of(&a, &s, true).unwrap();
+        let Timeliness::RealTime { late_p50_s, .. } = t else { panic!("{t:?}") };
+        assert!((late_p50_s - 0.75).abs() < 0.02, "{t:?}");
+        assert!(t.late() && !t.on_time());
+
+        // Through the monitor: the same arrivals with the ages a live camera has (its
+        // delay), then with a recording's (three years old).
+        let t0 = Instant::now();
+        for (old, want_live) in [(0.0, true), (9.5e7, false)] {
+            let mut m = DeliveryMonitor::default();
+            for (&at, &stamp) in a.iter().zip(&s) {
+                let at = t0 + Duration::from_secs_f64(MIN_SPAN.as_secs_f64() + at);
+                m.image(at, stamp, 6_220_800);
+                let i = (stamp - s[0]) as f64 / 33_333_333.0;
+                m.image_age(at, old + 1.5 * (1.0 - i / 149.0));
+            }
+            m.started = Some(t0);
+            let now = t0 + MIN_SPAN + Duration::from_secs_f64(a[149] + 0.01);
+            let t = m.timeliness(now).unwrap();
+            assert_eq!(matches!(t, Timeliness::RealTime { .. }), want_live, "{t:?}");
+        }
     }
 
     #[test]

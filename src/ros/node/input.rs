@@ -113,7 +113,14 @@ pub struct Input {
 /// delivery monitor.
 pub fn arrived(shared: &Shared, index: usize, msg: r2r::NativeMsg<Image>, at: Instant) -> Received {
     let msg = NativeImage::new(msg);
-    lock(&shared.inputs[index]).monitor.image(at, msg.stamp_ns(), msg.data().len());
+    let mut input = lock(&shared.inputs[index]);
+    input.monitor.image(at, msg.stamp_ns(), msg.data().len());
+    // Its age on the node's clock tells a live camera from a recording (not under sim
+    // time, whose clock is the recording's).
+    if let (false, Some(now)) = (shared.clock.sim_time(), shared.clock.now()) {
+        input.monitor.image_age(at, now.as_secs_f64() - msg.stamp_ns() as f64 * 1e-9);
+    }
+    drop(input);
     Received { msg, at }
 }
 
