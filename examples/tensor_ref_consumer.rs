@@ -15,7 +15,7 @@ use futures::{FutureExt, StreamExt};
 use r2r::vision_preproc_msgs::msg::{FrameTiming, TensorRef};
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use vision_preproc::handoff::consumer::{Consumer, Held};
+use vision_preproc::consumer::{Consumer, Held};
 use vision_preproc::handoff::MemoryKind;
 
 /// The tensor's bytes: in place for host memory; for CUDA memory copied into `host`

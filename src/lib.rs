@@ -19,7 +19,11 @@
 //! types (keep-latest slot, batch synchronizer, input QoS rule, delivery monitor, Fast
 //! DDS segment size), [`wire`] the CDR of the messages and their type names, [`bag`]
 //! rosbag2 files, [`nvtx`] the profiler ranges of each frame and stage (loaded only when
-//! a tool asks). `backend/` never imports r2r and `ros/` never imports cudarc.
+//! a tool asks). [`handoff`] is the zero-copy hand-off's pool (the node's side, used by
+//! the pipeline and the backends' device blocks); [`consumer`], a consumer process's side
+//! in Rust, sits above it and the backends (it imports the CUDA blocks), never below:
+//! `handoff/` never imports `backend/`. `backend/` never imports r2r and `ros/` never
+//! imports cudarc.
 
 // The house rules that a lint can keep (docs/ARCHITECTURE.md): no unwrap/expect outside
 // tests, a `// SAFETY:` comment on every unsafe block.
@@ -29,6 +33,7 @@
 pub mod backend;
 pub mod bag;
 pub mod config;
+pub mod consumer;
 pub mod error;
 pub mod handoff;
 pub mod image;

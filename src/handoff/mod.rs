@@ -15,8 +15,7 @@
 //! consistent), so either the consumer sees the new generation (and lets go) or the
 //! node sees the hold (and leaves the block).
 
-pub mod consumer;
-mod memory;
+pub(crate) mod memory;
 pub mod server;
 
 use crate::error::{Error, Result};

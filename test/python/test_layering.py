@@ -87,6 +87,9 @@ RULES = [
      imports("(ros|transport)"), under("src/pipeline/"), under("src/ros/")),
     ("transport/ never imports backend/, pipeline/ or ros/ (decisions without ROS types)",
      imports("(backend|pipeline|ros)"), under("src/transport/"), under("src/ros/")),
+    ("handoff/ never imports backend/: the Rust consumer, which imports the CUDA blocks, "
+     "sits above both (src/consumer.rs)",
+     imports("backend"), under("src/handoff/"), under("src/consumer.rs")),
     ("only the binaries call into ros/: no library module outside it imports it",
      imports("ros"), outside("src/ros/", "src/bin/", "test/", "src/lib.rs"),
      under("src/bin/vision_preproc_node.rs")),

@@ -3,7 +3,7 @@
 //! descriptor handles, reserved, mapped and made read-write here, exported once as an
 //! fd that the pool's socket hands to consumers with `SCM_RIGHTS`): [`VmmBlocks`], the
 //! node's side; [`ImportedBlocks`], a consumer process's (the fds imported and mapped
-//! there, `handoff::consumer`). Legacy CUDA IPC (`cuIpcGetMemHandle`) does not work on
+//! there, `crate::consumer`). Legacy CUDA IPC (`cuIpcGetMemHandle`) does not work on
 //! this memory and is not used.
 
 use super::{drv_err, DeviceInfo};

@@ -2,11 +2,15 @@
 //! socket, map its blocks once (host memory: `mmap`; CUDA memory: imported on the
 //! device, feature `cuda`), and read a `TensorRef`'s tensor in place while holding it.
 //! docs/HANDOFF.md; `examples/tensor_ref_consumer.rs` with r2r.
+//!
+//! A layer above both the hand-off's pool ([`crate::handoff`], its protocol) and the
+//! backends (the CUDA import of `backend::cuda::vmm`), as its Python twin sits above the
+//! node: `handoff/` never imports `backend/` (`test/python/test_layering.py`).
 
-use super::memory::Mapping;
-use super::{MemoryKind, CONTROL_MAGIC, HELLO_MAGIC, PROTOCOL_VERSION};
 use crate::backend::cuda::vmm::ImportedBlocks;
 use crate::error::{Error, Result};
+use crate::handoff::memory::Mapping;
+use crate::handoff::{MemoryKind, CONTROL_MAGIC, HELLO_MAGIC, PROTOCOL_VERSION};
 use serde::Deserialize;
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -432,9 +436,9 @@ impl DeviceBlock<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::server::Server;
-    use super::super::Pool;
     use super::*;
+    use crate::handoff::server::Server;
+    use crate::handoff::Pool;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -457,7 +461,7 @@ mod tests {
         let held = c.take(0, generation).expect("the generation published");
         assert_eq!(&held.bytes()[..4], &[1, 2, 3, 4]);
         assert!(c.take(0, generation + 1).is_none(), "another generation");
-        std::thread::sleep(super::super::GRACE * 2);
+        std::thread::sleep(crate::handoff::GRACE * 2);
         assert!(pool.lease().0.is_none(), "held: not reused");
         drop(held);
         let next = pool.lease().0.expect("released: reusable");
@@ -502,9 +506,9 @@ mod tests {
 
     /// Device blocks as the CUDA backend hands them to the pool, with memfds for fds
     /// (what a machine without a GPU can make).
-    struct MemfdDevice(Vec<super::super::memory::Memfd>);
+    struct MemfdDevice(Vec<crate::handoff::memory::Memfd>);
 
-    impl super::super::DeviceBlocks for MemfdDevice {
+    impl crate::handoff::DeviceBlocks for MemfdDevice {
         fn len(&self) -> usize {
             self.0.len()
         }
@@ -533,7 +537,8 @@ mod tests {
     fn a_cuda_pool_that_cannot_be_imported_is_refused_with_the_fix() {
         let dir = std::env::temp_dir().join(format!("vp_consumer_cuda_{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let fds = (0..2).map(|i| super::super::memory::Memfd::new(&format!("b{i}"), 4096).unwrap());
+        let fds =
+            (0..2).map(|i| crate::handoff::memory::Memfd::new(&format!("b{i}"), 4096).unwrap());
         let device = Box::new(MemfdDevice(fds.collect()));
         let pool = Pool::device(device, Duration::from_secs(5), &dir).unwrap();
         let server = Server::start(Arc::clone(&pool)).unwrap();
