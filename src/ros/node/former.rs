@@ -14,47 +14,12 @@
 //! in a set replaced in the slot, or waiting at shutdown) + rejected (invalid: a batch
 //! slot is padded and flagged invalid, the batch goes out) + failed (the set failed).
 
-use super::shared::{lock, Received, Shared};
+use super::shared::{lock, Formed, Received, Shared};
 use crate::config::Config;
-use crate::transport::batch_sync::{Batch, BatchSettings, Batcher, CameraCounts, Frame, Item};
+use crate::transport::batch_sync::{Batch, BatchSettings, Batcher, Frame};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A frame set handed to the processing thread, with the instant it was formed (the
-/// arrival of the frame that completed it, or the deadline's poll).
-pub struct Formed {
-    /// One item per input.
-    pub batch: Batch<Received>,
-    /// When it was formed.
-    pub at: Instant,
-}
-
-impl Formed {
-    /// Frames of the batch not in an earlier one.
-    pub fn new_frames(&self) -> u64 {
-        self.batch.items.iter().filter(|i| matches!(i, Item::Frame { repeated: false, .. })).count()
-            as u64
-    }
-}
-
-/// What `/diagnostics` shows of one camera (written by the spin thread and, for
-/// `published`, the processing thread).
-#[derive(Debug, Clone, Default)]
-pub struct CameraState {
-    /// The image topic, resolved.
-    pub topic: String,
-    /// The former's counters (received = batched + dropped + pending).
-    pub counts: CameraCounts,
-    /// No frame for `stale_after_ms`.
-    pub stale: bool,
-    /// When its last frame arrived.
-    pub last_arrival: Option<Instant>,
-    /// Its frames in published sets (once each).
-    pub published: u64,
-    /// Its frames rejected as invalid.
-    pub rejected: u64,
-}
 
 /// The frame-set former on the spin thread.
 pub struct Former {

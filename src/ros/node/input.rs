@@ -11,7 +11,7 @@ use super::shared::{lock, Received, Shared};
 use crate::config::QosPreset;
 use crate::ros::participant::{Deliver, OwnParticipant};
 use crate::transport::{
-    adapt_to_offers, Adapted, DeliveryMonitor, Durability, Offer, Reliability, NO_PUBLISHER_YET,
+    adapt_to_offers, Adapted, Durability, Offer, Reliability, NO_PUBLISHER_YET,
 };
 use futures::{FutureExt, Stream, StreamExt};
 use r2r::qos::{DurabilityPolicy, ReliabilityPolicy};
@@ -24,23 +24,6 @@ pub const QOS_CHECK_PERIOD: Duration = Duration::from_millis(250);
 
 type Images = Box<dyn Stream<Item = r2r::NativeMsg<Image>> + Unpin>;
 type CameraInfos = Box<dyn Stream<Item = CameraInfo> + Unpin>;
-
-/// What `/diagnostics` says about the input (written by the spin thread, read by the
-/// diagnostics task).
-#[derive(Debug, Default)]
-pub struct InputState {
-    /// The image topic, fully qualified (after remapping).
-    pub topic: String,
-    /// The subscription's QoS and why it was chosen.
-    pub qos: String,
-    /// Image publishers matched in the graph.
-    pub publishers: usize,
-    /// The subscription is best effort (lost fragments of large frames are not
-    /// repaired).
-    pub best_effort: bool,
-    /// Arrivals, for frames lost before the node.
-    pub monitor: DeliveryMonitor,
-}
 
 /// The r2r QoS of an input subscription: the preset, or for `auto` what `adapted` says
 /// (best effort, which matches any publisher, without an answer).

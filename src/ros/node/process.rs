@@ -9,9 +9,9 @@
 //! sets formed meanwhile replace each other in the keep-latest slot (counted as dropped).
 
 use super::clock::{self, Throttle};
-use super::former::Formed;
 use super::handoff::{Handoff, SetOutputs};
 use super::native::ros_header;
+use super::shared::Formed;
 use super::shared::{lock, Outputs, RateLimitedLog, Received, Shared};
 use crate::backend::StageTimes;
 use crate::image::ImageView;

@@ -1,19 +1,72 @@
 //! The state the node's threads share: the received frames and formed sets, the
 //! counters, each input's and camera's state, the parameters, the clock and the backend
-//! as `/diagnostics` shows it; the output publishers; the rate-limited error log.
+//! as `/diagnostics` shows it; the output publishers; the rate-limited error log. The
+//! types of that state live here, not with the code that fills them (the former, the
+//! input), which imports this module: nothing here imports them back.
 
 use super::clock::{self, NodeClock};
-use super::former::{CameraState, Formed};
-use super::input::InputState;
 use super::native::NativeImage;
 use super::params::NodeParams;
 use super::stats::{BackendInfo, Stats};
-use crate::transport::Latest;
+use crate::transport::batch_sync::{Batch, CameraCounts, Item};
+use crate::transport::{DeliveryMonitor, Latest};
 use r2r::sensor_msgs::msg::{CameraInfo, Image};
 use r2r::QosProfile;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// A frame set handed to the processing thread, with the instant it was formed (the
+/// arrival of the frame that completed it, or the deadline's poll).
+pub struct Formed {
+    /// One item per input.
+    pub batch: Batch<Received>,
+    /// When it was formed.
+    pub at: Instant,
+}
+
+impl Formed {
+    /// Frames of the batch not in an earlier one.
+    pub fn new_frames(&self) -> u64 {
+        self.batch.items.iter().filter(|i| matches!(i, Item::Frame { repeated: false, .. })).count()
+            as u64
+    }
+}
+
+/// What `/diagnostics` shows of one camera (written by the spin thread and, for
+/// `published`, the processing thread).
+#[derive(Debug, Clone, Default)]
+pub struct CameraState {
+    /// The image topic, resolved.
+    pub topic: String,
+    /// The former's counters (received = batched + dropped + pending).
+    pub counts: CameraCounts,
+    /// No frame for `stale_after_ms`.
+    pub stale: bool,
+    /// When its last frame arrived.
+    pub last_arrival: Option<Instant>,
+    /// Its frames in published sets (once each).
+    pub published: u64,
+    /// Its frames rejected as invalid.
+    pub rejected: u64,
+}
+
+/// What `/diagnostics` says about the input (written by the spin thread, read by the
+/// diagnostics task).
+#[derive(Debug, Default)]
+pub struct InputState {
+    /// The image topic, fully qualified (after remapping).
+    pub topic: String,
+    /// The subscription's QoS and why it was chosen.
+    pub qos: String,
+    /// Image publishers matched in the graph.
+    pub publishers: usize,
+    /// The subscription is best effort (lost fragments of large frames are not
+    /// repaired).
+    pub best_effort: bool,
+    /// Arrivals, for frames lost before the node.
+    pub monitor: DeliveryMonitor,
+}
 
 /// Seconds between two logs of rejected frames (the count in between is logged).
 const REJECT_LOG_PERIOD: Duration = Duration::from_secs(2);
