@@ -53,6 +53,52 @@ impl ClockOut {
     }
 }
 
+impl ClockOut {
+    /// The `/clock` publisher at `hz`, if asked for: rclcpp's ClockQoS (what rosbag2's
+    /// player uses), reliable, volatile, depth 1.
+    fn create(node: &mut r2r::Node, hz: Option<f64>) -> Result<Option<ClockOut>> {
+        let Some(hz) = hz else {
+            return Ok(None);
+        };
+        Ok(Some(ClockOut {
+            publisher: node
+                .create_publisher::<Clock>("/clock", QosProfile::default().keep_last(1))
+                .map_err(|e| ros_err("creating the /clock publisher", e))?,
+            period: Duration::try_from_secs_f64(1.0 / hz).unwrap_or(Duration::from_millis(25)),
+        }))
+    }
+}
+
+/// Wait (at most 20 s) until the image topic has `--wait-subscribers` subscribers.
+fn wait_for_subscribers(
+    node: &mut r2r::Node,
+    image_pub: &r2r::PublisherUntyped,
+    opts: &PlayOptions,
+    stopped: &dyn Fn() -> bool,
+) -> Result<()> {
+    if opts.wait_subscribers == 0 {
+        return Ok(());
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while image_pub.get_inter_process_subscription_count().unwrap_or(0) < opts.wait_subscribers
+        && !stopped()
+    {
+        if Instant::now() > deadline {
+            return Err(Error::Ros {
+                context: format!("playing {}", opts.input.display()),
+                message: format!(
+                    "no subscriber on {} within 20 s (--wait-subscribers {})",
+                    opts.image_topic, opts.wait_subscribers
+                ),
+            });
+        }
+        node.spin_once(Duration::from_millis(50));
+    }
+    // Let the new subscription's reader finish matching before the first sample.
+    std::thread::sleep(Duration::from_millis(300));
+    Ok(())
+}
+
 /// Play the bag. Blocks until the end (or forever with `repeat`), or until SIGINT or
 /// SIGTERM (then it stops after the message being published, as at the end).
 pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
@@ -78,36 +124,8 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     let info_pub = node
         .create_publisher_untyped(&opts.camera_info_topic, CAMERA_INFO_TYPE, qos)
         .map_err(|e| ros_err("creating the camera_info publisher", e))?;
-    // rclcpp's ClockQoS (what rosbag2's player uses): reliable, volatile, depth 1.
-    let clock = match opts.clock_hz {
-        Some(hz) => Some(ClockOut {
-            publisher: node
-                .create_publisher::<Clock>("/clock", QosProfile::default().keep_last(1))
-                .map_err(|e| ros_err("creating the /clock publisher", e))?,
-            period: Duration::try_from_secs_f64(1.0 / hz).unwrap_or(Duration::from_millis(25)),
-        }),
-        None => None,
-    };
-
-    if opts.wait_subscribers > 0 {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while image_pub.get_inter_process_subscription_count().unwrap_or(0) < opts.wait_subscribers
-            && !stopped()
-        {
-            if Instant::now() > deadline {
-                return Err(Error::Ros {
-                    context: format!("playing {}", opts.input.display()),
-                    message: format!(
-                        "no subscriber on {} within 20 s (--wait-subscribers {})",
-                        opts.image_topic, opts.wait_subscribers
-                    ),
-                });
-            }
-            node.spin_once(Duration::from_millis(50));
-        }
-        // Let the new subscription's reader finish matching before the first sample.
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    let clock = ClockOut::create(&mut node, opts.clock_hz)?;
+    wait_for_subscribers(&mut node, &image_pub, opts, &stopped)?;
 
     let mut stats = PlayStats::default();
     let mut wanted = vec![image_topic.as_str()];

@@ -169,11 +169,7 @@ fn replay(
     let ns = args.output_namespace.trim_end_matches('/');
     let t_tensor = out.add_topic(&format!("{ns}/tensor"), tensor_type(batch))?;
     let t_timing = out.add_topic(&format!("{ns}/timing"), FRAME_TIMING_TYPE)?;
-    let bar = ProgressBar::new_spinner();
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {pos} frames {per_sec} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
+    let bar = progress_bar();
     let mut batcher: Option<Batcher<Recorded>> = None;
     let mut tally = Tally::default();
     let started = Instant::now();
@@ -254,10 +250,35 @@ fn replay(
     tally.frames = counts.iter().map(|c| c.received).sum();
     let wall = started.elapsed().as_secs_f64();
     let out_dir = out.finish()?;
+    println!("replay summary: {} -> {}", args.input.display(), out_dir.display());
+    print_counts(&tally, topics, &backend_name, &counts, pending);
+    let unit = if batch { ("batches", tally.sets as f64) } else { ("frames", tally.frames as f64) };
+    print_summary_tail(&tally.rejected, &tally.skipped, &damage, unit, wall, &mut tally.stages);
+    Ok(())
+}
+
+/// The spinner of a replay: frames read, their rate.
+fn progress_bar() -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {pos} frames {per_sec} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar
+}
+
+/// The summary's counts: per frame for one topic; per batch and per camera for 2+ (with
+/// the frames `pending` in the former at the end).
+fn print_counts(
+    tally: &Tally,
+    topics: &[String],
+    backend_name: &str,
+    counts: &[vision_preproc::transport::batch_sync::CameraCounts],
+    pending: u64,
+) {
     let (rejected, skipped) =
         (tally.rejected.values().sum::<u64>(), tally.skipped.values().sum::<u64>());
-    println!("replay summary: {} -> {}", args.input.display(), out_dir.display());
-    if batch {
+    if topics.len() >= 2 {
         println!("  {} cameras, backend {backend_name}", topics.len());
         println!(
             "  frames {}: {} batches, {} padded (stale) slots, rejected {rejected}, skipped \
@@ -277,9 +298,6 @@ fn replay(
             tally.frames, tally.sets
         );
     }
-    let unit = if batch { ("batches", tally.sets as f64) } else { ("frames", tally.frames as f64) };
-    print_summary_tail(&tally.rejected, &tally.skipped, &damage, unit, wall, &mut tally.stages);
-    Ok(())
 }
 
 /// A formed set's frames decoded (`None`: stale, or undecodable) with whether each was

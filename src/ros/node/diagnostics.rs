@@ -9,7 +9,7 @@ use super::shared::{lock, Shared};
 use super::stats::{Counts, InputReport};
 use crate::ros::dds::{profile_var, shipped_dds_profile};
 use crate::transport::dds::KernelUdp;
-use crate::transport::{delivery, Basis, Timeliness};
+use crate::transport::{delivery, Basis, Delivery, Timeliness};
 use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -216,68 +216,16 @@ fn delivery_report(
         (format!("{prefix}Input QoS"), qos),
         (format!("{prefix}Input publishers"), publishers.to_string()),
     ];
-    let kind = if best_effort { "best-effort" } else { "reliable" };
-    let profile = || {
-        shipped_dds_profile().map_or_else(
-            || "config/fastdds_large_frames.xml".to_string(),
-            |p| p.display().to_string(),
-        )
-    };
+    let input = Described { shared, topic: &topic, best_effort };
     let kernel = KernelUdp::read();
-    let across_machines = |k: &Option<KernelUdp>| match k.map(|k| k.advice()) {
-        Some(a) if !a.is_empty() => format!(
-            " Across machines (IP fragments), ROS 2's DDS tuning guide also raises the \
-             kernel's limits: {a}"
-        ),
-        _ => String::new(),
-    };
     match delivery {
         Some(d) => {
-            let basis = match d.basis {
-                Basis::CameraInfo => "camera_info",
-                Basis::Stamps => "image stamps",
-            };
-            values.push((
-                format!("{prefix}Input delivery"),
-                format!(
-                    "{:.1} of {:.1} frames/s arrive ({:.0} %; camera rate from {basis})",
-                    d.arrived_hz,
-                    d.camera_hz,
-                    100.0 * d.fraction
-                ),
-            ));
+            values.push((format!("{prefix}Input delivery"), describe_delivery(&d)));
             let losing = d.fraction < delivery::RAISE_BELOW
                 && (d.largest_bytes >= delivery::LARGE_SAMPLE || d.largest_bytes == 0);
             if !raised.lost && losing {
                 raised.lost = true;
-                let cause = if best_effort {
-                    "Large best-effort samples that do not fit the camera's Fast DDS \
-                     shared-memory segment go as UDP fragments, and one lost fragment loses \
-                     the frame"
-                } else {
-                    "Large reliable samples that do not fit the camera's Fast DDS \
-                     shared-memory segment go as UDP fragments; while lost fragments are \
-                     repaired, the camera's writer history fills and newer frames replace \
-                     the unrepaired ones"
-                };
-                r2r::log_warn!(
-                    &shared.logger,
-                    "frames are lost before they reach the node: {:.1} of the camera's ~{:.1} \
-                     frames/s arrive on {topic} ({:.1} MB {kind} images, camera rate from \
-                     {basis}). {cause}. Fix: start the camera driver with \
-                     {}={}{}.{}",
-                    d.arrived_hz,
-                    d.camera_hz,
-                    d.largest_bytes as f64 / 1e6,
-                    profile_var(),
-                    profile(),
-                    if best_effort {
-                        ", or make it publish reliable (input_qos auto then subscribes reliable)"
-                    } else {
-                        ""
-                    },
-                    across_machines(&kernel)
-                );
+                input.warn_lost(&d, &kernel);
             } else if raised.lost && d.fraction >= delivery::CLEAR_ABOVE {
                 raised.lost = false;
                 r2r::log_info!(&shared.logger, "input: frames arrive at the camera's rate again");
@@ -296,26 +244,7 @@ fn delivery_report(
         values.push((format!("{prefix}Input timeliness"), describe_timeliness(&t)));
         if !raised.late && t.late() {
             raised.late = true;
-            if let Timeliness::RealTime { late_p50_s, late_p90_s, bursts, .. } = t {
-                r2r::log_warn!(
-                    &shared.logger,
-                    "frames reach the node late: over the last {} s the median frame arrived \
-                     {:.0} ms and one in ten {:.0} ms later than the quickest, {:.0} % of them \
-                     in bursts, on {topic} ({:.1} MB {kind} images). The camera's transport \
-                     is the bottleneck: samples that do not fit its Fast DDS shared-memory \
-                     segment go as UDP fragments, and every repair of a lost fragment holds \
-                     back the frames behind it. Fix: start the camera driver with \
-                     {}={} (shared memory on one machine).{}",
-                    delivery::TIMELY_WINDOW.as_secs(),
-                    late_p50_s * 1e3,
-                    late_p90_s * 1e3,
-                    100.0 * bursts,
-                    largest as f64 / 1e6,
-                    profile_var(),
-                    profile(),
-                    across_machines(&kernel)
-                );
-            }
+            input.warn_late(&t, largest, &kernel);
         } else if raised.late && t.on_time() {
             raised.late = false;
             r2r::log_info!(&shared.logger, "input: frames arrive on time again");
@@ -329,22 +258,149 @@ fn delivery_report(
             values.push((format!("{prefix}Kernel UDP settings"), k.describe()));
         }
     }
-    let warning = if raised.lost {
-        Some(match delivery {
-            Some(d) => format!(
-                "frames lost before the node: {:.1} of ~{:.1} frames/s arrive (large {kind} \
-                 images; run the camera with config/fastdds_large_frames.xml{})",
-                d.arrived_hz,
-                d.camera_hz,
-                if best_effort { " or reliable" } else { "" }
+    let warning = input.summary(raised, delivery.as_ref(), timeliness.as_ref());
+    // Late frames come in bursts, and a burst's frames replace each other in the node's
+    // keep-latest slot: the transport is the cause of those drops, so it is named first.
+    InputReport { values, warning, urgent: raised.late && !raised.lost }
+}
+
+/// The `Input delivery` value.
+fn describe_delivery(d: &Delivery) -> String {
+    let basis = match d.basis {
+        Basis::CameraInfo => "camera_info",
+        Basis::Stamps => "image stamps",
+    };
+    format!(
+        "{:.1} of {:.1} frames/s arrive ({:.0} %; camera rate from {basis})",
+        d.arrived_hz,
+        d.camera_hz,
+        100.0 * d.fraction
+    )
+}
+
+/// One input as its transport warnings name it.
+struct Described<'a> {
+    shared: &'a Shared,
+    topic: &'a str,
+    best_effort: bool,
+}
+
+impl Described<'_> {
+    fn kind(&self) -> &'static str {
+        if self.best_effort {
+            "best-effort"
+        } else {
+            "reliable"
+        }
+    }
+
+    /// The fix both warnings give: the camera driver with the shipped profile, under the
+    /// name this Fast DDS reads.
+    fn profile(&self) -> String {
+        let path = shipped_dds_profile().map_or_else(
+            || "config/fastdds_large_frames.xml".to_string(),
+            |p| p.display().to_string(),
+        );
+        format!("{}={path}", profile_var())
+    }
+
+    /// Across machines (IP fragments), what ROS 2's DDS tuning guide raises in the kernel.
+    fn across_machines(kernel: &Option<KernelUdp>) -> String {
+        match kernel.map(|k| k.advice()) {
+            Some(a) if !a.is_empty() => format!(
+                " Across machines (IP fragments), ROS 2's DDS tuning guide also raises the \
+                 kernel's limits: {a}"
             ),
-            None => format!(
-                "frames lost before the node (large {kind} images; run the camera with \
-                 config/fastdds_large_frames.xml{})",
-                if best_effort { " or reliable" } else { "" }
-            ),
-        })
-    } else if raised.late {
+            _ => String::new(),
+        }
+    }
+
+    /// The log line when large frames start to be lost before the node.
+    fn warn_lost(&self, d: &Delivery, kernel: &Option<KernelUdp>) {
+        let cause = if self.best_effort {
+            "Large best-effort samples that do not fit the camera's Fast DDS \
+             shared-memory segment go as UDP fragments, and one lost fragment loses \
+             the frame"
+        } else {
+            "Large reliable samples that do not fit the camera's Fast DDS \
+             shared-memory segment go as UDP fragments; while lost fragments are \
+             repaired, the camera's writer history fills and newer frames replace \
+             the unrepaired ones"
+        };
+        let basis = match d.basis {
+            Basis::CameraInfo => "camera_info",
+            Basis::Stamps => "image stamps",
+        };
+        r2r::log_warn!(
+            &self.shared.logger,
+            "frames are lost before they reach the node: {:.1} of the camera's ~{:.1} \
+             frames/s arrive on {} ({:.1} MB {} images, camera rate from {basis}). {cause}. \
+             Fix: start the camera driver with {}{}.{}",
+            d.arrived_hz,
+            d.camera_hz,
+            self.topic,
+            d.largest_bytes as f64 / 1e6,
+            self.kind(),
+            self.profile(),
+            if self.best_effort {
+                ", or make it publish reliable (input_qos auto then subscribes reliable)"
+            } else {
+                ""
+            },
+            Self::across_machines(kernel)
+        );
+    }
+
+    /// The log line when frames start to arrive late, in bursts.
+    fn warn_late(&self, t: &Timeliness, largest: usize, kernel: &Option<KernelUdp>) {
+        let Timeliness::RealTime { late_p50_s, late_p90_s, bursts, .. } = *t else {
+            return;
+        };
+        r2r::log_warn!(
+            &self.shared.logger,
+            "frames reach the node late: over the last {} s the median frame arrived \
+             {:.0} ms and one in ten {:.0} ms later than the quickest, {:.0} % of them \
+             in bursts, on {} ({:.1} MB {} images). The camera's transport \
+             is the bottleneck: samples that do not fit its Fast DDS shared-memory \
+             segment go as UDP fragments, and every repair of a lost fragment holds \
+             back the frames behind it. Fix: start the camera driver with \
+             {} (shared memory on one machine).{}",
+            delivery::TIMELY_WINDOW.as_secs(),
+            late_p50_s * 1e3,
+            late_p90_s * 1e3,
+            100.0 * bursts,
+            self.topic,
+            largest as f64 / 1e6,
+            self.kind(),
+            self.profile(),
+            Self::across_machines(kernel)
+        );
+    }
+
+    /// The input's part of the status message while a warning is raised.
+    fn summary(
+        &self,
+        raised: &Raised,
+        delivery: Option<&Delivery>,
+        timeliness: Option<&Timeliness>,
+    ) -> Option<String> {
+        let (kind, reliable) = (self.kind(), if self.best_effort { " or reliable" } else { "" });
+        if raised.lost {
+            return Some(match delivery {
+                Some(d) => format!(
+                    "frames lost before the node: {:.1} of ~{:.1} frames/s arrive (large {kind} \
+                     images; run the camera with config/fastdds_large_frames.xml{reliable})",
+                    d.arrived_hz, d.camera_hz
+                ),
+                None => format!(
+                    "frames lost before the node (large {kind} images; run the camera with \
+                     config/fastdds_large_frames.xml{reliable})"
+                ),
+            });
+        }
+        if !raised.late {
+            return None;
+        }
         Some(match timeliness {
             Some(Timeliness::RealTime { late_p90_s, bursts, .. }) => format!(
                 "camera transport too slow: frames arrive up to {:.0} ms late (p90), {:.0} % in \
@@ -357,12 +413,7 @@ fn delivery_report(
                   with config/fastdds_large_frames.xml)"
                 .to_string(),
         })
-    } else {
-        None
-    };
-    // Late frames come in bursts, and a burst's frames replace each other in the node's
-    // keep-latest slot: the transport is the cause of those drops, so it is named first.
-    InputReport { values, warning, urgent: raised.late && !raised.lost }
+    }
 }
 
 /// The `Input timeliness` value.

@@ -175,26 +175,11 @@ fn run() -> anyhow::Result<()> {
         topics.len(),
         &output_qos(config.output_qos, config.output_qos_depth),
     )?;
-    if config.is_batch() {
-        r2r::log_info!(
-            &logger,
-            "batching {} cameras ({}), batch_policy {}, input_participants {}: one TensorBatch \
-             on tensor",
-            topics.len(),
-            topics.join(", "),
-            config.batch_policy.name(),
-            config.input_participants.name()
-        );
-    }
+    log_batching(&logger, &config, &topics);
     let former = former::Former::new(&config);
     let diagnostics =
         node.create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())?;
-    // The resolved name of `tensor_ref` (namespace, remaps), for the hand-off's log lines.
-    let (name, namespace) = (node.name()?, node.namespace()?);
-    let ref_topic = ros_args
-        .as_ref()
-        .and_then(|a| a.resolve_topic("tensor_ref", &name, &namespace))
-        .unwrap_or_else(|| format!("{}/tensor_ref", namespace.trim_end_matches('/')));
+    let ref_topic = tensor_ref_topic(&node, ros_args.as_ref())?;
     let subscriptions = spin::Subscriptions {
         topics: topics.clone(),
         preset: config.input_qos,
@@ -252,18 +237,7 @@ fn run() -> anyhow::Result<()> {
     });
     processor.join().map_err(|_| anyhow::anyhow!("processing thread panicked"))?;
     let _node = spinner.join().map_err(|_| anyhow::anyhow!("spin thread panicked"))?;
-    let c = shared.stats.counts();
-    r2r::log_info!(
-        &logger,
-        "stopped: {} frames received, {} published, {} dropped (queue), {} rejected (invalid), {} failed; \
-         {} sets overlapped",
-        c.received,
-        c.published,
-        c.dropped,
-        c.rejected,
-        c.failed,
-        c.overlapped
-    );
+    log_stopped(&logger, &shared);
     let fatal = lock(&shared.fatal).take();
     if let Some(reason) = &fatal {
         // A last /diagnostics status saying why, before the node goes away.
@@ -276,6 +250,45 @@ fn run() -> anyhow::Result<()> {
         Some(reason) => anyhow::bail!("{reason}"),
         None => Ok(()),
     }
+}
+
+/// With 2+ inputs, the start-up line that says how the cameras are batched.
+fn log_batching(logger: &str, config: &crate::config::Config, topics: &[String]) {
+    if config.is_batch() {
+        r2r::log_info!(
+            logger,
+            "batching {} cameras ({}), batch_policy {}, input_participants {}: one TensorBatch \
+             on tensor",
+            topics.len(),
+            topics.join(", "),
+            config.batch_policy.name(),
+            config.input_participants.name()
+        );
+    }
+}
+
+/// The resolved name of `tensor_ref` (namespace, remaps), for the hand-off's log lines.
+fn tensor_ref_topic(node: &r2r::Node, ros_args: Option<&RosArgs>) -> anyhow::Result<String> {
+    let (name, namespace) = (node.name()?, node.namespace()?);
+    Ok(ros_args
+        .and_then(|a| a.resolve_topic("tensor_ref", &name, &namespace))
+        .unwrap_or_else(|| format!("{}/tensor_ref", namespace.trim_end_matches('/'))))
+}
+
+/// The final log line: the node's books.
+fn log_stopped(logger: &str, shared: &Shared) {
+    let c = shared.stats.counts();
+    r2r::log_info!(
+        logger,
+        "stopped: {} frames received, {} published, {} dropped (queue), {} rejected (invalid), {} failed; \
+         {} sets overlapped",
+        c.received,
+        c.published,
+        c.dropped,
+        c.rejected,
+        c.failed,
+        c.overlapped
+    );
 }
 
 /// How long the node stays after its last publication, so that reliable subscribers get
