@@ -191,19 +191,10 @@ fn run() -> anyhow::Result<()> {
     let shared =
         Arc::new(Shared::new(&topics, params, logger.clone(), clock.clone(), backend_info));
 
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
-    let spin_shared = shared.clone();
     // The node is handed back when spinning stops, and kept until the end of `run`:
     // dropping it invalidates every publisher, and the set in flight, the last
     // /diagnostics status and the final log still need them.
-    let spinner = std::thread::Builder::new()
-        .name("spin".into())
-        .spawn(move || spin::spin(node, subscriptions, former, spin_shared, ready_tx))?;
-    if let Ok(Err(e)) | Err(e) = ready_rx.recv().map_err(|e| e.to_string()) {
-        shared.stop();
-        let _ = spinner.join();
-        anyhow::bail!("{e}");
-    }
+    let spinner = spin::start(node, subscriptions, former, &shared)?;
     let handoff = handoff::Handoff::start(
         &pipeline,
         &shared,

@@ -29,6 +29,27 @@ pub struct Subscriptions {
     pub ros_args: Option<RosArgs>,
 }
 
+/// The spin thread, started: [`spin`] on its own thread, once it has subscribed (its
+/// error if it could not, the thread joined). Joining it gives the node back.
+pub fn start(
+    node: r2r::Node,
+    subs: Subscriptions,
+    former: Former,
+    shared: &Arc<Shared>,
+) -> anyhow::Result<std::thread::JoinHandle<r2r::Node>> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let spin_shared = shared.clone();
+    let spinner = std::thread::Builder::new()
+        .name("spin".into())
+        .spawn(move || spin(node, subs, former, spin_shared, ready_tx))?;
+    if let Ok(Err(e)) | Err(e) = ready_rx.recv().map_err(|e| e.to_string()) {
+        shared.stop();
+        let _ = spinner.join();
+        anyhow::bail!("{e}");
+    }
+    Ok(spinner)
+}
+
 /// The spin thread's body: subscribe, say so on `ready`, then spin until the node stops.
 /// Returns the node (kept until the end: dropping it invalidates every publisher).
 ///
