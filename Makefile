@@ -35,4 +35,4 @@ colcon: setup
 	$(ENV) && colcon build --base-paths . msgs --cargo-args --release
 
 clean:
-	rm -rf target build install log
+	rm -rf target target-* build install log

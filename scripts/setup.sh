@@ -13,7 +13,8 @@
 #   target-<distro>/   cargo's build outputs
 # and .ros and target are links to the distribution set up last, so every path in the
 # docs and scripts (.ros/env.sh, target/release/...) names the one in use. Switching is
-# `VP_ROS_DISTRO=kilted make test`; a plain `make ...` switches back to the default. Two
+# `VP_ROS_DISTRO=kilted make test`; a plain `make ...` switches back to the default (unless
+# VP_ROS_DISTRO is in the environment: each env.sh exports its own). Two
 # distributions' builds or tests cannot run at the same time in one checkout.
 #
 # Idempotent: each step is skipped when its inputs have not changed (stamp files in
