@@ -868,6 +868,16 @@ impl Config {
         self.inputs.len() >= 2
     }
 
+    /// Bytes of the tensor data of one published set: network width x height x output
+    /// channels x the dtype's size, times the inputs of a batch. The one source of the
+    /// output's size: the pipeline's (`Pipeline::output_bytes`, the `tensor_ref` blocks)
+    /// and the node's Fast DDS segment (`transport::dds::largest_output`).
+    pub fn tensor_bytes(&self) -> usize {
+        let pixels = self.network_image_width as usize * self.network_image_height as usize;
+        let items = if self.is_batch() { self.inputs.len() } else { 1 };
+        pixels * self.output_channels as usize * self.output_dtype.size() * items
+    }
+
     /// The `conv.*` checks of [`Config::validate`]. Each value is checked whatever the
     /// kernel (so a value that is never valid is refused when it is set, not later when
     /// another parameter changes); only the weight count depends on another parameter.

@@ -507,7 +507,7 @@ fn a_set_announced_before_its_finish_is_withdrawn_when_the_device_fails() {
     let gpu = PipelinedFakeGpu::new(Some(3));
     let recorded = Arc::clone(&gpu.recorded);
     let mut p = Pipeline::new(cfg.clone(), Box::new(gpu)).unwrap();
-    let bytes = p.output_bytes().unwrap();
+    let bytes = p.output_bytes();
     let lease = std::time::Duration::from_secs(1);
     let (pool, why) = p.shared_pool(2, bytes, lease, std::path::Path::new("/tmp")).unwrap();
     assert_eq!((pool.memory(), why, pool.events_missing()), (MemoryKind::Cuda, None, None));

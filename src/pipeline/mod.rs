@@ -559,18 +559,14 @@ impl Pipeline {
         Ok((geometries, rejected))
     }
 
-    /// The parameters of the tensors written (size, layout, dtype, normalization): the
-    /// pad operation's, which every slot shares; made on first use.
-    /// Bytes of one set's tensors (a batch: all its items), as configured now.
-    pub fn output_bytes(&self) -> Result<usize> {
-        let params = match &self.pad_op {
-            Some(p) => p.params,
-            None => pad_op(&self.config)?.params,
-        };
-        let items = if self.config.is_batch() { self.config.input_topics().len() } else { 1 };
-        Ok(params.tensor_desc().byte_len() * items)
+    /// Bytes of one set's tensors (a batch: all its items), as configured now
+    /// ([`Config::tensor_bytes`]).
+    pub fn output_bytes(&self) -> usize {
+        self.config.tensor_bytes()
     }
 
+    /// The parameters of the tensors written (size, layout, dtype, normalization): the
+    /// pad operation's, which every slot shares; made on first use.
     fn view_params(&mut self) -> Result<PreprocessParams> {
         if self.pad_op.is_none() {
             self.pad_op = Some(pad_op(&self.config)?);
@@ -963,6 +959,36 @@ mod tests {
     }
 
     const TOPICS: [&str; 2] = ["a/image", "b/image"];
+
+    #[test]
+    fn the_output_size_derived_once_is_the_pad_operations() {
+        // Config::tensor_bytes sizes the pipeline's output and the node's DDS segment; the
+        // pad operation's tensor is what the backends write: the same bytes, any shape.
+        use crate::config::{DType, Layout};
+        for (w, h, channels, dtype, layout, inputs) in [
+            (640, 480, 3, DType::Float32, Layout::Nchw, &[][..]),
+            (61, 37, 3, DType::Float16, Layout::Nhwc, &["x"][..]),
+            (320, 320, 1, DType::Float32, Layout::Nhwc, &TOPICS[..]),
+            (17, 5, 3, DType::Float16, Layout::Nchw, &["a", "b", "c"][..]),
+        ] {
+            let cfg = Config {
+                network_image_width: w,
+                network_image_height: h,
+                output_channels: channels,
+                output_dtype: dtype,
+                output_layout: layout,
+                inputs: inputs.iter().map(|t| t.to_string()).collect(),
+                image_mean: vec![0.5; channels as usize],
+                image_stddev: vec![0.25; channels as usize],
+                ..Config::default()
+            };
+            let items = if inputs.len() >= 2 { inputs.len() } else { 1 };
+            let op = pad_op(&cfg).expect("pad op");
+            assert_eq!(cfg.tensor_bytes(), op.params.tensor_desc().byte_len() * items, "{w}x{h}");
+            let p = Pipeline::new(cfg, Box::new(CpuBackend::new())).expect("pipeline");
+            assert_eq!(p.output_bytes(), op.params.tensor_desc().byte_len() * items);
+        }
+    }
 
     /// One 8x4 rgb8 frame per topic, pixels `v + camera index` (a batch of one with one
     /// topic).

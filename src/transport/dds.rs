@@ -29,11 +29,9 @@ pub const UDP_BUFFER: usize = 8 << 20;
 /// `debug_image` (rgb8 or mono8 of the network size) when that is larger.
 pub fn largest_output(cfg: &Config) -> usize {
     let pixels = cfg.network_image_width as usize * cfg.network_image_height as usize;
-    let channels = cfg.output_channels as usize;
     let items = cfg.inputs.len().max(1);
-    let tensor = pixels * channels * cfg.output_dtype.size() * items;
-    let debug = pixels * if channels == 1 { 1 } else { 3 };
-    tensor.max(debug) + MESSAGE_OVERHEAD * items
+    let debug = pixels * if cfg.output_channels == 1 { 1 } else { 3 };
+    cfg.tensor_bytes().max(debug) + MESSAGE_OVERHEAD * items
 }
 
 /// The segment for samples of at most `largest` bytes: [`SEGMENT_SAMPLES`] of them, at

@@ -99,8 +99,8 @@ impl Handoff {
             return None;
         }
         let lease = Duration::from_millis(u64::from(config.shared_lease_ms));
-        let made = pipeline.output_bytes().and_then(|bytes| {
-            let dir = server::socket_dir()?;
+        let bytes = pipeline.output_bytes();
+        let made = server::socket_dir().and_then(|dir| {
             let stale = server::remove_stale(&dir);
             if stale > 0 {
                 r2r::log_info!(
@@ -163,35 +163,29 @@ impl Handoff {
         }
         let fill = subscribed(&self.tensor);
         let logger = shared.logger.as_str();
-        match pipeline.output_bytes() {
-            Ok(bytes) if bytes > self.pool.block_size() || epoch != self.epoch => {
-                match open(pipeline, self.blocks, bytes, self.lease, &self.dir, logger) {
-                    Ok((pool, srv)) => {
-                        let why = if epoch != self.epoch {
-                            "the backend was replaced".to_string()
-                        } else {
-                            format!("the output grew to {bytes} bytes")
-                        };
-                        r2r::log_info!(
-                            logger,
-                            "tensor_ref: {why}: consumers move to pool {}",
-                            pool.id()
-                        );
-                        *lock(&shared.pool) = Some(Arc::clone(&pool));
-                        self.pool = pool;
-                        self.epoch = epoch;
-                        self._server = srv;
-                    }
-                    Err(e) => {
-                        log.error(&shared.logger, &format!("tensor_ref: a new pool: {e}"));
-                        return SetOutputs::Go { block: None, fill: true };
-                    }
+        let bytes = pipeline.output_bytes();
+        if bytes > self.pool.block_size() || epoch != self.epoch {
+            match open(pipeline, self.blocks, bytes, self.lease, &self.dir, logger) {
+                Ok((pool, srv)) => {
+                    let why = if epoch != self.epoch {
+                        "the backend was replaced".to_string()
+                    } else {
+                        format!("the output grew to {bytes} bytes")
+                    };
+                    r2r::log_info!(
+                        logger,
+                        "tensor_ref: {why}: consumers move to pool {}",
+                        pool.id()
+                    );
+                    *lock(&shared.pool) = Some(Arc::clone(&pool));
+                    self.pool = pool;
+                    self.epoch = epoch;
+                    self._server = srv;
                 }
-            }
-            Ok(_) => {}
-            Err(e) => {
-                log.error(&shared.logger, &format!("tensor_ref: {e}"));
-                return SetOutputs::Go { block: None, fill: true };
+                Err(e) => {
+                    log.error(&shared.logger, &format!("tensor_ref: a new pool: {e}"));
+                    return SetOutputs::Go { block: None, fill: true };
+                }
             }
         }
         if !wanted {
