@@ -136,7 +136,9 @@ impl DdsSetup {
             let read_anyway = fastdds.as_ref().map_or(true, |f| f.major >= 3);
             let warning = (!read_anyway).then(|| {
                 format!(
-                    "{other} is set, but this Fast DDS ({}) reads only {var}: the node uses                      the profile under that name; other processes started the same way (the                      camera driver) ignore it. Set {var}={} instead",
+                    "{other} is set, but this Fast DDS ({}) reads only {var}: the node uses \
+                     the profile under that name; other processes started the same way (the \
+                     camera driver) ignore it. Set {var}={} instead",
                     fastdds.as_ref().map_or("?", |f| f.version.as_str()),
                     v.to_string_lossy()
                 )

@@ -336,6 +336,35 @@ def test_a_camera_started_as_the_docs_say_reaches_the_node_through_shared_memory
     assert f"reads {profile_var()}" in fastdds and profile.startswith(f"{profile_var()}="), (fastdds, profile)
 
 
+def test_a_profile_under_the_other_name_is_used_and_named(tmp_path: Path) -> None:
+    """A user who set the Fast DDS profile under the name the installed Fast DDS does not
+    read: on Fast DDS 2 (Jazzy), which ignores FASTDDS_DEFAULT_PROFILES_FILE, the node uses
+    the profile all the same and WARNs that a camera started that way ignores it, naming
+    the variable to set; on Fast DDS 3, which still reads the old name, no WARN. Either way
+    /diagnostics names the profile in force."""
+    var = profile_var()
+    other = next(v for v in PROFILE_VARS if v != var)
+    ns = "/transport_other_name"
+    log = tmp_path / "node.log"
+    with NodeProcess(["-r", f"__ns:={ns}", "-p", "backend:=cpu"], unset=(var,), env={other: str(PROFILE)},
+                     log=log) as node:
+        peer = Peer(ns, publish_images=False)
+        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+        try:
+            s = diag.wait_for(lambda s: True, 15.0, "a /diagnostics status")
+            profile = diag.value(s, "Fast DDS profile")
+        finally:
+            peer.close()
+        assert node.stop() == 0
+    text = log.read_text()
+    if var == "FASTRTPS_DEFAULT_PROFILES_FILE":
+        assert f"{other} is set, but this Fast DDS" in text and f"Set {var}={PROFILE} instead" in text, text[-2000:]
+        assert profile == f"{var}={PROFILE}", profile
+    else:
+        assert "is set, but this Fast DDS" not in text, text[-2000:]
+        assert profile.startswith(f"{other}={PROFILE} (the old name"), profile
+
+
 TIMELINESS = re.compile(r"behind the quickest frame: median ([0-9.]+) ms, p90 ([0-9.]+) ms; ([0-9]+) % in bursts "
                         r"\((\d+) frames\)")
 
