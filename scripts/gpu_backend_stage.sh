@@ -42,5 +42,8 @@ cp "$FAULT" "$STAGE/gpu_fault"
 cp scripts/gpu_backend_remote.sh "$STAGE/gpu_backend_remote.sh"
 strip --strip-debug "$STAGE/vision_preproc" "$STAGE/gpu_parity" "$STAGE/gpu_fault" 2>/dev/null || true
 git rev-parse HEAD >"$STAGE/COMMIT"
+# The three binaries are ~75 MB, over the device tool's 64 MiB carry: carry this ~10 MB
+# archive instead and unpack it there (gpu_backend_remote.sh finds the binaries beside it).
+tar cJf "$STAGE/gpu_backend.tar.xz" -C "$STAGE" vision_preproc gpu_parity gpu_fault gpu_backend_remote.sh COMMIT
 ls -la "$STAGE"
-du -sh "$STAGE"
+du -sh "$STAGE" "$STAGE/gpu_backend.tar.xz"
