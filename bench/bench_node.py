@@ -153,10 +153,6 @@ def pct(v: list[float], q: float) -> float:
     return float(np.percentile(v, q)) if v else float("nan")
 
 
-def without_profile(env: dict) -> dict:
-    return with_profile(env, None)
-
-
 def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, idx: int,
             publisher: str = "rclpy", node_params: list[str] | None = None, case: str = "") -> dict:
     """One run. `case` (--delivery): "stock-reliable", "stock-best-effort" or
@@ -170,7 +166,7 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
     ns = f"/bench{idx}"
     load0 = os.getloadavg()
     nw, nh = NETWORK
-    node_env = without_profile(dict(os.environ)) if case else dict(os.environ)
+    node_env = with_profile(dict(os.environ), None) if case else dict(os.environ)
     if kind in ("vision_preproc", "vision_preproc_old"):
         binary = (OLD_BIN if kind == "vision_preproc_old" else BIN) / "vision_preproc_node"
         cmd = [str(binary), "--ros-args", "-r", f"__ns:={ns}", "--params-file", str(ROOT / "config" / "default.yaml"),
@@ -236,7 +232,7 @@ def run_one(kind: str, w: int, h: int, rate: str, seconds: float, cache: Path, i
                     "--topic", f"{ns}/image", "--wait-subscribers", "1"]
         if case == "stock-reliable":
             play_cmd += ["--reliable"]
-    camera_env = without_profile(dict(os.environ)) if case.startswith("stock") else dict(os.environ)
+    camera_env = with_profile(dict(os.environ), None) if case.startswith("stock") else dict(os.environ)
     if case == "profile-best-effort":
         camera_env[PROFILE_VAR] = str(PROFILE)
     samples = []

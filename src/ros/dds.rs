@@ -8,6 +8,7 @@
 use crate::config::Config;
 use crate::transport::dds;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// The variable Fast DDS 3 reads its XML profile from. Fast DDS 3 still reads the old
 /// name too, with a deprecation warning (even when the new one is set beside it).
@@ -27,10 +28,13 @@ pub struct FastDds {
 }
 
 impl FastDds {
-    /// The Fast DDS mapped into this process (`/proc/self/maps`), if one is. The node and
-    /// the CLI link the ROS middleware, so it is mapped from the start.
-    pub fn loaded() -> Option<FastDds> {
-        Self::from_maps(&std::fs::read_to_string("/proc/self/maps").ok()?)
+    /// The Fast DDS mapped into this process (`/proc/self/maps`, read once), if one is.
+    /// The node and the CLI link the ROS middleware, so it is mapped from the start.
+    pub fn loaded() -> Option<&'static FastDds> {
+        static LOADED: OnceLock<Option<FastDds>> = OnceLock::new();
+        LOADED
+            .get_or_init(|| Self::from_maps(&std::fs::read_to_string("/proc/self/maps").ok()?))
+            .as_ref()
     }
 
     /// The Fast DDS named in a `/proc/<pid>/maps` text.
@@ -68,21 +72,46 @@ impl FastDds {
 /// The profile variable of the Fast DDS this process runs on; Fast DDS 3's name when no
 /// Fast DDS is mapped (never the case in a binary built with ROS).
 pub fn profile_var() -> &'static str {
-    FastDds::loaded().map_or(PROFILE_VAR_3, |f| f.profile_var())
+    names().0
+}
+
+/// (the name the loaded Fast DDS reads its profile from, the other name, whether it reads
+/// the other name too): Fast DDS 3's when none is mapped.
+fn names() -> (&'static str, &'static str, bool) {
+    FastDds::loaded().map_or((PROFILE_VAR_3, PROFILE_VAR_2, true), |f| {
+        (f.profile_var(), f.other_profile_var(), f.major >= 3)
+    })
+}
+
+/// A variable's value, an empty one counting as unset.
+fn set(var: &str) -> Option<std::ffi::OsString> {
+    std::env::var_os(var).filter(|v| !v.is_empty())
+}
+
+/// A profile given only under the name the loaded Fast DDS ignores (Fast DDS 2 and
+/// `FASTDDS_DEFAULT_PROFILES_FILE`), set under the name it reads: this process uses it all
+/// the same. Returns that name and value when it did (a process started the same way, the
+/// camera's, ignores it: worth a warning).
+fn adopt_ignored_name() -> Option<(&'static str, std::ffi::OsString)> {
+    let (var, other, reads_other) = names();
+    if reads_other || set(var).is_some() {
+        return None;
+    }
+    let v = set(other)?;
+    std::env::set_var(var, &v);
+    Some((other, v))
 }
 
 /// One line for `info` and `/diagnostics`: the Fast DDS loaded and the profile in force.
 pub fn describe() -> (String, String) {
-    let var = profile_var();
+    let (var, other, reads_other) = names();
     let fastdds = match FastDds::loaded() {
         Some(f) => format!("{} (reads {var})", f.version),
         None => "not loaded".into(),
     };
-    let set = |var: &str| std::env::var_os(var).filter(|v| !v.is_empty());
-    let other = if var == PROFILE_VAR_3 { PROFILE_VAR_2 } else { PROFILE_VAR_3 };
     let profile = match (set(var), set(other)) {
         (Some(v), _) => format!("{var}={}", v.to_string_lossy()),
-        (None, Some(v)) if var == PROFILE_VAR_3 => {
+        (None, Some(v)) if reads_other => {
             format!(
                 "{other}={} (the old name: read, with a deprecation warning)",
                 v.to_string_lossy()
@@ -123,34 +152,22 @@ impl DdsSetup {
     /// `FASTDDS_DEFAULT_PROFILES_FILE`) is used all the same, under the right name, and
     /// said in the returned warning: the camera's process, started the same way, ignores it.
     pub fn configure(config: &Config) -> anyhow::Result<(DdsSetup, Option<String>)> {
-        let fastdds = FastDds::loaded();
-        let (var, other) = fastdds
-            .as_ref()
-            .map_or((PROFILE_VAR_3, PROFILE_VAR_2), |f| (f.profile_var(), f.other_profile_var()));
-        // (An empty value counts as unset.)
-        let set = |var: &str| std::env::var_os(var).filter(|v| !v.is_empty());
-        if let Some(v) = set(var) {
-            return Ok((DdsSetup::User(format!("{var}={}", v.to_string_lossy())), None));
-        }
-        if let Some(v) = set(other) {
-            let read_anyway = fastdds.as_ref().map_or(true, |f| f.major >= 3);
-            let warning = (!read_anyway).then(|| {
-                format!(
-                    "{other} is set, but this Fast DDS ({}) reads only {var}: the node uses \
-                     the profile under that name; other processes started the same way (the \
-                     camera driver) ignore it. Set {var}={} instead",
-                    fastdds.as_ref().map_or("?", |f| f.version.as_str()),
-                    v.to_string_lossy()
-                )
-            });
-            if !read_anyway {
-                std::env::set_var(var, &v);
+        let var = profile_var();
+        let warning = adopt_ignored_name().map(|(other, v)| {
+            format!(
+                "{other} is set, but this Fast DDS ({}) reads only {var}: the node uses \
+                 the profile under that name; other processes started the same way (the \
+                 camera driver) ignore it. Set {var}={} instead",
+                FastDds::loaded().map_or("?", |f| f.version.as_str()),
+                v.to_string_lossy()
+            )
+        });
+        // The name it reads (set now if the profile came under the other one), the other
+        // name where Fast DDS 3 still reads it, the built-in transports' choice.
+        for name in [var, names().1, "FASTDDS_BUILTIN_TRANSPORTS"] {
+            if let Some(v) = set(name) {
+                return Ok((DdsSetup::User(format!("{name}={}", v.to_string_lossy())), warning));
             }
-            return Ok((DdsSetup::User(format!("{other}={}", v.to_string_lossy())), warning));
-        }
-        if let Some(v) = set("FASTDDS_BUILTIN_TRANSPORTS") {
-            let how = format!("FASTDDS_BUILTIN_TRANSPORTS={}", v.to_string_lossy());
-            return Ok((DdsSetup::User(how), None));
         }
         let largest = dds::largest_output(config);
         let segment = dds::segment_size(largest);
@@ -182,18 +199,15 @@ impl Drop for DdsSetup {
 /// Fast DDS 2 would ignore) or else to the profile for camera-sized samples shipped with
 /// the package.
 pub fn use_default_dds_profile() {
-    let Some(fastdds) = FastDds::loaded() else {
-        return;
-    };
-    let var = fastdds.profile_var();
-    if std::env::var_os(var).is_some_and(|v| !v.is_empty()) {
+    if FastDds::loaded().is_none() {
         return;
     }
-    let given = std::env::var_os(fastdds.other_profile_var()).filter(|v| !v.is_empty());
-    if given.is_some() && fastdds.major >= 3 {
-        return; // read anyway
+    adopt_ignored_name();
+    let (var, other, reads_other) = names();
+    if set(var).is_some() || (reads_other && set(other).is_some()) {
+        return;
     }
-    if let Some(p) = given.or_else(|| shipped_dds_profile().map(Into::into)) {
+    if let Some(p) = shipped_dds_profile() {
         std::env::set_var(var, p);
     }
 }

@@ -266,16 +266,21 @@ fn delivery_report(
 
 /// The `Input delivery` value.
 fn describe_delivery(d: &Delivery) -> String {
-    let basis = match d.basis {
-        Basis::CameraInfo => "camera_info",
-        Basis::Stamps => "image stamps",
-    };
     format!(
-        "{:.1} of {:.1} frames/s arrive ({:.0} %; camera rate from {basis})",
+        "{:.1} of {:.1} frames/s arrive ({:.0} %; camera rate from {})",
         d.arrived_hz,
         d.camera_hz,
-        100.0 * d.fraction
+        100.0 * d.fraction,
+        basis_name(d.basis)
     )
+}
+
+/// Where the camera's rate came from, as the texts name it.
+fn basis_name(basis: Basis) -> &'static str {
+    match basis {
+        Basis::CameraInfo => "camera_info",
+        Basis::Stamps => "image stamps",
+    }
 }
 
 /// One input as its transport warnings name it.
@@ -327,10 +332,7 @@ impl Described<'_> {
              repaired, the camera's writer history fills and newer frames replace \
              the unrepaired ones"
         };
-        let basis = match d.basis {
-            Basis::CameraInfo => "camera_info",
-            Basis::Stamps => "image stamps",
-        };
+        let basis = basis_name(d.basis);
         r2r::log_warn!(
             &self.shared.logger,
             "frames are lost before they reach the node: {:.1} of the camera's ~{:.1} \
