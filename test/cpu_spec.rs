@@ -528,7 +528,7 @@ fn pipeline_writes_the_whole_tensor_message_in_place() {
         let img = ImageView::new(w, h, step, "yuv422_yuy2", false, &data).unwrap();
         let header = Header { sec: 7, nanosec: 8 + i as u32, frame_id: frame_id.into() };
         let input = FrameInput::frame(&img, &header, "yuv422_yuy2");
-        let info = p.process_frames(&[input], &header).unwrap();
+        let info = p.process_frames(&[input]).unwrap();
         let geometry = info.geometries[0].clone().expect("processed");
         let t = Tensor::decode(p.message()).unwrap();
         assert_eq!(t.header, header);

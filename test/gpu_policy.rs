@@ -16,8 +16,8 @@ use vision_preproc::config::{GpuFailurePolicy, ResizeMode};
 use vision_preproc::error::CudaError;
 use vision_preproc::handoff::{BlockEvent, DeviceBlocks, MemoryKind};
 use vision_preproc::pipeline::{
-    FailureAction, FaultKind, FaultPlan, FrameInput, GpuFailure, GPU_RETRY_ATTEMPTS,
-    GPU_RETRY_RESET_FRAMES,
+    Announce, FailureAction, FaultKind, FaultPlan, Finished, FrameInput, FrameSet, GpuFailure,
+    InFlight, Outputs, OwnedMessage, Processed, GPU_RETRY_ATTEMPTS, GPU_RETRY_RESET_FRAMES,
 };
 use vision_preproc::wire::msgs::Header;
 use vision_preproc::{Config, Error, ImageView, Pipeline};
@@ -468,6 +468,47 @@ impl Backend for PipelinedFakeGpu {
     }
 }
 
+/// Frame `i` ([`frame`]) as a set the pipeline owns while it is in flight. With `ages`,
+/// its `TensorRef` is announced when it is submitted, then announced again (which must be
+/// refused); what went out is kept.
+struct OneFrame {
+    frame: (u32, u32, Vec<u8>),
+    header: Header,
+    ages: Option<Vec<f32>>,
+    sent: Option<Vec<u8>>,
+    sent_again: bool,
+}
+
+fn one_frame(i: u64, ages: Option<&[f32]>) -> OneFrame {
+    let ages = ages.map(<[f32]>::to_vec);
+    OneFrame { frame: frame(i), header: Header::default(), ages, sent: None, sent_again: false }
+}
+
+impl FrameSet for OneFrame {
+    fn with_inputs<R>(&self, f: impl FnOnce(&[FrameInput<'_, '_>]) -> R) -> R {
+        let (w, h, data) = &self.frame;
+        let view = ImageView::new(*w, *h, w * 3, "bgr8", false, data).unwrap();
+        f(&[FrameInput::frame(&view, &self.header, "bgr8")])
+    }
+
+    fn submitted(&mut self, announce: &mut Announce<'_>) {
+        let Some(ages) = &self.ages else { return };
+        let mut sent = None;
+        if announce.send(ages, |cdr| {
+            sent = Some(cdr.to_vec());
+            true
+        }) {
+            self.sent = sent;
+        }
+        self.sent_again = announce.send(ages, |_| true);
+    }
+}
+
+/// The processed set and message of a set that left the pipeline (a panic if it failed).
+fn done(f: Finished<OneFrame>) -> (Processed, OwnedMessage) {
+    f.result.unwrap_or_else(|e| panic!("the set failed: {e}"))
+}
+
 #[test]
 fn a_set_the_faulted_backend_refused_runs_again_after_the_fallback() {
     // Set 1 is in flight when set 2's submission finds the device broken (refused: on
@@ -476,24 +517,20 @@ fn a_set_the_faulted_backend_refused_runs_again_after_the_fallback() {
     // backend now gone, runs again too instead of failing.
     let cfg = config(GpuFailurePolicy::Fallback);
     let gpu = PipelinedFakeGpu::new(Some(2));
-    let mut p = Pipeline::new(cfg.clone(), Box::new(gpu)).unwrap();
-    let header = Header::default();
-    let frames: Vec<_> = (1..=2).map(frame).collect();
-    let views: Vec<_> = frames
-        .iter()
-        .map(|(w, h, data)| ImageView::new(*w, *h, w * 3, "bgr8", false, data).unwrap())
-        .collect();
-    let items: Vec<_> = views.iter().map(|v| [FrameInput::frame(v, &header, "bgr8")]).collect();
-    p.submit_frames(&items[0], &header).unwrap();
-    p.submit_frames(&items[1], &header).unwrap(); // refused by the broken device: queued as failed
-    let first = p.finish_frames(&items[0]).unwrap();
+    let mut sets = InFlight::new(Pipeline::new(cfg.clone(), Box::new(gpu)).unwrap());
+    assert!(sets.push(one_frame(1, None), Outputs::message()).is_empty(), "set 1 in flight");
+    // Set 2 is refused by the broken device (queued as failed); set 1 is finished, then
+    // set 2 too: the CPU backend takes one set at a time.
+    let mut out = sets.push(one_frame(2, None), Outputs::message());
+    assert_eq!((out.len(), sets.len()), (2, 0));
+    let (first, m) = done(out.remove(0));
     let f = first.gpu_failure.expect("set 1 met the failure");
     assert_eq!((&f.action, f.backend), (&FailureAction::FellBack, "cpu"));
-    assert_eq!(p.tensor_bytes(), reference(&cfg, 1).as_slice(), "set 1 on the CPU");
-    let second = p.finish_frames(&items[1]).unwrap_or_else(|e| panic!("set 2 failed: {e}"));
+    assert_eq!(m.tensor(), reference(&cfg, 1).as_slice(), "set 1 on the CPU");
+    let (second, m) = done(out.remove(0));
     assert!(second.gpu_failure.is_none(), "one failure, handled once");
-    assert_eq!(p.tensor_bytes(), reference(&cfg, 2).as_slice(), "set 2 run again on the CPU");
-    assert_eq!(p.backend().name(), "cpu");
+    assert_eq!(m.tensor(), reference(&cfg, 2).as_slice(), "set 2 run again on the CPU");
+    assert_eq!(sets.pipeline().backend().name(), "cpu");
 }
 
 #[test]
@@ -506,36 +543,27 @@ fn a_set_announced_before_its_finish_is_withdrawn_when_the_device_fails() {
     let cfg = config(GpuFailurePolicy::Fallback);
     let gpu = PipelinedFakeGpu::new(Some(3));
     let recorded = Arc::clone(&gpu.recorded);
-    let mut p = Pipeline::new(cfg.clone(), Box::new(gpu)).unwrap();
+    let p = Pipeline::new(cfg.clone(), Box::new(gpu)).unwrap();
     let bytes = p.output_bytes();
     let lease = std::time::Duration::from_secs(1);
     let (pool, why) = p.shared_pool(2, bytes, lease, std::path::Path::new("/tmp")).unwrap();
     assert_eq!((pool.memory(), why, pool.events_missing()), (MemoryKind::Cuda, None, None));
-    let header = Header::default();
-    let frames: Vec<_> = (1..=3).map(frame).collect();
-    let views: Vec<_> = frames
-        .iter()
-        .map(|(w, h, data)| ImageView::new(*w, *h, w * 3, "bgr8", false, data).unwrap())
-        .collect();
-    let items: Vec<_> = views.iter().map(|v| [FrameInput::frame(v, &header, "bgr8")]).collect();
+    let mut sets = InFlight::new(p);
     // Set 1: the block's event recorded with the submission; its TensorRef out before
     // the finish, with the block's handle, once.
     let block = pool.lease().0.unwrap();
     let (b, g) = (block.index(), block.generation());
-    p.submit_frames_to(&items[0], &header, Some(block), false).unwrap();
-    let mut sent = Vec::new();
-    assert!(p.announce(&[2.5], |cdr| {
-        sent = cdr.to_vec();
-        true
-    }));
-    assert!(!p.announce(&[2.5], |_| true), "announced once");
+    let into_block = |block| Outputs { block: Some(block), fill: false };
+    assert!(sets.push(one_frame(1, Some(&[2.5])), into_block(block)).is_empty());
+    let set1 = sets.sets().next().unwrap();
+    let sent = set1.sent.clone().expect("set 1's TensorRef went out at its submission");
+    assert!(!set1.sent_again, "announced once");
     assert_eq!(*recorded.lock().unwrap(), [100 + b]);
     let handle = [b as u8 + 1; 64];
     let at = sent.windows(64).position(|w| w == handle).expect("the block's event handle");
     assert_eq!(&sent[at - 4..at], &64u32.to_le_bytes(), "a 64-byte sequence");
-    let first = p.finish_frames(&items[0]).unwrap();
+    let (first, mut m) = done(sets.finish_oldest().unwrap());
     assert!(first.gpu_failure.is_none());
-    let mut m = p.take_message();
     assert!(m.announced() && m.tensor_ref(&[2.5]).is_none(), "not described again");
     assert!(!m.has_bytes(), "tensor_ref alone: no Tensor bytes");
     let block = m.take_block().unwrap();
@@ -548,18 +576,21 @@ fn a_set_announced_before_its_finish_is_withdrawn_when_the_device_fails() {
     assert_eq!(pool.counts().0.withdrawn, 0);
     // Set 2 announced; set 3 (into the message) breaks the device; set 2's finish fails.
     let block = pool.lease().0.unwrap();
-    p.submit_frames_to(&items[1], &header, Some(block), false).unwrap();
-    assert!(p.announce(&[1.0], |_| true));
-    p.submit_frames(&items[2], &header).unwrap(); // refused by the broken device: queued as failed
-    let second = p.finish_frames(&items[1]).unwrap();
+    assert!(sets.push(one_frame(2, Some(&[1.0])), into_block(block)).is_empty());
+    assert!(sets.sets().next().unwrap().sent.is_some());
+    // Set 3 is refused by the broken device (queued as failed); set 2 is finished, then
+    // set 3 too (on the CPU).
+    let mut out = sets.push(one_frame(3, None), Outputs::message());
+    assert_eq!((out.len(), sets.len()), (2, 0));
+    let (second, m) = done(out.remove(0));
     let f = second.gpu_failure.expect("set 2 met the failure");
     assert_eq!((&f.action, f.backend), (&FailureAction::FellBack, "cpu"));
     assert_eq!(pool.counts().0.withdrawn, 1, "set 2's TensorRef withdrawn");
-    let m = p.take_message();
     assert!(!m.announced() && m.has_bytes(), "set 2 again, on the CPU: the Tensor message");
     assert_eq!(m.tensor(), reference(&cfg, 2).as_slice());
     drop(m);
-    p.finish_frames(&items[2]).unwrap();
-    assert_eq!(p.tensor_bytes(), reference(&cfg, 3).as_slice());
+    let (third, m) = done(out.remove(0));
+    assert!(third.gpu_failure.is_none(), "one failure, handled once");
+    assert_eq!(m.tensor(), reference(&cfg, 3).as_slice());
     assert_eq!(pool.counts().0.withdrawn, 1);
 }

@@ -246,7 +246,7 @@ fn batch_child() {
     };
     for _ in 0..2 {
         let items = [item(Some(&views[0])), item(None), item(Some(&views[1]))];
-        pipeline.process_frames(&items, &header).unwrap();
+        pipeline.process_frames(&items).unwrap();
     }
 }
 

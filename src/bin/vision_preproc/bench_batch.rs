@@ -111,7 +111,7 @@ fn run_batch(p: &mut Pipeline, views: &[ImageView<'_>], topics: &[String]) -> Re
             repeated: false,
         })
         .collect();
-    Ok(stages(p.process_frames(&inputs, &header)?.times))
+    Ok(stages(p.process_frames(&inputs)?.times))
 }
 
 fn run_one(p: &mut Pipeline, v: &ImageView<'_>) -> Result<Stages> {

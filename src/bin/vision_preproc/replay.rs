@@ -5,16 +5,19 @@ use crate::input::ConfigArgs;
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Instant;
 use vision_preproc::bag::{Bag, BagWriter};
 use vision_preproc::config::BackendChoice;
 use vision_preproc::percentile::nearest_rank;
-use vision_preproc::pipeline::slot_reason;
-use vision_preproc::pipeline::{frame_timing, select_backend};
-use vision_preproc::transport::batch_sync::Batch;
-use vision_preproc::wire::msgs::{tensor_type, Image, FRAME_TIMING_TYPE};
+use vision_preproc::pipeline::{
+    frame_timing, select_backend, set_header, slot_reason, Finished, FrameInput, FrameSet,
+    InFlight, Outputs,
+};
+use vision_preproc::transport::batch_sync::{Batch, Item};
+use vision_preproc::wire::msgs::{tensor_type, Header, Image, FRAME_TIMING_TYPE};
 use vision_preproc::{Error, ImageView, Pipeline};
 
 /// Arguments of `replay`.
@@ -164,7 +167,7 @@ fn replay(
         if batch { format!(", batch_policy {}", cfg.batch_policy.name()) } else { String::new() }
     );
     let settings = BatchSettings::of(&cfg); // one topic: each frame a set of one
-    let mut pipeline = Pipeline::new(cfg, backend)?;
+    let pipeline = Pipeline::new(cfg, backend)?;
     let mut out = BagWriter::create(&output)?;
     let ns = args.output_namespace.trim_end_matches('/');
     let t_tensor = out.add_topic(&format!("{ns}/tensor"), tensor_type(batch))?;
@@ -173,34 +176,27 @@ fn replay(
     let mut batcher: Option<Batcher<Recorded>> = None;
     let mut tally = Tally::default();
     let started = Instant::now();
-    // Sets submitted and not finished (with their log time and submission instant): on
-    // CUDA set k+1 is submitted before set k is finished and written, as in the node.
-    let mut queue: VecDeque<(Batch<Recorded>, u64, Instant)> = VecDeque::new();
-    // `Some(set)`: submit it, then finish the oldest sets while the backend's
-    // `max_in_flight` are in flight; `None` (the end): finish every set.
-    let mut process = |set: Option<(Batch<Recorded>, u64)>,
-                       out: &mut BagWriter|
-     -> vision_preproc::Result<()> {
-        let keep = match set {
-            Some((set, log_time)) => {
-                let t0 = Instant::now();
-                if submit_set(&mut pipeline, &set, topics, &mut tally)? {
-                    queue.push_back((set, log_time, t0));
+    // On CUDA set k+1 is submitted before set k is finished and written, as in the node.
+    let mut sets = InFlight::new(pipeline);
+    let topic_ids = (t_tensor, t_timing);
+    // `Some(set)`: push it and write what comes out; `None` (the end): finish every set.
+    let mut process =
+        |set: Option<(Batch<Recorded>, u64)>, out: &mut BagWriter| -> vision_preproc::Result<()> {
+            let done = match set {
+                Some((batch, log_time)) => {
+                    let set = RecordedSet::new(batch, log_time, topics, &mut tally);
+                    if topics.len() < 2 && set.frames[0].is_none() {
+                        return Ok(()); // a single camera's frame refused: nothing to write
+                    }
+                    sets.push(set, Outputs::message())
                 }
-                pipeline.max_in_flight() - 1
+                None => sets.drain(),
+            };
+            for finished in done {
+                write_set(finished, out, topic_ids, &mut tally, &backend_name)?;
             }
-            None => 0,
+            Ok(())
         };
-        while queue.len() > keep {
-            let Some((set, log_time, t0)) = queue.pop_front() else { break };
-            let timing = finish_set(&mut pipeline, &set, topics, &mut tally, (&backend_name, t0))?;
-            if let Some(timing) = timing {
-                out.write(t_tensor, log_time, pipeline.message())?;
-                out.write(t_timing, log_time, &timing.encode())?;
-            }
-        }
-        Ok(())
-    };
     let index = |t: &str| topics.iter().position(|x| x == t);
     let mut last_time = 0i64;
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
@@ -300,145 +296,138 @@ fn print_counts(
     }
 }
 
-/// A formed set's frames decoded (`None`: stale, or undecodable) with whether each was
-/// in an earlier set.
-type Decoded<'a> = Vec<Option<(Image<'a>, bool)>>;
+/// One recorded frame of a set, decoded once: its `sensor_msgs/Image` fields and where
+/// its pixels are in the recorded message.
+struct DecodedFrame {
+    header: Header,
+    width: u32,
+    height: u32,
+    step: u32,
+    encoding: String,
+    big_endian: bool,
+    data: Range<usize>,
+    /// It was in an earlier set.
+    repeated: bool,
+}
 
-/// Decode a set's frames, counting what cannot be (when `tally` is given: at submission).
-fn decode<'a>(
-    set: &'a Batch<Recorded>,
-    topics: &[String],
-    mut tally: Option<&mut Tally>,
-) -> Decoded<'a> {
-    use vision_preproc::transport::batch_sync::Item;
-    let mut decoded = Vec::with_capacity(set.items.len());
-    for (i, item) in set.items.iter().enumerate() {
-        decoded.push(match item {
-            Item::Frame { frame, repeated } => match Image::decode(&frame.data.data) {
-                Ok(img) => Some((img, *repeated)),
-                Err(e) => {
-                    if let Some(t) = tally.as_deref_mut() {
-                        Tally::count(
-                            &mut t.skipped,
-                            topics,
-                            i,
-                            format!("undecodable message: {e}"),
-                        );
+/// A formed set of recorded frames in the pipeline: decoded when it is formed (what
+/// cannot be decoded, or is not a valid image, is counted then and padded), read again
+/// only if the backend must run it again.
+struct RecordedSet<'t> {
+    batch: Batch<Recorded>,
+    /// Per slot: its frame (`None`: stale, undecodable or invalid).
+    frames: Vec<Option<DecodedFrame>>,
+    topics: &'t [String],
+    /// The bag's time to write its messages at.
+    log_time: u64,
+    /// When it was formed (its FrameTiming's `total_us` counts from here).
+    formed_at: Instant,
+}
+
+impl<'t> RecordedSet<'t> {
+    /// Decode and check the frames of `batch`, counting in `tally` what is padded.
+    fn new(batch: Batch<Recorded>, log_time: u64, topics: &'t [String], tally: &mut Tally) -> Self {
+        let formed_at = Instant::now();
+        let frames = batch
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let Item::Frame { frame, repeated } = item else {
+                    tally.stale_slots += 1;
+                    return None;
+                };
+                let cdr = &frame.data.data;
+                let img = match Image::decode(cdr) {
+                    Ok(img) => img,
+                    Err(e) => {
+                        let why = format!("undecodable message: {e}");
+                        Tally::count(&mut tally.skipped, topics, i, why);
+                        return None;
                     }
-                    None
+                };
+                let big_endian = img.is_bigendian != 0;
+                let (w, h, step, enc) = (img.width, img.height, img.step, &img.encoding);
+                if let Err(e) = ImageView::new(w, h, step, enc, big_endian, img.data) {
+                    if !repeated {
+                        Tally::count(&mut tally.rejected, topics, i, e.to_string());
+                    }
+                    return None;
                 }
-            },
-            Item::Stale => {
-                if let Some(t) = tally.as_deref_mut() {
-                    t.stale_slots += 1;
-                }
-                None
-            }
-        });
+                // The pixels' place in the message they were decoded from.
+                let start = img.data.as_ptr() as usize - cdr.as_ptr() as usize;
+                Some(DecodedFrame {
+                    data: start..start + img.data.len(),
+                    header: img.header,
+                    width: w,
+                    height: h,
+                    step,
+                    encoding: img.encoding,
+                    big_endian,
+                    repeated: *repeated,
+                })
+            })
+            .collect();
+        RecordedSet { batch, frames, topics, log_time, formed_at }
     }
-    decoded
 }
 
-/// The views of decoded frames (`None`: no frame, or an invalid one, counted when `tally`
-/// is given).
-fn views<'a>(
-    decoded: &'a Decoded<'a>,
-    topics: &[String],
-    mut tally: Option<&mut Tally>,
-) -> Vec<Option<ImageView<'a>>> {
-    decoded
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let (img, repeated) = d.as_ref()?;
-            let v = ImageView::new(
-                img.width,
-                img.height,
-                img.step,
-                &img.encoding,
-                img.is_bigendian != 0,
-                img.data,
-            );
-            match v {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    if let Some(t) = tally.as_deref_mut().filter(|_| !repeated) {
-                        Tally::count(&mut t.rejected, topics, i, e.to_string());
-                    }
-                    None
-                }
-            }
-        })
-        .collect()
+impl FrameSet for RecordedSet<'_> {
+    fn with_inputs<R>(&self, f: impl FnOnce(&[FrameInput<'_, '_>]) -> R) -> R {
+        let views: Vec<Option<ImageView<'_>>> = self
+            .batch
+            .items
+            .iter()
+            .zip(&self.frames)
+            .map(|(item, d)| {
+                let (Item::Frame { frame, .. }, Some(d)) = (item, d) else { return None };
+                let data = frame.data.data.get(d.data.clone())?;
+                ImageView::new(d.width, d.height, d.step, &d.encoding, d.big_endian, data).ok()
+            })
+            .collect();
+        let empty = Header::default();
+        let inputs: Vec<FrameInput<'_, '_>> = self
+            .frames
+            .iter()
+            .zip(&views)
+            .enumerate()
+            .map(|(i, (d, v))| FrameInput {
+                topic: &self.topics[i],
+                image: v.as_ref(),
+                header: d.as_ref().map_or(&empty, |d| &d.header),
+                source_encoding: d.as_ref().map_or("", |d| d.encoding.as_str()),
+                repeated: d.as_ref().is_some_and(|d| d.repeated),
+            })
+            .collect();
+        f(&inputs)
+    }
 }
 
-/// The pipeline's inputs of a decoded set.
-fn inputs<'a, 'b>(
-    decoded: &'b Decoded<'a>,
-    views: &'b [Option<ImageView<'a>>],
-    topics: &'b [String],
-    empty: &'b vision_preproc::wire::msgs::Header,
-) -> Vec<vision_preproc::pipeline::FrameInput<'a, 'b>> {
-    decoded
-        .iter()
-        .zip(views)
-        .enumerate()
-        .map(|(i, (d, v))| vision_preproc::pipeline::FrameInput {
-            topic: &topics[i],
-            image: v.as_ref(),
-            header: d.as_ref().map_or(empty, |(img, _)| &img.header),
-            source_encoding: d.as_ref().map_or("", |(img, _)| img.encoding.as_str()),
-            repeated: d.as_ref().is_some_and(|(_, r)| *r),
-        })
-        .collect()
-}
-
-/// Submit one formed set: decode and validate its frames and queue them; false when
-/// nothing was queued (a single camera's frame refused: nothing to write).
-fn submit_set(
-    pipeline: &mut Pipeline,
-    set: &Batch<Recorded>,
-    topics: &[String],
+/// A set that left the pipeline: its message and FrameTiming written at its log time, or
+/// its refusal counted (another error ends the replay).
+fn write_set(
+    finished: Finished<RecordedSet<'_>>,
+    out: &mut BagWriter,
+    (t_tensor, t_timing): (usize, usize),
     tally: &mut Tally,
-) -> vision_preproc::Result<bool> {
-    let decoded = decode(set, topics, Some(tally));
-    let views = views(&decoded, topics, Some(tally));
-    if topics.len() < 2 && views[0].is_none() {
-        return Ok(false);
-    }
-    let empty = vision_preproc::wire::msgs::Header::default();
-    let inputs = inputs(&decoded, &views, topics, &empty);
-    let header = vision_preproc::pipeline::set_header(&inputs);
-    match pipeline.submit_frames(&inputs, &header) {
-        Ok(()) => Ok(true),
+    backend_name: &str,
+) -> vision_preproc::Result<()> {
+    let Finished { set, result } = finished;
+    let (info, message) = match result {
+        Ok(done) => done,
         Err(Error::Image(e)) => {
-            Tally::count(&mut tally.rejected, topics, 0, e.to_string());
-            Ok(false)
+            // A single camera's frame that the configuration refuses (its roi).
+            Tally::count(&mut tally.rejected, set.topics, 0, e.to_string());
+            return Ok(());
         }
-        Err(e) => Err(e),
-    }
-}
-
-/// Finish the oldest submitted set (`set`, submitted at `t0`) and return its FrameTiming;
-/// its message is then in the pipeline.
-fn finish_set(
-    pipeline: &mut Pipeline,
-    set: &Batch<Recorded>,
-    topics: &[String],
-    tally: &mut Tally,
-    (backend_name, t0): (&str, Instant),
-) -> vision_preproc::Result<Option<vision_preproc::wire::msgs::FrameTiming>> {
-    let decoded = decode(set, topics, None);
-    let views = views(&decoded, topics, None);
-    let empty = vision_preproc::wire::msgs::Header::default();
-    let inputs = inputs(&decoded, &views, topics, &empty);
-    let header = vision_preproc::pipeline::set_header(&inputs);
-    let info = pipeline.finish_frames(&inputs)?;
+        Err(e) => return Err(e),
+    };
     for (i, reason) in info.rejected {
-        Tally::count(&mut tally.rejected, topics, i, reason);
+        Tally::count(&mut tally.rejected, set.topics, i, reason);
     }
-    let total = t0.elapsed().as_secs_f32() * 1e6;
+    let total = set.formed_at.elapsed().as_secs_f32() * 1e6;
     let t = info.times;
+    let header = set.with_inputs(set_header);
     // age_us: not meaningful offline (the stamps are from the recording), 0.
     let timing = frame_timing(&header, tally.sets, backend_name, &t, total, 0.0, 0);
     let s = &mut tally.stages;
@@ -452,7 +441,9 @@ fn finish_set(
         v.push(x);
     }
     tally.sets += 1;
-    Ok(Some(timing))
+    out.write(t_tensor, set.log_time, message.bytes())?;
+    out.write(t_timing, set.log_time, &timing.encode())?;
+    Ok(())
 }
 
 pub fn run(args: ReplayArgs) -> Result<()> {

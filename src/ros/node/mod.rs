@@ -19,6 +19,7 @@ mod input;
 mod param_services;
 mod params;
 mod process;
+mod publish;
 mod rosout;
 mod shared;
 mod spin;
