@@ -7,8 +7,8 @@
 //   src   the frame as received (sensor_msgs/Image data): src_height rows of src_step
 //         bytes; NV12/NV21 append src_height/2 interleaved chroma rows of src_step bytes.
 //         The buffer carries at least 16 bytes of padding after the frame (SRC_SLACK):
-//         the word loads read whole aligned 32-bit words, up to 11 bytes past the first
-//         byte of the last pixel they need.
+//         the span path reads whole aligned 8-byte vectors, up to 7 bytes past the last
+//         byte it needs, and the staged path whole aligned 32-bit words, up to 3.
 //   maps  the sampling tables of src/backend/ops.rs AxisMap as int32, x then y:
 //         [x_i0 | x_i1 | x_w1 (f32 bits)] (content_w each), [y_i0 | y_i1 | y_w1]
 //         (content_h each). Indices are absolute source pixels (ROI already applied).
@@ -41,14 +41,14 @@
 //   3x horizontal downscales: 3840 -> 1920, 1920 -> 640, ...) take the span path below:
 //   the group's contiguous source bytes of each row as aligned 8-byte vectors, bytes
 //   selected at compile time; at an exact 2x in both axes (every weight 0.5) the four
-//   taps are summed as integers (the midpoint path, exact). Everything else byte by
-//   byte (-DRN_WORD_PAIRS=1 reads rgb8/bgr8/rgba8/bgra8 tap pairs as aligned words
-//   instead: slower on the H200).
+//   taps are summed as integers (the midpoint path, exact). Everything else byte by byte.
 // Staged path (compiled with -DRN_STAGED=1; the host passes row_words > 0 for encodings
 //   whose pixel x starts at byte x*bpp of its row, when the widest tile window fits): the
 //   block copies, with cp.async 32-bit copies, the source columns its tile samples from
 //   each of the two source rows of each of its 16 output rows into shared memory, then
 //   samples there. Measured slower than the direct path on the H200 (docs/GPU.md).
+// The kernel lab (bench/klab/) builds its variants of this kernel by patching this file
+//   (klab_variants.py): test/python/test_klab.py checks that every patch still applies.
 #include "common.cuh"
 
 // RN_PX, RN_BLOCK_X, RN_BLOCK_Y come from the host (src/backend/cuda/launch.rs).
@@ -59,20 +59,13 @@
 // entry points of encodings without the span path at <= 48 registers with no spill on
 // sm_87 and sm_90 (5 x 256 threads per SM); without the cap the persistent loop took 56
 // on sm_90 (4 blocks per SM).
-#ifndef RN_MIN_BLOCKS
 #define RN_MIN_BLOCKS 5
-#endif
 // The same for the entry points with the span path (rgb8, bgr8, rgba8, bgra8) and the
 // batch kernel (which holds every encoding's code): 4 (64 registers, no spill). At 5 (48
 // registers) the span path spills (32-96 bytes of local memory per thread): measured on
-// the H200 at 4K, 20.6 us at 5 against 18.9 us at 4 (docs/GPU.md, version 8).
-#ifndef RN_MIN_BLOCKS_SPAN
+// the H200 at 4K, 20.6 us at 5 against 18.9 us at 4 (docs/evidence/gpu_history.md,
+// version 8).
 #define RN_MIN_BLOCKS_SPAN 4
-#endif
-// 1: exact int -> float through the mantissa trick (u2f) instead of I2F.
-#ifndef RN_FAST_CVT
-#define RN_FAST_CVT 0
-#endif
 // 1: compile the staged (shared-memory window) path into the entry points; the host
 // then passes row_words > 0 where the window fits. 0 (default): direct path only, which
 // needs fewer registers (48 instead of 56 for rgb8 on sm_90: 5 blocks per SM instead of 4).
@@ -120,17 +113,6 @@ __device__ __forceinline__ void cp_async4(u32* smem, const u32* gmem) {
 __device__ __forceinline__ void cp_async_wait_all() {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
-// Exact int -> float for 0 <= v < 2^23 (8- and 16-bit samples): the integer in the
-// mantissa of 2^23, minus 2^23. One logic op and one full-rate add instead of a
-// quarter-rate I2F. Same value as (float)v.
-__device__ __forceinline__ float u2f(int v) {
-#if RN_FAST_CVT
-    return __fsub_rn(__int_as_float(0x4B000000 | v), 8388608.0f);
-#else
-    return (float)v;
 #endif
 }
 
@@ -258,13 +240,13 @@ __device__ __forceinline__ void to_float(Rgb t, bool grey, float v[3]) {
         t.r = (int)g;
     }
     if constexpr (enc_is_16bit(ENC)) {
-        v[0] = __fdiv_rn(u2f(t.r), 257.0f);
-        v[1] = __fdiv_rn(u2f(t.g), 257.0f);
-        v[2] = __fdiv_rn(u2f(t.b), 257.0f);
+        v[0] = __fdiv_rn((float)t.r, 257.0f);
+        v[1] = __fdiv_rn((float)t.g, 257.0f);
+        v[2] = __fdiv_rn((float)t.b, 257.0f);
     } else {
-        v[0] = u2f(t.r);
-        v[1] = u2f(t.g);
-        v[2] = u2f(t.b);
+        v[0] = (float)t.r;
+        v[1] = (float)t.g;
+        v[2] = (float)t.b;
     }
 }
 
@@ -283,148 +265,72 @@ __device__ __forceinline__ void tap(const PreprocessParams& p, const u8* src, Ro
     to_float<ENC>(t, grey, v);
 }
 
-// 3- and 4-byte 8-bit pixels read from global memory as words: both horizontal taps of a
-// row (xa, and xb = xa or xa + 1, as the linear tables guarantee) from three aligned
-// 32-bit loads and two funnel shifts, instead of 6 (8) byte loads. Reads up to 11 bytes
-// past pixel xa's first byte: the frame buffers carry SRC_SLACK bytes of padding.
-// 1: read rgb8/bgr8/rgba8/bgra8 taps as aligned word pairs (decode_pair_words). Measured
-// 17% SLOWER than byte loads through L1 on the H200 at 4K (24.2 vs 20.7 us, two runs,
-// docs/GPU.md), so off by default; kept for the benchmark's variant.
-#ifndef RN_WORD_PAIRS
-#define RN_WORD_PAIRS 0
-#endif
-__device__ constexpr bool enc_word_pairs(u32 e) { return RN_WORD_PAIRS && e <= ENC_BGRA8; }
-
-template <u32 ENC>
-__device__ __forceinline__ void decode_pair_words(const u8* row, int xa, int xb, Rgb& a, Rgb& b) {
-    constexpr int bpp = enc_bpp(ENC);
-    const unsigned long long addr = (unsigned long long)(row + xa * bpp);
-    const u32* w = (const u32*)(addr & ~3ull);
-    const u32 sh = (u32)(addr & 3) * 8;
-    const u32 w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2);
-    const u32 lo = __funnelshift_r(w0, w1, sh);  // bytes xa*bpp .. +3
-    const u32 hi = __funnelshift_r(w1, w2, sh);  // bytes xa*bpp + 4 .. +7
-    const bool bgr = ENC == ENC_BGR8 || ENC == ENC_BGRA8;
-    const int c0 = lo & 0xff, c1 = (lo >> 8) & 0xff, c2 = (lo >> 16) & 0xff;
-    a.r = bgr ? c2 : c0;
-    a.g = c1;
-    a.b = bgr ? c0 : c2;
-    if (xb == xa) {
-        b = a;
-        return;
-    }
-    // pixel xa + 1 starts at byte bpp of `lo:hi`
-    const u32 q = bpp == 3 ? __funnelshift_r(lo, hi, 24) : hi;
-    const int d0 = q & 0xff, d1 = (q >> 8) & 0xff, d2 = (q >> 16) & 0xff;
-    b.r = bgr ? d2 : d0;
-    b.g = d1;
-    b.b = bgr ? d0 : d2;
-}
-
 __device__ __forceinline__ float lerp_rn(float a, float b, float w) {
     // a*(1-w) + b*w, each operation rounded (= the CPU's Rust expression)
     return __fadd_rn(__fmul_rn(a, __fsub_rn(1.0f, w)), __fmul_rn(b, w));
 }
 
-// ---- The span path (RN_SPAN=1, default): 8-bit rgb8/bgr8/rgba8/bgra8 with a linear
-// x table that is an integer-stride downscale over a group's 4 pixels (i0[k] = i0[0] +
-// S*k, i1[k] = i0[k] + 1, S = 2 or 3: e.g. 3840 -> 1920, 1920 -> 640, 1280 -> 640). The 8
-// taps of a group in one source row lie in (3S + 2) * bpp contiguous bytes (24 to 44):
-// the thread reads them with RN_VEC-byte aligned vector loads (every load of the group in
-// flight at once), realigns them with funnel shifts, and takes each tap's bytes with
-// compile-time selectors: 2 x 3-5 vector loads per 4 pixels instead of 48 byte loads,
-// and a warp's 32 loads touch the same L1 lines as its byte loads did, with 8-16 x fewer
-// wavefronts. Any other table, encoding, interpolation, a group that leaves the content
-// rectangle, or a frame base not RN_VEC-aligned takes the byte path per group. Same
-// values bit for bit (the bytes are the same bytes; the arithmetic is unchanged).
-// Reads up to RN_VEC - 1 bytes past the last byte a group needs, inside the aligned
-// vector that holds it: the frame buffers carry SRC_SLACK (16) bytes after the frame
-// and are rounded up to 64 bytes, zeroed when allocated.
-#ifndef RN_SPAN
-#define RN_SPAN 1
-#endif
-// 1: the direct path's persistent blocks ask L2 (sm_90: cp.async.bulk.prefetch) for the
-// source rows of their next tile while they work on the current one.
-#ifndef RN_PREFETCH
-#define RN_PREFETCH 0
-#endif
-// Width of the span path's loads: 4, 8 or 16 bytes.
-#ifndef RN_VEC
-#define RN_VEC 8
-#endif
-// 1: the span path turns bytes into floats through the mantissa of 2^23 (one PRMT and one
-// FADD: exact, the same value as (float)byte); 0: (float)byte (I2F).
-#ifndef RN_SPAN_CVT
-#define RN_SPAN_CVT 1
-#endif
+// ---- The span path: 8-bit rgb8/bgr8/rgba8/bgra8 with a linear x table that is an
+// integer-stride downscale over a group's 4 pixels (i0[k] = i0[0] + S*k, i1[k] = i0[k] +
+// 1, S = 2 or 3: e.g. 3840 -> 1920, 1920 -> 640, 1280 -> 640). The 8 taps of a group in
+// one source row lie in (3S + 2) * bpp contiguous bytes (24 to 44): the thread reads them
+// with aligned 8-byte vector loads (every load of the group in flight at once), realigns
+// them with funnel shifts, and takes each tap's bytes with compile-time selectors: 2 x
+// 3-5 vector loads per 4 pixels instead of 48 byte loads, and a warp's 32 loads touch the
+// same L1 lines as its byte loads did, with 8-16 x fewer wavefronts. Any other table,
+// encoding, interpolation, a group that leaves the content rectangle, or a frame base
+// not 8-byte aligned takes the byte path per group. Same values bit for bit (the bytes
+// are the same bytes; the arithmetic is unchanged). Reads up to 7 bytes past the last
+// byte a group needs, inside the aligned vector that holds it: the frame buffers carry
+// SRC_SLACK (16) bytes after the frame and are rounded up to 64 bytes, zeroed when
+// allocated.
 static_assert(RN_PX % 4 == 0, "RN_PX: whole groups of 4 pixels");
-static_assert(RN_VEC == 4 || RN_VEC == 8 || RN_VEC == 16, "RN_VEC: 4, 8 or 16");
 __device__ constexpr bool enc_span(u32 e) {
-    return RN_SPAN && (e == ENC_RGB8 || e == ENC_BGR8 || e == ENC_RGBA8 || e == ENC_BGRA8);
+    return e == ENC_RGB8 || e == ENC_BGR8 || e == ENC_RGBA8 || e == ENC_BGRA8;
 }
 
 // Blocks per SM of the register cap of encoding e's entry point.
 __device__ constexpr int rn_min_blocks(u32 e) { return enc_span(e) ? RN_MIN_BLOCKS_SPAN : RN_MIN_BLOCKS; }
 
-// Load the RN_VEC-aligned vectors that cover the SPAN bytes at `addr` (global memory,
+// Load the aligned 8-byte vectors that cover the SPAN bytes at `addr` (global memory,
 // read-only) and realign them: a[j] = bytes 4j .. 4j + 3 of the span.
 template <int SPAN>
 __device__ __forceinline__ void load_span(const u8* addr, u32 (&a)[(SPAN + 3) / 4]) {
     constexpr int NW = (SPAN + 3) / 4;
-    constexpr int NV = (SPAN + 2 * RN_VEC - 2) / RN_VEC;  // vectors at the worst misalignment
-    constexpr int WPV = RN_VEC / 4;                        // words per vector
-    constexpr int NR = NV * WPV;
+    constexpr int NV = (SPAN + 14) / 8;  // vectors at the worst misalignment (7 bytes)
+    constexpr int NR = 2 * NV;           // their words
     const unsigned long long pa = (unsigned long long)addr;
-    const u32 m = (u32)pa & (RN_VEC - 1);
+    const u32 m = (u32)pa & 7u;
     const unsigned long long base = pa - m;
     u32 w[NR + 1];
 #pragma unroll
     for (int v = 0; v < NV; ++v) {
         // a vector past the span's last byte is not read (it may lie past the buffer)
-        const bool need = v == 0 || (u32)(v * RN_VEC) < m + SPAN;
-        if constexpr (RN_VEC == 16) {
-            uint4 q = make_uint4(0, 0, 0, 0);
-            if (need) q = __ldg((const uint4*)(base + v * 16));
-            w[4 * v] = q.x; w[4 * v + 1] = q.y; w[4 * v + 2] = q.z; w[4 * v + 3] = q.w;
-        } else if constexpr (RN_VEC == 8) {
-            uint2 q = make_uint2(0, 0);
-            if (need) q = __ldg((const uint2*)(base + v * 8));
-            w[2 * v] = q.x; w[2 * v + 1] = q.y;
-        } else {
-            u32 q = 0;
-            if (need) q = __ldg((const u32*)(base + v * 4));
-            w[v] = q;
-        }
+        const bool need = v == 0 || (u32)(v * 8) < m + SPAN;
+        uint2 q = make_uint2(0, 0);
+        if (need) q = __ldg((const uint2*)(base + v * 8));
+        w[2 * v] = q.x; w[2 * v + 1] = q.y;
     }
     w[NR] = 0;
     const u32 sh = (m & 3) * 8;
     u32 t[NR];
 #pragma unroll
     for (int i = 0; i < NR; ++i) t[i] = __funnelshift_r(w[i], w[i + 1], sh);
-    // whole words to skip, m >> 2: 0 .. WPV - 1 (in place, ascending: t[i] reads t[i + k]
-    // before it is overwritten)
-    if constexpr (WPV == 4) {
+    // one whole word to skip when m >= 4 (in place, ascending: t[i] reads t[i + 1] before
+    // it is overwritten)
 #pragma unroll
-        for (int i = 0; i + 2 < NR; ++i) t[i] = (m & 8) ? t[i + 2] : t[i];
-    }
-    if constexpr (WPV >= 2) {
-#pragma unroll
-        for (int i = 0; i + 1 < NR; ++i) t[i] = (m & 4) ? t[i + 1] : t[i];
-    }
+    for (int i = 0; i + 1 < NR; ++i) t[i] = (m & 4) ? t[i + 1] : t[i];
 #pragma unroll
     for (int j = 0; j < NW; ++j) a[j] = t[j];
 }
 
-// Byte J of a realigned span, as a float (exact).
+// Byte J of a realigned span, as a float (exact): the byte put into the mantissa of 2^23
+// (one PRMT), minus 2^23 (one FADD), instead of a quarter-rate I2F.
 template <int J, int NW>
 __device__ __forceinline__ float span_byte(const u32 (&a)[NW]) {
     static_assert(J / 4 < NW, "span byte out of range");
-#if RN_SPAN_CVT
     // 0x4B0000bb: 2^23 + b, exactly; minus 2^23 = b
     return __fsub_rn(__uint_as_float(__byte_perm(a[J / 4], 0x4B000000u, 0x7540u | (J % 4))), 8388608.0f);
-#else
-    return (float)((a[J / 4] >> (8 * (J % 4))) & 0xffu);
-#endif
 }
 
 // Tap (column offset COL from the group's first tap) of a realigned span: R, G, B.
@@ -459,7 +365,7 @@ __device__ __forceinline__ void span_channel(const u32 (&a0)[NW], const u32 (&a1
     o[3] = __fadd_rn(__fmul_rn(span_value<ENC, S, 3, CH>(a0, a1, wxs[3], wy), scale), bias);
 }
 
-// The exact 2x midpoint (RN_MID=1, default; docs/GPU.md, version 10: the 4K case 3 %
+// The exact 2x midpoint (docs/evidence/gpu_history.md, version 10: the 4K case 3 %
 // faster in events, 9 % in the kernel's own duration, 26 % fewer instructions). When a
 // group's four x weights and its y weight are all 0.5 (a 2x downscale through the
 // tables' half-pixel sampling: 3840 -> 1920, 1280 -> 640, ...), the specification's
@@ -469,9 +375,6 @@ __device__ __forceinline__ void span_channel(const u32 (&a0)[NW], const u32 (&a1
 // word, accumulated into the mantissa of 2^23), and one FMA, exact because its result is
 // representable, takes sum / 4 out of it: ~6 instructions per value instead of ~19
 // (4 conversions, 3 lerps), the same bits.
-#ifndef RN_MID
-#define RN_MID 1
-#endif
 
 // (a0[J0] + a0[J1] + a1[J0] + a1[J1]) / 4 of two realigned spans, exactly.
 template <int J0, int J1, int NW>
@@ -506,7 +409,7 @@ __device__ __forceinline__ float span_mid(const u32 (&a0)[NW], const u32 (&a1)[N
 template <u32 ENC, int S, int CH, int NW>
 __device__ __forceinline__ void span_channel_any(const u32 (&a0)[NW], const u32 (&a1)[NW], const float wxs[4],
                                                  float wy, bool mid, float scale, float bias, float o[4]) {
-    if constexpr (RN_MID && S == 2) {
+    if constexpr (S == 2) {
         if (mid) {
             o[0] = __fadd_rn(__fmul_rn(span_mid<ENC, 0, CH>(a0, a1), scale), bias);
             o[1] = __fadd_rn(__fmul_rn(span_mid<ENC, 1, CH>(a0, a1), scale), bias);
@@ -683,14 +586,14 @@ __device__ __forceinline__ void rn_pixels(const PreprocessParams& p, const u8* _
         r0.off = 0;
         r1.off = 0;
     }
-    // The span path needs RN_VEC-aligned vectors to start inside the frame buffer.
+    // The span path needs its aligned 8-byte vectors to start inside the frame buffer.
     // Direct path: the x table as 16-byte vectors when every group of 4 lies wholly inside
     // or outside the content (content_x and content_w multiples of 4; the table is
     // 16-byte aligned), else element by element.
     const bool tab_vec = ((cx | cw) & 3) == 0;
     // Grey output converts each tap before interpolation: the byte path does that.
     const bool span_ok = !STAGED && enc_span(ENC) && !nearest && !grey && row_in &&
-                         ((unsigned long long)src & (RN_VEC - 1)) == 0;
+                         ((unsigned long long)src & 7) == 0;
 
 #pragma unroll
     for (int g = 0; g < RN_PX / 4; ++g) {
@@ -758,25 +661,7 @@ __device__ __forceinline__ void rn_pixels(const PreprocessParams& p, const u8* _
                 out[k][2] = p.pad[2];
                 continue;
             }
-            if constexpr (!STAGED && enc_word_pairs(ENC)) {
-                Rgb a0, b0;
-                decode_pair_words<ENC>(r0.base, xs0s[k], nearest ? xs0s[k] : xs1s[k], a0, b0);
-                if (nearest) {
-                    to_float<ENC>(a0, grey, v[k]);
-                } else {
-                    Rgb a1, b1;
-                    decode_pair_words<ENC>(r1.base, xs0s[k], xs1s[k], a1, b1);
-                    float s00[3], s01[3], s10[3], s11[3];
-                    to_float<ENC>(a0, grey, s00);
-                    to_float<ENC>(b0, grey, s01);
-                    to_float<ENC>(a1, grey, s10);
-                    to_float<ENC>(b1, grey, s11);
-#pragma unroll
-                    for (int c = 0; c < 3; ++c) {
-                        v[k][c] = lerp_rn(lerp_rn(s00[c], s01[c], wxs[k]), lerp_rn(s10[c], s11[c], wxs[k]), wy);
-                    }
-                }
-            } else if (nearest) {
+            if (nearest) {
                 tap<ENC>(p, src, r0, xs0s[k], yr0, grey, v[k]);
             } else {
                 float s00[3], s01[3], s10[3], s11[3];
@@ -822,27 +707,6 @@ __device__ __forceinline__ void resize_normalize(const PreprocessParams& p,
         // barrier.
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             const int tile_x0 = (tile % tiles_x) * RN_TILE_W, tile_y0 = (tile / tiles_x) * RN_TILE_H;
-#if RN_PREFETCH && __CUDA_ARCH__ >= 900
-            if constexpr (enc_is_packed(ENC) && !enc_is_yuv422(ENC)) {
-                // Warp 0 asks L2 for the source rows of this block's next tile, so that
-                // its loads find them there: one bulk prefetch per source row.
-                const int next = tile + gridDim.x;
-                if (tid < 2 * RN_TILE_H && next < tiles) {
-                    const int nx0 = (next % tiles_x) * RN_TILE_W, ny = (next / tiles_x) * RN_TILE_H + (tid & (RN_TILE_H - 1));
-                    const int lo = max(nx0, cx), hi = min(nx0 + RN_TILE_W, cx + cw) - 1;
-                    if (lo <= hi && ny >= cy && ny < cy + chh) {
-                        const int* yt = maps + 3 * cw + (tid >= RN_TILE_H ? chh : 0);
-                        const int row = __ldg(yt + (ny - cy));
-                        const int c0 = __ldg(maps + (lo - cx)), c1 = __ldg(maps + cw + (hi - cx));
-                        constexpr int bpp = enc_bpp(ENC);
-                        const unsigned long long a = (unsigned long long)src + (unsigned long long)row * p.src_step + (unsigned long long)c0 * bpp;
-                        const unsigned long long b = (unsigned long long)src + (unsigned long long)row * p.src_step + (unsigned long long)(c1 + 1) * bpp;
-                        const unsigned long long a16 = a & ~15ull, b16 = (b + 15) & ~15ull;
-                        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a16), "r"((u32)(b16 - a16)) : "memory");
-                    }
-                }
-            }
-#endif
             rn_pixels<ENC, false>(p, src, maps, dst, 0u, 0, nullptr, tile_x0, tile_y0);
         }
         return;
@@ -924,9 +788,6 @@ VP_ENCODINGS(RN_ENTRY_OF)
 // per-encoding code as resize_normalize_<name>, chosen by the slot's encoding. A padded
 // slot (stale camera) has an empty content rectangle: every pixel is pad[c], nothing is
 // read. Direct path only (row_words 0).
-#ifndef RN_BATCH_GLOBAL
-#define RN_BATCH_GLOBAL 1
-#endif
 // The slot of this block (blockIdx.z): its operation into shared memory (`s_p`), its
 // frame, tables and output addresses.
 __device__ __forceinline__ void rn_batch_slot(const BatchItemDesc* __restrict__ items,
@@ -940,20 +801,18 @@ __device__ __forceinline__ void rn_batch_slot(const BatchItemDesc* __restrict__ 
     src = (const u8*)it->src;
     maps = (const int*)it->maps;
     dst = (void*)it->dst;
-#if RN_BATCH_GLOBAL
     // Device addresses of global memory (or mapped host memory, also in the global
     // window): let the compiler use global loads and stores, not generic ones.
     __builtin_assume(__isGlobal(src));
     __builtin_assume(__isGlobal(maps));
     __builtin_assume(__isGlobal(dst));
-#endif
 }
 
 #define RN_BATCH_CASE(name, code, bpp, packed) \
     case code:                                 \
         resize_normalize<code>(s_p, src, maps, dst, 0u); \
         break;
-extern "C" __global__ void __launch_bounds__(RN_THREADS, RN_SPAN ? RN_MIN_BLOCKS_SPAN : RN_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(RN_THREADS, RN_MIN_BLOCKS_SPAN)
     resize_normalize_batch(const BatchItemDesc* __restrict__ items) {
     __shared__ PreprocessParams s_p;
     const u8* src;
@@ -966,26 +825,3 @@ extern "C" __global__ void __launch_bounds__(RN_THREADS, RN_SPAN ? RN_MIN_BLOCKS
             break;  // the host builds every slot with a code of the table
     }
 }
-
-// -DRN_BATCH_ENC=1 (kernel lab only; the host does not use them): the batch when every
-// slot has one encoding: the same launch,
-// with only that encoding's code (resize_normalize_batch_<name>), so its registers are
-// allocated for it alone, as resize_normalize_<name>'s are. A padded slot (empty content
-// rectangle: only pad values, nothing read) runs through it whatever its encoding.
-#ifndef RN_BATCH_ENC
-#define RN_BATCH_ENC 0
-#endif
-#if RN_BATCH_ENC
-#define RN_BATCH_ENTRY(name, code, bpp, packed)                                           \
-    extern "C" __global__ void __launch_bounds__(RN_THREADS, rn_min_blocks(code))         \
-        resize_normalize_batch_##name(const BatchItemDesc* __restrict__ items) {          \
-        __shared__ PreprocessParams s_p;                                                  \
-        const u8* src;                                                                    \
-        const int* maps;                                                                  \
-        void* dst;                                                                        \
-        rn_batch_slot(items, s_p, src, maps, dst);                                        \
-        if (s_p.encoding == code || s_p.content_w == 0 || s_p.content_h == 0)             \
-            resize_normalize<code>(s_p, src, maps, dst, 0u);                              \
-    }
-VP_ENCODINGS(RN_BATCH_ENTRY)
-#endif

@@ -79,7 +79,7 @@ def test_evidence_index_lists_exactly_the_files() -> None:
 
 def test_every_evidence_file_is_cited_and_every_citation_exists() -> None:
     cited, missing = set(), []
-    sources = [*DOCS, *sorted((ROOT / "bench").glob("*.py")), *sorted((ROOT / "bench").glob("*.sh")),
+    sources = [*DOCS, *sorted((ROOT / "bench").rglob("*.py")), *sorted((ROOT / "bench").rglob("*.sh")),
                *sorted(p for p in (ROOT / "scripts").rglob("*") if p.is_file() and "__pycache__" not in p.parts)]
     for src in sources:
         for token in re.findall(r"docs/evidence/([A-Za-z0-9_.,{}-]+)", src.read_text()):

@@ -12,9 +12,8 @@ use std::sync::Arc;
 /// Round staging sizes up to this many bytes.
 pub const STAGING_ALIGN: usize = 64;
 /// Bytes every frame buffer carries after the frame: the fused kernel reads whole aligned
-/// 8-byte vectors (span path, `RN_VEC`: up to 15 bytes past the last byte it needs with
-/// 16-byte vectors) and 32-bit words (up to 11 bytes past the first byte of the last pixel
-/// it needs: decode_pair_words and the staged path). Buffers are zeroed when allocated.
+/// 8-byte vectors (span path: up to 7 bytes past the last byte it needs) and 32-bit words
+/// (staged path: up to 3). Buffers are zeroed when allocated.
 pub const SRC_SLACK: usize = 16;
 
 /// How a pinned buffer is used.

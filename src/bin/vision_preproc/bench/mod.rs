@@ -56,15 +56,10 @@ pub struct BenchOptions {
 
 /// Compile-time variants of the fused kernel the benchmark can time beside the default
 /// (direct path, span loads for rgb8/bgr8/rgba8/bgra8): (label, extra NVRTC options,
-/// staged path).
-pub const FUSED_VARIANTS: [(&str, &[&str], bool); 6] = [
-    ("variant staged (RN_STAGED=1)", &["-DRN_STAGED=1"], true),
-    ("variant byte loads, no span path (RN_SPAN=0)", &["-DRN_SPAN=0"], false),
-    ("variant span path, 5 blocks/SM (48 registers, spills)", &["-DRN_MIN_BLOCKS_SPAN=5"], false),
-    ("variant span path, 4-byte loads (RN_VEC=4)", &["-DRN_VEC=4"], false),
-    ("variant span path + L2 prefetch of the next tile", &["-DRN_PREFETCH=1"], false),
-    ("variant byte loads, word pairs", &["-DRN_SPAN=0", "-DRN_WORD_PAIRS=1"], false),
-];
+/// staged path). `kernels/resize_normalize.cu` holds one, the staged path the backend can
+/// select; the kernel lab (`bench/klab/`) builds and times the others.
+pub const FUSED_VARIANTS: [(&str, &[&str], bool); 1] =
+    [("variant staged (RN_STAGED=1)", &["-DRN_STAGED=1"], true)];
 
 /// What [`bench`] produced: the full results (written to results.json) and a table.
 #[derive(Debug, Clone)]

@@ -3,8 +3,9 @@
 without the Rust binary, on the device machine (cupy + the CUDA driver through ctypes).
 
 What it does, in one process:
-  - loads CUBINs compiled here (bench/kernel_lab.py --compile: NVRTC through ctypes with
-    exactly the crate's options, kernels/nvrtc_options.txt, plus per-variant -D switches);
+  - loads CUBINs compiled here (bench/klab/kernel_lab.py --compile: NVRTC through ctypes
+    with exactly the crate's options, kernels/nvrtc_options.txt; each variant's source
+    made from the shipped one by klab_variants.py: constants set, patches applied);
   - builds the parameter structs and sampling tables the Rust side builds
     (src/backend/ops.rs AxisMap, src/pipeline/geometry.rs, preprocess_op) for
       4k:    3840x2160 rgb8 -> 1920x1080 stretch, NCHW float32 (bench case 2), and
@@ -21,13 +22,14 @@ What it does, in one process:
     next to a device-to-device copy roof of 256 MiB measured in the same process;
   - --profile VARIANT:CASE runs a few launches of one kernel for `ncu`.
 
-Usage: bench/klab_stage.sh <repo>/.klab (compiles every variant here, packs them with the
-harness), then on the device machine `cd .klab && bash run.sh` (bench/klab_run.sh: this
-script, then ncu on $KLAB_NCU); or by hand:
+Usage: bench/klab/klab_stage.sh <repo>/.klab (compiles every variant here, packs them
+with the harness), then on the device machine `cd .klab && bash run.sh`
+(bench/klab/klab_run.sh: this script, then ncu on $KLAB_NCU); or by hand:
        (device): python3 kernel_lab.py --kernels DIR --cubins DIR --out $OUT [--iters 300]
        (here):   python3 kernel_lab.py --compile --cubins DIR   (needs libnvrtc)
-                 python3 kernel_lab.py --dry-run                (host side only)
-bench/klab_span_test.cpp checks the span path's byte selection on the CPU (no GPU).
+                 python3 kernel_lab.py --dry-run                (host side and every
+                                                                 variant's source only)
+bench/klab/klab_span_test.cpp checks the span path's byte selection on the CPU (no GPU).
 """
 
 import argparse
@@ -42,6 +44,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 # ----------------------------------------------------------------------------------------
 # Codes (kernels/nvrtc_options.txt)
@@ -52,18 +55,17 @@ F32, F16 = 0, 1
 NEAREST, LINEAR = 0, 1
 
 # ----------------------------------------------------------------------------------------
-# Variants: label -> (source file key, extra defines). "v0" is main's kernel as it is.
+# Variants: label -> (source file key, constants, patches of klab_variants.py). "v0" is
+# main's kernel as it is; the others are made from kernels/resize_normalize.cu.
 VARIANTS = {
-    "v0": ("v0", {}),
-    "default": ("new", {}),
-    "span_mb5": ("new", {"RN_MIN_BLOCKS_SPAN": 5}),  # span path at 48 registers (spills)
-    "nospan": ("new", {"RN_SPAN": 0}),                # byte loads only
-    "vec4": ("new", {"RN_VEC": 4}),
-    "vec16": ("new", {"RN_VEC": 16}),
-    "prefetch": ("new", {"RN_PREFETCH": 1}),
-    "batch_enc": ("new", {"RN_BATCH_ENC": 1}),        # + resize_normalize_batch_<enc>
-    "nomid": ("new", {"RN_MID": 0}),                  # without the exact-2x midpoint path
-    "mid_mb5": ("new", {"RN_MIN_BLOCKS_SPAN": 5}),    # the midpoint path at 48 registers (spills)
+    "v0": ("v0", {}, ()),
+    "default": ("new", {}, ()),
+    "span_mb5": ("new", {"RN_MIN_BLOCKS_SPAN": 5}, ()),  # span path at 48 registers (spills)
+    "nospan": ("new", {}, ("nospan",)),                   # byte loads only
+    "prefetch": ("new", {}, ("prefetch",)),
+    "batch_enc": ("new", {}, ("batch_enc",)),             # + resize_normalize_batch_<enc>
+    "nomid": ("new", {}, ("nomid",)),                     # without the exact-2x midpoint path
+    "mid_mb5": ("new", {"RN_MIN_BLOCKS_SPAN": 5}, ()),    # the midpoint path at 48 registers (spills)
 }
 # The runs of 2026-12-02 (docs/evidence/h200_2026-12-02_kernel_lab_run1.log, run2.log and their .json, _ncu.txt) used these
 # labels for the kernel of their day: run 1 (x table staged in shared memory, one register
@@ -73,7 +75,9 @@ VARIANTS = {
 # {RN_MIN_BLOCKS: 4} (= "default" for rgb8/bgr8/rgba8/bgra8 and the batch), t4_mb4,
 # t8_mb4_pf / t4_mb4_pf {RN_PREFETCH: 1}, t8_mb5 {} (= "span_mb5"), t8_mb4_enc
 # {RN_BATCH_ENC: 1}. The runs of 2026-12-03 (docs/evidence/h200_2026-12-03_kernel_lab_mid.log)
-# used the labels above: default (RN_MID=1), nomid, mid_mb5.
+# used the labels above: default (RN_MID=1), nomid, mid_mb5. Those -D switches were the
+# kernel's own then; of their variants the lab still builds the labels above (the others,
+# and vec4 / vec16 {RN_VEC: 4 / 16}, are gone: klab_variants.py says why).
 
 
 def variant_px(label):
@@ -281,6 +285,7 @@ def kernel_sources(args):
 
 
 def options_for(args, extra):
+    """The crate's options for args.arch with the -D defines of `extra` in place of its own."""
     sys.path.insert(0, HERE)
     import klab_nvrtc
     base = klab_nvrtc.base_options(os.path.dirname(args.kernels), args.arch) if args.options is None else (
@@ -297,25 +302,33 @@ def options_for(args, extra):
     return out
 
 
+def variant_source(args, label):
+    """(source text, -D defines) of variant `label` (klab_variants.py)."""
+    sys.path.insert(0, HERE)
+    import klab_variants
+    key, constants, patches = VARIANTS[label]
+    return klab_variants.variant_source(open(kernel_sources(args)[key]).read(), constants, patches)
+
+
 def compile_all(args, labels):
     sys.path.insert(0, HERE)
     import klab_nvrtc
-    srcs = kernel_sources(args)
     header = open(os.path.join(args.kernels, "common.cuh")).read()
     os.makedirs(args.cubins, exist_ok=True)
     info = {"nvrtc": "%d.%d" % klab_nvrtc.version(), "lib": klab_nvrtc.lib()._path, "variants": {}}
     for label in labels:
-        key, extra = VARIANTS[label]
+        source, extra = variant_source(args, label)
         opts = options_for(args, extra)
         t = time.time()
-        cub, log = klab_nvrtc.compile_cubin(open(srcs[key]).read(), header, opts)
+        cub, log = klab_nvrtc.compile_cubin(source, header, opts)
         if log:
             print(f"{label}: NVRTC log:\n{log}")
         with open(os.path.join(args.cubins, f"{label}.cubin"), "wb") as f:
             f.write(cub)
-        info["variants"][label] = {"extra": extra, "seconds": round(time.time() - t, 1),
-                                   "bytes": len(cub)}
-        print(f"compiled {label} {extra} in {time.time() - t:.1f} s ({len(cub)} bytes)", flush=True)
+        _, constants, patches = VARIANTS[label]
+        info["variants"][label] = {"constants": constants, "patches": list(patches),
+                                   "seconds": round(time.time() - t, 1), "bytes": len(cub)}
+        print(f"compiled {label} {constants} {list(patches)} in {time.time() - t:.1f} s ({len(cub)} bytes)", flush=True)
     spin = 'extern "C" __global__ void klab_spin(long long cycles) { long long t0 = clock64(); while (clock64() - t0 < cycles) { } }\n'
     # The same traffic as a kernel can move it: 16 bytes read and 16 written per thread,
     # coalesced (the 4K case's frame in, a tensor of the same size out): a roof for the
@@ -705,11 +718,11 @@ def describe(op, mis):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernels", default=os.path.join(os.path.dirname(HERE), "kernels"))
+    ap.add_argument("--kernels", default=os.path.join(REPO, "kernels"))
     ap.add_argument("--v0", default=None, help="baseline kernel source (default kernels/resize_normalize_v0.cu)")
     ap.add_argument("--options", default=None, help="nvrtc_options.txt (default: KERNELS/nvrtc_options.txt)")
     ap.add_argument("--arch", default="sm_90")
-    ap.add_argument("--cubins", default=os.path.join(HERE, ".cache", "cubins"))
+    ap.add_argument("--cubins", default=os.path.join(REPO, "bench", ".cache", "cubins"))
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--variants", default=",".join(VARIANTS))
@@ -725,7 +738,7 @@ def main():
         compile_all(args, labels)
         return
     if args.dry_run:
-        dry_run()
+        dry_run(args)
         return
     out_dir = args.out or "."
     os.makedirs(out_dir, exist_ok=True)
@@ -992,9 +1005,14 @@ def profile(lab, spec, rng):
     print(f"profiled {spec}")
 
 
-def dry_run():
-    """Host side only: tables, structs, the spec model on small frames, the sweep's ops."""
+def dry_run(args):
+    """Host side only: every variant's source (its patches fit the shipped kernel), tables,
+    structs, the spec model on small frames, the sweep's ops."""
     t = time.time()
+    for label, (key, _, _) in VARIANTS.items():
+        if key == "new":
+            variant_source(args, label)
+    print(f"variants: the sources of {', '.join(l for l, v in VARIANTS.items() if v[0] == 'new')} made")
     op = op_4k()
     assert (op.x.i0 == np.arange(1920) * 2).all() and (op.x.i1 == op.x.i0 + 1).all()
     assert (op.x.w1 == 0.5).all() and (op.y.i0 == np.arange(1080) * 2).all()

@@ -68,6 +68,13 @@ def read_options(path):
 
 def compile_cubin(source, header, options, name="resize_normalize.cu"):
     """(cubin bytes, log). Raises on a compile error with the log."""
+    _, cub, log = compile_program(source, header, options, name)
+    return cub, log
+
+
+def compile_program(source, header, options, name="resize_normalize.cu"):
+    """(PTX text as bytes, CUBIN bytes or b"" for a compute_XX target, log). Raises on a
+    compile error with the log."""
     l = lib()
     prog = ctypes.c_void_p()
     hdr = ctypes.c_char_p(header.encode())
@@ -88,11 +95,17 @@ def compile_cubin(source, header, options, name="resize_normalize.cu"):
     if r != 0:
         l.nvrtcDestroyProgram(ctypes.byref(prog))
         raise RuntimeError(f"compile failed ({r}):\n{log}")
-    l.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    cub = ctypes.create_string_buffer(size.value)
-    l.nvrtcGetCUBIN(prog, cub)
+    l.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    l.nvrtcGetPTX(prog, ptx)
+    cub = b""
+    if any(o.startswith("--gpu-architecture=sm_") for o in options):
+        l.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        c = ctypes.create_string_buffer(size.value)
+        l.nvrtcGetCUBIN(prog, c)
+        cub = c.raw
     l.nvrtcDestroyProgram(ctypes.byref(prog))
-    return cub.raw, log
+    return ptx.value, cub, log
 
 
 def base_options(repo, arch="sm_90"):
