@@ -1,6 +1,6 @@
 """vptools: the Python helpers of vision_preproc, shared by test/, bench/ and scripts/.
 
-Importable in this checkout's venv (scripts/setup.sh puts `python/` on its path with a
+Importable in this checkout's venv (scripts/setup/setup.sh puts `python/` on its path with a
 .pth file), so nothing here or in a caller edits sys.path:
 
     sources      raw frames of every encoding from the photographs of test/data

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The ROS node on the GPU machine, remote side (THERE, from the repository root; the
-# machine has CUDA but no ROS). Here first:  scripts/gpu_node_stage.sh  (the node, the CLI
+# machine has CUDA but no ROS). Here first:  scripts/device/gpu_node_stage.sh  (the node, the CLI
 # and their ROS 2 libraries -> .device/ros.tar.xz; input bags -> .device/node_bags.tar.xz;
 # the demo bag -> .device/bag). Then there:
-#   bash scripts/gpu_node_remote.sh [scenario ...]      (default: all of them)
+#   bash scripts/device/gpu_node_remote.sh [scenario ...]      (default: all of them)
 # Real DDS (Fast DDS, loopback) between three processes: `vision_preproc play` (camera),
 # the node, `vision_preproc record` (subscriber; prints /diagnostics changes and latency).
 #   healthy   backend cuda, no fault (bag of the demo)
@@ -20,7 +20,7 @@
 #             consumer beside the first in the ref phases, waiting at most N ms for messages)
 #   cudaref   tensor_ref with blocks of CUDA memory (VMM, exported fds), consumers in
 #             PyTorch (bench/bench_handoff.py --consumer, rclpy from .device/py312.tar.xz,
-#             scripts/py312_bundle.sh): "check" 64x48 + conv2d, each block's tensor (a CUDA
+#             scripts/device/py312_bundle.sh): "check" 64x48 + conv2d, each block's tensor (a CUDA
 #             torch tensor whose data_ptr must be the mapped block) equal to the Tensor of
 #             the same stamp, the tensors recorded (compare with a CPU replay here); "bench"
 #             1080p -> 640x640 float32, tensor (+ torch .cuda()) vs tensor_ref, alternating,
@@ -47,11 +47,11 @@
 #             the previous release (.device/prev.tar.xz, bundled the same way) against this
 #             one, interleaved, 2 trials each: the highest sustained rate (PLAYERS=3
 #             `play --max` on the node's one topic, 6 s: published frames/s, with
-#             received / dropped and each thread's CPU, scripts/thread_cpu.py) and the
+#             received / dropped and each thread's CPU, scripts/device/thread_cpu.py) and the
 #             node-added latency at 30 Hz (one player, 10 s, `record` p50 / p99)
 #   single_own  the single-camera node's highest rate (as `single`, this release only) with
 #             input_participants one vs per_input, interleaved, 2 trials
-#   profile   where a node's time goes at --max, per thread (scripts/thread_cpu.py): the
+#   profile   where a node's time goes at --max, per thread (scripts/device/thread_cpu.py): the
 #             batched node (4 inputs) and the four single-camera nodes of `batchmax`, and
 #             their players and subscribers (PROFILE_SIDES: a subset or order of batched,
 #             batched_own (the batched node with input_participants per_input), pairs (two
@@ -69,7 +69,7 @@
 #             (SWEEP_RATES="1 2": fewer rates; SWEEP_SIDES: sides as PROFILE_SIDES; SWEEP_BACKEND=cpu: a dry run of the script
 #             on a machine without a GPU)
 # Logs: $OUT/<scenario>.log; recorded bags of the first three as $OUT/<scenario>_bag.tar
-# (compare with an offline CPU replay here: scripts/compare_bags.py); JSON per run.
+# (compare with an offline CPU replay here: scripts/device/compare_bags.py); JSON per run.
 set -uo pipefail
 SCENARIOS=("$@")
 [[ ${#SCENARIOS[@]} -gt 0 ]] || SCENARIOS=(healthy fallback retry exit latency startup)
@@ -450,7 +450,7 @@ PY
     rm -rf "/tmp/rec_$tag"
 }
 threads() {  # seconds label pid...: each thread's share of a core over the window
-    python3 scripts/thread_cpu.py "$1" "${@:3}" | sed "s/^/  $2 /"
+    python3 scripts/device/thread_cpu.py "$1" "${@:3}" | sed "s/^/  $2 /"
 }
 single_max() {  # label bin-dir trial [node args...]: PLAYERS players --max into one node, 6 s
     local rel=$1 bin=$2 tag="single_${1}_$3" k plays=()
@@ -527,7 +527,7 @@ for sc in "${SCENARIOS[@]}"; do
         single)   warm_up; single_all 2>&1 | tee "$OUT/single.log" ;;
         single_own) warm_up; for i in 1 2; do single_max one "$R/bin" "$i"; single_max own "$R/bin" "$i" -p input_participants:=per_input; done 2>&1 | tee "$OUT/single_own.log" ;;
         profile)  warm_up; for side in ${PROFILE_SIDES:-batched separate}; do profile_run "$side"; done 2>&1 | tee "$OUT/profile.log" ;;
-        cudaref)  tar xJf .device/py312.tar.xz -C "$R" || exit 1  # $R/py312 (scripts/py312_bundle.sh)
+        cudaref)  tar xJf .device/py312.tar.xz -C "$R" || exit 1  # $R/py312 (scripts/device/py312_bundle.sh)
                   warm_up
                   { for m in ${CUDAREF_MODES:-check bench slow kill sanitizer batch rust ctypes}; do
                         if [[ $m == bench ]]; then for i in 1 2; do cudaref_run tensor "$i"; cudaref_run tensor_ref "$i"; done
