@@ -12,6 +12,7 @@ Importable in this checkout's venv (scripts/setup/setup.sh puts `python/` on its
                  (importing it sets this run's ROS_DOMAIN_ID; import it before rclpy)
     soak         soak and overload runs through real DDS (scripts/soak.py is its CLI)
     fastdds      the installed Fast DDS and the variable it reads its XML profile from
+    procs        the node as a process, /proc readings (standard library only)
 """
 
 from pathlib import Path

@@ -99,6 +99,17 @@ def test_the_profile_variable_follows_the_fast_dds_library(tmp_path: Path) -> No
     assert fastdds.version([str(none), str(kilted)]) == (3, 2, 2)
     assert fastdds.profile_var([str(kilted)]) == "FASTDDS_DEFAULT_PROFILES_FILE"
     assert fastdds.version([str(none)]) is None
+    # A venv's lib/ holds the file and its links; a bundle (scripts/device/ros_bundle.sh)
+    # holds each library under its SONAME only.
+    venv, bundle = tmp_path / "venv", tmp_path / "bundle"
+    for d, libs in ((venv, ("libfastrtps.so", "libfastrtps.so.2.14", "libfastrtps.so.2.14.5")),
+                    (bundle, ("libfastcdr.so.2", "libfastrtps.so.2.14", "librmw_fastrtps_cpp.so"))):
+        d.mkdir()
+        for lib in libs:
+            (d / lib).write_bytes(b"")
+    assert fastdds.version([str(venv)]) == (2, 14, 5)
+    assert fastdds.version([str(bundle)]) == (2, 14, 0)
+    assert fastdds.profile_var([str(bundle)]) == "FASTRTPS_DEFAULT_PROFILES_FILE"
     env = fastdds.with_profile({"A": "1", "FASTDDS_DEFAULT_PROFILES_FILE": "x", "FASTRTPS_DEFAULT_PROFILES_FILE": "y"},
                                None)
     assert env == {"A": "1"}
