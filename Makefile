@@ -1,5 +1,5 @@
 # The two commands of the README:  make demo  and  make test.
-# Both set up everything on a fresh machine first (scripts/setup.sh, idempotent).
+# Both set up everything on a fresh machine first (scripts/setup/setup.sh, idempotent).
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 ENV := source .ros/env.sh
@@ -13,7 +13,7 @@ test: build
 	scripts/test.sh
 
 setup:
-	scripts/setup.sh
+	scripts/setup/setup.sh
 
 build: setup
 	$(ENV) && cargo build --release --bins
@@ -28,7 +28,7 @@ lint: setup
 # The Jetson's CPU: cross build for aarch64, clippy for aarch64, the CPU specification
 # tests and a bit-exact CLI parity check under qemu (docs/JETSON.md). Needs no ROS set-up.
 aarch64:
-	scripts/aarch64.sh
+	scripts/aarch64/aarch64.sh
 
 # Build both packages with colcon into build/ install/ (what a ROS user does).
 colcon: setup

@@ -3,7 +3,7 @@
 
 Plays the sample bag (.ros/sample_bag: real photographs from test/data as a camera
 sends them, in bgr8, yuyv, nv12, bayer_rggb8 and mono8, with camera_info; written by
-scripts/setup.sh) into vision_preproc_node in a loop at camera rate with `vision_preproc
+scripts/setup/setup.sh) into vision_preproc_node in a loop at camera rate with `vision_preproc
 play`, and prints a live per-second summary of what comes back: fps, p50/p99 of each
 stage, the backend (the GPU when one is usable, else the CPU), and drops. Previews of what
 the network sees (the node's debug_image, one per source encoding) are written to

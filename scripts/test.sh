@@ -118,5 +118,5 @@ python3 -m pytest -v -rA --durations=5 -m alone test/ros
 # its budget; so only when asked.
 if [ "${VP_AARCH64:-0}" = 1 ]; then
     section aarch64 "aarch64: cross build, clippy, the CPU spec tests and the CLI parity under qemu (VP_AARCH64=1)"
-    scripts/aarch64.sh
+    scripts/aarch64/aarch64.sh
 fi

@@ -12,7 +12,7 @@
 //! A `harness = false` target: on a machine without a GPU it prints
 //! "no GPU: GPU tests NOT run (not counted as passed)" and exits 0. On a GPU it exits 1 if
 //! any case differs OR could not be compared. Run under compute-sanitizer by
-//! scripts/gpu_check.sh. Options: `--stride N` runs every Nth case (for the slow
+//! scripts/device/gpu_backend_remote.sh. Options: `--stride N` runs every Nth case (for the slow
 //! racecheck run), `--filter TEXT` only cases whose name contains TEXT.
 
 use std::process::ExitCode;

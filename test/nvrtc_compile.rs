@@ -4,7 +4,7 @@
 //! `#[repr(C)]` structs passed by value match their C twins (the static_asserts in
 //! kernels/common.cuh, fed with offsets computed from the Rust structs).
 //!
-//! NVRTC comes from PyPI `nvidia-cuda-nvrtc-cu12` (installed by scripts/setup.sh, found
+//! NVRTC comes from PyPI `nvidia-cuda-nvrtc-cu12` (installed by scripts/setup/setup.sh, found
 //! through LD_LIBRARY_PATH set by .ros/env.sh). Missing NVRTC FAILS this test.
 
 use vision_preproc::backend::cuda::kernels::{
@@ -15,7 +15,7 @@ use vision_preproc::backend::cuda::kernels::{
 fn require_nvrtc() {
     assert!(
         nvrtc_available(),
-        "libnvrtc.so.12 cannot be loaded: `source .ros/env.sh` (scripts/setup.sh installs \
+        "libnvrtc.so.12 cannot be loaded: `source .ros/env.sh` (scripts/setup/setup.sh installs \
          PyPI nvidia-cuda-nvrtc-cu12 and puts it on LD_LIBRARY_PATH)"
     );
 }

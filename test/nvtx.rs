@@ -39,7 +39,7 @@ fn nvtx_library() -> String {
     assert!(
         !lib.is_empty() && Path::new(&lib).is_file(),
         "{} is {lib:?}, not a file: the NVTX library (libnvToolsExt.so.1 of the \
-         nvidia-nvtx-cu12 wheel) comes from scripts/setup.sh; run it and `source .ros/env.sh`",
+         nvidia-nvtx-cu12 wheel) comes from scripts/setup/setup.sh; run it and `source .ros/env.sh`",
         nvtx::LIBRARY_ENV
     );
     lib

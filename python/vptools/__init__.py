@@ -1,6 +1,6 @@
 """vptools: the Python helpers of vision_preproc, shared by test/, bench/ and scripts/.
 
-Importable in this checkout's venv (scripts/setup.sh puts `python/` on its path with a
+Importable in this checkout's venv (scripts/setup/setup.sh puts `python/` on its path with a
 .pth file), so nothing here or in a caller edits sys.path:
 
     sources      raw frames of every encoding from the photographs of test/data
@@ -12,6 +12,9 @@ Importable in this checkout's venv (scripts/setup.sh puts `python/` on its path 
                  (importing it sets this run's ROS_DOMAIN_ID; import it before rclpy)
     soak         soak and overload runs through real DDS (scripts/soak.py is its CLI)
     fastdds      the installed Fast DDS and the variable it reads its XML profile from
+    procs        the node as a process, /proc readings (standard library only)
+    node_scenarios  the node's scenarios on the GPU machine, one function each, standard
+                 library only (scripts/device/gpu_node_remote.py is its CLI)
 """
 
 from pathlib import Path

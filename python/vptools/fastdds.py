@@ -18,21 +18,25 @@ PROFILE_VAR_2 = "FASTRTPS_DEFAULT_PROFILES_FILE"
 #: Both names: a process meant to run without a profile is started with neither.
 PROFILE_VARS = (PROFILE_VAR_3, PROFILE_VAR_2)
 
-_LIB = re.compile(r"^lib(?:fastdds|fastrtps)\.so\.(\d+)\.(\d+)\.(\d+)$")
+_LIB = re.compile(r"^lib(?:fastdds|fastrtps)\.so\.(\d+)(?:\.(\d+))?(?:\.(\d+))?$")
 
 
 def version(search: list[str] | None = None) -> tuple[int, int, int] | None:
-    """The version of the Fast DDS library on LD_LIBRARY_PATH (or `search`), if any."""
+    """The version of the Fast DDS library on LD_LIBRARY_PATH (or `search`), if any: of the
+    first folder that holds one, the name with the most numbers (libfastrtps.so.2.14.5
+    beside its links libfastrtps.so.2.14 and .so); a library there only under its SONAME
+    (libfastrtps.so.2.14, as scripts/device/ros_bundle.sh bundles it) gives the numbers
+    its name has, 0 for the rest."""
     dirs = search if search is not None else [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
     for d in dirs:
         try:
             names = os.listdir(d)
         except OSError:
             continue
-        for name in sorted(names):
-            m = _LIB.match(name)
-            if m:
-                return (int(m[1]), int(m[2]), int(m[3]))
+        found = [m for m in map(_LIB.match, names) if m]
+        if found:
+            best = max(found, key=lambda m: (sum(g is not None for g in m.groups()), m[0]))
+            return tuple(int(g or 0) for g in best.groups())
     return None
 
 

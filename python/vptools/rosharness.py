@@ -9,31 +9,21 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from vptools import BIN_DIR, ROOT
+from vptools import ROOT
 from vptools.fastdds import PROFILE_VARS, profile_var, with_profile
+# The node as a process (callers import these from here).
+from vptools.procs import (DEFERRED_CPU_ENV, FAULT_INJECTION_NODE, INJECT_FAULT_ENV, NODE_BIN,  # noqa: F401
+                           TEST_HOOK_ENVS, NodeProcess)
 from vptools.tolerances import tensor_array  # noqa: F401 (callers import it from here)
 
-NODE_BIN = BIN_DIR / "vision_preproc_node"
-#: The node built with the test hooks (cargo feature `fault-injection`), which the product
-#: does not contain: scripts/test.sh puts it there (scripts/test_hooks_build.sh).
-FAULT_INJECTION_NODE = ROOT / "target" / "fault-injection" / "vision_preproc_node"
-#: The variable of the fault injection (src/pipeline/fault.rs).
-INJECT_FAULT_ENV = "VISION_PREPROC_INJECT_CUDA_FAULT"
-#: The variable of the deferred CPU backend (src/pipeline/deferred.rs): the CPU backend
-#: behind the CUDA backend's pipelined interface (two sets in flight), a test hook.
-DEFERRED_CPU_ENV = "VISION_PREPROC_TEST_DEFERRED_CPU"
-#: The test hooks' variables: a node given one of them runs the fault-injection build.
-TEST_HOOK_ENVS = (INJECT_FAULT_ENV, DEFERRED_CPU_ENV)
 
 # One domain for this test run (set before rclpy is imported anywhere), loopback only. With
 # pytest-xdist (scripts/test.sh runs the ROS tests in workers) each worker gets its own: the
@@ -124,51 +114,6 @@ def image_msg(pixels: np.ndarray, encoding: str, stamp_ns: int, frame_id: str, s
 
 def stamp_ns(header) -> int:
     return header.stamp.sec * 1_000_000_000 + header.stamp.nanosec
-
-
-class NodeProcess:
-    """`vision_preproc_node` in its own process, with ROS arguments; stopped with SIGINT.
-    With a test hook's variable in `env` (TEST_HOOK_ENVS), the node with the test hooks runs
-    instead of the product."""
-
-    def __init__(self, ros_args: list[str], binary: Path = NODE_BIN, env: dict | None = None, log: Path | None = None,
-                 unset: tuple[str, ...] = ()):
-        if set(TEST_HOOK_ENVS) & set(env or {}) and binary == NODE_BIN:
-            binary = FAULT_INJECTION_NODE
-            assert binary.exists() and DEFERRED_CPU_ENV.encode() in binary.read_bytes(), (
-                f"{binary}: no node with the fault-injection feature; build it with "
-                "scripts/test_hooks_build.sh (scripts/test.sh does)")
-        self.binary = binary
-        self.cmd = [str(binary), "--ros-args", *ros_args]
-        self.env = {k: v for k, v in dict(os.environ, **(env or {})).items() if k not in unset}
-        self.log_path = log
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> "NodeProcess":
-        assert self.binary.exists(), f"{self.binary} missing: run `make build` first"
-        self._log = open(self.log_path, "w+") if self.log_path else subprocess.PIPE
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, text=True)
-        return self
-
-    def output(self) -> str:
-        if self.log_path:
-            return Path(self.log_path).read_text()
-        return ""
-
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 5.0) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-            raise AssertionError(f"node did not exit within {timeout} s of signal {sig}")
-
-    def __exit__(self, *exc) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.stop()
 
 
 @dataclass

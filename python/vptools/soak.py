@@ -70,6 +70,7 @@ from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
 
 from vptools import BIN_DIR  # noqa: E402
 from vptools.bags import write_bag  # noqa: E402
+from vptools.procs import rss_mb  # noqa: E402
 from vptools.sources import camera_frames_bgr8  # noqa: E402
 
 CLI = BIN_DIR / "vision_preproc"
@@ -153,20 +154,6 @@ def make_bag(path: Path, w: int, h: int, rate: float) -> Path:
     """8 frames of the test photographs scaled to w x h (INTER_CUBIC), bgr8, at `rate` Hz."""
     write_bag(path, camera_frames_bgr8(w, h, 8), storage="mcap", with_camera_info=False, period_ns=int(1e9 / rate))
     return path
-
-
-def rss_mb(pid: int) -> dict | None:
-    """VmRSS and its parts (RssAnon: heap; RssShmem: shared memory, e.g. the Fast DDS
-    segments, counted as their pages are touched), MB."""
-    try:
-        kv = {}
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key = line.split(":", 1)[0]
-            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
-                kv[key] = int(line.split()[1]) / 1024
-        return kv if "VmRSS" in kv else None
-    except OSError:
-        return None
 
 
 def pct(values: list[float], q: float) -> float:

@@ -146,7 +146,7 @@ impl BagWriter {
 }
 
 /// The distribution this process runs in, as rosbag2 records it: `ROS_DISTRO` (set by every
-/// ROS set-up file; `scripts/setup.sh`'s `.ros/env.sh` sets the installed one), or empty.
+/// ROS set-up file; `scripts/setup/setup.sh`'s `.ros/env.sh` sets the installed one), or empty.
 fn ros_distro() -> String {
     std::env::var("ROS_DISTRO")
         .unwrap_or_default()

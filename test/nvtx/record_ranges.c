@@ -10,7 +10,7 @@
  *
  * test/nvtx.rs compiles it (cc -shared -fPIC) and reads the file. The declarations are
  * the few this file needs from the NVTX 3 headers' ABI (nvtx3/nvtxDetail/nvtxTypes.h of
- * the nvidia-nvtx-cu12 wheel that scripts/requirements/common.txt pins: the export table,
+ * the nvidia-nvtx-cu12 wheel that scripts/setup/requirements/common.txt pins: the export table,
  * the CORE module and its callback ids, which NVTX never renumbers). */
 
 #define _GNU_SOURCE

@@ -11,7 +11,7 @@ The fake maps each "imported" fd into the reserved range (mmap MAP_FIXED), so th
 pointer Frame.array() hands out reads the block's bytes on the host; it checks what the
 real driver would refuse (no current context, a wrong access descriptor, a handle type
 other than POSIX fd) and fails with the driver's error codes. What it cannot check, a
-real GPU run does: scripts/gpu_node_remote.sh cudaref, mode `ctypes`."""
+real GPU run does: scripts/device/gpu_node_remote.py cudaref, mode `ctypes`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ROS 2 distributions scripts/setup.sh installs (VP_ROS_DISTRO): each one's pin list
+"""The ROS 2 distributions scripts/setup/setup.sh installs (VP_ROS_DISTRO): each one's pin list
 names only its own meta-wheels (whose Requires-Dist pin the plain ros-* wheels: no second,
 hand-kept list of plain pins that could drift), the lists differ only where the
 distributions do, and the environment file says the truth about the distribution, with
@@ -15,7 +15,7 @@ from pathlib import Path
 from vptools import ROOT
 from vptools import fastdds
 
-REQS = ROOT / "scripts" / "requirements"
+REQS = ROOT / "scripts" / "setup" / "requirements"
 DISTROS = ("jazzy", "kilted")
 #: Packages one distribution needs and the other has not (docs/BUILDING.md): Kilted split
 #: ament_cmake_ros_core out of ament_cmake_ros; Jazzy's ament_cmake_ros needs gmock, gtest,
@@ -50,19 +50,19 @@ def test_each_distribution_pins_only_its_own_meta_wheels() -> None:
 
 
 def test_setup_accepts_exactly_the_distributions_with_a_pin_list() -> None:
-    text = (ROOT / "scripts" / "setup.sh").read_text()
+    text = (ROOT / "scripts" / "setup" / "setup.sh").read_text()
     accepted = re.search(r'case "\$DISTRO" in\n\s*([a-z |]+)\)', text)
     assert accepted, "setup.sh's distribution check"
     assert sorted(a.strip() for a in accepted[1].split("|")) == sorted(DISTROS)
     assert sorted(p.stem.removeprefix("ros-") for p in REQS.glob("ros-*.txt")) == sorted(DISTROS)
     assert 'DISTRO="${VP_ROS_DISTRO:-jazzy}"' in text, "Jazzy is the default"
-    bad = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], env={"VP_ROS_DISTRO": "humble", "PATH": "/usr/bin:/bin"},
+    bad = subprocess.run(["bash", str(ROOT / "scripts" / "setup" / "setup.sh")], env={"VP_ROS_DISTRO": "humble", "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 1 and "VP_ROS_DISTRO=humble" in bad.stderr and "jazzy" in bad.stderr, bad.stderr
 
 
 def write_env(tmp_path: Path, distro: str) -> str:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "write_env.py"), str(tmp_path), distro],
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "setup" / "write_env.py"), str(tmp_path), distro],
                           capture_output=True, text=True, check=True, timeout=30).stdout
 
 
@@ -99,6 +99,17 @@ def test_the_profile_variable_follows_the_fast_dds_library(tmp_path: Path) -> No
     assert fastdds.version([str(none), str(kilted)]) == (3, 2, 2)
     assert fastdds.profile_var([str(kilted)]) == "FASTDDS_DEFAULT_PROFILES_FILE"
     assert fastdds.version([str(none)]) is None
+    # A venv's lib/ holds the file and its links; a bundle (scripts/device/ros_bundle.sh)
+    # holds each library under its SONAME only.
+    venv, bundle = tmp_path / "venv", tmp_path / "bundle"
+    for d, libs in ((venv, ("libfastrtps.so", "libfastrtps.so.2.14", "libfastrtps.so.2.14.5")),
+                    (bundle, ("libfastcdr.so.2", "libfastrtps.so.2.14", "librmw_fastrtps_cpp.so"))):
+        d.mkdir()
+        for lib in libs:
+            (d / lib).write_bytes(b"")
+    assert fastdds.version([str(venv)]) == (2, 14, 5)
+    assert fastdds.version([str(bundle)]) == (2, 14, 0)
+    assert fastdds.profile_var([str(bundle)]) == "FASTRTPS_DEFAULT_PROFILES_FILE"
     env = fastdds.with_profile({"A": "1", "FASTDDS_DEFAULT_PROFILES_FILE": "x", "FASTRTPS_DEFAULT_PROFILES_FILE": "y"},
                                None)
     assert env == {"A": "1"}

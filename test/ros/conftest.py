@@ -123,7 +123,7 @@ def build_colcon_workspace() -> Path:
        install prefix).
     2. `--cargo-args --release` (base path `.`): the node package with colcon-ros-cargo
        (cargo-ament-build), against the interface package of the environment
-       (.ros/install, which scripts/setup.sh builds with colcon from the same msgs/); it
+       (.ros/install, which scripts/setup/setup.sh builds with colcon from the same msgs/); it
        installs the binaries under lib/vision_preproc/ and launch/, config/ under
        share/vision_preproc/.
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The node watched in rqt, for real, headless: the screenshots of docs/WATCHING.md.
 #
-#   scripts/rqt_check.sh                    # every screen: topic plot reconfigure console monitor
-#   scripts/rqt_check.sh monitor            # only some (e.g. retake the monitor screen)
-#   RQT_STOCK_CAMERA=0 scripts/rqt_check.sh monitor   # the monitor without the stock camera
+#   scripts/rostools/rqt_check.sh                    # every screen: topic plot reconfigure console monitor
+#   scripts/rostools/rqt_check.sh monitor            # only some (e.g. retake the monitor screen)
+#   RQT_STOCK_CAMERA=0 scripts/rostools/rqt_check.sh monitor   # the monitor without the stock camera
 #
-# 1. scripts/ros_tools_setup.sh (idempotent): Xvfb, PyQt5, rqt and its plugins from their
+# 1. scripts/rostools/ros_tools_setup.sh (idempotent): Xvfb, PyQt5, rqt and its plugins from their
 #    repositories' sources, ros2cli; nothing of it is used by `make test`.
 # 2. An Xvfb server, and on a ROS_DOMAIN_ID of its own (loopback only):
 #    - /vision_preproc: the CPU backend, config/yolo_640_letterbox.yaml (a 640x640 float32
@@ -20,17 +20,17 @@
 #      rclpy, 1920x1080 bgr8 at 30 Hz, reliable, no Fast DDS profile: the frames go as UDP
 #      fragments): the node's WARN that the camera's transport is too slow; the monitor
 #      selects that node's status.
-# 3. scripts/rqt_screens.py per screen: rqt's plugin standalone, driven as a user would,
+# 3. scripts/rostools/rqt_screens.py per screen: rqt's plugin standalone, driven as a user would,
 #    screenshots into docs/img/rqt_*.png (8-bit PNG), what each step saw into
 #    .ros/tools/run/shots/rqt_<screen>.json; then `ros2 param get` of what rqt_reconfigure
 #    set. The binaries used are copies of target/release/ (a rebuild meanwhile is harmless).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 SCREENS=("$@")
 [ ${#SCREENS[@]} -gt 0 ] || SCREENS=(topic plot reconfigure console monitor)
 
-scripts/ros_tools_setup.sh
+scripts/rostools/ros_tools_setup.sh
 # shellcheck disable=SC1091
 source .ros/env.sh
 # shellcheck disable=SC1091
@@ -107,7 +107,7 @@ status=0
 for screen in "${SCREENS[@]}"; do
   [ "$screen" != monitor ] || { start_batch; start_stock; sleep 2; }
   echo "rqt_check: screen $screen"
-  timeout 180 python3 scripts/rqt_screens.py "$screen" "$RUN/shots" --batch-node "$SELECT" >"$RUN/rqt_$screen.log" 2>&1 &
+  timeout 180 python3 scripts/rostools/rqt_screens.py "$screen" "$RUN/shots" --batch-node "$SELECT" >"$RUN/rqt_$screen.log" 2>&1 &
   rqt=$!
   if [ "$screen" = console ]; then
     # Records while the console listens: a node starting (its rear camera going stale),

@@ -3,7 +3,7 @@
 without a profiler (Fast DDS names its threads: dds.shm.<port>, dds.udp.<port>, dds.ev.<id>,
 ...; the node names its own: process, publish, ...).
 
-Usage: python3 scripts/thread_cpu.py SECONDS PID [PID ...]
+Usage: python3 scripts/device/thread_cpu.py SECONDS PID [PID ...]
 Samples /proc/PID/task/*/stat at the start and the end of the window and prints, per
 process, each thread's share of one core over the window (utime + stime), busiest first.
 """

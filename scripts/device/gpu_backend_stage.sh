@@ -3,16 +3,16 @@
 # CLI (with the benchmark) and the GPU test binaries (gpu_parity, gpu_fault; with the test
 # hooks: features `bench`, `fault-injection`) without ROS, run the NVRTC compile test (no
 # GPU needed), and stage what the GPU machine needs into a carry folder, with
-# scripts/gpu_backend_remote.sh, which runs THERE:
+# scripts/device/gpu_backend_remote.sh, which runs THERE:
 #
-#   scripts/gpu_backend_stage.sh [STAGE_DIR]          # default: <repo>/.device
+#   scripts/device/gpu_backend_stage.sh [STAGE_DIR]          # default: <repo>/.device
 #   # then on the GPU machine, from the repository root:
 #   bash .device/gpu_backend_remote.sh smoke|full|reliability   # prints everything; results under $OUT
 #
 # The GPU machine needs no Rust and no ROS: the binaries embed the kernels (include_str!)
 # and the test photographs, and load libcuda/libnvrtc at run time.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 STAGE="${1:-$ROOT/.device}"
 if [[ -f .ros/env.sh ]]; then
@@ -39,7 +39,7 @@ mkdir -p "$STAGE"
 cp target/gpu/release/vision_preproc "$STAGE/vision_preproc"
 cp "$PARITY" "$STAGE/gpu_parity"
 cp "$FAULT" "$STAGE/gpu_fault"
-cp scripts/gpu_backend_remote.sh "$STAGE/gpu_backend_remote.sh"
+cp scripts/device/gpu_backend_remote.sh "$STAGE/gpu_backend_remote.sh"
 strip --strip-debug "$STAGE/vision_preproc" "$STAGE/gpu_parity" "$STAGE/gpu_fault" 2>/dev/null || true
 git rev-parse HEAD >"$STAGE/COMMIT"
 # The three binaries are ~75 MB, over the device tool's 64 MiB carry: carry this ~10 MB

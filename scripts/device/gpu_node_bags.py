@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Input bags for the node on the GPU machine (scripts/gpu_node_remote.sh): 4 real
+"""Input bags for the node on the GPU machine (scripts/device/gpu_node_remote.py): 4 real
 photographs (test/data) scaled to 1280x720 and to 1920x1080 (INTER_CUBIC), bgr8, 30 Hz,
 the same frames bench/bench_node.py uses on this machine (its first four); packed as
 .device/node_bags.tar.xz (the GPU machine cannot build bags: no rosbags there).
 
-Usage: python3 scripts/gpu_node_bags.py [STAGE_DIR]   (default .device)
+Usage: python3 scripts/device/gpu_node_bags.py [STAGE_DIR]   (default .device)
 """
 
 from __future__ import annotations

@@ -5,15 +5,15 @@
 # few seconds (node + `record` + `play` on the demo bag, CPU backend) and reading
 # /proc/PID/maps, which also catches the ones rcl and rosidl load with dlopen; each is
 # copied under its SONAME so that LD_LIBRARY_PATH finds it. Binaries are stripped. The
-# product node is bin/vision_preproc_node; the GPU-fault scenarios of gpu_node_remote.sh
+# product node is bin/vision_preproc_node; the GPU-fault scenarios of gpu_node_remote.py
 # run bin/vision_preproc_node_fault_injection, the node with the test hooks (cargo
 # feature `fault-injection`, scripts/test_hooks_build.sh).
 #
-#   scripts/ros_bundle.sh [DIR]    # default .device/ros (git-excluded); also writes DIR.tar.xz
-#   # there: scripts/gpu_node_remote.sh unpacks .device/ros.tar.xz and sets LD_LIBRARY_PATH
-#   # (scripts/gpu_node_stage.sh calls this script with the default DIR)
+#   scripts/device/ros_bundle.sh [DIR]    # default .device/ros (git-excluded); also writes DIR.tar.xz
+#   # there: scripts/device/gpu_node_remote.py unpacks .device/ros.tar.xz and sets LD_LIBRARY_PATH
+#   # (scripts/device/gpu_node_stage.sh calls this script with the default DIR)
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 DIR="${1:-$ROOT/.device/ros}"
 # shellcheck disable=SC1091

@@ -20,10 +20,10 @@
 # Idempotent: each step is skipped when its inputs have not changed (stamp files in
 # .ros-<distro>/), so a second run finishes in about a second.
 #
-# Usage: [VP_ROS_DISTRO=jazzy|kilted] scripts/setup.sh      then: source .ros/env.sh
+# Usage: [VP_ROS_DISTRO=jazzy|kilted] scripts/setup/setup.sh      then: source .ros/env.sh
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DISTRO="${VP_ROS_DISTRO:-jazzy}"
 case "$DISTRO" in
     jazzy | kilted) ;;
@@ -115,7 +115,7 @@ fi
 
 # 2. The venv with this distribution's pinned ROS 2 wheels, colcon, test tools, NVRTC, NVTX.
 command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found (Python 3.11 is required by the ROS 2 wheels)" >&2; exit 1; }
-REQS=("$ROOT/scripts/requirements/ros-$DISTRO.txt" "$ROOT/scripts/requirements/common.txt")
+REQS=("$ROOT/scripts/setup/requirements/ros-$DISTRO.txt" "$ROOT/scripts/setup/requirements/common.txt")
 req_hash="$(hash_of "${REQS[@]}")-$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')-$ROOT"
 if [ -x "$VENV/bin/python" ] && stamp_ok venv "$req_hash"; then
     log "venv: up to date ($VENV)"
@@ -128,7 +128,7 @@ else
 fi
 
 # 3. The three fix-ups (idempotent, cheap: always run).
-"$VENV/bin/python" "$ROOT/scripts/ros_fixups.py" "$VENV"
+"$VENV/bin/python" "$ROOT/scripts/setup/ros_fixups.py" "$VENV"
 
 # 3b. The project's Python helpers (python/vptools: test/, bench/ and scripts/ import them)
 # on the venv's path, by a .pth file (cheap: always run).
@@ -136,7 +136,7 @@ site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pu
 echo "$ROOT/python" >"$site/vision_preproc_vptools.pth"
 
 # 4. The environment file.
-"$VENV/bin/python" "$ROOT/scripts/write_env.py" "$ROOT" "$DISTRO" >"$ROS_DIR/env.sh.tmp"
+"$VENV/bin/python" "$ROOT/scripts/setup/write_env.py" "$ROOT" "$DISTRO" >"$ROS_DIR/env.sh.tmp"
 mv "$ROS_DIR/env.sh.tmp" "$ROS_DIR/env.sh"
 
 # 5. The interface package, built with colcon into .ros/install.
@@ -165,11 +165,11 @@ else
 fi
 
 # 6. The demo's sample bag (real photographs, written with rosbags).
-bag_hash="$(hash_of "$ROOT/scripts/make_sample_bag.py" "$ROOT/python/vptools/bags.py" "$ROOT/python/vptools/sources.py" "$ROOT"/test/data/*.png "$ROOT"/test/data/*.jpg "$ROS_DIR/venv.stamp")"
+bag_hash="$(hash_of "$ROOT/scripts/setup/make_sample_bag.py" "$ROOT/python/vptools/bags.py" "$ROOT/python/vptools/sources.py" "$ROOT"/test/data/*.png "$ROOT"/test/data/*.jpg "$ROS_DIR/venv.stamp")"
 if stamp_ok sample_bag "$bag_hash" && [ -f "$ROS_DIR/sample_bag/metadata.yaml" ]; then
     log "sample bag: up to date ($ROS_DIR/sample_bag)"
 else
-    (source "$ROS_DIR/env.sh" && python3 "$ROOT/scripts/make_sample_bag.py" "$ROS_DIR/sample_bag")
+    (source "$ROS_DIR/env.sh" && python3 "$ROOT/scripts/setup/make_sample_bag.py" "$ROS_DIR/sample_bag")
     stamp_set sample_bag "$bag_hash"
 fi
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Check .device/py312.tar.xz (scripts/py312_bundle.sh) as the GPU machine would use it:
+# Check .device/py312.tar.xz (scripts/device/py312_bundle.sh) as the GPU machine would use it:
 # unpack it into a fresh temp dir, take a Python 3.12 whose venv holds numpy and nothing
 # else (the target's python3 has its own numpy), source only the bundle's env.sh, then
 #   - import rclpy, vision_preproc_msgs.msg (TensorRef, Tensor, TensorBatch, FrameTiming)
@@ -12,14 +12,14 @@
 # Twice: (1) the caller's environment, with this repo's .ros/env.sh sourced if there is
 # one, then the bundle's env.sh on top; (2) `env -i` with only PATH and HOME, no .ros.
 #
-#   scripts/py312_check.sh     # prints "py312_check: PASS" and exits 0 when all holds
-#   PY312_TARGET_PYTHON=python3 scripts/py312_check.sh   # on the GPU machine: its python3
+#   scripts/device/py312_check.sh     # prints "py312_check: PASS" and exits 0 when all holds
+#   PY312_TARGET_PYTHON=python3 scripts/device/py312_check.sh   # on the GPU machine: its python3
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY312="${PY312:-/root/.pyenv/versions/3.12.1/bin/python3.12}"
 NPVENV="${PY312_NUMPY_VENV:-/tmp/py312numpy}"
 TARBALL="${1:-$ROOT/.device/py312.tar.xz}"
-[ -f "$TARBALL" ] || { echo "py312_check: $TARBALL missing (run scripts/py312_bundle.sh)" >&2; exit 1; }
+[ -f "$TARBALL" ] || { echo "py312_check: $TARBALL missing (run scripts/device/py312_bundle.sh)" >&2; exit 1; }
 
 if [ -n "${PY312_TARGET_PYTHON:-}" ]; then
     # On the target itself: its python3 and its own numpy (PY312_TARGET_PYTHON=python3).

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Bundle rclpy (ROS 2 from the PyPI wheels, cp312; the distribution of VP_ROS_DISTRO, as
-# scripts/setup.sh: jazzy by default), vision_preproc_msgs built for
+# scripts/setup/setup.sh: jazzy by default), vision_preproc_msgs built for
 # CPython 3.12 and python/vision_preproc_consumer, for a Python 3.12 consumer on the GPU
 # machine (Ubuntu 24.04, python3 3.12 with its own numpy, no ROS, no network).
 #
-#   scripts/py312_bundle.sh        # -> .device/py312/ and .device/py312.tar.xz
+#   scripts/device/py312_bundle.sh        # -> .device/py312/ and .device/py312.tar.xz
 #   # there:  tar xJf .device/py312.tar.xz -C "$R" && source "$R/py312/env.sh" && python3 ...
 #
 # Steps: a throwaway 3.12 venv (/tmp/py312venv) with the ROS pins of
-# scripts/requirements/ros-<distro>.txt and the build tools and colcon of common.txt; the wheel fix-ups (scripts/ros_fixups.py); colcon builds
+# scripts/setup/requirements/ros-<distro>.txt and the build tools and colcon of common.txt; the wheel fix-ups (scripts/setup/ros_fixups.py); colcon builds
 # msgs/vision_preproc_msgs with that interpreter into /tmp/py312ws (type support
 # extensions for cpython-312); then only what runs is copied: the files of the ROS
 # wheels rclpy and the message packages pull in (dependency closure, without numpy, the
@@ -17,7 +17,7 @@
 # .so files are stripped, identical copies become symlinks. Idempotent: the venv and the
 # msgs build are reused while their inputs are unchanged; the bundle is rebuilt.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 DISTRO="${VP_ROS_DISTRO:-jazzy}"
 PY312="${PY312:-/root/.pyenv/versions/3.12.1/bin/python3.12}"
@@ -33,9 +33,9 @@ mkdir -p "$OUTDIR"
 
 # 1. The venv: the distribution's ROS pins, the build tools and colcon (not cargo, test
 # or plot ones).
-PINS="$(grep -v '^#' "scripts/requirements/ros-$DISTRO.txt" | grep .
+PINS="$(grep -v '^#' "scripts/setup/requirements/ros-$DISTRO.txt" | grep .
         awk '/^# Build tools/{s=1;next} /^# colcon/{s=2;next} /^# /{s=0}
-             s && !/^#/ && NF && !(s==2 && /cargo/)' scripts/requirements/common.txt)"
+             s && !/^#/ && NF && !(s==2 && /cargo/)' scripts/setup/requirements/common.txt)"
 venv_key="$(printf '%s\n%s\n' "$PINS" "$("$PY312" -VV)" | sha256sum | cut -c1-16)"
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.py312_bundle.stamp" 2>/dev/null)" = "$venv_key" ]; then
     log "venv: up to date ($VENV)"
@@ -52,9 +52,9 @@ SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pu
 
 # 2. The wheel fix-ups (idempotent): librmw_implementation.so, rcl without Python
 # NEEDED entries, the generator_py cmake exports pointing at this venv's includes.
-"$VENV/bin/python" scripts/ros_fixups.py "$VENV"
+"$VENV/bin/python" scripts/setup/ros_fixups.py "$VENV"
 
-# 3. vision_preproc_msgs for CPython 3.12, with colcon as scripts/setup.sh builds it.
+# 3. vision_preproc_msgs for CPython 3.12, with colcon as scripts/setup/setup.sh builds it.
 msgs_key="$(cat $(find msgs -type f | sort) "$VENV/.py312_bundle.stamp" | sha256sum | cut -c1-16)"
 if [ "$(cat "$WS/.py312_bundle.stamp" 2>/dev/null)" = "$msgs_key" ] \
     && [ -f "$WS/install/share/vision_preproc_msgs/package.xml" ]; then

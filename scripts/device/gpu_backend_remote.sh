@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA backend on the GPU machine, remote side (THERE, from the repository root, after
-# scripts/gpu_backend_stage.sh staged the binaries and this script into .device/):
+# scripts/device/gpu_backend_stage.sh staged the binaries and this script into .device/):
 #   bash .device/gpu_backend_remote.sh smoke   # context, both memory modes, start-up with the
 #                                      # embedded cubin / PTX / NVRTC side by side, parity
 #                                      # samples under each, tool presence

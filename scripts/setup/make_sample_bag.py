@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the demo's sample bag: real photographs from test/data (provenance in
 test/data/README.md) as a camera would send them in five encodings, with camera_info,
-at 30 Hz, written by the `rosbags` library (rosbag2 MCAP). Called by scripts/setup.sh.
+at 30 Hz, written by the `rosbags` library (rosbag2 MCAP). Called by scripts/setup/setup.sh.
 
 Usage: make_sample_bag.py OUT_DIR
 """

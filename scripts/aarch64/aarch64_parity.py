@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The aarch64 build's CLI against the x86-64 build's, bit for bit (scripts/aarch64.sh).
+"""The aarch64 build's CLI against the x86-64 build's, bit for bit (scripts/aarch64/aarch64.sh).
 
 Both CLIs run `run-file` on the same frames with the same settings; their .npy files
 must be equal byte for byte (header and data). The CPU backend is the specification, so
@@ -96,7 +96,7 @@ def cases(work):
                     "network_image_width": 64, "network_image_height": 48}
             out.append((f"conv {kernel} {size} {borders[i % 3]} {enc}",
                         raw + [path] + [f"--set={a}={v}" for a, v in sets.items()]))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for photo in ("chelsea.png", "rocket.jpg"):
         out.append((f"photo {photo}", [os.path.join(root, "test", "data", photo),
                                        "--set=resize_mode=letterbox"]))

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The launch files under the real `ros2 launch` (launch, launch_ros, ros2launch from their
-# repositories' sources: scripts/ros_tools_setup.sh), as docs/NODE.md records them.
+# repositories' sources: scripts/rostools/ros_tools_setup.sh), as docs/NODE.md records them.
 #
-#   scripts/launch_check.sh [TRANSCRIPT]      # default .ros/tools/run/launch_transcript.txt
-#   PARTS="2 4" scripts/launch_check.sh       # only some of the parts below
+#   scripts/rostools/launch_check.sh [TRANSCRIPT]      # default .ros/tools/run/launch_transcript.txt
+#   PARTS="2 4" scripts/rostools/launch_check.sh       # only some of the parts below
 #
 # The package as colcon installs it (share/vision_preproc/{package.xml,launch,config},
 # lib/vision_preproc/ with copies of target/release's binaries, the ament index marker)
@@ -17,9 +17,9 @@
 #    name, its parameters from the shared file, sim time, a tensor, SIGKILL and respawn.
 # Each `ros2 launch` is stopped with SIGINT (Ctrl-C) at the end, as a user does.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-scripts/ros_tools_setup.sh >/dev/null
+scripts/rostools/ros_tools_setup.sh >/dev/null
 # shellcheck disable=SC1091
 source .ros/env.sh
 # shellcheck disable=SC1091

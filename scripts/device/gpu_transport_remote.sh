@@ -2,7 +2,7 @@
 # The message path on the GPU machine, remote side (THERE, from the repository root; the
 # machine has CUDA but no Rust and no ROS): this build's node against a previous release's
 # in one run, with parity, memcheck and the fault drill of the same binaries. Here first:
-# scripts/gpu_transport_stage.sh
+# scripts/device/gpu_transport_stage.sh
 # (stages everything into .device/transport). There:
 #   bash .device/transport/gpu_transport_remote.sh [what ...]    (default: all)
 #   parity   gpu_parity, the whole matrix through the three CUDA backends (upload/direct,

@@ -7,7 +7,7 @@ Used for runs on machines where only the node can run (e.g. the GPU node on the 
 recorded there, replayed on the CPU here): every recorded tensor must equal the replayed
 tensor of the same input frame.
 
-Usage: python3 scripts/compare_bags.py LIVE_BAG REPLAY_BAG [--conv-l1 SUM_ABS_W]
+Usage: python3 scripts/device/compare_bags.py LIVE_BAG REPLAY_BAG [--conv-l1 SUM_ABS_W]
 Prints one line per distinct stamp and a summary; exit 1 on any difference.
 """
 

@@ -16,15 +16,15 @@
 #    against the per-element definition, bit for bit.
 # 5. The CLI parity check: the aarch64 CLI against the x86-64 CLI, bit for bit, over every
 #    encoding, resize mode, layout and dtype, conv2d kernels and photographs
-#    (scripts/aarch64_parity.py), once with NEON and once with the scalar loops forced;
+#    (scripts/aarch64/aarch64_parity.py), once with NEON and once with the scalar loops forced;
 #    `vision_preproc info` under qemu must say NEON.
 # 6. Type-checks the ROS node for aarch64 if a ROS installation for aarch64 exists
 #    (docs/JETSON.md: there is none here, so it says so and skips).
 #
 # Profile `aarch64` (Cargo.toml): release without debug info, dependencies at opt-level 1.
-# Usage: scripts/aarch64.sh      (a fresh clone: about 12-20 minutes on 2 cores, docs/JETSON.md)
+# Usage: scripts/aarch64/aarch64.sh      (a fresh clone: about 12-20 minutes on 2 cores, docs/JETSON.md)
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 # The kernels for the Orin (sm_87) are compiled by build.rs on this (host) machine when
 # NVRTC is there: the set-up's PyPI NVRTC, if `make build` has run (else the aarch64 CLI
@@ -115,10 +115,10 @@ step "spec tests under qemu"
 info="$($QEMU "$ARM_CLI" info)"
 echo "$info"
 grep -q "Neon" <<<"$info" || { log "vision_preproc info under qemu does not report NEON"; exit 1; }
-python3 scripts/aarch64_parity.py --x86 "$X86_CLI" --arm "$QEMU $ARM_CLI" \
+python3 scripts/aarch64/aarch64_parity.py --x86 "$X86_CLI" --arm "$QEMU $ARM_CLI" \
     --work "$ARM_DIR/parity-neon"
 step "CLI parity x86-64 = aarch64 NEON"
-python3 scripts/aarch64_parity.py --x86 "$X86_CLI" --arm "$QEMU $ARM_CLI" \
+python3 scripts/aarch64/aarch64_parity.py --x86 "$X86_CLI" --arm "$QEMU $ARM_CLI" \
     --arm-extra=--cpu-simd=baseline --work "$ARM_DIR/parity-scalar"
 step "CLI parity x86-64 = aarch64 scalar"
 

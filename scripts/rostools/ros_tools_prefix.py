@@ -2,7 +2,7 @@
 """Build an ament prefix of pure-Python ROS 2 packages from source checkouts, by copying:
 nothing is compiled and pip is not used.
 
-    python3 scripts/ros_tools_prefix.py PREFIX PKG_DIR [PKG_DIR ...]
+    python3 scripts/rostools/ros_tools_prefix.py PREFIX PKG_DIR [PKG_DIR ...]
 
 For each package folder (one with a package.xml), what colcon's `setup.py install` (or
 ament_cmake_python) would install:
@@ -19,8 +19,8 @@ ament_cmake_python) would install:
   `src/` (or the package folder), package.xml, plugin.xml and resource/ into
   share/<pkg>/, and the ament index marker.
 
-Used by scripts/ros_tools_setup.sh (rqt, ros2cli, launch for scripts/rqt_check.sh and
-scripts/launch_check.sh); nothing in `make test` uses the prefix.
+Used by scripts/rostools/ros_tools_setup.sh (rqt, ros2cli, launch for scripts/rostools/rqt_check.sh and
+scripts/rostools/launch_check.sh); nothing in `make test` uses the prefix.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def install_setup_py(pkg: Path, prefix: Path, site: Path) -> str:
     shutil.rmtree(dist, ignore_errors=True)
     dist.mkdir()
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    (dist / "INSTALLER").write_text("scripts/ros_tools_prefix.py\n")
+    (dist / "INSTALLER").write_text("scripts/rostools/ros_tools_prefix.py\n")
     eps = kw.get("entry_points", {})
     if eps:
         lines = []

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Start one rqt plugin (standalone, as `rqt --standalone PLUGIN` does), act on it as a
-user would, and save screenshots of its window: called by scripts/rqt_check.sh, once per
+user would, and save screenshots of its window: called by scripts/rostools/rqt_check.sh, once per
 screen, with .ros/env.sh and .ros/tools/env.sh sourced and DISPLAY on an Xvfb server.
 
-    python3 scripts/rqt_screens.py SCREEN OUTDIR [--node /vision_preproc] [--batch-node /batch/vision_preproc]
+    python3 scripts/rostools/rqt_screens.py SCREEN OUTDIR [--node /vision_preproc] [--batch-node /batch/vision_preproc]
     (--batch-node: the node whose status the monitor screen selects)
 
 SCREEN is one of topic, plot, reconfigure, console, monitor. The steps run inside rqt's
