@@ -106,6 +106,13 @@ impl DType {
             DType::Float16 => 2,
         }
     }
+    /// Its DLPack type code (`DLDataTypeCode`: 0 int, 1 uint, 2 float), written into a
+    /// `TensorRef` with bits = 8 x [`DType::size`].
+    pub fn dlpack_code(self) -> u8 {
+        match self {
+            DType::Float32 | DType::Float16 => 2, // kDLFloat
+        }
+    }
 }
 
 /// The convolution applied to each channel after normalization.

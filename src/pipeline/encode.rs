@@ -223,7 +223,7 @@ pub fn tensor_ref_cdr(
     w.string(desc.layout.name());
     w.string(desc.dtype.name());
     w.u32_seq(&shape);
-    w.u8(2); // kDLFloat: both dtypes are floats
+    w.u8(desc.dtype.dlpack_code());
     w.u8((desc.dtype.size() * 8) as u8);
     w.u16(1);
     w.i64_seq(&strides);
