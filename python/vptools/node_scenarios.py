@@ -400,6 +400,18 @@ class Run:
                 p.wait()
                 self.fail(f"  {what} {p.pid} did not exit 15 s after SIGTERM: killed")
 
+    def stop_side(self, plays, nodes, recs) -> None:
+        """A side's run is over: its players end, then its nodes and its subscribers stop
+        (SIGTERM, then SIGKILL after 15 s, a failure). The subscribers stop after the nodes:
+        their --duration is only a bound (the first node on a freshly started GPU machine
+        spends ~18 s opening its backend)."""
+        self.wait(*plays)
+        time.sleep(1)
+        self.term(*nodes)
+        self.stop_or_kill("node", *nodes)
+        self.term(*recs)
+        self.stop_or_kill("subscriber", *recs)
+
     def stop_node(self, node: NodeProcess) -> int:
         """SIGTERM if it still runs, then its exit status."""
         self.term(node)
@@ -1005,12 +1017,7 @@ def profile(run: Run) -> None:
             plays = run.play_cameras(side, "p", tag, "--duration", 8, "--max")
             time.sleep(3)
             run.threads(3, side, *nodes, *plays, *recs)
-            run.wait(*plays)
-            time.sleep(1)
-            run.term(*nodes)
-            run.stop_or_kill("node", *nodes)
-            run.term(*recs)
-            run.stop_or_kill("subscriber", *recs)
+            run.stop_side(plays, nodes, recs)
             stopped = grep(r"stopped: [0-9]* frames received, [0-9]* published, [0-9]* dropped",
                            *tag_logs("node", tag), only=True)
             print(f"profile {side}: sent {sent(*sorted(WORK.glob(f'play_{tag}_[0-9].log')))}; {' '.join(stopped)}")
@@ -1101,14 +1108,7 @@ def batchmax(run: Run) -> None:
                 pace = ["--max"] if rate == "max" else ["--rate", rate]
                 nodes, recs = run.start_side(side, "w", tag, "count")
                 plays = run.play_cameras(side, "w", tag, "--duration", 6, *pace)
-                # The subscribers stop after the players and the nodes (their --duration is only a
-                # bound: the first node on a freshly started GPU machine spends ~18 s opening its backend).
-                run.wait(*plays)
-                time.sleep(1)
-                run.term(*nodes)
-                run.stop_or_kill("node", *nodes)
-                run.term(*recs)
-                run.stop_or_kill("subscriber", *recs)
+                run.stop_side(plays, nodes, recs)
                 play_logs = sorted(WORK.glob(f"play_{tag}_[0-9].log"))
                 node_logs, rec_logs = tag_logs("node", tag), tag_logs("rec", tag)
                 for f in (*node_logs, *rec_logs, *play_logs):
