@@ -311,7 +311,7 @@ impl OwnedMessage {
     }
 
     /// The set's `TensorRef` went out before its work ended
-    /// ([`super::Pipeline::announce`]).
+    /// ([`super::Announce::send`]).
     pub fn announced(&self) -> bool {
         self.buf.as_ref().and_then(|b| b.block.as_ref()).is_some_and(Lease::announced)
     }
@@ -336,7 +336,7 @@ impl OwnedMessage {
     }
 
     /// What the network sees: the message's tensors de-normalized to 8-bit images (see
-    /// [`super::preview`]), a batch's items stacked top to bottom (item 0 on top).
+    /// [`super::preview()`]), a batch's items stacked top to bottom (item 0 on top).
     pub fn preview(&self) -> Result<PreviewImage> {
         match &self.buf {
             Some(buf) => buf.preview(),

@@ -261,7 +261,7 @@ impl Pipeline {
         self.message.message()
     }
 
-    /// The last tensor(s) de-normalized to an 8-bit image (see [`preview`]; a batch's
+    /// The last tensor(s) de-normalized to an 8-bit image (see [`preview()`]; a batch's
     /// items stacked top to bottom).
     pub fn preview_image(&self) -> Result<PreviewImage> {
         self.message.preview()

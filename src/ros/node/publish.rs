@@ -31,7 +31,7 @@ pub(super) struct Ready {
     pub(super) times: StageTimes,
     pub(super) backend: &'static str,
     pub(super) formed_at: Instant,
-    /// When its `TensorRef` went out, if before its work ended ([`Pipeline::announce`]).
+    /// When its `TensorRef` went out, if before its work ended ([`crate::pipeline::Announce::send`]).
     pub(super) announced_at: Option<Instant>,
     /// Its valid frames not in an earlier set (counted failed if publishing fails).
     pub(super) new_valid: u64,
