@@ -1,7 +1,8 @@
 //! What the backend knows about its GPU ([`DeviceInfo`], read at start-up) and what it
 //! measures of it: the occupancy of the fused kernel, the PCIe link's rates.
 
-use super::{drv_err, kernels, launch, CudaBackend};
+use super::driver::drv_err;
+use super::{kernels, launch, CudaBackend};
 use crate::error::{CudaError, Result};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaFunction};

@@ -1,7 +1,8 @@
 //! Test hooks of the CUDA backend (feature `fault-injection`, off in the product): real
 //! device faults for `Backend::inject_fault`, and poisoned outputs.
 
-use super::{drv_err, launch, launch_kernel, CudaBackend};
+use super::driver::drv_err;
+use super::{launch, launch_kernel, CudaBackend};
 use crate::backend::FaultKind;
 use crate::config::{Border, DType, Layout};
 use crate::error::{CudaError, Error, Result};

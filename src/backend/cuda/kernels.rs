@@ -6,7 +6,7 @@
 //! CLI's benchmark and its `baselines.cu`) compiles and loads them through the same
 //! functions, as a [`KernelSource`].
 
-use super::drv_err;
+use super::driver::drv_err;
 use super::launch::{self, BatchItemDesc, Conv2dParams};
 use crate::backend::ops::PreprocessParams;
 use crate::config::{Border, DType, Interpolation, Layout, MAX_CONV_SIZE};

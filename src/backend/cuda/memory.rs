@@ -2,7 +2,7 @@
 //! anything the CPU reads, optionally mapped into the device address space) and device
 //! buffers that grow only when a frame needs more.
 
-use super::drv_err as drv;
+use super::driver::drv_err as drv;
 use crate::error::{CudaError, Error, Result};
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};

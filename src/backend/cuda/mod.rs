@@ -34,6 +34,7 @@
 
 mod batch;
 mod device;
+pub(crate) mod driver;
 #[cfg(feature = "fault-injection")]
 mod fault;
 mod frame;
@@ -57,6 +58,7 @@ use crate::error::{CudaError, Error, Result};
 use crate::image::{Encoding, ImageView};
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use driver::drv_err;
 use kernels::{LoadReport, CONV_SIZES};
 use memory::{PinnedBuffer, PinnedHost, PinnedKind};
 use std::sync::Arc;
@@ -70,10 +72,6 @@ pub enum FusedPath {
     /// Through a shared-memory copy of each tile's source window (cp.async), when the
     /// window fits; compiled with `-DRN_STAGED=1`.
     Staged,
-}
-
-pub(crate) fn drv_err(call: impl Into<String>, e: cudarc::driver::DriverError) -> CudaError {
-    CudaError::Driver { call: call.into(), message: format!("{e:?}") }
 }
 
 /// Launch `f` on `stream` with the given arguments, mapping failures to

@@ -9,10 +9,11 @@
 //! Each step runs inside its NVTX range (`stage-in`, `upload`, `preprocess`, `conv`,
 //! `download`: `crate::nvtx`), each kernel launch inside its own stage's only.
 
+use super::driver::drv_err;
 use super::kernels::{resize_normalize_entry, RESIZE_NORMALIZE_BATCH};
 use super::launch::{self, Conv2dParams};
 use super::memory::{DeviceBuffer, PinnedBuffer, PinnedKind, SRC_SLACK};
-use super::{drv_err, launch_kernel, CudaBackend};
+use super::{launch_kernel, CudaBackend};
 use crate::backend::{AxisMap, Conv2dOp, Out, PreprocessOp, PreprocessParams, StageTimes};
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Error, Result};

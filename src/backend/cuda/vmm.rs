@@ -6,7 +6,8 @@
 //! there, `crate::consumer`). Legacy CUDA IPC (`cuIpcGetMemHandle`) does not work on
 //! this memory and is not used.
 
-use super::{drv_err, DeviceInfo};
+use super::device::DeviceInfo;
+use super::driver::drv_err;
 use crate::error::{CudaError, Result};
 use crate::handoff::{BlockEvent, DeviceBlocks, EVENT_HANDLE_BYTES};
 use cudarc::driver::sys::{self, CUdeviceptr, CUmemGenericAllocationHandle};
