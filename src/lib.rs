@@ -29,6 +29,7 @@
 // tests, a `// SAFETY:` comment on every unsafe block.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![warn(unreachable_pub)]
 
 pub mod backend;
 pub mod bag;

@@ -8,7 +8,7 @@ pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda_stub.rs"]
 pub mod cuda;
-pub mod ops;
+pub(crate) mod ops;
 
 #[cfg(feature = "fault-injection")]
 use crate::error::CudaError;

@@ -2,8 +2,8 @@
 //! sqlite3 storage, write `Tensor` and `FrameTiming` to an MCAP bag. Used by the CLI's
 //! `replay` (and `play`, which publishes what it reads).
 
-pub mod read;
-pub mod write;
+pub(crate) mod read;
+pub(crate) mod write;
 
 pub use read::{Bag, RawMessage, TopicInfo};
 pub use write::BagWriter;

@@ -9,7 +9,7 @@ fn os_error(what: &str) -> Error {
 }
 
 /// The page size.
-pub fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf reads a constant of the system.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(p).unwrap_or(4096).max(1)
@@ -17,10 +17,10 @@ pub fn page_size() -> usize {
 
 /// An anonymous file in memory of a fixed size (`memfd_create`, sealed against growing
 /// and shrinking so that a consumer's mapping can never lose its pages).
-pub struct Memfd(OwnedFd);
+pub(crate) struct Memfd(OwnedFd);
 
 impl Memfd {
-    pub fn new(name: &str, len: usize) -> Result<Self> {
+    pub(crate) fn new(name: &str, len: usize) -> Result<Self> {
         let cname = CString::new(name)
             .map_err(|_| Error::misuse("memfd_create", "the name has a NUL byte"))?;
         // SAFETY: a valid C string; the flags are defined by libc.
@@ -55,7 +55,7 @@ impl AsRawFd for Memfd {
 }
 
 /// A shared mapping of a file, unmapped when dropped.
-pub struct Mapping {
+pub(crate) struct Mapping {
     ptr: *mut u8,
     len: usize,
 }
@@ -69,7 +69,7 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Map `len` bytes of `fd` shared, read-write or read-only.
-    pub fn shared(fd: RawFd, len: usize, write: bool) -> Result<Self> {
+    pub(crate) fn shared(fd: RawFd, len: usize, write: bool) -> Result<Self> {
         let prot = if write { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
         // SAFETY: a fresh mapping chosen by the kernel (no address given), of a valid fd
         // at least `len` bytes long (the caller sized it).
@@ -80,11 +80,11 @@ impl Mapping {
         Ok(Mapping { ptr: ptr.cast(), len })
     }
 
-    pub fn ptr(&self) -> *mut u8 {
+    pub(crate) fn ptr(&self) -> *mut u8 {
         self.ptr
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 }

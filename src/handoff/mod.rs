@@ -16,7 +16,9 @@
 //! node sees the hold (and leaves the block).
 
 pub(crate) mod memory;
-pub mod server;
+// The node's consumer socket; without ROS only the tests start it.
+#[cfg_attr(not(feature = "ros"), allow(dead_code))]
+pub(crate) mod server;
 
 use crate::error::{Error, Result};
 use memory::{Mapping, Memfd};
@@ -171,6 +173,7 @@ enum Row {
     Free,
     /// A connected consumer's: the server's connection id and its socket (shut down
     /// at once when the consumer is evicted).
+    #[cfg_attr(not(feature = "ros"), allow(dead_code))]
     Live(u64, RawFd),
     /// Of a consumer disconnected while it might still write to it (evicted, or it sent
     /// bytes): ignored until [`QUARANTINE`] has passed, then zeroed and given out again.
@@ -512,7 +515,12 @@ impl Pool {
         let live = live(&st.rows);
         (st.counts, in_use, live)
     }
+}
 
+/// The server's side of the pool ([`server`]: built for the node, so used only with the
+/// `ros` feature, and by the tests).
+#[cfg_attr(not(feature = "ros"), allow(dead_code))]
+impl Pool {
     /// A row for connection `conn` (its socket `fd`), or why not.
     fn attach(&self, conn: u64, fd: RawFd) -> std::result::Result<usize, String> {
         let mut st = self.state();

@@ -26,7 +26,7 @@ fn euid() -> u32 {
 /// The directory of the node's sockets: `$XDG_RUNTIME_DIR/vision_preproc` when
 /// `XDG_RUNTIME_DIR` is set, else `/tmp/vision_preproc-<uid>`; created with mode 0700,
 /// refused when it is someone else's or open to others.
-pub fn socket_dir() -> Result<PathBuf> {
+pub(crate) fn socket_dir() -> Result<PathBuf> {
     let dir = match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(d) if Path::new(&d).is_dir() => PathBuf::from(d).join("vision_preproc"),
         _ => PathBuf::from(format!("/tmp/vision_preproc-{}", euid())),
@@ -56,7 +56,7 @@ pub fn socket_dir() -> Result<PathBuf> {
 
 /// Remove the socket files in `dir` that are this user's and refuse connections (left
 /// by a node that crashed). Returns how many.
-pub fn remove_stale(dir: &Path) -> usize {
+pub(crate) fn remove_stale(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     let mut removed = 0;
     for e in entries.flatten() {
@@ -124,7 +124,7 @@ struct Conn {
 }
 
 /// The socket's thread; stops (and removes the socket file) when dropped.
-pub struct Server {
+pub(crate) struct Server {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     path: PathBuf,
@@ -133,7 +133,7 @@ pub struct Server {
 impl Server {
     /// Listen at the pool's socket path (owner-only) and serve consumers on a thread.
     /// A file already there that is this user's is replaced.
-    pub fn start(pool: Arc<Pool>) -> Result<Server> {
+    pub(crate) fn start(pool: Arc<Pool>) -> Result<Server> {
         let path = pool.socket_path().to_path_buf();
         if let Ok(m) = std::fs::symlink_metadata(&path) {
             if m.uid() != euid() {
@@ -162,7 +162,7 @@ impl Server {
     }
 
     /// The socket file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 }

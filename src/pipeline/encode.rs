@@ -178,7 +178,7 @@ pub fn batch_items_cdr(body_offset: usize, items: &[BatchItemFields<'_>]) -> Vec
 
 /// Where a `TensorRef`'s tensor lies: the shared block (docs/HANDOFF.md).
 #[derive(Debug, Clone, Copy)]
-pub struct BlockFields<'a> {
+pub(crate) struct BlockFields<'a> {
     /// `pool_id`, `socket_path`.
     pub pool_id: &'a str,
     pub socket_path: &'a str,
@@ -199,7 +199,7 @@ pub struct BlockFields<'a> {
 /// set (`items.len()` of them with 2+ inputs, else one) written at offset 0 of `block`.
 /// `desc` is one item's; a batch's shape leads with the number of items, a single
 /// camera's with 1, as `Tensor` and `TensorBatch`.
-pub fn tensor_ref_cdr(
+pub(crate) fn tensor_ref_cdr(
     header: &Header,
     name: &str,
     desc: TensorDesc,

@@ -71,7 +71,7 @@ pub(super) struct MessageBuf {
 impl MessageBuf {
     /// Make room for the message `cdr` describes (allocating from `backend` if needed)
     /// and write everything but the data; returns the data's bytes.
-    pub fn prepare(&mut self, backend: &mut dyn Backend) -> Result<&mut [u8]> {
+    pub(super) fn prepare(&mut self, backend: &mut dyn Backend) -> Result<&mut [u8]> {
         let (need, prefix_len) = (self.cdr.len(), self.cdr.prefix.len());
         let offset = |buf: &HostBuffer| {
             let data_at = buf.as_slice().as_ptr() as usize + prefix_len;
@@ -94,7 +94,7 @@ impl MessageBuf {
     /// Free the buffer (its backend is being replaced), and give back a block of device
     /// memory (its pool is released with the backend): the set then runs again into the
     /// message only.
-    pub fn release(&mut self) {
+    pub(super) fn release(&mut self) {
         self.buf = None;
         if self.block.as_ref().is_some_and(Lease::is_device) {
             self.block = None;
@@ -104,7 +104,7 @@ impl MessageBuf {
 
     /// The `TensorRef` of the block (`None`: no block), with each item's age and the
     /// interprocess event a consumer waits on (empty: none).
-    pub fn tensor_ref(&self, ages: &[f32], ipc_event_handle: &[u8]) -> Option<Vec<u8>> {
+    pub(super) fn tensor_ref(&self, ages: &[f32], ipc_event_handle: &[u8]) -> Option<Vec<u8>> {
         let block = self.block.as_ref()?;
         let desc = self.params.as_ref()?.tensor_desc();
         let batch = !self.items.is_empty();
@@ -148,7 +148,7 @@ impl MessageBuf {
         Ok(())
     }
 
-    pub fn message(&self) -> &[u8] {
+    pub(super) fn message(&self) -> &[u8] {
         match &self.buf {
             Some(buf) => &buf.as_slice()[self.start..self.start + self.cdr.len()],
             None => &[],
@@ -156,7 +156,7 @@ impl MessageBuf {
     }
 
     /// The tensors: the message's data, or the block's when they were not copied.
-    pub fn tensor(&self) -> &[u8] {
+    pub(super) fn tensor(&self) -> &[u8] {
         match &self.block {
             Some(b) if !self.fill => b.bytes().get(..self.cdr.data_len).unwrap_or(&[]),
             _ => self.message().get(self.cdr.data_range()).unwrap_or(&[]),
@@ -166,7 +166,7 @@ impl MessageBuf {
     /// The set is finished: copy the tensors from a host block into the message when it
     /// has both and the message is wanted (a device block's were downloaded into the
     /// message by the backend).
-    pub fn fill_from_block(&mut self) {
+    pub(super) fn fill_from_block(&mut self) {
         let (Some(block), Some(buf), true) = (&self.block, self.buf.as_mut(), self.fill) else {
             return;
         };
@@ -182,7 +182,7 @@ impl MessageBuf {
 
     /// What the network sees of each tensor in the message, stacked top to bottom (from
     /// a device block, copied to the host for it, when the message does not hold them).
-    pub fn preview(&self) -> Result<PreviewImage> {
+    pub(super) fn preview(&self) -> Result<PreviewImage> {
         match (&self.params, &self.block) {
             (Some(params), Some(b)) if b.is_device() && !self.fill => {
                 let mut bytes = vec![0u8; self.cdr.data_len];
@@ -229,13 +229,13 @@ impl MessagePool {
     }
 
     /// A buffer for the next message: one given back, or a new empty one.
-    pub fn spare(&self) -> MessageBuf {
+    pub(super) fn spare(&self) -> MessageBuf {
         self.free().pop().unwrap_or_default()
     }
 
     /// A buffer the pipeline no longer needs, kept for a later message (its block, if
     /// any, goes back to its pool).
-    pub fn give_back(&self, mut buf: MessageBuf) {
+    pub(super) fn give_back(&self, mut buf: MessageBuf) {
         buf.block = None;
         if buf.buf.is_some() {
             self.free().push(buf);
@@ -244,7 +244,7 @@ impl MessagePool {
 
     /// Hand `current` out as an [`OwnedMessage`] and put a free buffer (one given back,
     /// or a new empty one) in its place.
-    pub fn take(self: &Arc<Self>, current: &mut MessageBuf) -> OwnedMessage {
+    pub(super) fn take(self: &Arc<Self>, current: &mut MessageBuf) -> OwnedMessage {
         let next = self.free().pop().unwrap_or_default();
         let buf = std::mem::replace(current, next);
         self.outstanding.fetch_add(1, Ordering::AcqRel);
@@ -259,7 +259,7 @@ impl MessagePool {
     /// [`OUTSTANDING_WAIT`]) for those still being published, so that no buffer of the
     /// old backend outlives it. Returns how many were still out after the wait
     /// (normally 0).
-    pub fn retire(&self) -> usize {
+    pub(super) fn retire(&self) -> usize {
         {
             let mut free = self.free();
             self.generation.fetch_add(1, Ordering::AcqRel);
@@ -273,7 +273,7 @@ impl MessagePool {
     }
 
     #[cfg(test)]
-    pub fn counts(&self) -> (usize, usize) {
+    pub(crate) fn counts(&self) -> (usize, usize) {
         (self.outstanding.load(Ordering::Acquire), self.free().len())
     }
 }

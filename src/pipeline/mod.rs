@@ -11,15 +11,15 @@
 pub mod conv;
 #[cfg(any(test, feature = "fault-injection"))]
 pub mod deferred;
-pub mod encode;
-pub mod failure;
+pub(crate) mod encode;
+pub(crate) mod failure;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
-pub mod geometry;
-pub mod inflight;
-pub mod message;
+pub(crate) mod geometry;
+pub(crate) mod inflight;
+pub(crate) mod message;
 mod ops;
-pub mod preview;
+pub(crate) mod preview;
 
 use crate::backend::{self, Backend, Job, Queued, StageTimes, TensorDesc};
 use crate::config::Config;

@@ -12,15 +12,15 @@ use std::sync::OnceLock;
 
 /// The variable Fast DDS 3 reads its XML profile from. Fast DDS 3 still reads the old
 /// name too, with a deprecation warning (even when the new one is set beside it).
-pub const PROFILE_VAR_3: &str = "FASTDDS_DEFAULT_PROFILES_FILE";
+pub(super) const PROFILE_VAR_3: &str = "FASTDDS_DEFAULT_PROFILES_FILE";
 /// The only variable Fast DDS 2 (ROS 2 Jazzy's 2.14) reads its XML profile from: the new
 /// name is silently ignored there.
-pub const PROFILE_VAR_2: &str = "FASTRTPS_DEFAULT_PROFILES_FILE";
+pub(super) const PROFILE_VAR_2: &str = "FASTRTPS_DEFAULT_PROFILES_FILE";
 
 /// The Fast DDS library this process runs on, as the dynamic loader mapped it
 /// (`libfastrtps.so.2.14.5`: Jazzy; `libfastdds.so.3.2.2`: Kilted).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FastDds {
+pub(super) struct FastDds {
     /// Major version: decides the profile variable.
     pub major: u32,
     /// The full version, from the library's file name.
@@ -30,7 +30,7 @@ pub struct FastDds {
 impl FastDds {
     /// The Fast DDS mapped into this process (`/proc/self/maps`, read once), if one is.
     /// The node and the CLI link the ROS middleware, so it is mapped from the start.
-    pub fn loaded() -> Option<&'static FastDds> {
+    pub(super) fn loaded() -> Option<&'static FastDds> {
         static LOADED: OnceLock<Option<FastDds>> = OnceLock::new();
         LOADED
             .get_or_init(|| Self::from_maps(&std::fs::read_to_string("/proc/self/maps").ok()?))
@@ -38,7 +38,7 @@ impl FastDds {
     }
 
     /// The Fast DDS named in a `/proc/<pid>/maps` text.
-    pub fn from_maps(maps: &str) -> Option<FastDds> {
+    pub(super) fn from_maps(maps: &str) -> Option<FastDds> {
         maps.lines().filter_map(|l| l.rsplit('/').next()).find_map(|file| {
             let version = ["libfastdds.so.", "libfastrtps.so."]
                 .iter()
@@ -50,7 +50,7 @@ impl FastDds {
     }
 
     /// The variable this Fast DDS reads its XML profile from.
-    pub fn profile_var(&self) -> &'static str {
+    pub(super) fn profile_var(&self) -> &'static str {
         if self.major >= 3 {
             PROFILE_VAR_3
         } else {
@@ -60,7 +60,7 @@ impl FastDds {
 
     /// The other name, which this Fast DDS ignores (2.x) or reads with a deprecation
     /// warning (3.x).
-    pub fn other_profile_var(&self) -> &'static str {
+    pub(super) fn other_profile_var(&self) -> &'static str {
         if self.major >= 3 {
             PROFILE_VAR_2
         } else {
@@ -71,7 +71,7 @@ impl FastDds {
 
 /// The profile variable of the Fast DDS this process runs on; Fast DDS 3's name when no
 /// Fast DDS is mapped (never the case in a binary built with ROS).
-pub fn profile_var() -> &'static str {
+pub(super) fn profile_var() -> &'static str {
     names().0
 }
 
@@ -103,7 +103,7 @@ fn adopt_ignored_name() -> Option<(&'static str, std::ffi::OsString)> {
 }
 
 /// One line for `info` and `/diagnostics`: the Fast DDS loaded and the profile in force.
-pub fn describe() -> (String, String) {
+pub(super) fn describe() -> (String, String) {
     let (var, other, reads_other) = names();
     let fastdds = match FastDds::loaded() {
         Some(f) => format!("{} (reads {var})", f.version),
@@ -128,7 +128,7 @@ pub fn describe() -> (String, String) {
 
 /// The Fast DDS transports of the node: the user's, or its own with its shared-memory
 /// segment sized from its largest output.
-pub enum DdsSetup {
+pub(super) enum DdsSetup {
     /// A profile (under the name the loaded Fast DDS reads) or `FASTDDS_BUILTIN_TRANSPORTS`
     /// was given.
     User(String),
@@ -151,7 +151,7 @@ impl DdsSetup {
     /// A profile given under the name this Fast DDS does not read (Jazzy's Fast DDS 2 and
     /// `FASTDDS_DEFAULT_PROFILES_FILE`) is used all the same, under the right name, and
     /// said in the returned warning: the camera's process, started the same way, ignores it.
-    pub fn configure(config: &Config) -> anyhow::Result<(DdsSetup, Option<String>)> {
+    pub(super) fn configure(config: &Config) -> anyhow::Result<(DdsSetup, Option<String>)> {
         let var = profile_var();
         let warning = adopt_ignored_name().map(|(other, v)| {
             format!(
@@ -198,7 +198,7 @@ impl Drop for DdsSetup {
 /// reads, set that name to the given one's value (a profile under the other name, which
 /// Fast DDS 2 would ignore) or else to the profile for camera-sized samples shipped with
 /// the package.
-pub fn use_default_dds_profile() {
+pub(super) fn use_default_dds_profile() {
     if FastDds::loaded().is_none() {
         return;
     }
@@ -215,7 +215,7 @@ pub fn use_default_dds_profile() {
 /// The shipped camera profile `fastdds_large_frames.xml`, whatever the environment says:
 /// next to the executable in a colcon install (`lib/vision_preproc/` ->
 /// `share/vision_preproc/config/`), else in the source tree the binary was built from.
-pub fn shipped_dds_profile() -> Option<PathBuf> {
+pub(super) fn shipped_dds_profile() -> Option<PathBuf> {
     let name = "fastdds_large_frames.xml";
     let installed = std::env::current_exe().ok().and_then(|exe| {
         Some(exe.parent()?.parent()?.parent()?.join("share/vision_preproc/config").join(name))

@@ -16,7 +16,7 @@ use r2r_rcl as rcl;
 use std::ffi::{c_char, CStr, CString};
 
 /// A received image: the C message rmw deserialized into, owned.
-pub struct NativeImage(r2r::NativeMsg<Image>);
+pub(super) struct NativeImage(r2r::NativeMsg<Image>);
 
 // SAFETY: the wrapped C message is heap memory created by the type support
 // (`create_msg`) and freed by its `destroy_msg` (the default allocator: malloc/free,
@@ -35,7 +35,7 @@ impl NativeImage {
     /// types, which `sensor_msgs/Image` is not, so this does not happen with it) is
     /// copied into an owned message first, and its loan is returned here, on the
     /// subscription's thread.
-    pub fn new(msg: r2r::NativeMsg<Image>) -> Self {
+    pub(super) fn new(msg: r2r::NativeMsg<Image>) -> Self {
         if !msg.is_loaned {
             return NativeImage(msg);
         }
@@ -43,7 +43,7 @@ impl NativeImage {
     }
 
     /// The pixel bytes, in place.
-    pub fn data(&self) -> &[u8] {
+    pub(super) fn data(&self) -> &[u8] {
         let d = &self.0.data;
         if d.data.is_null() || d.size == 0 {
             return &[];
@@ -55,12 +55,12 @@ impl NativeImage {
 
     /// `encoding` (an encoding that is not UTF-8 reads as one that no table knows, and
     /// is rejected by name).
-    pub fn encoding(&self) -> &str {
+    pub(super) fn encoding(&self) -> &str {
         std::str::from_utf8(c_string(&self.0.encoding)).unwrap_or("<not UTF-8>")
     }
 
     /// The header, as the ROS-free type of the output messages.
-    pub fn header(&self) -> Header {
+    pub(super) fn header(&self) -> Header {
         let h = &self.0.header;
         Header {
             sec: h.stamp.sec,
@@ -70,13 +70,13 @@ impl NativeImage {
     }
 
     /// The header stamp in ns since the epoch.
-    pub fn stamp_ns(&self) -> i64 {
+    pub(super) fn stamp_ns(&self) -> i64 {
         let s = &self.0.header.stamp;
         i64::from(s.sec) * 1_000_000_000 + i64::from(s.nanosec)
     }
 
     /// The image, validated (step, size, encoding), borrowing the pixel bytes.
-    pub fn view(&self) -> Result<ImageView<'_>, crate::ImageError> {
+    pub(super) fn view(&self) -> Result<ImageView<'_>, crate::ImageError> {
         let m = &*self.0;
         ImageView::new(m.width, m.height, m.step, self.encoding(), m.is_bigendian != 0, self.data())
     }
@@ -93,7 +93,7 @@ fn c_string(s: &rcl::rosidl_runtime_c__String) -> &[u8] {
 }
 
 /// An r2r header from the ROS-free one.
-pub fn ros_header(h: &Header) -> r2r::std_msgs::msg::Header {
+pub(super) fn ros_header(h: &Header) -> r2r::std_msgs::msg::Header {
     r2r::std_msgs::msg::Header {
         stamp: r2r::builtin_interfaces::msg::Time { sec: h.sec, nanosec: h.nanosec },
         frame_id: h.frame_id.clone(),
@@ -186,7 +186,7 @@ unsafe fn parameter_value(v: &rcl::rcl_variant_t) -> ParameterValue {
 }
 
 /// This process's ROS arguments, parsed by rcl.
-pub struct RosArgs {
+pub(super) struct RosArgs {
     args: rcl::rcl_arguments_t,
 }
 
@@ -198,7 +198,7 @@ unsafe impl Send for RosArgs {}
 impl RosArgs {
     /// Parse `std::env::args()` as `rcl_init` does; `None` if rcl refuses them (the
     /// node's own start then reports the error).
-    pub fn parse() -> Option<RosArgs> {
+    pub(super) fn parse() -> Option<RosArgs> {
         let owned: Vec<CString> = std::env::args().filter_map(|a| CString::new(a).ok()).collect();
         let argv: Vec<*const c_char> = owned.iter().map(|a| a.as_ptr()).collect();
         // SAFETY: plain constructor of a zeroed struct.
@@ -224,7 +224,7 @@ impl RosArgs {
     /// The fully qualified name of the relative topic `topic` of node `name` in
     /// `namespace`, after this command line's remapping rules (`-r image:=/cam/raw`,
     /// `-r vision_preproc:image:=...`). `None` if rcl cannot say.
-    pub fn resolve_topic(&self, topic: &str, name: &str, namespace: &str) -> Option<String> {
+    pub(super) fn resolve_topic(&self, topic: &str, name: &str, namespace: &str) -> Option<String> {
         let expanded = if topic.starts_with('/') {
             topic.to_string()
         } else if namespace.ends_with('/') {
@@ -313,7 +313,7 @@ impl RosArgs {
     /// [`section_matches`]) or is its bare name, in rcl's order, a later value of a name
     /// replacing an earlier one — what r2r gives the node once it exists, read before
     /// its DDS participant is created.
-    pub fn parameter_overrides(&self, name: &str) -> Vec<(String, ParameterValue)> {
+    pub(super) fn parameter_overrides(&self, name: &str) -> Vec<(String, ParameterValue)> {
         let node = self.remapped_node_name(name).unwrap_or_else(|| name.to_string());
         let namespace = self.remapped_namespace(name).unwrap_or_else(|| "/".to_string());
         let qualified = format!("{}/{node}", namespace.trim_end_matches('/'));

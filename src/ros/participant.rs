@@ -27,13 +27,13 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// What the participant's thread does with each image it takes (on that thread).
-pub type Deliver = Box<dyn FnMut(r2r::NativeMsg<Image>) + Send>;
+pub(super) type Deliver = Box<dyn FnMut(r2r::NativeMsg<Image>) + Send>;
 
 /// Longest wait for an image before the thread looks at its commands and stop flag again.
 const WAIT: Duration = Duration::from_millis(50);
 
 /// An input's own participant and the thread taking its images; stopped when dropped.
-pub struct OwnParticipant {
+pub(super) struct OwnParticipant {
     /// The hidden node's name.
     name: String,
     /// New QoS for the subscription (the first one subscribes).
@@ -47,7 +47,7 @@ impl OwnParticipant {
     /// the resolved image topic `topic`: the hidden node is made before this returns (an
     /// error says what rcl refused); it subscribes at the first [`OwnParticipant::subscribe`].
     /// `logger` names the node's logger (for errors after the start).
-    pub fn start(
+    pub(super) fn start(
         (node_name, namespace, index): (&str, &str, usize),
         topic: &str,
         logger: &str,
@@ -83,12 +83,12 @@ impl OwnParticipant {
     }
 
     /// The hidden node's name (without namespace).
-    pub fn name(&self) -> &str {
+    pub(super) fn name(&self) -> &str {
         &self.name
     }
 
     /// (Re)subscribe with `qos` (done by the participant's thread within [`WAIT`]).
-    pub fn subscribe(&self, qos: QosProfile) {
+    pub(super) fn subscribe(&self, qos: QosProfile) {
         // (The thread only ends when stopped, so the send cannot fail before `shut`.)
         let _ = self.qos.send(qos);
     }

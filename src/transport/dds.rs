@@ -13,21 +13,21 @@ use crate::config::Config;
 
 /// Samples of the largest output the segment holds at once (a reliable writer keeps a
 /// sample until every reader has it; a few in flight keep the writer from waiting).
-pub const SEGMENT_SAMPLES: usize = 4;
+pub(crate) const SEGMENT_SAMPLES: usize = 4;
 /// Smallest segment (camera_info, timing and diagnostics need little; 16 MB also holds
 /// one 1080p bgr8 frame for a node that receives through shared memory).
-pub const MIN_SEGMENT: usize = 16 << 20;
+pub(crate) const MIN_SEGMENT: usize = 16 << 20;
 /// Bytes a `Tensor` or `Image` message carries besides its data (header, names,
 /// shape, geometry), rounded up generously.
 const MESSAGE_OVERHEAD: usize = 4096;
 /// Socket buffers asked for the UDP transport; the kernel caps them at
 /// `net.core.rmem_max` / `wmem_max`.
-pub const UDP_BUFFER: usize = 8 << 20;
+pub(crate) const UDP_BUFFER: usize = 8 << 20;
 
 /// Bytes of the largest sample a node with `cfg` publishes: the tensor (with 2+
 /// `inputs`, the `TensorBatch` of that many tensors and their items), or the
 /// `debug_image` (rgb8 or mono8 of the network size) when that is larger.
-pub fn largest_output(cfg: &Config) -> usize {
+pub(crate) fn largest_output(cfg: &Config) -> usize {
     let pixels = cfg.network_image_width as usize * cfg.network_image_height as usize;
     let items = cfg.inputs.len().max(1);
     let debug = pixels * if cfg.output_channels == 1 { 1 } else { 3 };
@@ -36,13 +36,13 @@ pub fn largest_output(cfg: &Config) -> usize {
 
 /// The segment for samples of at most `largest` bytes: [`SEGMENT_SAMPLES`] of them, at
 /// least [`MIN_SEGMENT`], in whole MiB.
-pub fn segment_size(largest: usize) -> usize {
+pub(crate) fn segment_size(largest: usize) -> usize {
     (largest.saturating_mul(SEGMENT_SAMPLES)).max(MIN_SEGMENT).next_multiple_of(1 << 20)
 }
 
 /// A Fast DDS XML profile (default participant profile) with a shared-memory transport
 /// of `segment` bytes and a UDPv4 transport with `udp_buffer`-byte socket buffers.
-pub fn profile_xml(segment: usize, udp_buffer: usize) -> String {
+pub(crate) fn profile_xml(segment: usize, udp_buffer: usize) -> String {
     format!(
         r#"<?xml version="1.0" encoding="UTF-8" ?>
 <!-- Written by vision_preproc_node for itself (no Fast DDS profile was
@@ -79,7 +79,7 @@ pub fn profile_xml(segment: usize, udp_buffer: usize) -> String {
 
 /// The kernel's limit for socket buffers (`/proc/sys/net/core/{rmem,wmem}_max`, the
 /// smaller), if readable.
-pub fn socket_buffer_limit() -> Option<usize> {
+pub(crate) fn socket_buffer_limit() -> Option<usize> {
     let read = |p: &str| std::fs::read_to_string(p).ok()?.trim().parse::<usize>().ok();
     Some(read("/proc/sys/net/core/rmem_max")?.min(read("/proc/sys/net/core/wmem_max")?))
 }
@@ -91,7 +91,7 @@ pub fn socket_buffer_limit() -> Option<usize> {
 /// fragments); on one machine (loopback, 64 KB MTU) they changed nothing measurable
 /// (docs/QOS_AND_TRANSPORTS.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KernelUdp {
+pub(crate) struct KernelUdp {
     /// `net.core.rmem_max`, bytes: the largest socket receive buffer a process may ask.
     pub rmem_max: u64,
     /// `net.ipv4.ipfrag_high_thresh`, bytes: memory for fragments being reassembled.
@@ -102,11 +102,11 @@ pub struct KernelUdp {
 
 impl KernelUdp {
     /// The tuning guide's values.
-    pub const GUIDE: KernelUdp =
+    pub(crate) const GUIDE: KernelUdp =
         KernelUdp { rmem_max: 2_147_483_647, ipfrag_high_thresh: 134_217_728, ipfrag_time: 3 };
 
     /// This machine's settings, if `/proc/sys` can be read.
-    pub fn read() -> Option<KernelUdp> {
+    pub(crate) fn read() -> Option<KernelUdp> {
         let read = |p: &str| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok();
         Some(KernelUdp {
             rmem_max: read("/proc/sys/net/core/rmem_max")?,
@@ -117,7 +117,7 @@ impl KernelUdp {
 
     /// The settings, each with the guide's value where it differs in the guide's
     /// direction (buffers smaller, fragment time longer).
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let g = KernelUdp::GUIDE;
         let mark = |below: bool, guide: u64| {
             if below {
@@ -138,7 +138,7 @@ impl KernelUdp {
     }
 
     /// `sysctl` commands that set what differs from the guide (empty when nothing does).
-    pub fn advice(&self) -> String {
+    pub(crate) fn advice(&self) -> String {
         let g = KernelUdp::GUIDE;
         let mut set = Vec::new();
         if self.rmem_max < g.rmem_max {

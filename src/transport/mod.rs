@@ -5,10 +5,11 @@
 //! a batch ([`batch_sync`]; one camera is a batch of one).
 
 pub mod batch_sync;
-pub mod dds;
+#[cfg(feature = "ros")]
+pub(crate) mod dds;
 pub mod delivery;
-pub mod latest;
-pub mod qos;
+pub(crate) mod latest;
+pub(crate) mod qos;
 
 pub use delivery::{Basis, Delivery, DeliveryMonitor, Timeliness};
 pub use latest::Latest;

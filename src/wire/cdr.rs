@@ -29,7 +29,7 @@ impl std::error::Error for CdrError {}
 type Res<T> = Result<T, CdrError>;
 
 /// Reads CDR fields in order, checking every length against what remains.
-pub struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     body: &'a [u8],
     pos: usize,
     little: bool,
@@ -37,7 +37,7 @@ pub struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// Start after the 4-byte encapsulation header (CDR_BE = 00 00, CDR_LE = 00 01).
-    pub fn new(data: &'a [u8]) -> Res<Self> {
+    pub(crate) fn new(data: &'a [u8]) -> Res<Self> {
         let err = |what: String| CdrError { field: "encapsulation", what };
         if data.len() < 4 {
             return Err(err(format!("{} bytes, shorter than the 4-byte header", data.len())));
@@ -76,32 +76,32 @@ impl<'a> Reader<'a> {
     }
 
     /// `uint8` / `bool`.
-    pub fn u8(&mut self, field: &'static str) -> Res<u8> {
+    pub(crate) fn u8(&mut self, field: &'static str) -> Res<u8> {
         Ok(self.take(field, 1, 1)?[0])
     }
     /// `uint32`.
-    pub fn u32(&mut self, field: &'static str) -> Res<u32> {
+    pub(crate) fn u32(&mut self, field: &'static str) -> Res<u32> {
         Ok(u32::from_le_bytes(self.array(field)?))
     }
     /// `int32`.
-    pub fn i32(&mut self, field: &'static str) -> Res<i32> {
+    pub(crate) fn i32(&mut self, field: &'static str) -> Res<i32> {
         Ok(i32::from_le_bytes(self.array(field)?))
     }
     /// `uint64`.
-    pub fn u64(&mut self, field: &'static str) -> Res<u64> {
+    pub(crate) fn u64(&mut self, field: &'static str) -> Res<u64> {
         Ok(u64::from_le_bytes(self.array(field)?))
     }
     /// `float32`.
-    pub fn f32(&mut self, field: &'static str) -> Res<f32> {
+    pub(crate) fn f32(&mut self, field: &'static str) -> Res<f32> {
         Ok(f32::from_le_bytes(self.array(field)?))
     }
     /// `float64`.
-    pub fn f64(&mut self, field: &'static str) -> Res<f64> {
+    pub(crate) fn f64(&mut self, field: &'static str) -> Res<f64> {
         Ok(f64::from_le_bytes(self.array(field)?))
     }
 
     /// `string`: length including the terminating NUL, bytes, NUL.
-    pub fn string(&mut self, field: &'static str) -> Res<String> {
+    pub(crate) fn string(&mut self, field: &'static str) -> Res<String> {
         let n = self.u32(field)? as usize;
         let b = self.take(field, n, 1)?;
         let Some((0, text)) = b.split_last() else {
@@ -112,7 +112,7 @@ impl<'a> Reader<'a> {
     }
 
     /// `string`, borrowed from the message.
-    pub fn str(&mut self, field: &'static str) -> Res<&'a str> {
+    pub(crate) fn str(&mut self, field: &'static str) -> Res<&'a str> {
         let n = self.u32(field)? as usize;
         let b = self.take(field, n, 1)?;
         let Some((0, text)) = b.split_last() else {
@@ -122,7 +122,7 @@ impl<'a> Reader<'a> {
     }
 
     /// `uint32[]`.
-    pub fn u32_seq(&mut self, field: &'static str) -> Res<Vec<u32>> {
+    pub(crate) fn u32_seq(&mut self, field: &'static str) -> Res<Vec<u32>> {
         let n = self.u32(field)? as usize;
         if n > self.body.len() / 4 {
             return Err(CdrError {
@@ -134,13 +134,13 @@ impl<'a> Reader<'a> {
     }
 
     /// `uint8[]`, borrowed from the message.
-    pub fn bytes(&mut self, field: &'static str) -> Res<&'a [u8]> {
+    pub(crate) fn bytes(&mut self, field: &'static str) -> Res<&'a [u8]> {
         let n = self.u32(field)? as usize;
         self.take(field, n, 1)
     }
 
     /// `float64[]`.
-    pub fn f64_seq(&mut self, field: &'static str) -> Res<Vec<f64>> {
+    pub(crate) fn f64_seq(&mut self, field: &'static str) -> Res<Vec<f64>> {
         let n = self.u32(field)? as usize;
         if n > self.body.len() / 8 {
             return Err(CdrError {
@@ -152,7 +152,7 @@ impl<'a> Reader<'a> {
     }
 
     /// `float64[N]`.
-    pub fn f64_array<const N: usize>(&mut self, field: &'static str) -> Res<[f64; N]> {
+    pub(crate) fn f64_array<const N: usize>(&mut self, field: &'static str) -> Res<[f64; N]> {
         let mut out = [0.0; N];
         for v in &mut out {
             *v = self.f64(field)?;

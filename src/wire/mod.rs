@@ -3,5 +3,5 @@
 //! their ROS type names written once. The pipeline lays its output messages out with it,
 //! `bag/` reads and writes bags with it, `ros/` publishes its bytes as they are.
 
-pub mod cdr;
+pub(crate) mod cdr;
 pub mod msgs;

@@ -23,19 +23,19 @@ use crate::image::ImageView;
 
 /// ITU-R BT.601 limited-range YUV -> RGB in 20-bit fixed point, OpenCV's constants
 /// (`modules/imgproc/src/color_yuv.simd.hpp`: `ITUR_BT_601_CY` ... `ITUR_BT_601_SHIFT`).
-pub mod bt601 {
+pub(crate) mod bt601 {
     /// 1.164 * 2^20 (luma gain, 255/219).
-    pub const CY: i32 = 1_220_542;
+    pub(crate) const CY: i32 = 1_220_542;
     /// 2.018 * 2^20 (U -> B).
-    pub const CUB: i32 = 2_116_026;
+    pub(crate) const CUB: i32 = 2_116_026;
     /// -0.391 * 2^20 (U -> G).
-    pub const CUG: i32 = -409_993;
+    pub(crate) const CUG: i32 = -409_993;
     /// -0.813 * 2^20 (V -> G).
-    pub const CVG: i32 = -852_492;
+    pub(crate) const CVG: i32 = -852_492;
     /// 1.596 * 2^20 (V -> R).
-    pub const CVR: i32 = 1_673_527;
+    pub(crate) const CVR: i32 = 1_673_527;
     /// Fixed-point shift.
-    pub const SHIFT: i32 = 20;
+    pub(crate) const SHIFT: i32 = 20;
 }
 
 /// One YUV sample to RGB, as OpenCV's `uvToRGBuv` + `yRGBuvToRGBA`:
@@ -49,8 +49,9 @@ pub mod bt601 {
 ///
 /// (`>>` is arithmetic; the largest |sum| is < 2^29, no overflow.) Checked against
 /// `cv2.cvtColor(.., COLOR_YUV2RGB_YUY2)` for all 2^24 (y, u, v) triples.
+#[cfg(test)]
 #[inline(always)]
-pub fn yuv_to_rgb(y: u8, u: u8, v: u8) -> [u8; 3] {
+pub(crate) fn yuv_to_rgb(y: u8, u: u8, v: u8) -> [u8; 3] {
     use bt601::*;
     let uu = i32::from(u) - 128;
     let vv = i32::from(v) - 128;
@@ -65,7 +66,7 @@ pub fn yuv_to_rgb(y: u8, u: u8, v: u8) -> [u8; 3] {
 /// [`yuv_to_rgb`] through tables (the CPU's fast path; a test checks all 2^24 inputs
 /// give the same bytes): every product of the formula is a function of one byte, and the
 /// saturation is a table of the shifted sum, so a pixel costs a few loads and adds.
-pub struct YuvLut {
+pub(crate) struct YuvLut {
     /// `max(0, y - 16) * CY`.
     y: [i32; 256],
     /// `half + CVR * (v - 128)`.
@@ -130,7 +131,7 @@ impl YuvLut {
 
     /// Two horizontally adjacent pixels sharing one chroma pair (4:2:2 and 4:2:0).
     #[inline(always)]
-    pub fn pair(&self, y0: u8, y1: u8, u: u8, v: u8) -> [[u8; 3]; 2] {
+    pub(crate) fn pair(&self, y0: u8, y1: u8, u: u8, v: u8) -> [[u8; 3]; 2] {
         let (ruv, guv, buv) =
             (self.rv[v as usize], self.gu[u as usize] + self.gv[v as usize], self.bu[u as usize]);
         let px = |y: u8| {
@@ -142,18 +143,18 @@ impl YuvLut {
 
     /// One pixel.
     #[inline(always)]
-    pub fn rgb(&self, y: u8, u: u8, v: u8) -> [u8; 3] {
+    pub(crate) fn rgb(&self, y: u8, u: u8, v: u8) -> [u8; 3] {
         self.pair(y, y, u, v)[0]
     }
 }
 
 /// The tables of [`YuvLut`], built at compile time.
-pub static YUV_LUT: YuvLut = YuvLut::new();
+pub(crate) static YUV_LUT: YuvLut = YuvLut::new();
 
 /// Two horizontally adjacent pixels sharing one chroma pair: the same values as two
 /// calls of [`yuv_to_rgb`].
 #[inline(always)]
-pub fn yuv_pair_to_rgb(y0: u8, y1: u8, u: u8, v: u8) -> [[u8; 3]; 2] {
+pub(crate) fn yuv_pair_to_rgb(y0: u8, y1: u8, u: u8, v: u8) -> [[u8; 3]; 2] {
     YUV_LUT.pair(y0, y1, u, v)
 }
 
@@ -170,6 +171,7 @@ fn rgb_f32<const C: usize>(p: [u8; 3]) -> [f32; C] {
     v
 }
 
+#[cfg(test)]
 #[inline(always)]
 fn sat_u8(v: i32) -> u8 {
     v.clamp(0, 255) as u8
@@ -179,14 +181,14 @@ fn sat_u8(v: i32) -> u8 {
 /// 2^15, summing to 2^15). OpenCV 4.x used 14 bits (4899, 9617, 1868); 5.0 uses these
 /// for u8 and u16 alike (found by experiment: exact for all 2^24 u8 triples and for
 /// 10^6 random u16 triples).
-pub const GREY_WEIGHTS: [u32; 3] = [9798, 19235, 3735];
+pub(crate) const GREY_WEIGHTS: [u32; 3] = [9798, 19235, 3735];
 /// Shift of [`GREY_WEIGHTS`].
-pub const GREY_SHIFT: u32 = 15;
+pub(crate) const GREY_SHIFT: u32 = 15;
 
 /// `cv2.cvtColor(rgb, COLOR_RGB2GRAY)` of one pixel, u8 or u16 samples:
 /// `(9798*R + 19235*G + 3735*B + 2^14) >> 15` (fits u32 for u16 samples).
 #[inline(always)]
-pub fn rgb_to_grey(r: u32, g: u32, b: u32) -> u32 {
+pub(crate) fn rgb_to_grey(r: u32, g: u32, b: u32) -> u32 {
     (GREY_WEIGHTS[0] * r + GREY_WEIGHTS[1] * g + GREY_WEIGHTS[2] * b + (1 << (GREY_SHIFT - 1)))
         >> GREY_SHIFT
 }
@@ -194,14 +196,14 @@ pub fn rgb_to_grey(r: u32, g: u32, b: u32) -> u32 {
 /// The grey value of a padding colour given as (possibly fractional) `[R, G, B]` source
 /// units: the same weights as [`rgb_to_grey`] without the integer rounding, so
 /// `[v, v, v]` gives exactly `v`.
-pub fn pad_grey(rgb: [f64; 3]) -> f64 {
+pub(crate) fn pad_grey(rgb: [f64; 3]) -> f64 {
     let w = GREY_WEIGHTS.map(f64::from);
     (w[0] * rgb[0] + w[1] * rgb[1] + w[2] * rgb[2]) / f64::from(1u32 << GREY_SHIFT)
 }
 
 /// A 16-bit sample in 8-bit units: `v / 257.0` (65535 -> 255.0), correctly rounded f32.
 #[inline(always)]
-pub fn u16_units(v: u32) -> f32 {
+pub(crate) fn u16_units(v: u32) -> f32 {
     v as f32 / 257.0
 }
 
@@ -211,7 +213,7 @@ pub fn u16_units(v: u32) -> f32 {
 
 /// A decodable source image. `row(y)` resolves everything that depends only on the row
 /// (slices, row parity); `rgb`/`grey` decode one pixel of that row.
-pub trait Source: Sync {
+pub(crate) trait Source: Sync {
     /// Per-row context (borrowed slices and flags), cheap to copy.
     type Row<'a>: Copy
     where
@@ -234,6 +236,7 @@ pub trait Source: Sync {
     }
     /// A packed 8-bit RGB row ([`Packed8`]) as its bytes with `[bytes per pixel, R, G, B
     /// byte offsets]`, for the NEON tap decoder; `None` for every other source.
+    #[cfg(target_arch = "aarch64")]
     #[inline(always)]
     fn packed8<'r>(_row: Self::Row<'r>) -> Option<(&'r [u8], [usize; 4])>
     where
@@ -255,7 +258,7 @@ pub trait Source: Sync {
 
 /// Pixel `x` as `C` channels: `[grey]` or `[R, G, B]`.
 #[inline(always)]
-pub fn pixel<S: Source + ?Sized, const C: usize>(row: S::Row<'_>, x: usize) -> [f32; C] {
+pub(crate) fn pixel<S: Source + ?Sized, const C: usize>(row: S::Row<'_>, x: usize) -> [f32; C] {
     let mut v = [0.0f32; C];
     if C == 1 {
         v[0] = S::grey(row, x);
@@ -297,7 +300,7 @@ macro_rules! byte_rows {
 /// (4, 0, 1, 2), `bgra8` (4, 2, 1, 0). OpenCV: none / `COLOR_BGR2RGB` / `COLOR_RGBA2RGB` /
 /// `COLOR_BGRA2RGB` (byte shuffles; alpha is ignored).
 #[derive(Clone, Copy)]
-pub struct Packed8<'a, const BPP: usize, const R: usize, const G: usize, const B: usize> {
+pub(crate) struct Packed8<'a, const BPP: usize, const R: usize, const G: usize, const B: usize> {
     img: ImageView<'a>,
 }
 
@@ -305,7 +308,7 @@ impl<'a, const BPP: usize, const R: usize, const G: usize, const B: usize>
     Packed8<'a, BPP, R, G, B>
 {
     /// Wrap an image of the matching encoding.
-    pub fn new(img: ImageView<'a>) -> Self {
+    pub(crate) fn new(img: ImageView<'a>) -> Self {
         Packed8 { img }
     }
 }
@@ -314,6 +317,7 @@ impl<const BPP: usize, const R: usize, const G: usize, const B: usize> Source
     for Packed8<'_, BPP, R, G, B>
 {
     byte_rows!();
+    #[cfg(target_arch = "aarch64")]
     #[inline(always)]
     fn packed8<'r>(row: &'r [u8]) -> Option<(&'r [u8], [usize; 4])>
     where
@@ -336,13 +340,13 @@ impl<const BPP: usize, const R: usize, const G: usize, const B: usize> Source
 /// `mono8`: one byte, replicated to R = G = B for colour output. OpenCV:
 /// `COLOR_GRAY2RGB` (a copy).
 #[derive(Clone, Copy)]
-pub struct Mono8<'a> {
+pub(crate) struct Mono8<'a> {
     img: ImageView<'a>,
 }
 
 impl<'a> Mono8<'a> {
     /// Wrap a `mono8` image.
-    pub fn new(img: ImageView<'a>) -> Self {
+    pub(crate) fn new(img: ImageView<'a>) -> Self {
         Mono8 { img }
     }
 }
@@ -366,7 +370,7 @@ impl Source for Mono8<'_> {
 /// `COLOR_RGB2GRAY` on the u16 samples (OpenCV's 15-bit fixed point, same weights as
 /// u8), then `/ 257.0`.
 #[derive(Clone, Copy)]
-pub struct Packed16<
+pub(crate) struct Packed16<
     'a,
     const CH: usize,
     const R: usize,
@@ -381,7 +385,7 @@ impl<'a, const CH: usize, const R: usize, const G: usize, const B: usize, const 
     Packed16<'a, CH, R, G, B, BE>
 {
     /// Wrap an image of the matching encoding and byte order.
-    pub fn new(img: ImageView<'a>) -> Self {
+    pub(crate) fn new(img: ImageView<'a>) -> Self {
         Packed16 { img }
     }
 
@@ -430,13 +434,13 @@ impl<const CH: usize, const R: usize, const G: usize, const B: usize, const BE: 
 /// (Y 1, U 0, V 2), OpenCV `COLOR_YUV2RGB_UYVY`. Pixel `x` takes luma `Y(x&1)` of its
 /// pair `x/2` and the pair's U, V, then [`yuv_to_rgb`].
 #[derive(Clone, Copy)]
-pub struct Yuv422<'a, const Y: usize, const U: usize, const V: usize> {
+pub(crate) struct Yuv422<'a, const Y: usize, const U: usize, const V: usize> {
     img: ImageView<'a>,
 }
 
 impl<'a, const Y: usize, const U: usize, const V: usize> Yuv422<'a, Y, U, V> {
     /// Wrap an image of the matching encoding.
-    pub fn new(img: ImageView<'a>) -> Self {
+    pub(crate) fn new(img: ImageView<'a>) -> Self {
         Yuv422 { img }
     }
 }
@@ -569,13 +573,13 @@ fn yuv422_rgb<const Y: usize, const U: usize, const V: usize>(row: &[u8], x: usi
 /// and the chroma pair at row `height + y/2`, bytes `2*(x/2)`, `2*(x/2)+1`, then
 /// [`yuv_to_rgb`].
 #[derive(Clone, Copy)]
-pub struct Nv<'a, const U: usize, const V: usize> {
+pub(crate) struct Nv<'a, const U: usize, const V: usize> {
     img: ImageView<'a>,
 }
 
 impl<'a, const U: usize, const V: usize> Nv<'a, U, V> {
     /// Wrap an image of the matching encoding.
-    pub fn new(img: ImageView<'a>) -> Self {
+    pub(crate) fn new(img: ImageView<'a>) -> Self {
         Nv { img }
     }
 }
@@ -660,20 +664,20 @@ fn nv_rgb<const U: usize, const V: usize>((luma, chroma): (&[u8], &[u8]), x: usi
 /// and row h-1 copies h-2; so pixel (x, y) is the interior pixel
 /// (clamp(x, 1, w-2), clamp(y, 1, h-2)). Images with w <= 2 or h <= 2 decode to all 0.
 #[derive(Clone, Copy)]
-pub struct Bayer<'a, const RED: usize> {
+pub(crate) struct Bayer<'a, const RED: usize> {
     img: ImageView<'a>,
 }
 
 impl<'a, const RED: usize> Bayer<'a, RED> {
     /// Wrap an image of the matching pattern.
-    pub fn new(img: ImageView<'a>) -> Self {
+    pub(crate) fn new(img: ImageView<'a>) -> Self {
         Bayer { img }
     }
 }
 
 /// The three source rows around a (clamped) Bayer row.
 #[derive(Clone, Copy)]
-pub struct BayerRow<'a> {
+pub(crate) struct BayerRow<'a> {
     up: &'a [u8],
     mid: &'a [u8],
     down: &'a [u8],
@@ -789,7 +793,7 @@ pub(crate) use with_source;
 
 /// Decode pixel (x, y) of `img` to `[R, G, B]` in 8-bit units (per-pixel dispatch: for
 /// tests, tools and the reference pass, not for hot loops).
-pub fn pixel_rgb(img: &ImageView<'_>, x: usize, y: usize) -> [f32; 3] {
+pub(crate) fn pixel_rgb(img: &ImageView<'_>, x: usize, y: usize) -> [f32; 3] {
     fn go<S: Source>(s: &S, x: usize, y: usize) -> [f32; 3] {
         S::rgb(s.row(y), x)
     }
@@ -797,7 +801,7 @@ pub fn pixel_rgb(img: &ImageView<'_>, x: usize, y: usize) -> [f32; 3] {
 }
 
 /// Decode pixel (x, y) of `img` to grey in 8-bit units (see [`Source::grey`]).
-pub fn pixel_grey(img: &ImageView<'_>, x: usize, y: usize) -> f32 {
+pub(crate) fn pixel_grey(img: &ImageView<'_>, x: usize, y: usize) -> f32 {
     fn go<S: Source>(s: &S, x: usize, y: usize) -> f32 {
         S::grey(s.row(y), x)
     }

@@ -25,7 +25,7 @@
 //! - no intermediate full-size image: every sample is decoded from the source bytes.
 
 mod conv;
-pub mod decode;
+pub(crate) mod decode;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod reference;

@@ -28,7 +28,7 @@ use std::time::Instant;
 pub const BATCH_RING: usize = 2;
 
 /// Buffers of the batch path, reused from batch to batch (the frame's: `FrameState`).
-pub struct BatchState {
+pub(super) struct BatchState {
     /// [`BATCH_RING`] entries of one input per slot.
     ring: Vec<Entry>,
     /// Ring entries submitted and not yet finished, oldest first.
@@ -41,7 +41,7 @@ pub struct BatchState {
 }
 
 impl BatchState {
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, CudaError> {
+    pub(super) fn new(ctx: &Arc<CudaContext>) -> Result<Self, CudaError> {
         Ok(BatchState {
             ring: (0..BATCH_RING).map(|_| Entry::new(ctx, 0)).collect::<Result<_, _>>()?,
             queue: VecDeque::new(),
@@ -52,7 +52,7 @@ impl BatchState {
     }
 
     /// Forget every queued batch (both streams already waited for).
-    pub fn abandon(&mut self) {
+    pub(super) fn abandon(&mut self) {
         for r in self.queue.drain(..) {
             self.ring[r].in_flight = None;
         }
@@ -60,7 +60,7 @@ impl BatchState {
 }
 
 /// The checks of a batch before anything is queued: caller errors, never device ones.
-pub fn check(slots: &[BatchSlot<'_, '_>], conv: Option<&Conv2dOp>) -> Result<()> {
+pub(super) fn check(slots: &[BatchSlot<'_, '_>], conv: Option<&Conv2dOp>) -> Result<()> {
     crate::backend::check_batch_shape(slots)?;
     if slots.len() > MAX_BATCH_SLOTS {
         return Err(Error::Operation(format!(

@@ -24,7 +24,7 @@ use std::time::Instant;
 pub const RING: usize = 2;
 
 /// Buffers of the frame path, reused from frame to frame (the batch's: `BatchState`).
-pub struct FrameState {
+pub(super) struct FrameState {
     /// [`RING`] entries of one input each.
     pub ring: Vec<Entry>,
     next: usize,
@@ -37,7 +37,7 @@ pub struct FrameState {
 }
 
 impl FrameState {
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, CudaError> {
+    pub(super) fn new(ctx: &Arc<CudaContext>) -> Result<Self, CudaError> {
         Ok(FrameState {
             ring: (0..RING).map(|_| Entry::new(ctx, 1)).collect::<Result<_, _>>()?,
             next: 0,
@@ -49,7 +49,11 @@ impl FrameState {
 }
 
 /// The checks of a frame before anything is queued: caller errors, never device ones.
-pub fn check(image: &ImageView<'_>, op: &PreprocessOp, conv: Option<&Conv2dOp>) -> Result<()> {
+pub(super) fn check(
+    image: &ImageView<'_>,
+    op: &PreprocessOp,
+    conv: Option<&Conv2dOp>,
+) -> Result<()> {
     op.check(image)?;
     conv.map_or(Ok(()), Conv2dOp::check)
 }

@@ -42,7 +42,7 @@ pub mod kernels;
 pub mod launch;
 pub mod memory;
 mod steps;
-pub mod vmm;
+pub(crate) mod vmm;
 
 pub use batch::BATCH_RING;
 pub use device::{resident_blocks, DeviceInfo};

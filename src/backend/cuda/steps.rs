@@ -47,7 +47,7 @@ pub const STAGING_THREADS: usize = 4;
 
 /// The context, the two streams, and the device memory every submission shares (used
 /// only on the compute stream, so in submission order): what the steps run on.
-pub struct Gpu {
+pub(super) struct Gpu {
     pub ctx: Arc<CudaContext>,
     /// Kernels, sampling tables and downloads.
     pub stream: Arc<CudaStream>,
@@ -115,7 +115,7 @@ pub struct Destination {
 const DIRECT_ALIGN: usize = 16;
 
 impl Gpu {
-    pub fn new(ctx: Arc<CudaContext>, mode: MemoryMode) -> Result<Self, CudaError> {
+    pub(super) fn new(ctx: Arc<CudaContext>, mode: MemoryMode) -> Result<Self, CudaError> {
         let stream = ctx.new_stream().map_err(|e| drv_err("cuStreamCreate(NON_BLOCKING)", e))?;
         let copy = ctx.new_stream().map_err(|e| drv_err("cuStreamCreate(NON_BLOCKING)", e))?;
         Ok(Gpu {
@@ -133,7 +133,7 @@ impl Gpu {
     }
 
     /// The memory mode's parameter value.
-    pub fn mode_name(&self) -> &'static str {
+    pub(super) fn mode_name(&self) -> &'static str {
         if self.mode == MemoryMode::Mapped {
             "mapped"
         } else {
@@ -142,7 +142,7 @@ impl Gpu {
     }
 
     /// `kind`, or in `mapped` mode `Mapped` (the kernels use the memory in place).
-    pub fn pinned_kind(&self, kind: PinnedKind) -> PinnedKind {
+    pub(super) fn pinned_kind(&self, kind: PinnedKind) -> PinnedKind {
         if self.mode == MemoryMode::Mapped {
             PinnedKind::Mapped
         } else {
@@ -151,7 +151,7 @@ impl Gpu {
     }
 
     /// Make the context current on this thread.
-    pub fn bind(&self) -> Result<(), CudaError> {
+    pub(super) fn bind(&self) -> Result<(), CudaError> {
         self.ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))
     }
 
@@ -159,7 +159,7 @@ impl Gpu {
     /// in flight (the upload then overlaps its kernels and download); alone, the compute
     /// stream itself: a cross-stream wait would only add the kernels' launch latency
     /// (~5 us on the H200) with nothing to overlap.
-    pub fn upload_stream(&self, overlap: bool) -> Arc<CudaStream> {
+    pub(super) fn upload_stream(&self, overlap: bool) -> Arc<CudaStream> {
         let up = if overlap { &self.copy } else { &self.stream };
         up.clone()
     }
@@ -167,7 +167,7 @@ impl Gpu {
     /// Wait for everything queued on both streams (after an error: nothing may still
     /// write a buffer the caller is about to release). Errors are the failure already
     /// being reported.
-    pub fn synchronize(&self) {
+    pub(super) fn synchronize(&self) {
         let _ = self.copy.synchronize();
         let _ = self.stream.synchronize();
     }
@@ -177,7 +177,7 @@ impl Gpu {
     /// device and aligned for the kernel's stores), else `None` (through the entry's own
     /// pinned buffer and one CPU copy); device memory always (the host copy beside it
     /// direct, or through the entry when that memory is not pinned).
-    pub fn target(&self, out: Out) -> Option<Target> {
+    pub(super) fn target(&self, out: Out) -> Option<Target> {
         match out {
             Out::Host { ptr, .. } => self.host_target(ptr),
             Out::Device { ptr, host: None, .. } => Some(Target::Device(ptr, DeviceCopy::None)),
@@ -239,7 +239,11 @@ impl Gpu {
     ///
     /// # Safety
     /// No GPU work that uses these buffers may be pending (their ring entry is free).
-    pub unsafe fn stage(&self, into: &mut [Staging], frames: &[Option<&[u8]>]) -> Result<()> {
+    pub(super) unsafe fn stage(
+        &self,
+        into: &mut [Staging],
+        frames: &[Option<&[u8]>],
+    ) -> Result<()> {
         let kind = self.pinned_kind(PinnedKind::Upload);
         let mut copies: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(frames.len());
         for (staging, frame) in into.iter_mut().zip(frames) {
@@ -268,7 +272,7 @@ impl Gpu {
     /// No GPU work that uses `output` (its ring entry is free) or the `len` bytes of
     /// `target` may be pending, and `target` stays alive and untouched by the CPU until
     /// the submission completes.
-    pub unsafe fn destination(
+    pub(super) unsafe fn destination(
         &mut self,
         output: &mut Option<PinnedBuffer>,
         target: Option<Target>,
@@ -313,7 +317,7 @@ impl Gpu {
 
     /// conv2d's input: `elements` float32 values on the device (poisoned when the test
     /// hook asks).
-    pub fn conv_input(&mut self, elements: usize) -> Result<CUdeviceptr> {
+    pub(super) fn conv_input(&mut self, elements: usize) -> Result<CUdeviceptr> {
         let d = self.scratch.ensure(&self.stream, elements * 4, "the conv2d input")?;
         #[cfg(feature = "fault-injection")]
         if self.poison {
@@ -413,7 +417,7 @@ impl Staging {
 /// kernels' layout), uploaded on the compute stream (in order with the kernels that read
 /// the old ones) only when they change: once per frame size.
 #[derive(Default)]
-pub struct Tables {
+pub(super) struct Tables {
     dev: DeviceBuffer,
     of: Option<(AxisMap, AxisMap)>,
 }
@@ -421,7 +425,7 @@ pub struct Tables {
 impl Tables {
     /// The device address of `op`'s tables, and whether they were uploaded now. `op`
     /// has passed [`PreprocessOp::check`] for its frame: the kernels trust the tables.
-    pub fn ensure(
+    pub(super) fn ensure(
         &mut self,
         stream: &Arc<CudaStream>,
         op: &PreprocessOp,
@@ -450,7 +454,7 @@ impl Tables {
     }
 
     /// The device address of the last tables, if any.
-    pub fn ptr(&self, stream: &CudaStream) -> Option<CUdeviceptr> {
+    pub(super) fn ptr(&self, stream: &CudaStream) -> Option<CUdeviceptr> {
         self.dev.ptr(stream)
     }
 }

@@ -27,7 +27,7 @@ struct Block {
 /// interprocess event where the device has them. They keep the context alive; dropped,
 /// every block is unmapped and released (consumers that imported a block keep its memory
 /// until they unmap it).
-pub struct VmmBlocks {
+pub(crate) struct VmmBlocks {
     ctx: Arc<CudaContext>,
     blocks: Vec<Block>,
     size: usize,
@@ -79,7 +79,7 @@ fn device_uuid(ctx: &CudaContext) -> std::result::Result<[u8; 16], CudaError> {
 
 /// Why the device cannot share its memory as file descriptors, if it cannot: the device
 /// attributes for virtual memory management and POSIX fd handles.
-pub fn unsupported(ctx: &CudaContext) -> Option<String> {
+pub(crate) fn unsupported(ctx: &CudaContext) -> Option<String> {
     use sys::CUdevice_attribute as A;
     let attr = |a| ctx.attribute(a).unwrap_or(0);
     if attr(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED) != 1 {
@@ -97,7 +97,7 @@ impl VmmBlocks {
     /// `count` blocks of at least `bytes` on the context's device. Refused (with the
     /// reason) where the device does not support it; any failure of the driver
     /// (allocation, mapping, export) undoes what was made.
-    pub fn new(
+    pub(crate) fn new(
         ctx: &Arc<CudaContext>,
         device: &DeviceInfo,
         count: usize,
@@ -334,7 +334,7 @@ impl Drop for VmmBlocks {
 
 /// Interprocess events a consumer keeps open per pool (the node has a few, reused); when
 /// more arrive, all are closed and opened again as needed.
-pub const MAX_IPC_EVENTS: usize = 64;
+pub(crate) const MAX_IPC_EVENTS: usize = 64;
 
 /// How long a consumer polls the node's interprocess event without sleeping, and how
 /// long it sleeps between polls after that (as the Python consumer,
@@ -357,7 +357,7 @@ unsafe impl Send for IpcEvent {}
 /// `CudaContext::new`, PyTorch and CuPy use). The fds may be closed once this is made.
 /// Dropped: every block is unmapped and its range freed, the context released (the node
 /// keeps its memory).
-pub struct ImportedBlocks {
+pub(crate) struct ImportedBlocks {
     ctx: Arc<CudaContext>,
     /// Each block's address in this process.
     blocks: Vec<CUdeviceptr>,
@@ -381,7 +381,11 @@ impl ImportedBlocks {
     /// fds) on device `device_id` (the hello's ordinal). Fails with
     /// [`CudaError::Unavailable`] (and the fix) where this process has no NVIDIA driver or
     /// no such device; any failure of the driver undoes what was made.
-    pub fn import(fds: &[RawFd], block_size: usize, device_id: i32) -> Result<ImportedBlocks> {
+    pub(crate) fn import(
+        fds: &[RawFd],
+        block_size: usize,
+        device_id: i32,
+    ) -> Result<ImportedBlocks> {
         // SAFETY: only tries to dlopen libcuda; no symbol is called.
         if !unsafe { sys::is_culib_present() } {
             return Err(
@@ -490,38 +494,33 @@ impl ImportedBlocks {
     }
 
     /// Number of blocks.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.blocks.len()
     }
 
-    /// No blocks.
-    pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
-    }
-
     /// Bytes mapped per block (the hello's block size rounded up to the granularity).
-    pub fn block_size(&self) -> usize {
+    pub(crate) fn block_size(&self) -> usize {
         self.size
     }
 
     /// Block i's address in this process (device `device_id`'s primary context).
-    pub fn address(&self, i: usize) -> u64 {
+    pub(crate) fn address(&self, i: usize) -> u64 {
         self.blocks[i]
     }
 
     /// The device's ordinal in this process.
-    pub fn device_id(&self) -> i32 {
+    pub(crate) fn device_id(&self) -> i32 {
         self.device_id
     }
 
     /// The device's UUID (to compare with `TensorRef.device_uuid`).
-    pub fn uuid(&self) -> [u8; 16] {
+    pub(crate) fn uuid(&self) -> [u8; 16] {
         self.uuid
     }
 
     /// Copy `out.len()` bytes of block i from byte `offset` into `out` (waits for the
     /// copy).
-    pub fn copy_to_host(&self, i: usize, offset: usize, out: &mut [u8]) -> Result<()> {
+    pub(crate) fn copy_to_host(&self, i: usize, offset: usize, out: &mut [u8]) -> Result<()> {
         if offset.checked_add(out.len()).map_or(true, |end| end > self.size) {
             return Err(crate::Error::misuse(
                 "copy_to_host",
@@ -548,7 +547,7 @@ impl ImportedBlocks {
     /// failed) or after `timeout`. The wait polls the event from the host: when the
     /// node's context faults or the node dies, its event never completes (measured on
     /// the H200, docs/HANDOFF.md), so a blocking or GPU-side wait could last forever.
-    pub fn wait_ipc_event(
+    pub(crate) fn wait_ipc_event(
         &self,
         handle: &[u8],
         still_valid: &dyn Fn() -> bool,
@@ -611,7 +610,7 @@ impl ImportedBlocks {
 
     /// Wait for all work of this process in the device's primary context (the work that
     /// read a block must be done before the block is given back).
-    pub fn synchronize(&self) -> Result<()> {
+    pub(crate) fn synchronize(&self) -> Result<()> {
         Ok(self.ctx.synchronize().map_err(|e| drv_err("cuCtxSynchronize", e))?)
     }
 }

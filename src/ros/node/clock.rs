@@ -69,7 +69,7 @@ impl NodeClock {
 }
 
 /// A duration since the epoch as a message stamp.
-pub fn to_stamp(t: Duration) -> r2r::builtin_interfaces::msg::Time {
+pub(super) fn to_stamp(t: Duration) -> r2r::builtin_interfaces::msg::Time {
     r2r::builtin_interfaces::msg::Time {
         sec: i32::try_from(t.as_secs()).unwrap_or(i32::MAX),
         nanosec: t.subsec_nanos(),
@@ -78,7 +78,7 @@ pub fn to_stamp(t: Duration) -> r2r::builtin_interfaces::msg::Time {
 
 /// `now - stamp` in microseconds (negative when the stamp is ahead), 0 when the clock has
 /// no time yet: `FrameTiming.age_us`.
-pub fn age_us(now: Option<Duration>, stamp: &r2r::builtin_interfaces::msg::Time) -> f32 {
+pub(super) fn age_us(now: Option<Duration>, stamp: &r2r::builtin_interfaces::msg::Time) -> f32 {
     let Some(now) = now else {
         return 0.0;
     };
@@ -90,24 +90,24 @@ pub fn age_us(now: Option<Duration>, stamp: &r2r::builtin_interfaces::msg::Time)
 /// rejections). A clock without a time counts as 0; a clock that went backwards (a bag
 /// looped with `--clock`) lets the next event through.
 #[derive(Debug, Clone)]
-pub struct Throttle {
+pub(super) struct Throttle {
     period: Duration,
     last: Option<Duration>,
 }
 
 impl Throttle {
     /// One event per `period`.
-    pub fn new(period: Duration) -> Self {
+    pub(super) fn new(period: Duration) -> Self {
         Throttle { period, last: None }
     }
 
     /// Change the period (a parameter changed); keeps the time of the last event.
-    pub fn set_period(&mut self, period: Duration) {
+    pub(super) fn set_period(&mut self, period: Duration) {
         self.period = period;
     }
 
     /// Whether an event may happen at `now`; if so, it is recorded as the last one.
-    pub fn ready(&mut self, now: Option<Duration>) -> bool {
+    pub(super) fn ready(&mut self, now: Option<Duration>) -> bool {
         let now = now.unwrap_or_default();
         let ok = match self.last {
             None => true,

@@ -23,7 +23,7 @@ const CLOCK_POLL: Duration = Duration::from_millis(20);
 
 /// One status per [`DIAGNOSTICS_PERIOD`] of the node's clock (with sim time: per
 /// simulated second; none while `/clock` stands still), rates over that clock's seconds.
-pub async fn publish_diagnostics(
+pub(super) async fn publish_diagnostics(
     publisher: r2r::Publisher<DiagnosticArray>,
     shared: Arc<Shared>,
     name: String,
@@ -436,7 +436,7 @@ fn describe_timeliness(t: &Timeliness) -> String {
 }
 
 /// A last status, ERROR, saying why the node exits (`reason`).
-pub fn publish_exit(
+pub(super) fn publish_exit(
     publisher: &r2r::Publisher<DiagnosticArray>,
     shared: &Shared,
     name: &str,

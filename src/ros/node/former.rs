@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The frame-set former on the spin thread.
-pub struct Former {
+pub(super) struct Former {
     batcher: Batcher<Received>,
     start: Instant,
     /// Sum of the former's drops already added to the node's counter.
@@ -37,7 +37,7 @@ const SPIN_PERIOD: Duration = Duration::from_millis(20);
 impl Former {
     /// A former for the inputs of `cfg` (`inputs`, or the single `image`), started now.
     /// One camera forms a set of each frame as it arrives (`latest` with one camera).
-    pub fn new(cfg: &Config) -> Self {
+    pub(super) fn new(cfg: &Config) -> Self {
         let n = cfg.input_topics().len();
         Former {
             batcher: Batcher::new(n, BatchSettings::of(cfg), 0),
@@ -53,7 +53,7 @@ impl Former {
     }
 
     /// A frame of camera `camera` arrived.
-    pub fn push(&mut self, camera: usize, r: Received, shared: &Shared) {
+    pub(super) fn push(&mut self, camera: usize, r: Received, shared: &Shared) {
         shared.stats.received.fetch_add(1, Ordering::Relaxed);
         let frame =
             Frame { stamp_ns: r.msg.stamp_ns(), received_ns: self.ns(r.at), data: Arc::new(r) };
@@ -64,14 +64,14 @@ impl Former {
     }
 
     /// Time passed: stale cameras, `latest`'s timeout.
-    pub fn poll(&mut self, shared: &Shared) {
+    pub(super) fn poll(&mut self, shared: &Shared) {
         let now = Instant::now();
         let batches = self.batcher.poll(self.ns(now));
         self.hand_over(batches, now, shared);
     }
 
     /// How long the spin loop may wait for messages before [`Former::poll`] is due.
-    pub fn spin_timeout(&self) -> Duration {
+    pub(super) fn spin_timeout(&self) -> Duration {
         let now = self.ns(Instant::now());
         match self.batcher.deadline() {
             Some(d) if d > now => {
@@ -121,7 +121,7 @@ impl Former {
     }
 
     /// At shutdown: frames still held by the former count as dropped.
-    pub fn finish(&mut self, shared: &Shared) {
+    pub(super) fn finish(&mut self, shared: &Shared) {
         let pending: u64 = (0..self.batcher.len()).map(|i| self.batcher.pending(i)).sum();
         shared.stats.dropped.fetch_add(pending, Ordering::Relaxed);
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 /// The pool and its socket, replaced when the output grows (run-time parameters) or the
 /// backend is replaced (`gpu_failure_policy`): consumers see a new `pool_id` and connect
 /// again.
-pub struct Handoff {
+pub(super) struct Handoff {
     pool: Arc<Pool>,
     /// The pipeline's backend epoch the pool was made for.
     epoch: u64,
@@ -28,7 +28,7 @@ pub struct Handoff {
 }
 
 /// What a set produces.
-pub enum SetOutputs {
+pub(super) enum SetOutputs {
     /// The tensors into `block` (`None`: into the message only); `fill`: the `tensor`
     /// message gets them too.
     Go { block: Option<Lease>, fill: bool },
@@ -84,7 +84,7 @@ impl Handoff {
     /// pool could not be made). Device memory with the CUDA backend where the GPU can
     /// share it (the kernels write the block; no download unless `tensor` is wanted too),
     /// else host memory.
-    pub fn start(
+    pub(super) fn start(
         pipeline: &Pipeline,
         shared: &Shared,
         tensor: r2r::PublisherUntyped,
@@ -138,7 +138,7 @@ impl Handoff {
 
     /// Publish a set's `TensorRef` (announced before its work ended); false if it could
     /// not go out (logged).
-    pub fn announce(&mut self, cdr: &[u8], shared: &Shared) -> bool {
+    pub(super) fn announce(&mut self, cdr: &[u8], shared: &Shared) -> bool {
         match self.tensor_ref.publish_raw(cdr) {
             Ok(()) => true,
             Err(e) => {
@@ -150,7 +150,7 @@ impl Handoff {
 
     /// The outputs of the next set: the block to write it into when `tensor_ref` has
     /// subscribers, and whether the `tensor` message gets the bytes too.
-    pub fn outputs(&mut self, pipeline: &Pipeline, shared: &Shared) -> SetOutputs {
+    pub(super) fn outputs(&mut self, pipeline: &Pipeline, shared: &Shared) -> SetOutputs {
         let log = &mut self.log;
         let subscribed = |p: &r2r::PublisherUntyped| {
             p.get_inter_process_subscription_count().map_or(true, |n| n > 0)
@@ -230,7 +230,7 @@ impl Handoff {
 }
 
 /// The pool's part of `/diagnostics`.
-pub fn diagnostics(shared: &Shared) -> Vec<(String, String)> {
+pub(super) fn diagnostics(shared: &Shared) -> Vec<(String, String)> {
     let Some(pool) = lock(&shared.pool).clone() else {
         return vec![("Shared blocks".into(), "off".into())];
     };

@@ -20,14 +20,14 @@ use r2r::QosProfile;
 use std::time::{Duration, Instant};
 
 /// How often `input_qos: auto` looks at the publishers again.
-pub const QOS_CHECK_PERIOD: Duration = Duration::from_millis(250);
+pub(super) const QOS_CHECK_PERIOD: Duration = Duration::from_millis(250);
 
 type Images = Box<dyn Stream<Item = r2r::NativeMsg<Image>> + Unpin>;
 type CameraInfos = Box<dyn Stream<Item = CameraInfo> + Unpin>;
 
 /// The r2r QoS of an input subscription: the preset, or for `auto` what `adapted` says
 /// (best effort, which matches any publisher, without an answer).
-pub fn qos_profile(preset: QosPreset, depth: u32, adapted: Option<&Adapted>) -> QosProfile {
+pub(super) fn qos_profile(preset: QosPreset, depth: u32, adapted: Option<&Adapted>) -> QosProfile {
     let base = match (preset, adapted) {
         (QosPreset::Auto, Some(a)) => {
             let p = match a.reliability {
@@ -77,7 +77,7 @@ struct Topic {
 }
 
 /// The input subscriptions, owned by the spin thread.
-pub struct Input {
+pub(super) struct Input {
     /// Index of this input in `Shared::inputs` (batch slot).
     index: usize,
     preset: QosPreset,
@@ -94,7 +94,12 @@ pub struct Input {
 
 /// An image taken from input `index`'s subscription at `at`: counted by the input's
 /// delivery monitor.
-pub fn arrived(shared: &Shared, index: usize, msg: r2r::NativeMsg<Image>, at: Instant) -> Received {
+pub(super) fn arrived(
+    shared: &Shared,
+    index: usize,
+    msg: r2r::NativeMsg<Image>,
+    at: Instant,
+) -> Received {
     let msg = NativeImage::new(msg);
     let mut input = lock(&shared.inputs[index]);
     input.monitor.image(at, msg.stamp_ns(), msg.data().len());
@@ -113,7 +118,7 @@ impl Input {
     /// and remaps apply. `args` resolves the names for the graph queries of `auto`. With
     /// `own` (`input_participants: per_input`), the images come through the input's own
     /// DDS participant, whose thread hands each to `own` as it takes it.
-    pub fn new(
+    pub(super) fn new(
         node: &mut r2r::Node,
         args: Option<&RosArgs>,
         (index, image): (usize, &str),
@@ -200,14 +205,14 @@ impl Input {
     }
 
     /// The resolved image topic.
-    pub fn topic(&self) -> &str {
+    pub(super) fn topic(&self) -> &str {
         &self.image.resolved
     }
 
     /// Hand over what the last `spin_once` delivered: the images (oldest first) to the
     /// caller, the newest camera_info to the processing thread; both to the delivery
     /// monitor.
-    pub fn drain(&mut self, shared: &Shared) -> Vec<Received> {
+    pub(super) fn drain(&mut self, shared: &Shared) -> Vec<Received> {
         let at = Instant::now();
         let mut out = Vec::new();
         let state = &shared.inputs[self.index];
@@ -228,7 +233,7 @@ impl Input {
     /// Every [`QOS_CHECK_PERIOD`]: count the image publishers and, with `auto`, choose
     /// the QoS again from what they offer; a subscription whose answer changed is
     /// recreated (and the change logged).
-    pub fn adapt(&mut self, node: &mut r2r::Node, shared: &Shared) -> r2r::Result<()> {
+    pub(super) fn adapt(&mut self, node: &mut r2r::Node, shared: &Shared) -> r2r::Result<()> {
         let now = Instant::now();
         if now < self.next_check {
             return Ok(());
@@ -275,7 +280,7 @@ impl Input {
 
 /// The camera_info topic of an image topic, by image_transport's rule: `camera_info` next
 /// to the image (`front/image_raw` -> `front/camera_info`, `image` -> `camera_info`).
-pub fn camera_info_topic(image: &str) -> String {
+pub(super) fn camera_info_topic(image: &str) -> String {
     match image.rsplit_once('/') {
         Some((dir, _)) => format!("{dir}/camera_info"),
         None => "camera_info".to_string(),

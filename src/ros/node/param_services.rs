@@ -190,7 +190,7 @@ where
 
 /// Create the services and the `/parameter_events` publisher on `node`, announce the
 /// parameters, and return the future that serves the requests (spawn it).
-pub fn start(
+pub(super) fn start(
     node: &mut r2r::Node,
     params: Arc<Mutex<NodeParams>>,
     clock: NodeClock,

@@ -361,7 +361,7 @@ pub const PARAMETERS: &[Spec] = &[
 ];
 
 /// The spec of `name`, `use_sim_time` included.
-pub fn spec_of(name: &str) -> Option<&'static Spec> {
+pub(super) fn spec_of(name: &str) -> Option<&'static Spec> {
     PARAMETERS.iter().chain([&USE_SIM_TIME]).find(|s| s.name == name)
 }
 
@@ -396,7 +396,7 @@ pub fn descriptor(s: &Spec) -> ParameterDescriptor {
 }
 
 /// A `rcl_interfaces/ParameterValue` as r2r's value (an unknown type is "not set").
-pub fn value_from_msg(m: &ValueMsg) -> ParameterValue {
+pub(super) fn value_from_msg(m: &ValueMsg) -> ParameterValue {
     match i32::from(m.type_) {
         x if x == T::PARAMETER_BOOL as i32 => ParameterValue::Bool(m.bool_value),
         x if x == T::PARAMETER_INTEGER as i32 => ParameterValue::Integer(m.integer_value),
@@ -422,7 +422,7 @@ pub fn value_from_msg(m: &ValueMsg) -> ParameterValue {
 }
 
 /// r2r's value as a `rcl_interfaces/ParameterValue`.
-pub fn value_to_msg(v: &ParameterValue) -> ValueMsg {
+pub(super) fn value_to_msg(v: &ParameterValue) -> ValueMsg {
     let mut m = ValueMsg::default();
     // Set field `$f` of the message to `$x`; the type is `$t`.
     macro_rules! set {
@@ -448,7 +448,7 @@ pub fn value_to_msg(v: &ParameterValue) -> ValueMsg {
 
 /// A value as a log line shows it: doubles always with a decimal point (`5.0`), strings
 /// quoted.
-pub fn show(v: &ParameterValue) -> String {
+pub(super) fn show(v: &ParameterValue) -> String {
     let list = |items: Vec<String>| format!("[{}]", items.join(", "));
     match v {
         ParameterValue::NotSet => "not set".into(),
@@ -592,7 +592,7 @@ pub struct NodeParams {
 
 /// One accepted change: the name and the value as stored (converted to the parameter's
 /// type).
-pub type Change = (String, ParameterValue);
+pub(super) type Change = (String, ParameterValue);
 
 impl NodeParams {
     /// Wrap a validated configuration.
@@ -793,7 +793,7 @@ impl NodeParams {
 }
 
 /// Every parameter name, sorted (as rclcpp lists them).
-pub fn all_names() -> Vec<&'static str> {
+pub(super) fn all_names() -> Vec<&'static str> {
     let mut names: Vec<&'static str> =
         PARAMETERS.iter().chain([&USE_SIM_TIME]).map(|s| s.name).collect();
     names.sort_unstable();

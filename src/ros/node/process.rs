@@ -31,7 +31,12 @@ struct Slot<'a> {
 
 /// Run the node's processing (this thread) and publishing (a second thread) until the
 /// node stops.
-pub fn process_loop(pipeline: Pipeline, shared: &Shared, out: Outputs, handoff: Option<Handoff>) {
+pub(super) fn process_loop(
+    pipeline: Pipeline,
+    shared: &Shared,
+    out: Outputs,
+    handoff: Option<Handoff>,
+) {
     let (tx, rx) = std::sync::mpsc::sync_channel::<Ready>(0);
     std::thread::scope(|scope| {
         let publisher = std::thread::Builder::new()

@@ -37,7 +37,7 @@ extern "C" {
 
 /// rcl's `rcl_qos_profile_rosout_default`: late joiners (rqt_console started after the
 /// node) get the last 1000 records of the last 10 s.
-pub fn rosout_qos() -> QosProfile {
+pub(super) fn rosout_qos() -> QosProfile {
     QosProfile {
         depth: 1000,
         reliability: r2r::qos::ReliabilityPolicy::Reliable,
@@ -71,7 +71,7 @@ thread_local! {
 
 /// Publishing to `/rosout` while alive; dropping it puts the previous handler back (do
 /// that before the node goes away).
-pub struct Rosout {
+pub(super) struct Rosout {
     _private: (),
 }
 
@@ -79,7 +79,7 @@ impl Rosout {
     /// Create the node's `/rosout` publisher and route the records of `logger` (and its
     /// children) to it. `None` when rosout logging is disabled (`--disable-rosout-logs`).
     /// Call before other threads log (the handler swap is not synchronized with logging).
-    pub fn install(node: &mut r2r::Node, logger: &str) -> r2r::Result<Option<Rosout>> {
+    pub(super) fn install(node: &mut r2r::Node, logger: &str) -> r2r::Result<Option<Rosout>> {
         // SAFETY: reads a flag rcl_logging_configure set (r2r's Context::create calls it).
         if !unsafe { rcl_logging_rosout_enabled() } {
             return Ok(None);

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 /// A frame set handed to the processing thread, with the instant it was formed (the
 /// arrival of the frame that completed it, or the deadline's poll).
-pub struct Formed {
+pub(super) struct Formed {
     /// One item per input.
     pub batch: Batch<Received>,
     /// When it was formed.
@@ -27,7 +27,7 @@ pub struct Formed {
 
 impl Formed {
     /// Frames of the batch not in an earlier one.
-    pub fn new_frames(&self) -> u64 {
+    pub(super) fn new_frames(&self) -> u64 {
         self.batch.items.iter().filter(|i| matches!(i, Item::Frame { repeated: false, .. })).count()
             as u64
     }
@@ -36,7 +36,7 @@ impl Formed {
 /// What `/diagnostics` shows of one camera (written by the spin thread and, for
 /// `published`, the processing thread).
 #[derive(Debug, Clone, Default)]
-pub struct CameraState {
+pub(super) struct CameraState {
     /// The image topic, resolved.
     pub topic: String,
     /// The former's counters (received = batched + dropped + pending).
@@ -54,7 +54,7 @@ pub struct CameraState {
 /// What `/diagnostics` says about the input (written by the spin thread, read by the
 /// diagnostics task).
 #[derive(Debug, Default)]
-pub struct InputState {
+pub(super) struct InputState {
     /// The image topic, fully qualified (after remapping).
     pub topic: String,
     /// The subscription's QoS and why it was chosen.
@@ -72,13 +72,13 @@ pub struct InputState {
 const REJECT_LOG_PERIOD: Duration = Duration::from_secs(2);
 
 /// A mutex's value, also after a thread panicked holding it.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A frame as received (the C message rmw deserialized into), with the instant it
 /// arrived.
-pub struct Received {
+pub(super) struct Received {
     /// The message, read in place.
     pub msg: NativeImage,
     /// When the spin thread took it from the subscription.
@@ -86,7 +86,7 @@ pub struct Received {
 }
 
 /// The QoS of the outputs.
-pub fn output_qos(profile: crate::config::QosPreset, depth: u32) -> QosProfile {
+pub(super) fn output_qos(profile: crate::config::QosPreset, depth: u32) -> QosProfile {
     use crate::config::QosPreset as P;
     let base = match profile {
         P::SensorData => QosProfile::sensor_data(),
@@ -99,7 +99,7 @@ pub fn output_qos(profile: crate::config::QosPreset, depth: u32) -> QosProfile {
 
 /// The publishers of the publishing thread. `tensor` and `timing` publish the serialized
 /// messages the pipeline and `frame_timing` write (`publish_raw`).
-pub struct Outputs {
+pub(super) struct Outputs {
     /// `tensor`: a `Tensor` with one input, a `TensorBatch` with 2+.
     pub tensor: r2r::PublisherUntyped,
     /// `timing`: one `FrameTiming` per tensor.
@@ -115,7 +115,11 @@ pub struct Outputs {
 
 impl Outputs {
     /// The publishers of a node with `inputs` inputs.
-    pub fn create(node: &mut r2r::Node, inputs: usize, qos: &QosProfile) -> r2r::Result<Self> {
+    pub(super) fn create(
+        node: &mut r2r::Node,
+        inputs: usize,
+        qos: &QosProfile,
+    ) -> r2r::Result<Self> {
         let batch = inputs >= 2;
         let camera_info = if batch {
             (0..inputs)
@@ -148,7 +152,7 @@ impl Outputs {
 
 /// State shared between the spin thread, the processing and publishing threads and the
 /// tasks (parameter services, diagnostics).
-pub struct Shared {
+pub(super) struct Shared {
     /// The keep-latest slot of formed frame sets (one frame each for a single camera).
     pub sets: Latest<Formed>,
     /// The node's counters.
@@ -180,7 +184,7 @@ pub struct Shared {
 
 impl Shared {
     /// The state of a node with the given input topics.
-    pub fn new(
+    pub(super) fn new(
         topics: &[String],
         params: Arc<Mutex<NodeParams>>,
         logger: String,
@@ -205,21 +209,21 @@ impl Shared {
     }
 
     /// Stop ingest and processing; a set still waiting counts its new frames as dropped.
-    pub fn stop(&self) {
+    pub(super) fn stop(&self) {
         if let Some(set) = self.sets.stop_and_take() {
             self.stats.dropped.fetch_add(set.new_frames(), Ordering::Relaxed);
         }
     }
 
     /// True once [`Shared::stop`] was called.
-    pub fn is_stopped(&self) -> bool {
+    pub(super) fn is_stopped(&self) -> bool {
         self.sets.is_stopped()
     }
 
     /// `gpu_failure_policy: exit` after a GPU failure, or another error the node cannot
     /// go on after (`reason`): log it, count the `frames` it took as failed, and stop the
     /// node with the reason. The caller's processing loop then ends.
-    pub fn exit_fatal(&self, reason: String, frames: u64) {
+    pub(super) fn exit_fatal(&self, reason: String, frames: u64) {
         r2r::log_fatal!(self.logger.as_str(), "{reason}; the node exits");
         for _ in 0..frames {
             self.stats.failed(reason.clone());
@@ -232,7 +236,7 @@ impl Shared {
 
 /// Logs errors at most once per [`REJECT_LOG_PERIOD`] of the node's clock, with the count
 /// between.
-pub struct RateLimitedLog {
+pub(super) struct RateLimitedLog {
     throttle: clock::Throttle,
     clock: NodeClock,
     suppressed: u64,
@@ -240,7 +244,7 @@ pub struct RateLimitedLog {
 
 impl RateLimitedLog {
     /// One log line per [`REJECT_LOG_PERIOD`] of the node's clock.
-    pub fn new(clock: &NodeClock) -> Self {
+    pub(super) fn new(clock: &NodeClock) -> Self {
         RateLimitedLog {
             throttle: clock::Throttle::new(REJECT_LOG_PERIOD),
             clock: clock.clone(),
@@ -263,14 +267,14 @@ impl RateLimitedLog {
     }
 
     /// Log `what` as an error, unless one was logged less than a period ago.
-    pub fn error(&mut self, logger: &str, what: &str) {
+    pub(super) fn error(&mut self, logger: &str, what: &str) {
         if let Some(line) = self.due(what) {
             r2r::log_error!(logger, "{line}");
         }
     }
 
     /// Log `what` as a warning, unless one was logged less than a period ago.
-    pub fn warn(&mut self, logger: &str, what: &str) {
+    pub(super) fn warn(&mut self, logger: &str, what: &str) {
         if let Some(line) = self.due(what) {
             r2r::log_warn!(logger, "{line}");
         }

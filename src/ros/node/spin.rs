@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// What the spin thread subscribes to.
-pub struct Subscriptions {
+pub(super) struct Subscriptions {
     /// The input image topics, in slot order.
     pub topics: Vec<String>,
     /// `input_qos`.
@@ -31,7 +31,7 @@ pub struct Subscriptions {
 
 /// The spin thread, started: [`spin`] on its own thread, once it has subscribed (its
 /// error if it could not, the thread joined). Joining it gives the node back.
-pub fn start(
+pub(super) fn start(
     node: r2r::Node,
     subs: Subscriptions,
     former: Former,
@@ -56,7 +56,7 @@ pub fn start(
 /// The former is shared with the threads of the inputs' own participants
 /// (`input_participants: per_input`), which push their images into it as they take them;
 /// the spin thread pushes the images of the node's own subscriptions and polls it.
-pub fn spin(
+pub(super) fn spin(
     mut node: r2r::Node,
     subs: Subscriptions,
     former: Former,
