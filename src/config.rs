@@ -108,7 +108,7 @@ impl DType {
     }
     /// Its DLPack type code (`DLDataTypeCode`: 0 int, 1 uint, 2 float), written into a
     /// `TensorRef` with bits = 8 x [`DType::size`].
-    pub fn dlpack_code(self) -> u8 {
+    pub(crate) fn dlpack_code(self) -> u8 {
         match self {
             DType::Float32 | DType::Float16 => 2, // kDLFloat
         }
@@ -416,12 +416,12 @@ impl Default for Config {
 /// Largest network width or height accepted.
 pub const MAX_NETWORK_SIZE: u32 = 8192;
 /// Largest conv2d kernel size.
-pub const MAX_CONV_SIZE: u32 = 15;
+pub(crate) const MAX_CONV_SIZE: u32 = 15;
 
 /// An inclusive integer range with a step from `from`, as a ROS `IntegerRange` states it
 /// (`ros2 param describe` shows it; rqt_reconfigure makes a slider of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IntRange {
+pub(crate) struct IntRange {
     /// Smallest valid value.
     pub from: i64,
     /// Largest valid value.
@@ -432,14 +432,14 @@ pub struct IntRange {
 
 impl IntRange {
     /// Whether `v` is in the range and on a step.
-    pub fn contains(&self, v: i64) -> bool {
+    pub(crate) fn contains(&self, v: i64) -> bool {
         v >= self.from
             && v <= self.to
             && (self.step <= 1 || (v - self.from).unsigned_abs() % self.step == 0)
     }
 
     /// `Ok` if `v` is in the range, else the error naming `param` and the range.
-    pub fn check(&self, param: &str, v: i64) -> Result<()> {
+    pub(crate) fn check(&self, param: &str, v: i64) -> Result<()> {
         if self.contains(v) {
             Ok(())
         } else {
@@ -464,7 +464,7 @@ impl std::fmt::Display for IntRange {
 
 /// An inclusive floating-point range, as a ROS `FloatingPointRange` states it (step 0).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FloatRange {
+pub(crate) struct FloatRange {
     /// Smallest valid value.
     pub from: f64,
     /// Largest valid value.
@@ -473,7 +473,7 @@ pub struct FloatRange {
 
 impl FloatRange {
     /// Whether `v` is in the range (NaN is not).
-    pub fn contains(&self, v: f64) -> bool {
+    pub(crate) fn contains(&self, v: f64) -> bool {
         (self.from..=self.to).contains(&v)
     }
 }
@@ -485,34 +485,36 @@ impl std::fmt::Display for FloatRange {
 }
 
 /// `network_image_width` and `network_image_height`, in pixels.
-pub const NETWORK_SIZE_RANGE: IntRange = IntRange { from: 1, to: MAX_NETWORK_SIZE as i64, step: 1 };
+pub(crate) const NETWORK_SIZE_RANGE: IntRange =
+    IntRange { from: 1, to: MAX_NETWORK_SIZE as i64, step: 1 };
 /// `conv.size`: odd sizes 1, 3, ..., 15.
-pub const CONV_SIZE_RANGE: IntRange = IntRange { from: 1, to: MAX_CONV_SIZE as i64, step: 2 };
+pub(crate) const CONV_SIZE_RANGE: IntRange =
+    IntRange { from: 1, to: MAX_CONV_SIZE as i64, step: 2 };
 /// `output_channels`: 1 (grey) or 3 (colour).
-pub const OUTPUT_CHANNELS_RANGE: IntRange = IntRange { from: 1, to: 3, step: 2 };
+pub(crate) const OUTPUT_CHANNELS_RANGE: IntRange = IntRange { from: 1, to: 3, step: 2 };
 /// `input_qos_depth` and `output_qos_depth`.
-pub const QOS_DEPTH_RANGE: IntRange = IntRange { from: 1, to: 100, step: 1 };
+pub(crate) const QOS_DEPTH_RANGE: IntRange = IntRange { from: 1, to: 100, step: 1 };
 /// Most cameras in one batch (`inputs`).
-pub const MAX_INPUTS: usize = 16;
+pub(crate) const MAX_INPUTS: usize = 16;
 /// `batch_timeout_ms`.
-pub const BATCH_TIMEOUT_RANGE: IntRange = IntRange { from: 1, to: 10_000, step: 1 };
+pub(crate) const BATCH_TIMEOUT_RANGE: IntRange = IntRange { from: 1, to: 10_000, step: 1 };
 /// `max_interval_ms`.
-pub const MAX_INTERVAL_RANGE: IntRange = IntRange { from: 0, to: 10_000, step: 1 };
+pub(crate) const MAX_INTERVAL_RANGE: IntRange = IntRange { from: 0, to: 10_000, step: 1 };
 /// `stale_after_ms`.
-pub const STALE_AFTER_RANGE: IntRange = IntRange { from: 1, to: 600_000, step: 1 };
+pub(crate) const STALE_AFTER_RANGE: IntRange = IntRange { from: 1, to: 600_000, step: 1 };
 /// `batch_queue_size`.
-pub const BATCH_QUEUE_RANGE: IntRange = IntRange { from: 1, to: 100, step: 1 };
+pub(crate) const BATCH_QUEUE_RANGE: IntRange = IntRange { from: 1, to: 100, step: 1 };
 /// `shared_pool_size`.
-pub const SHARED_POOL_RANGE: IntRange = IntRange { from: 0, to: 64, step: 1 };
+pub(crate) const SHARED_POOL_RANGE: IntRange = IntRange { from: 0, to: 64, step: 1 };
 /// `shared_lease_ms`.
-pub const SHARED_LEASE_RANGE: IntRange = IntRange { from: 10, to: 600_000, step: 1 };
+pub(crate) const SHARED_LEASE_RANGE: IntRange = IntRange { from: 10, to: 600_000, step: 1 };
 /// Each value of `pad_value`, in source 8-bit pixel units.
-pub const PAD_VALUE_RANGE: FloatRange = FloatRange { from: 0.0, to: 255.0 };
+pub(crate) const PAD_VALUE_RANGE: FloatRange = FloatRange { from: 0.0, to: 255.0 };
 
 /// A ROS topic name as rcl accepts it (relative, absolute or `~`-private): tokens of
 /// letters, digits and `_` separated by single `/`, none starting with a digit, no
 /// trailing `/`.
-pub fn valid_topic_name(t: &str) -> bool {
+pub(crate) fn valid_topic_name(t: &str) -> bool {
     let body = t.strip_prefix("~/").or_else(|| t.strip_prefix('/')).unwrap_or(t);
     !body.is_empty()
         && body.split('/').all(|tok| {
@@ -525,7 +527,7 @@ pub fn valid_topic_name(t: &str) -> bool {
 /// Parameters every ROS node may be given that are not vision_preproc's own: accepted in
 /// parameter files (a shared `/**:` section has them) without a warning. `use_sim_time`
 /// is handled by the node itself (its clock); offline it has no meaning.
-pub fn is_ros_standard_parameter(name: &str) -> bool {
+pub(crate) fn is_ros_standard_parameter(name: &str) -> bool {
     name == "use_sim_time"
         || name == "start_type_description_service"
         || name.starts_with("qos_overrides.")
@@ -557,7 +559,7 @@ impl std::fmt::Display for UnknownParameter {
 
 /// Every parameter name of vision_preproc, dotted for nested ones (`conv.kernel`), in the
 /// order of [`Config`]'s fields.
-pub fn parameter_names() -> Vec<String> {
+pub(crate) fn parameter_names() -> Vec<String> {
     fn walk(v: &serde_yaml::Value, prefix: &str, out: &mut Vec<String>) {
         if let Some(map) = v.as_mapping() {
             for (k, v) in map {
@@ -579,7 +581,7 @@ pub fn parameter_names() -> Vec<String> {
 /// with (`vision_preproc.backend`), else the most similar by Jaro-Winkler similarity (which
 /// favours a shared beginning: `network_width` -> `network_image_width`, `backnd` ->
 /// `backend`) when it is at least [`SUGGESTION_SIMILARITY`].
-pub fn closest_parameter(name: &str, names: &[String]) -> Option<String> {
+pub(crate) fn closest_parameter(name: &str, names: &[String]) -> Option<String> {
     if let Some(n) = names.iter().find(|n| name.ends_with(&format!(".{n}"))) {
         return Some(n.clone());
     }
@@ -611,16 +613,18 @@ fn config_doc(cfg: &Config) -> serde_yaml::Value {
 
 impl Config {
     /// Parse a YAML file in the ROS `<node>: ros__parameters: {...}` shape, or a bare
-    /// mapping of parameters, strictly: an unknown parameter is an error (for files this
-    /// project ships and programs that build a configuration; the CLI uses
-    /// [`Config::load_yaml_str`], which warns instead, as the node does). Validated.
-    pub fn from_yaml_file(path: &Path) -> Result<Config> {
+    /// mapping of parameters, strictly: an unknown parameter is an error (the tests of the
+    /// files this project ships; the CLI uses [`Config::load_yaml_file`], which warns
+    /// instead, as the node does). Validated.
+    #[cfg(test)]
+    pub(crate) fn from_yaml_file(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
         Self::from_yaml_str(&text, &path.display().to_string())
     }
 
-    /// [`Config::from_yaml_file`] on a string; `context` names the source in errors.
+    /// A YAML text read strictly (an unknown parameter is an error); `context` names the
+    /// source in errors. Validated.
     pub fn from_yaml_str(text: &str, context: &str) -> Result<Config> {
         Self::from_yaml_str_with_overrides(text, context, &[])
     }
@@ -694,7 +698,7 @@ impl Config {
     /// The defaults overlaid with `params` (dotted name, value; later ones win), checked:
     /// what the node does with its ROS parameters and the offline tools with a file.
     /// Unknown names are returned, not applied.
-    pub fn from_params(
+    pub(crate) fn from_params(
         params: impl IntoIterator<Item = (String, serde_yaml::Value)>,
         context: &str,
     ) -> Result<Loaded> {
@@ -715,7 +719,7 @@ impl Config {
 
     /// Deserialize and validate a mapping of parameters; errors name the parameter path
     /// (e.g. `conv.kernel: unknown variant ...`).
-    pub fn from_yaml_value(params: serde_yaml::Value, context: &str) -> Result<Config> {
+    pub(crate) fn from_yaml_value(params: serde_yaml::Value, context: &str) -> Result<Config> {
         let cfg: Config = serde_path_to_error::deserialize(params).map_err(|e| Error::Yaml {
             context: context.to_string(),
             message: if e.path().to_string() == "." {
@@ -862,7 +866,7 @@ impl Config {
     }
 
     /// The image topics the node subscribes to: `inputs`, or `["image"]` when empty.
-    pub fn input_topics(&self) -> Vec<String> {
+    pub(crate) fn input_topics(&self) -> Vec<String> {
         if self.inputs.is_empty() {
             vec!["image".to_string()]
         } else {
@@ -926,7 +930,7 @@ impl Config {
     }
 
     /// The value of `values` for output channel `c` (one value means all channels).
-    pub fn per_channel(values: &[f64], c: usize) -> f64 {
+    pub(crate) fn per_channel(values: &[f64], c: usize) -> f64 {
         if values.len() == 1 {
             values[0]
         } else {
@@ -972,7 +976,7 @@ fn check_name(key: &str) -> Result<()> {
 
 /// Set the dotted parameter `key` of a parameter mapping to an already typed `value`
 /// (see [`set_param`]).
-pub fn set_value(
+pub(crate) fn set_value(
     params: &mut serde_yaml::Value,
     key: &str,
     parsed: serde_yaml::Value,

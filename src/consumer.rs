@@ -23,14 +23,14 @@ use std::time::{Duration, Instant};
 const MAX_FDS: usize = 65;
 
 /// How long [`Held::ready`] waits for the node's work on a block at most.
-pub const EVENT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const EVENT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How often [`Held::ready`] checks that the node is still connected while it waits.
 const CONNECTION_CHECK: Duration = Duration::from_millis(10);
 
 /// The hello's fields (docs/HANDOFF.md).
 #[derive(Debug, Clone, Deserialize)]
-pub struct Hello {
+pub(crate) struct Hello {
     pub magic: String,
     pub version: u32,
     #[serde(default)]
@@ -68,7 +68,7 @@ impl Hello {
     /// Read and check a hello's JSON: a vision_preproc pool of this protocol version that
     /// accepted the connection, with memory this consumer knows; the error names what is
     /// wrong.
-    pub fn parse(json: &[u8]) -> Result<Hello> {
+    pub(crate) fn parse(json: &[u8]) -> Result<Hello> {
         let hello: Hello = serde_json::from_slice(json).map_err(protocol)?;
         if hello.magic != HELLO_MAGIC || hello.version != PROTOCOL_VERSION {
             let json = String::from_utf8_lossy(json);
@@ -93,7 +93,7 @@ impl Hello {
     }
 
     /// Where the blocks live (`None`: a kind this consumer does not know).
-    pub fn memory(&self) -> Option<MemoryKind> {
+    pub(crate) fn memory(&self) -> Option<MemoryKind> {
         [MemoryKind::Host, MemoryKind::Cuda].into_iter().find(|m| m.name() == self.memory)
     }
 }

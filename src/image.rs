@@ -60,7 +60,7 @@ macro_rules! encodings {
             /// True when pixel `x` starts at byte `x * bpp` of its row (4:2:2: its pair at
             /// `(x & !1) * 2`): one plane, no mosaic. The CUDA kernel's staged path handles
             /// these.
-            pub fn is_packed(self) -> bool {
+            pub(crate) fn is_packed(self) -> bool {
                 match self {
                     $( Encoding::$variant => Packing::$packing == Packing::Packed, )*
                 }
@@ -116,7 +116,7 @@ encodings! {
 impl Encoding {
     /// The accepted `encoding` strings, for error messages: every name, with its aliases
     /// in parentheses (`yuyv (alias yuv422_yuy2)`).
-    pub fn supported_list() -> String {
+    pub(crate) fn supported_list() -> String {
         let name = |e: Encoding| match e.aliases() {
             [] => e.name().to_string(),
             a => format!("{} (alias {})", e.name(), a.join(", ")),

@@ -29,7 +29,12 @@
 // tests, a `// SAFETY:` comment on every unsafe block.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(clippy::undocumented_unsafe_blocks)]
+// Every `pub` item is reachable from the crate's root: the API the binaries, tests, fuzz
+// targets and examples use; the rest is pub(crate) or private.
 #![warn(unreachable_pub)]
+// Without ROS, the parts only the node uses (delivery monitor, DDS sizing, the hand-off's
+// server, run-time reconfiguration) are compiled but not called.
+#![cfg_attr(not(feature = "ros"), allow(dead_code, unused_imports))]
 
 pub mod backend;
 pub mod bag;
@@ -53,4 +58,4 @@ pub mod wire;
 pub use config::Config;
 pub use error::{Error, ImageError, Result};
 pub use image::{Encoding, ImageView};
-pub use pipeline::{FrameInfo, Geometry, Pipeline};
+pub use pipeline::{Geometry, Pipeline};

@@ -30,7 +30,7 @@ pub const LIBRARY_ENV: &str = "VISION_PREPROC_NVTX_LIBRARY";
 /// The NVTX v2 libraries tried in order (by the dynamic loader's search: on a Jetson
 /// `/usr/local/cuda/lib64` is on it): the CUDA toolkit's up to 12.8 (JetPack 6), and its
 /// replacement from CUDA 12.9 on, which exports the same functions.
-pub const DEFAULT_LIBRARIES: [&str; 2] = ["libnvToolsExt.so.1", "libnvtx3interop.so.1"];
+pub(crate) const DEFAULT_LIBRARIES: [&str; 2] = ["libnvToolsExt.so.1", "libnvtx3interop.so.1"];
 
 /// A stage of a frame, named by its range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl Stage {
 
 /// The name of the range of the pipeline's frame set number `sequence` (1 for the first
 /// set a pipeline runs): `frame 17` for one input, `batch 17 (4 items)` for a batch.
-pub fn frame_name(sequence: u64, items: usize, batch: bool) -> String {
+pub(crate) fn frame_name(sequence: u64, items: usize, batch: bool) -> String {
     match (batch, items) {
         (false, _) => format!("frame {sequence}"),
         (true, 1) => format!("batch {sequence} (1 item)"),
@@ -87,7 +87,7 @@ pub fn frame_name(sequence: u64, items: usize, batch: bool) -> String {
 
 /// The name of the range of batch slot `slot` (0-based) where a backend runs the slots
 /// on other threads (the CPU backend): `item 2`.
-pub fn item_name(slot: usize) -> String {
+pub(crate) fn item_name(slot: usize) -> String {
     format!("item {slot}")
 }
 
@@ -95,8 +95,6 @@ pub fn item_name(slot: usize) -> String {
 struct Api {
     push: unsafe extern "C" fn(*const c_char) -> c_int,
     pop: unsafe extern "C" fn() -> c_int,
-    start: unsafe extern "C" fn(*const c_char) -> u64,
-    end: unsafe extern "C" fn(u64),
 }
 
 /// Loaded or not, and why.
@@ -112,7 +110,7 @@ fn api() -> Option<&'static Api> {
 }
 
 /// Whether ranges are recorded: a tool asked for them and the NVTX library loaded.
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     api().is_some()
 }
 
@@ -164,18 +162,10 @@ fn open(name: &str) -> Result<Api, libloading::Error> {
     // NVTX's own thread-safe initialization).
     let lib = unsafe { libloading::Library::new(name) }?;
     // SAFETY: the symbols have these C signatures in nvToolsExt.h (NVTX v2 API:
-    // `int nvtxRangePushA(const char*)`, `int nvtxRangePop(void)`,
-    // `nvtxRangeId_t nvtxRangeStartA(const char*)` with nvtxRangeId_t = uint64_t,
-    // `void nvtxRangeEnd(nvtxRangeId_t)`); the library is never unloaded (forgotten
+    // `int nvtxRangePushA(const char*)`, `int nvtxRangePop(void)`); the library is never unloaded (forgotten
     // below), so the pointers stay valid for the process.
-    let api = unsafe {
-        Api {
-            push: *lib.get(b"nvtxRangePushA\0")?,
-            pop: *lib.get(b"nvtxRangePop\0")?,
-            start: *lib.get(b"nvtxRangeStartA\0")?,
-            end: *lib.get(b"nvtxRangeEnd\0")?,
-        }
-    };
+    let api =
+        unsafe { Api { push: *lib.get(b"nvtxRangePushA\0")?, pop: *lib.get(b"nvtxRangePop\0")? } };
     std::mem::forget(lib);
     Ok(api)
 }
@@ -245,52 +235,11 @@ pub fn stage(stage: Stage) -> Range {
 
 /// Push a range whose name `name()` makes, called only when NVTX is on (a formatted
 /// name costs nothing otherwise).
-pub fn push_with(name: impl FnOnce() -> String) -> Range {
+pub(crate) fn push_with(name: impl FnOnce() -> String) -> Range {
     let api = api();
     match api {
         Some(_) => Range::push_on(api, &name()),
         None => Range { api: None, _thread_bound: PhantomData },
-    }
-}
-
-/// A start/end range: it may end on another thread or in a later call than the one that
-/// started it (e.g. a frame submitted in one call and finished in the next). Ends when
-/// [`Span::end`] is called or it is dropped.
-#[must_use = "the range ends when this guard is dropped"]
-pub struct Span {
-    api: Option<&'static Api>,
-    id: u64,
-}
-
-impl Span {
-    fn start_on(api: Option<&'static Api>, name: &str) -> Span {
-        let id = match api {
-            // SAFETY: a NUL-terminated string alive for the call (NVTX copies it).
-            Some(api) => with_c_name(name, |c| unsafe { (api.start)(c) }),
-            None => 0,
-        };
-        Span { api, id }
-    }
-
-    /// End the range now.
-    pub fn end(self) {}
-}
-
-impl Drop for Span {
-    fn drop(&mut self) {
-        if let Some(api) = self.api {
-            // SAFETY: `id` was returned by nvtxRangeStartA and is ended once (here).
-            unsafe { (api.end)(self.id) };
-        }
-    }
-}
-
-/// Start a start/end range named `name()` (called only when NVTX is on).
-pub fn start_with(name: impl FnOnce() -> String) -> Span {
-    let api = api();
-    match api {
-        Some(_) => Span::start_on(api, &name()),
-        None => Span { api: None, id: 0 },
     }
 }
 
@@ -318,14 +267,7 @@ mod tests {
         log("pop".into());
         0
     }
-    unsafe extern "C" fn start(c: *const c_char) -> u64 {
-        log(format!("start {}", name(c)));
-        42
-    }
-    unsafe extern "C" fn end(id: u64) {
-        log(format!("end {id}"));
-    }
-    static FAKE: Api = Api { push, pop, start, end };
+    static FAKE: Api = Api { push, pop };
 
     #[test]
     fn range_names() {
@@ -338,17 +280,15 @@ mod tests {
     }
 
     #[test]
-    fn guards_push_pop_start_and_end_in_order() {
+    fn guards_push_and_pop_in_order() {
         EVENTS.lock().unwrap().clear();
         {
             let _frame = Range::push_on(Some(&FAKE), "frame 1");
-            let span = Span::start_on(Some(&FAKE), "in flight");
             {
                 let _stage = Range::push_on(Some(&FAKE), Stage::Preprocess.name());
             }
             let long = "x".repeat(100);
             let _long = Range::push_on(Some(&FAKE), &long);
-            span.end();
             let _cut = Range::push_on(Some(&FAKE), "a\0b");
         }
         let long = format!("push {}", "x".repeat(100));
@@ -356,11 +296,9 @@ mod tests {
             *EVENTS.lock().unwrap(),
             [
                 "push frame 1",
-                "start in flight",
                 "push preprocess",
                 "pop",
                 long.as_str(),
-                "end 42",
                 "push a",
                 "pop",
                 "pop",
@@ -369,7 +307,6 @@ mod tests {
         );
         // Off: no call at all.
         let _off = Range::push_on(None, "frame 2");
-        drop(Span::start_on(None, "x"));
     }
 
     #[test]
@@ -380,7 +317,6 @@ mod tests {
             assert!(status().starts_with("off ("), "{}", status());
             assert!(!failed());
             let _r = push_with(|| unreachable!("the name is not formatted when off"));
-            let _s = start_with(|| unreachable!("the name is not formatted when off"));
         }
     }
 }

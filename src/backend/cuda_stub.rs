@@ -24,43 +24,48 @@ pub mod vmm {
 
     /// Never constructed without the `cuda` feature: a consumer process cannot import a
     /// pool's CUDA blocks.
-    pub enum ImportedBlocks {}
+    pub(crate) enum ImportedBlocks {}
 
     impl ImportedBlocks {
         /// Always [`Error::CudaNotCompiled`].
-        pub fn import(_fds: &[RawFd], _block_size: usize, _device_id: i32) -> Result<Self> {
+        pub(crate) fn import(_fds: &[RawFd], _block_size: usize, _device_id: i32) -> Result<Self> {
             Err(Error::CudaNotCompiled)
         }
 
-        pub fn len(&self) -> usize {
+        pub(crate) fn len(&self) -> usize {
             match *self {}
         }
 
-        pub fn is_empty(&self) -> bool {
+        pub(crate) fn is_empty(&self) -> bool {
             match *self {}
         }
 
-        pub fn block_size(&self) -> usize {
+        pub(crate) fn block_size(&self) -> usize {
             match *self {}
         }
 
-        pub fn address(&self, _i: usize) -> u64 {
+        pub(crate) fn address(&self, _i: usize) -> u64 {
             match *self {}
         }
 
-        pub fn device_id(&self) -> i32 {
+        pub(crate) fn device_id(&self) -> i32 {
             match *self {}
         }
 
-        pub fn uuid(&self) -> [u8; 16] {
+        pub(crate) fn uuid(&self) -> [u8; 16] {
             match *self {}
         }
 
-        pub fn copy_to_host(&self, _i: usize, _offset: usize, _out: &mut [u8]) -> Result<()> {
+        pub(crate) fn copy_to_host(
+            &self,
+            _i: usize,
+            _offset: usize,
+            _out: &mut [u8],
+        ) -> Result<()> {
             match *self {}
         }
 
-        pub fn wait_ipc_event(
+        pub(crate) fn wait_ipc_event(
             &self,
             _handle: &[u8],
             _still_valid: &dyn Fn() -> bool,
@@ -69,7 +74,7 @@ pub mod vmm {
             match *self {}
         }
 
-        pub fn synchronize(&self) -> Result<()> {
+        pub(crate) fn synchronize(&self) -> Result<()> {
             match *self {}
         }
     }

@@ -14,10 +14,8 @@ pub(crate) mod ops;
 use crate::error::CudaError;
 use crate::error::{Error, Result};
 use crate::image::ImageView;
-pub use ops::{
-    read_element, read_elements, write_element, AxisMap, Conv2dOp, PreprocessOp, PreprocessParams,
-    TensorDesc,
-};
+pub(crate) use ops::{read_element, write_element};
+pub use ops::{read_elements, AxisMap, Conv2dOp, PreprocessOp, PreprocessParams, TensorDesc};
 
 /// Time spent in each stage of one frame, in microseconds. A stage a backend does not
 /// have is 0.
@@ -385,7 +383,7 @@ pub(crate) fn check_batch_shape(slots: &[BatchSlot<'_, '_>]) -> Result<usize> {
 
 /// Fill a tensor of `params` with its normalized pad value (`pad[c]` in channel c): what
 /// a padded batch slot holds, on every backend.
-pub fn fill_pad(params: &PreprocessParams, out: &mut [u8]) {
+pub(crate) fn fill_pad(params: &PreprocessParams, out: &mut [u8]) {
     let desc = params.tensor_desc();
     let ch = desc.channels as usize;
     let size = desc.dtype.size();

@@ -213,7 +213,7 @@ impl PreprocessParams {
 /// Element `i` of a dense little-endian tensor of `dtype`, as f32 (float16 widened, which
 /// is exact). Panics when `i` is past the end of `bytes`.
 #[inline]
-pub fn read_element(dtype: DType, bytes: &[u8], i: usize) -> f32 {
+pub(crate) fn read_element(dtype: DType, bytes: &[u8], i: usize) -> f32 {
     match dtype {
         DType::Float32 => {
             let b = &bytes[4 * i..4 * i + 4];
@@ -232,7 +232,7 @@ pub fn read_elements(dtype: DType, bytes: &[u8]) -> Vec<f32> {
 /// to nearest even, `half::f16::from_f32`, as the kernels' `cvt.rn.f16.f32`). Panics when
 /// `i` is past the end of `out`.
 #[inline]
-pub fn write_element(dtype: DType, out: &mut [u8], i: usize, v: f32) {
+pub(crate) fn write_element(dtype: DType, out: &mut [u8], i: usize, v: f32) {
     match dtype {
         DType::Float32 => out[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
         DType::Float16 => {
@@ -334,10 +334,10 @@ pub struct Conv2dOp {
 
 impl Conv2dOp {
     /// Largest kernel size (`config::MAX_CONV_SIZE`).
-    pub const MAX_SIZE: u32 = crate::config::MAX_CONV_SIZE;
+    pub(crate) const MAX_SIZE: u32 = crate::config::MAX_CONV_SIZE;
 
     /// Kernel radius, `size / 2`.
-    pub fn radius(&self) -> usize {
+    pub(crate) fn radius(&self) -> usize {
         self.size as usize / 2
     }
 

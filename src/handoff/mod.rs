@@ -29,23 +29,23 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Consumers connected at once at most; more are refused (the hello says why).
-pub const MAX_CONSUMERS: usize = 64;
+pub(crate) const MAX_CONSUMERS: usize = 64;
 /// Rows of holds in the control block: live consumers, plus the rows of consumers that
 /// were disconnected while they might still write to theirs (never given out again).
-pub const ROWS: usize = 256;
+pub(crate) const ROWS: usize = 256;
 /// A published block is not reused sooner (consumers take it in this time).
-pub const GRACE: Duration = Duration::from_millis(5);
+pub(crate) const GRACE: Duration = Duration::from_millis(5);
 /// A retired row is given out again after this long (its consumer saw its connection
 /// shut down and stopped using it long before).
-pub const QUARANTINE: Duration = Duration::from_secs(10);
+pub(crate) const QUARANTINE: Duration = Duration::from_secs(10);
 /// The control block's first 8 bytes.
-pub const CONTROL_MAGIC: &[u8; 8] = b"VPCTRL01";
+pub(crate) const CONTROL_MAGIC: &[u8; 8] = b"VPCTRL01";
 /// Where block records start in the control block, and their stride (a cache line each).
-pub const RECORDS_OFFSET: usize = 64;
-pub const RECORD_STRIDE: usize = 64;
+pub(crate) const RECORDS_OFFSET: usize = 64;
+pub(crate) const RECORD_STRIDE: usize = 64;
 /// The hello's `magic` and `version`.
-pub const HELLO_MAGIC: &str = "vision_preproc/pool";
-pub const PROTOCOL_VERSION: u32 = 1;
+pub(crate) const HELLO_MAGIC: &str = "vision_preproc/pool";
+pub(crate) const PROTOCOL_VERSION: u32 = 1;
 
 /// Where the blocks live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,7 +112,7 @@ pub trait DeviceBlocks: Send + Sync {
 }
 
 /// Bytes of an interprocess event handle (CUDA's `CU_IPC_HANDLE_SIZE`).
-pub const EVENT_HANDLE_BYTES: usize = 64;
+pub(crate) const EVENT_HANDLE_BYTES: usize = 64;
 
 /// A block's interprocess event (CUDA: made with `CU_EVENT_INTERPROCESS`): the backend
 /// records it after its last write into the block, so that the block's `TensorRef` can go
@@ -342,14 +342,14 @@ impl Pool {
     /// Free the device blocks now (their backend is being replaced: its context must not
     /// be kept alive by them). The pool then leases nothing and serves no consumer;
     /// consumers keep what they imported. Nothing for a host pool.
-    pub fn release_device(&self) {
+    pub(crate) fn release_device(&self) {
         if let Some(mut d) = self.blocks.device() {
             drop(d.take());
         }
     }
 
     /// The device blocks were released ([`Pool::release_device`]).
-    pub fn released(&self) -> bool {
+    pub(crate) fn released(&self) -> bool {
         self.blocks.device().is_some_and(|d| d.is_none())
     }
 
@@ -365,7 +365,7 @@ impl Pool {
 
     /// The device's ordinal and UUID (`TensorRef.device_id`, `device_uuid`; -1 and zeros
     /// for host memory).
-    pub fn device_info(&self) -> (i32, [u8; 16]) {
+    pub(crate) fn device_info(&self) -> (i32, [u8; 16]) {
         (self.device_id, self.uuid)
     }
 
@@ -384,7 +384,7 @@ impl Pool {
     }
 
     /// The socket's path as `TensorRef.socket_path` spells it.
-    pub fn socket_str(&self) -> &str {
+    pub(crate) fn socket_str(&self) -> &str {
         &self.socket_str
     }
 
@@ -669,7 +669,7 @@ impl Lease {
     }
 
     /// The block is device memory.
-    pub fn is_device(&self) -> bool {
+    pub(crate) fn is_device(&self) -> bool {
         matches!(self.pool.blocks, Blocks::Device(_))
     }
 

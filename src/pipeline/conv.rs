@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 
 /// A kernel in f64, exactly as OpenCV builds it, before the conversion to f32.
 #[derive(Debug, Clone, PartialEq)]
-pub struct KernelF64 {
+pub(crate) struct KernelF64 {
     /// Odd side length of the kernel actually applied (3 for sobel and laplacian with
     /// `conv.size: 1`, which OpenCV applies as 3x3 kernels).
     pub size: usize,
@@ -32,7 +32,7 @@ impl KernelF64 {
     }
 
     /// The operation the backends run: each weight rounded to f32 once.
-    pub fn to_op(&self, border: Border) -> Conv2dOp {
+    pub(crate) fn to_op(&self, border: Border) -> Conv2dOp {
         let f32s = |v: &[f64]| v.iter().map(|&w| w as f32).collect::<Vec<f32>>();
         Conv2dOp {
             size: self.size as u32,
@@ -51,7 +51,7 @@ pub fn conv_op(cfg: &Config) -> Result<Option<Conv2dOp>> {
 
 /// The f64 kernel of `conv` (already validated by [`Config::validate`]), or `None` for
 /// `none`. An invalid size is an error, never a panic.
-pub fn kernel_f64(conv: &ConvConfig) -> Result<Option<KernelF64>> {
+pub(crate) fn kernel_f64(conv: &ConvConfig) -> Result<Option<KernelF64>> {
     let n = conv.size as usize;
     if conv.kernel != ConvKernel::None {
         crate::config::CONV_SIZE_RANGE.check("conv.size", i64::from(conv.size))?;
@@ -101,7 +101,7 @@ pub fn kernel_f64(conv: &ConvConfig) -> Result<Option<KernelF64>> {
 /// values may differ from it in the last bit, the f32 weights do not
 /// (`test_gaussian_weights_equal_opencv_for_any_sigma` in `test/python/test_conv_parity.py`
 /// checks every size on a grid of sigmas; 24,000 random sigmas were checked once by hand).
-pub fn gaussian_1d(n: usize, sigma: f64) -> Vec<f64> {
+pub(crate) fn gaussian_1d(n: usize, sigma: f64) -> Vec<f64> {
     if sigma <= 0.0 {
         let table: Option<&[f64]> = match n {
             1 => Some(&[1.0]),
@@ -150,7 +150,7 @@ pub fn gaussian_1d(n: usize, sigma: f64) -> Vec<f64> {
 /// n = 1: `[1]`; n = 3: `[1, 2, 1]`, `[-1, 0, 1]`, `[1, -2, 1]`; larger: start from
 /// `[1, 0, ...]`, convolve `n - order - 1` times with `[1, 1]` and `order` times with
 /// `[-1, 1]` (so order 0 is the binomial row `C(n-1, i)`).
-pub fn sobel_1d(n: usize, order: usize) -> Vec<f64> {
+pub(crate) fn sobel_1d(n: usize, order: usize) -> Vec<f64> {
     let k: Vec<i64> = match (n, order) {
         (1, _) => vec![1],
         (3, 0) => vec![1, 2, 1],

@@ -4,7 +4,8 @@
 use crate::error::{Error, Result};
 
 /// The environment variable of [`Deferred`]: `1` makes `backend: cpu` defer its work.
-pub const DEFERRED_CPU_ENV: &str = "VISION_PREPROC_TEST_DEFERRED_CPU";
+#[cfg(feature = "fault-injection")]
+pub(crate) const DEFERRED_CPU_ENV: &str = "VISION_PREPROC_TEST_DEFERRED_CPU";
 
 /// Test hook (feature `fault-injection`; `VISION_PREPROC_TEST_DEFERRED_CPU=1` with
 /// `backend: cpu`): the CPU backend behind the pipelined interface of the CUDA backend,
@@ -12,7 +13,7 @@ pub const DEFERRED_CPU_ENV: &str = "VISION_PREPROC_TEST_DEFERRED_CPU";
 /// before set k is finished) runs on a machine without a GPU. `submit_into` stages (copies)
 /// the frames, as the CUDA backend does, and computes nothing; `finish_oldest` computes
 /// the oldest job into its `out`. The tensors are the CPU backend's, bit for bit.
-pub struct Deferred {
+pub(crate) struct Deferred {
     cpu: crate::backend::cpu::CpuBackend,
     queue: std::collections::VecDeque<DeferredJob>,
 }
@@ -65,7 +66,7 @@ impl StagedFrame {
 
 impl Deferred {
     /// The CPU backend, deferred.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Deferred {
             cpu: crate::backend::cpu::CpuBackend::new(),
             queue: std::collections::VecDeque::new(),
@@ -73,7 +74,8 @@ impl Deferred {
     }
 
     /// Defer the CPU backend's work when [`DEFERRED_CPU_ENV`] is `1`.
-    pub fn from_env() -> Option<Self> {
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn from_env() -> Option<Self> {
         (std::env::var(DEFERRED_CPU_ENV).as_deref() == Ok("1")).then(Self::new)
     }
 }

@@ -16,7 +16,7 @@ use crate::wire::msgs::{FrameTiming, Header, OUTPUT_TENSOR};
 
 /// What a `Tensor` message holds besides its data.
 #[derive(Debug, Clone, Copy)]
-pub struct TensorFields<'a> {
+pub(crate) struct TensorFields<'a> {
     /// Stamp and frame_id of the source image.
     pub header: &'a Header,
     /// `Tensor.name` (the `tensor_name` parameter).
@@ -32,7 +32,7 @@ pub struct TensorFields<'a> {
 /// The CDR of one `Tensor` around its data: the message is `prefix`, then the
 /// `data_len` bytes of the tensor, then `suffix`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TensorCdr {
+pub(crate) struct TensorCdr {
     /// Encapsulation, header, name, layout, dtype, shape and the length of `data`.
     pub prefix: Vec<u8>,
     /// Bytes of `data`, written by the backend between the two parts.
@@ -43,7 +43,7 @@ pub struct TensorCdr {
 
 impl TensorCdr {
     /// The layout of the message `f` describes.
-    pub fn new(f: &TensorFields<'_>) -> Self {
+    pub(crate) fn new(f: &TensorFields<'_>) -> Self {
         let data_len = f.desc.byte_len();
         let mut w = Writer::new();
         f.header.write(&mut w);
@@ -64,29 +64,25 @@ impl TensorCdr {
     }
 
     /// Bytes of the whole message.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.prefix.len() + self.data_len + self.suffix.len()
     }
 
-    /// Never empty (the encapsulation header alone is 4 bytes).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Where the data lies in the message.
-    pub fn data_range(&self) -> std::ops::Range<usize> {
+    pub(crate) fn data_range(&self) -> std::ops::Range<usize> {
         self.prefix.len()..self.prefix.len() + self.data_len
     }
 
     /// Write everything but the data into `message` (exactly [`TensorCdr::len`] bytes).
-    pub fn write_around(&self, message: &mut [u8]) {
+    pub(crate) fn write_around(&self, message: &mut [u8]) {
         let end = self.prefix.len() + self.data_len;
         message[..self.prefix.len()].copy_from_slice(&self.prefix);
         message[end..end + self.suffix.len()].copy_from_slice(&self.suffix);
     }
 
-    /// The whole message with `data` (tests, and callers that have the tensor elsewhere).
-    pub fn with_data(&self, data: &[u8]) -> Vec<u8> {
+    /// The whole message with `data` (the tests).
+    #[cfg(test)]
+    pub(crate) fn with_data(&self, data: &[u8]) -> Vec<u8> {
         debug_assert_eq!(data.len(), self.data_len);
         [self.prefix.as_slice(), data, self.suffix.as_slice()].concat()
     }
@@ -94,7 +90,7 @@ impl TensorCdr {
 
 /// One item of a `vision_preproc_msgs/TensorBatch` (`BatchItem.msg`).
 #[derive(Debug, Clone, Copy)]
-pub struct BatchItemFields<'a> {
+pub(crate) struct BatchItemFields<'a> {
     /// The input topic of this slot, fully resolved.
     pub topic: &'a str,
     /// The slot holds this camera's frame (false: padded, camera stale or frame rejected).
@@ -113,7 +109,7 @@ pub struct BatchItemFields<'a> {
 
 /// What a `TensorBatch` holds besides its data.
 #[derive(Debug, Clone, Copy)]
-pub struct TensorBatchFields<'a> {
+pub(crate) struct TensorBatchFields<'a> {
     /// Stamp of the newest valid item, empty frame_id.
     pub header: &'a Header,
     /// `tensor_name`.
@@ -127,7 +123,7 @@ pub struct TensorBatchFields<'a> {
 impl TensorCdr {
     /// The layout of the `TensorBatch` message `f` describes: the same three parts as a
     /// `Tensor` (prefix, data written in place, suffix = the items).
-    pub fn batch(f: &TensorBatchFields<'_>) -> Self {
+    pub(crate) fn batch(f: &TensorBatchFields<'_>) -> Self {
         let n = f.items.len();
         let data_len = n * f.desc.byte_len();
         let mut w = Writer::new();
@@ -149,7 +145,7 @@ impl TensorCdr {
 
 /// The `items` sequence of a `TensorBatch`, continuing at `body_offset` (its length
 /// depends only on the strings, so ages can be rewritten in place of an earlier suffix).
-pub fn batch_items_cdr(body_offset: usize, items: &[BatchItemFields<'_>]) -> Vec<u8> {
+pub(crate) fn batch_items_cdr(body_offset: usize, items: &[BatchItemFields<'_>]) -> Vec<u8> {
     let mut w = Writer::continuing(body_offset);
     w.u32(items.len() as u32);
     for it in items {

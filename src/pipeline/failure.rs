@@ -20,7 +20,7 @@ use std::time::Duration;
 pub const GPU_RETRY_ATTEMPTS: u32 = 3;
 /// Wait before each rebuild attempt (a device that just faulted may need a moment, e.g.
 /// while the driver recovers from an Xid error).
-pub const GPU_RETRY_BACKOFF: [Duration; GPU_RETRY_ATTEMPTS as usize] =
+pub(crate) const GPU_RETRY_BACKOFF: [Duration; GPU_RETRY_ATTEMPTS as usize] =
     [Duration::ZERO, Duration::from_millis(200), Duration::from_millis(1000)];
 /// Consecutive good frames on a rebuilt backend after which its rebuild attempts are
 /// forgotten: a GPU that fails again and again within this many frames uses up the
@@ -28,7 +28,7 @@ pub const GPU_RETRY_BACKOFF: [Duration; GPU_RETRY_ATTEMPTS as usize] =
 pub const GPU_RETRY_RESET_FRAMES: u64 = 100;
 
 /// Opens a new backend for `retry` (the pipeline's configuration is passed in).
-pub type BackendOpener = Box<dyn FnMut(&Config) -> Result<Box<dyn Backend>> + Send>;
+pub(crate) type BackendOpener = Box<dyn FnMut(&Config) -> Result<Box<dyn Backend>> + Send>;
 
 /// What the policy did about a backend failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,7 +206,7 @@ impl Pipeline {
     /// How many times the backend was replaced (`gpu_failure_policy`): a pool of
     /// [`Pipeline::shared_pool`] made at another epoch is stale (a device pool is
     /// released; a new backend may offer device memory).
-    pub fn backend_epoch(&self) -> u64 {
+    pub(crate) fn backend_epoch(&self) -> u64 {
         self.epoch
     }
 

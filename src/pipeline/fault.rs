@@ -8,7 +8,7 @@ pub use crate::backend::FaultKind;
 use crate::error::{Error, Result};
 
 /// The environment variable of the fault injection, read by [`super::Pipeline::new`].
-pub const INJECT_FAULT_ENV: &str = "VISION_PREPROC_INJECT_CUDA_FAULT";
+pub(crate) const INJECT_FAULT_ENV: &str = "VISION_PREPROC_INJECT_CUDA_FAULT";
 
 /// When and how to make the backend fail (`VISION_PREPROC_INJECT_CUDA_FAULT`).
 /// Frames are numbered from 1 in the order the pipeline hands them to a backend (frames
@@ -72,7 +72,7 @@ impl FaultPlan {
     }
 
     /// The plan in the environment, if `VISION_PREPROC_INJECT_CUDA_FAULT` is set.
-    pub fn from_env() -> Result<Option<Self>> {
+    pub(crate) fn from_env() -> Result<Option<Self>> {
         match std::env::var(INJECT_FAULT_ENV) {
             Ok(v) => Self::parse(&v).map(Some),
             Err(std::env::VarError::NotPresent) => Ok(None),

@@ -141,7 +141,7 @@ impl Geometry {
     /// cy, Tx scaled) and crop (principal point shifted), plus the half-pixel term that
     /// keeps camera_info consistent with the published `scale`/`offset`: ROS puts pixel
     /// centres at integers, so `cx' = cx * s + offset + (s - 1) / 2`.
-    pub fn scale_intrinsics(&self, k: &mut [f64; 9], p: &mut [f64; 12]) {
+    pub(crate) fn scale_intrinsics(&self, k: &mut [f64; 9], p: &mut [f64; 12]) {
         let (sx, sy) = (self.scale_x, self.scale_y);
         let shift_x = self.offset_x + 0.5 * (sx - 1.0);
         let shift_y = self.offset_y + 0.5 * (sy - 1.0);

@@ -180,7 +180,7 @@ impl<S: FrameSet> InFlight<S> {
 
     /// Whether `held` more sets (finished, their messages not handed on yet) and this
     /// queue leave room for another set on the backend.
-    pub fn has_room(&self, held: usize) -> bool {
+    pub(crate) fn has_room(&self, held: usize) -> bool {
         self.queue.len() + held < self.pipeline.max_in_flight()
     }
 
@@ -226,7 +226,7 @@ impl<S: FrameSet> InFlight<S> {
 
     /// Replace the configuration ([`Pipeline::set_config`]) for the sets pushed from now
     /// on; [`InFlight::drain`] first: with sets in flight it is refused.
-    pub fn set_config(&mut self, config: crate::Config) -> Result<()> {
+    pub(crate) fn set_config(&mut self, config: crate::Config) -> Result<()> {
         if !self.queue.is_empty() {
             let n = self.queue.len();
             return Err(Error::misuse(

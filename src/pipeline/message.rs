@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 /// Alignment of the tensor data inside the message buffer (the CUDA kernels' vector
 /// stores need 16 bytes when they write it directly; 64 keeps it on a cache line).
-pub const TENSOR_ALIGN: usize = 64;
+pub(crate) const TENSOR_ALIGN: usize = 64;
 
 /// Spare bytes allocated with the message buffer, so that small changes of the message
 /// (a longer frame_id) do not reallocate it.
@@ -27,7 +27,7 @@ const MESSAGE_SLACK: usize = 4096;
 
 /// How long a backend replacement waits for the messages still being published from
 /// another thread to be dropped (normally one publish: milliseconds).
-pub const OUTSTANDING_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const OUTSTANDING_WAIT: Duration = Duration::from_secs(2);
 
 /// The fields of a batch's item kept until its age is known ([`OwnedMessage::set_ages`]).
 #[derive(Debug, Clone, Default)]
@@ -328,7 +328,7 @@ impl OwnedMessage {
 
     /// Write each item's `age_us` (publish time minus its stamp; `ages[i]` for item i,
     /// ignored for invalid items) into a `TensorBatch`; a `Tensor` has no ages.
-    pub fn set_ages(&mut self, ages: &[f32]) -> Result<()> {
+    pub(crate) fn set_ages(&mut self, ages: &[f32]) -> Result<()> {
         match self.buf.as_mut() {
             Some(buf) => buf.set_ages(ages),
             None => Err(Error::Operation("message already given back".into())),

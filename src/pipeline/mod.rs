@@ -27,24 +27,25 @@ use crate::error::{Error, Result};
 use crate::handoff::{BlockMemory, Pool};
 use crate::image::ImageView;
 use crate::wire::msgs::Header;
-pub use encode::{
-    batch_items_cdr, frame_timing, BatchItemFields, TensorBatchFields, TensorCdr, TensorFields,
-};
+pub use encode::frame_timing;
+pub(crate) use encode::{TensorBatchFields, TensorCdr, TensorFields};
+pub(crate) use failure::BackendOpener;
 use failure::Recovery;
 pub use failure::{
-    select_backend, BackendOpener, FailureAction, GpuFailure, GPU_RETRY_ATTEMPTS,
-    GPU_RETRY_BACKOFF, GPU_RETRY_RESET_FRAMES,
+    select_backend, FailureAction, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_RESET_FRAMES,
 };
 #[cfg(feature = "fault-injection")]
-pub use fault::{FaultKind, FaultPlan, INJECT_FAULT_ENV};
+pub use fault::{FaultKind, FaultPlan};
 pub use geometry::{Geometry, Rect};
 pub use inflight::{Announce, Finished, FrameSet, InFlight, Outputs};
 use inflight::{NoOthers, Others, Pending, PendingState};
+pub use message::OwnedMessage;
+pub(crate) use message::OUTSTANDING_WAIT;
 use message::{batch_fields, MessageBuf, MessagePool};
-pub use message::{OwnedMessage, OUTSTANDING_WAIT, TENSOR_ALIGN};
 pub use ops::{conv_op, preprocess_op};
 use ops::{images_of, kept_items, Ops};
-pub use preview::{preview, preview_items, PreviewImage};
+pub(crate) use preview::preview_items;
+pub use preview::{preview, PreviewImage};
 use std::sync::{Arc, Mutex, Weak};
 
 /// One input of a frame set ([`Pipeline::process_frames`], [`FrameSet`]): a camera's
@@ -195,7 +196,7 @@ impl Pipeline {
 
     /// Replace the configuration (validated first; on error the old one stays). Cheap
     /// changes apply to the next frame; size changes rebuild the cached operations.
-    pub fn set_config(&mut self, config: Config) -> Result<()> {
+    pub(crate) fn set_config(&mut self, config: Config) -> Result<()> {
         config.validate()?;
         self.ops = Ops::new(&config)?;
         self.config = config;
@@ -245,7 +246,7 @@ impl Pipeline {
     /// goes into another buffer (one given back, or a new one). Dropping the message
     /// gives its buffer back. After this, [`Pipeline::message`] is not that message any
     /// more.
-    pub fn take_message(&mut self) -> OwnedMessage {
+    pub(crate) fn take_message(&mut self) -> OwnedMessage {
         self.pool.take(&mut self.message)
     }
 

@@ -40,7 +40,7 @@ pub fn preview(params: &PreprocessParams, tensor: &[u8]) -> PreviewImage {
 
 /// [`preview`] of each of the tensors in `tensors` (one or a batch's items, all written
 /// by `params`), stacked top to bottom: one image `width` wide and `n * height` high.
-pub fn preview_items(params: &PreprocessParams, tensors: &[u8]) -> Result<PreviewImage> {
+pub(crate) fn preview_items(params: &PreprocessParams, tensors: &[u8]) -> Result<PreviewImage> {
     let one = params.tensor_desc().byte_len();
     if one == 0 || tensors.len() % one != 0 {
         return Err(Error::Operation(format!(

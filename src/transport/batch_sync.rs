@@ -29,7 +29,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Nanoseconds.
-pub type Nanos = i64;
+pub(crate) type Nanos = i64;
 
 /// How batches are formed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,7 @@ impl BatchSettings {
 
 /// The age penalty of message_filters' ApproximateTime (its default): how much more a
 /// later candidate set must improve on the spread to replace an earlier one.
-pub const AGE_PENALTY: f64 = 0.1;
+pub(crate) const AGE_PENALTY: f64 = 0.1;
 
 /// One frame of one camera.
 #[derive(Debug)]

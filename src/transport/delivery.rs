@@ -26,30 +26,30 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// How far back arrivals are kept for the arrival and camera_info rates.
-pub const WINDOW: Duration = Duration::from_secs(15);
+pub(crate) const WINDOW: Duration = Duration::from_secs(15);
 /// Stamps kept for the period fit: the last [`STAMPS_KEPT`] images of at most this long
 /// ago (when nearly every frame is lost, a few arrive per minute: the fit needs
 /// [`MIN_GAPS`] gaps).
-pub const STAMP_WINDOW: Duration = Duration::from_secs(120);
+pub(crate) const STAMP_WINDOW: Duration = Duration::from_secs(120);
 /// Images whose stamps are kept for the period fit.
-pub const STAMPS_KEPT: usize = 32;
+pub(crate) const STAMPS_KEPT: usize = 32;
 /// Samples at least this large travel as several UDP fragments when they do not fit
 /// the publisher's shared-memory segment; best-effort ones are then mostly lost.
-pub const LARGE_SAMPLE: usize = 64 * 1024;
+pub(crate) const LARGE_SAMPLE: usize = 64 * 1024;
 /// Raise the warning when fewer than this fraction of the camera's frames arrive...
-pub const RAISE_BELOW: f64 = 0.5;
+pub(crate) const RAISE_BELOW: f64 = 0.5;
 /// ...and clear it when at least this fraction arrives again.
-pub const CLEAR_ABOVE: f64 = 0.8;
+pub(crate) const CLEAR_ABOVE: f64 = 0.8;
 /// Fastest camera considered (a shorter fitted period is noise).
 const MIN_PERIOD_S: f64 = 1.0 / 240.0;
 /// A gap fits a period when it is within this fraction of a period of a whole multiple.
 const GAP_TOLERANCE: f64 = 0.1;
 /// Gaps needed before the stamps say anything.
-pub const MIN_GAPS: usize = 5;
+pub(crate) const MIN_GAPS: usize = 5;
 /// The period is fitted to the last this many gaps: every one of them must fit, so a
 /// longer run of gaps would be more likely to hold one with a late stamp (the delivery
 /// of a very lossy camera is then unknown for a while, not judged wrong).
-pub const FIT_GAPS: usize = 8;
+pub(crate) const FIT_GAPS: usize = 8;
 /// Gaps longer than this (or not positive: a looped recording, a clock jump) are not
 /// used.
 const MAX_GAP_S: f64 = 60.0;
@@ -59,34 +59,34 @@ const MIN_CAMERA_INFOS: usize = 10;
 const MIN_SPAN: Duration = Duration::from_secs(3);
 /// How far back arrivals are judged for their timeliness (shorter than [`WINDOW`]: a
 /// transport that recovers is seen on time again within seconds).
-pub const TIMELY_WINDOW: Duration = Duration::from_secs(5);
+pub(crate) const TIMELY_WINDOW: Duration = Duration::from_secs(5);
 /// Frames in [`TIMELY_WINDOW`] needed before their timeliness is judged.
-pub const MIN_TIMED: usize = 20;
+pub(crate) const MIN_TIMED: usize = 20;
 /// A frame arrives "in a burst" when it comes less than this fraction of its stamp gap
 /// after the previous frame (a frame that waited for repairs, released with the next).
-pub const BURST_GAP: f64 = 0.25;
+pub(crate) const BURST_GAP: f64 = 0.25;
 /// Late: at least this share of the window's frames arrive in bursts...
-pub const BURSTS_RAISE: f64 = 0.10;
+pub(crate) const BURSTS_RAISE: f64 = 0.10;
 /// ...or the median frame arrives at least this many frame periods later than the
 /// window's quickest frame.
-pub const LATE_RAISE_PERIODS: f64 = 1.0;
+pub(crate) const LATE_RAISE_PERIODS: f64 = 1.0;
 /// On time again: fewer bursts than this share...
-pub const BURSTS_CLEAR: f64 = 0.05;
+pub(crate) const BURSTS_CLEAR: f64 = 0.05;
 /// ...and the median frame less than this many periods behind the quickest.
-pub const LATE_CLEAR_PERIODS: f64 = 0.5;
+pub(crate) const LATE_CLEAR_PERIODS: f64 = 0.5;
 /// The stamps advance at the arrival rate when (arrival span) / (stamp span) is within
 /// these bounds.
-pub const REAL_TIME: (f64, f64) = (0.8, 1.25);
+pub(crate) const REAL_TIME: (f64, f64) = (0.8, 1.25);
 /// A frame whose stamp is within this of the node's (system) clock when it arrives comes
 /// from a live camera: a late live frame is late by far less, and a recording's stamps (a
 /// bag replayed without `--clock`) are hours or years old. Something a late live camera
 /// cannot fake, unlike the ratio of its stamps to its arrivals, which a transport that
 /// stalls and catches up moves away from 1.
-pub const LIVE_AGE_S: f64 = 10.0;
+pub(crate) const LIVE_AGE_S: f64 = 10.0;
 
 /// Where the camera's rate came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Basis {
+pub(crate) enum Basis {
     /// The rate of `camera_info` messages.
     CameraInfo,
     /// The period fitted to the image stamps.
@@ -95,7 +95,7 @@ pub enum Basis {
 
 /// Arrival against the camera's rate, over the window.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     /// Images that arrived per second.
     pub arrived_hz: f64,
     /// Frames the camera published per second (estimated).
@@ -110,7 +110,7 @@ pub struct Delivery {
 
 /// When the frames of the window arrived, against their stamps.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Timeliness {
+pub(crate) enum Timeliness {
     /// The stamps advance at the arrival rate: the pattern is judged.
     RealTime {
         /// The stamps' median spacing, s (the camera's period, or a multiple under loss).
@@ -135,7 +135,7 @@ pub enum Timeliness {
 
 impl Timeliness {
     /// Frames arrive late or in bursts ([`BURSTS_RAISE`], [`LATE_RAISE_PERIODS`]).
-    pub fn late(&self) -> bool {
+    pub(crate) fn late(&self) -> bool {
         match *self {
             Timeliness::RealTime { period_s, late_p50_s, bursts, .. } => {
                 bursts >= BURSTS_RAISE || late_p50_s >= LATE_RAISE_PERIODS * period_s
@@ -146,7 +146,7 @@ impl Timeliness {
 
     /// Frames arrive on time again ([`BURSTS_CLEAR`], [`LATE_CLEAR_PERIODS`]), or the
     /// pattern is no longer judged.
-    pub fn on_time(&self) -> bool {
+    pub(crate) fn on_time(&self) -> bool {
         match *self {
             Timeliness::RealTime { period_s, late_p50_s, bursts, .. } => {
                 bursts < BURSTS_CLEAR && late_p50_s < LATE_CLEAR_PERIODS * period_s
@@ -158,8 +158,9 @@ impl Timeliness {
 
 /// The timeliness of frames that arrived at `arrivals` (s, any origin, in arrival order)
 /// with header stamps `stamps_ns`; `None` with fewer than [`MIN_TIMED`] frames or
-/// stamps that never advance.
-pub fn timeliness(arrivals: &[f64], stamps_ns: &[i64]) -> Option<Timeliness> {
+/// stamps that never advance (the tests; the monitor calls [`timeliness_of`]).
+#[cfg(test)]
+pub(crate) fn timeliness(arrivals: &[f64], stamps_ns: &[i64]) -> Option<Timeliness> {
     timeliness_of(arrivals, stamps_ns, false)
 }
 
@@ -168,7 +169,7 @@ pub fn timeliness(arrivals: &[f64], stamps_ns: &[i64]) -> Option<Timeliness> {
 /// its arrivals (a stalled transport catching up moves that ratio, and is what must be
 /// flagged); frames not known to be live are judged only while their stamps advance at the
 /// arrival rate (a replay at rate 1), as [`timeliness`] does.
-pub fn timeliness_of(arrivals: &[f64], stamps_ns: &[i64], live: bool) -> Option<Timeliness> {
+pub(crate) fn timeliness_of(arrivals: &[f64], stamps_ns: &[i64], live: bool) -> Option<Timeliness> {
     let n = arrivals.len().min(stamps_ns.len());
     if n < MIN_TIMED {
         return None;
@@ -213,7 +214,7 @@ pub fn timeliness_of(arrivals: &[f64], stamps_ns: &[i64], live: bool) -> Option<
 
 /// Arrivals of images and camera_infos over the last [`WINDOW`].
 #[derive(Debug, Default)]
-pub struct DeliveryMonitor {
+pub(crate) struct DeliveryMonitor {
     started: Option<Instant>,
     /// (arrival, header stamp in ns, bytes of pixel data) over [`WINDOW`]
     images: VecDeque<(Instant, i64, usize)>,
@@ -228,7 +229,7 @@ pub struct DeliveryMonitor {
 
 impl DeliveryMonitor {
     /// An image arrived.
-    pub fn image(&mut self, at: Instant, stamp_ns: i64, bytes: usize) {
+    pub(crate) fn image(&mut self, at: Instant, stamp_ns: i64, bytes: usize) {
         self.started.get_or_insert(at);
         self.images.push_back((at, stamp_ns, bytes));
         self.stamps.push_back((at, stamp_ns, bytes));
@@ -240,25 +241,25 @@ impl DeliveryMonitor {
 
     /// The image that arrived at `at` was `age_s` old on the node's clock (the node's
     /// system clock minus its stamp; not told under sim time, whose clock is a recording's).
-    pub fn image_age(&mut self, at: Instant, age_s: f64) {
+    pub(crate) fn image_age(&mut self, at: Instant, age_s: f64) {
         self.ages.push_back((at, age_s));
         self.trim(at);
     }
 
     /// A camera_info arrived.
-    pub fn camera_info(&mut self, at: Instant) {
+    pub(crate) fn camera_info(&mut self, at: Instant) {
         self.started.get_or_insert(at);
         self.infos.push_back(at);
         self.trim(at);
     }
 
     /// True while an image arrived within [`STAMP_WINDOW`] (the camera is there).
-    pub fn images_recently(&self, now: Instant) -> bool {
+    pub(crate) fn images_recently(&self, now: Instant) -> bool {
         self.stamps.back().is_some_and(|i| now.duration_since(i.0) < STAMP_WINDOW)
     }
 
     /// Forget everything (e.g. when the subscription was recreated).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         *self = DeliveryMonitor::default();
     }
 
@@ -284,7 +285,7 @@ impl DeliveryMonitor {
 
     /// When the frames of the last [`TIMELY_WINDOW`] arrived against their stamps
     /// ([`timeliness`]).
-    pub fn timeliness(&mut self, now: Instant) -> Option<Timeliness> {
+    pub(crate) fn timeliness(&mut self, now: Instant) -> Option<Timeliness> {
         self.trim(now);
         // Not the first MIN_SPAN after the first frame: a node that starts (or a camera
         // that connects) on a loaded machine takes its first frames in a burst.
@@ -303,12 +304,12 @@ impl DeliveryMonitor {
     }
 
     /// The largest image of the last [`WINDOW`], bytes.
-    pub fn largest(&self) -> usize {
+    pub(crate) fn largest(&self) -> usize {
         self.images.iter().map(|i| i.2).max().unwrap_or(0)
     }
 
     /// Arrival against the camera's rate, or `None` while there is not enough to say.
-    pub fn assess(&mut self, now: Instant) -> Option<Delivery> {
+    pub(crate) fn assess(&mut self, now: Instant) -> Option<Delivery> {
         self.trim(now);
         let started = self.started?;
         let span = now.duration_since(started).min(WINDOW);
@@ -368,7 +369,7 @@ fn expected_frames(stamps_ns: &[i64]) -> Option<(f64, f64)> {
 /// divided by 1, 2, 3, ...; each is refined over the gaps in increasing order (`p =
 /// sum of gaps / sum of multiples`), so that rounding the long gaps uses a period the
 /// short ones have already pinned down.
-pub fn fit_period(gaps_s: &[f64]) -> Option<f64> {
+pub(crate) fn fit_period(gaps_s: &[f64]) -> Option<f64> {
     if gaps_s.len() < MIN_GAPS {
         return None;
     }

@@ -44,7 +44,7 @@ impl<T> Latest<T> {
 
     /// Stop: [`Latest::take`] returns `None` from now on (an item being processed
     /// finishes); hands back the item still waiting.
-    pub fn stop_and_take(&self) -> Option<T> {
+    pub(crate) fn stop_and_take(&self) -> Option<T> {
         self.shutdown.store(true, Ordering::Release);
         let waiting = self.lock().take();
         self.ready.notify_all();
@@ -67,7 +67,7 @@ impl<T> Latest<T> {
 
     /// The item waiting now, without waiting for one; `None` when there is none or once
     /// stopped.
-    pub fn try_take(&self) -> Option<T> {
+    pub(crate) fn try_take(&self) -> Option<T> {
         if self.is_stopped() {
             return None;
         }
@@ -75,7 +75,7 @@ impl<T> Latest<T> {
     }
 
     /// True once [`Latest::stop_and_take`] was called.
-    pub fn is_stopped(&self) -> bool {
+    pub(crate) fn is_stopped(&self) -> bool {
         self.shutdown.load(Ordering::Acquire)
     }
 }

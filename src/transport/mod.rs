@@ -11,6 +11,6 @@ pub mod delivery;
 pub(crate) mod latest;
 pub(crate) mod qos;
 
-pub use delivery::{Basis, Delivery, DeliveryMonitor, Timeliness};
+pub(crate) use delivery::{Basis, Delivery, DeliveryMonitor, Timeliness};
 pub use latest::Latest;
-pub use qos::{adapt_to_offers, Adapted, Durability, Offer, Reliability, NO_PUBLISHER_YET};
+pub(crate) use qos::{adapt_to_offers, Adapted, Durability, Offer, Reliability, NO_PUBLISHER_YET};

@@ -12,7 +12,7 @@ use std::fmt;
 
 /// Reliability offered by a publisher or requested by a subscription.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reliability {
+pub(crate) enum Reliability {
     /// Lost samples are resent (fragments of large samples are repaired).
     Reliable,
     /// Lost samples stay lost.
@@ -21,7 +21,7 @@ pub enum Reliability {
 
 /// Durability offered or requested.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
+pub(crate) enum Durability {
     /// Only samples published after the match.
     Volatile,
     /// Late subscribers get the publisher's history.
@@ -31,7 +31,7 @@ pub enum Durability {
 /// What one publisher offers (anything the middleware reports other than reliable or
 /// transient-local counts as best effort / volatile, which match everything).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Offer {
+pub(crate) struct Offer {
     /// Its reliability.
     pub reliability: Reliability,
     /// Its durability.
@@ -40,7 +40,7 @@ pub struct Offer {
 
 /// The subscription QoS the rule chose, with the publishers it was chosen for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Adapted {
+pub(crate) struct Adapted {
     /// Requested reliability.
     pub reliability: Reliability,
     /// Requested durability.
@@ -55,12 +55,12 @@ pub struct Adapted {
 
 impl Adapted {
     /// True when a subscription made for `self` must be recreated for `other`.
-    pub fn differs(&self, other: &Adapted) -> bool {
+    pub(crate) fn differs(&self, other: &Adapted) -> bool {
         (self.reliability, self.durability) != (other.reliability, other.durability)
     }
 
     /// "reliable, volatile" (what is requested).
-    pub fn policies(&self) -> String {
+    pub(crate) fn policies(&self) -> String {
         let r = match self.reliability {
             Reliability::Reliable => "reliable",
             Reliability::BestEffort => "best effort",
@@ -120,11 +120,11 @@ fn plural(n: usize) -> &'static str {
 }
 
 /// What `auto` says before the topic has a publisher (no subscription yet).
-pub const NO_PUBLISHER_YET: &str =
+pub(crate) const NO_PUBLISHER_YET: &str =
     "no publisher yet (subscribes with what the first one offers, within 0.25 s)";
 
 /// The rule (see the module documentation); `None` without publishers.
-pub fn adapt_to_offers(offers: &[Offer]) -> Option<Adapted> {
+pub(crate) fn adapt_to_offers(offers: &[Offer]) -> Option<Adapted> {
     let n = offers.len();
     if n == 0 {
         return None;

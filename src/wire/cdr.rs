@@ -185,7 +185,7 @@ impl Writer {
     /// The bytes of a message that continue after `body_offset` body bytes written
     /// elsewhere (no encapsulation header; alignment counted from the message's body
     /// start), e.g. the fields after a large `uint8[]` that is written in place.
-    pub fn continuing(body_offset: usize) -> Self {
+    pub(crate) fn continuing(body_offset: usize) -> Self {
         Writer { buf: Vec::new(), header: 0, base: body_offset }
     }
     fn align(&mut self, n: usize) {
@@ -193,7 +193,7 @@ impl Writer {
         self.buf.resize(self.buf.len() + (pos.next_multiple_of(n) - pos), 0);
     }
     /// Body bytes written so far, counting those before a continuation's start.
-    pub fn body_len(&self) -> usize {
+    pub(crate) fn body_len(&self) -> usize {
         self.base + self.buf.len() - self.header
     }
     /// `uint8`.
@@ -221,7 +221,7 @@ impl Writer {
         self.buf.extend_from_slice(&v.to_le_bytes());
     }
     /// `int64[]`.
-    pub fn i64_seq(&mut self, v: &[i64]) {
+    pub(crate) fn i64_seq(&mut self, v: &[i64]) {
         self.u32(v.len() as u32);
         for x in v {
             self.align(8);
@@ -229,7 +229,7 @@ impl Writer {
         }
     }
     /// `uint8[N]` (a fixed array: no length).
-    pub fn u8_array(&mut self, v: &[u8]) {
+    pub(crate) fn u8_array(&mut self, v: &[u8]) {
         self.buf.extend_from_slice(v);
     }
     /// `float32`.
@@ -249,11 +249,11 @@ impl Writer {
         self.buf.extend_from_slice(b);
     }
     /// The length of a `uint8[]` whose `len` bytes the caller writes after these bytes.
-    pub fn bytes_len(&mut self, len: usize) {
+    pub(crate) fn bytes_len(&mut self, len: usize) {
         self.u32(len as u32);
     }
     /// `uint32[]`.
-    pub fn u32_seq(&mut self, v: &[u32]) {
+    pub(crate) fn u32_seq(&mut self, v: &[u32]) {
         self.u32(v.len() as u32);
         for x in v {
             self.u32(*x);

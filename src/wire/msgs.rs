@@ -88,7 +88,7 @@ impl<'a> Image<'a> {
 
 /// `sensor_msgs/CameraInfo` (the fields the node and the CLI use are all kept).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct CameraInfo {
+pub(crate) struct CameraInfo {
     /// `header`.
     pub header: Header,
     /// `height`.
@@ -109,7 +109,7 @@ pub struct CameraInfo {
 
 impl CameraInfo {
     /// Decode a CDR `sensor_msgs/CameraInfo` (binning and roi are read and ignored).
-    pub fn decode(cdr: &[u8]) -> Result<Self, CdrError> {
+    pub(crate) fn decode(cdr: &[u8]) -> Result<Self, CdrError> {
         let mut r = Reader::new(cdr)?;
         Ok(CameraInfo {
             header: Header::read(&mut r)?,
@@ -294,9 +294,9 @@ pub struct FrameTiming {
 }
 
 /// `FrameTiming.OUTPUT_TENSOR`: the `tensor` message was published.
-pub const OUTPUT_TENSOR: u8 = 1;
+pub(crate) const OUTPUT_TENSOR: u8 = 1;
 /// `FrameTiming.OUTPUT_TENSOR_REF`: a `tensor_ref` descriptor was published.
-pub const OUTPUT_TENSOR_REF: u8 = 2;
+pub(crate) const OUTPUT_TENSOR_REF: u8 = 2;
 
 impl FrameTiming {
     /// Decode CDR (e.g. a recorded `timing` message).
@@ -337,17 +337,17 @@ impl FrameTiming {
 }
 
 /// The ROS type name of images.
-pub const IMAGE_TYPE: &str = "sensor_msgs/msg/Image";
+pub(crate) const IMAGE_TYPE: &str = "sensor_msgs/msg/Image";
 /// The ROS type name of camera infos.
-pub const CAMERA_INFO_TYPE: &str = "sensor_msgs/msg/CameraInfo";
+pub(crate) const CAMERA_INFO_TYPE: &str = "sensor_msgs/msg/CameraInfo";
 /// The ROS type name of a single camera's output (`vision_preproc_msgs/Tensor`).
-pub const TENSOR_TYPE: &str = "vision_preproc_msgs/msg/Tensor";
+pub(crate) const TENSOR_TYPE: &str = "vision_preproc_msgs/msg/Tensor";
 /// The ROS type name of a batched node's output (`vision_preproc_msgs/TensorBatch`).
-pub const TENSOR_BATCH_TYPE: &str = "vision_preproc_msgs/msg/TensorBatch";
+pub(crate) const TENSOR_BATCH_TYPE: &str = "vision_preproc_msgs/msg/TensorBatch";
 /// The ROS type name of the per-frame timing (`vision_preproc_msgs/FrameTiming`).
 pub const FRAME_TIMING_TYPE: &str = "vision_preproc_msgs/msg/FrameTiming";
 /// The ROS type name of `tensor_ref`.
-pub const TENSOR_REF_TYPE: &str = "vision_preproc_msgs/msg/TensorRef";
+pub(crate) const TENSOR_REF_TYPE: &str = "vision_preproc_msgs/msg/TensorRef";
 
 /// The type name of the `tensor` topic: [`TENSOR_BATCH_TYPE`] with 2+ inputs, else
 /// [`TENSOR_TYPE`].
@@ -366,7 +366,7 @@ const TIME_MSG: &str = "int32 sec\nuint32 nanosec\n";
 
 /// The `ros2msg` schema text of a message type with its dependencies, as rosbag2 writes
 /// it into MCAP files.
-pub fn schema(type_name: &str) -> Option<String> {
+pub(crate) fn schema(type_name: &str) -> Option<String> {
     let main = match type_name {
         TENSOR_TYPE => {
             include_str!("../../msgs/vision_preproc_msgs/msg/Tensor.msg")

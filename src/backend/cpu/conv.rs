@@ -46,7 +46,7 @@ pub struct ConvScratch {
 ///   `q = p mod period`, index `q < len ? q : period - q`. A 1-pixel axis reads index 0
 ///   (OpenCV's `if (len == 1) return 0`: reflect101 then equals replicate);
 /// - constant: `None` (0 in normalized units) outside `0..len`.
-pub fn border_index(p: i64, len: usize, border: Border) -> Option<usize> {
+pub(crate) fn border_index(p: i64, len: usize, border: Border) -> Option<usize> {
     let n = len as i64;
     if (0..n).contains(&p) {
         return Some(p as usize);

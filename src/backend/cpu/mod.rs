@@ -30,7 +30,7 @@ pub(crate) mod decode;
 mod neon;
 pub mod reference;
 
-pub use conv::{border_index, conv2d, ConvScratch};
+pub use conv::{conv2d, ConvScratch};
 
 use crate::backend::{
     AxisMap, Backend, BatchSlot, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes,
@@ -100,7 +100,7 @@ impl CpuBackend {
     }
 
     /// [`CpuBackend::preprocess`] into `out` of exactly the tensor's byte length.
-    pub fn preprocess_into(
+    pub(crate) fn preprocess_into(
         &mut self,
         image: &ImageView<'_>,
         op: &PreprocessOp,

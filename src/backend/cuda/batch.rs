@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Batches in flight at once through [`CudaBackend::submit_batch`].
-pub const BATCH_RING: usize = 2;
+pub(crate) const BATCH_RING: usize = 2;
 
 /// Buffers of the batch path, reused from batch to batch (the frame's: `FrameState`).
 pub(super) struct BatchState {
@@ -127,7 +127,7 @@ impl CudaBackend {
     /// fit, a misuse: either leaves the queue as it was), first wait for both streams
     /// (queued work may still use the buffers or the caller's `out`) and forget every
     /// queued batch.
-    pub fn abandon_on_error<T>(&mut self, result: Result<T>) -> Result<T> {
+    pub(crate) fn abandon_on_error<T>(&mut self, result: Result<T>) -> Result<T> {
         if matches!(&result, Err(e) if !matches!(e, Error::Operation(_) | Error::Misuse { .. })) {
             self.gpu.synchronize();
             self.batch.abandon();
@@ -139,7 +139,7 @@ impl CudaBackend {
     /// entry (refused when it is still in flight); the tensors go to `target` (the
     /// caller's pinned memory, alive and untouched until the batch completes) when
     /// given, else to the entry's output.
-    pub fn batch_submit(
+    pub(crate) fn batch_submit(
         &mut self,
         slots: &[BatchSlot<'_, '_>],
         conv: Option<&Conv2dOp>,
@@ -240,7 +240,10 @@ impl CudaBackend {
     /// Finish the oldest queued batch ([`Entry::finish`]); returns its stage times, its
     /// ring entry and the bytes of its tensors in the entry's output (0 when they went to
     /// the caller's memory).
-    pub fn batch_finish(&mut self, out: Option<&mut [u8]>) -> Result<(StageTimes, usize, usize)> {
+    pub(crate) fn batch_finish(
+        &mut self,
+        out: Option<&mut [u8]>,
+    ) -> Result<(StageTimes, usize, usize)> {
         let Some(&r) = self.batch.queue.front() else {
             return Err(Error::misuse("finish_batch", "no batch in flight: submit_batch first"));
         };

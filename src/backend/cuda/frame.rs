@@ -21,7 +21,7 @@ use std::time::Instant;
 
 /// Frames that can be in flight at once: the ring of pinned staging buffers lets the CPU
 /// stage frame N+1 while the GPU still works on frame N.
-pub const RING: usize = 2;
+pub(crate) const RING: usize = 2;
 
 /// Buffers of the frame path, reused from frame to frame (the batch's: `BatchState`).
 pub(super) struct FrameState {
@@ -98,7 +98,7 @@ impl CudaBackend {
     /// (after waiting for its previous frame); the tensor goes to `target` (the caller's
     /// pinned memory, alive and untouched until the entry completes) when given, else to
     /// the entry's output. Returns the entry.
-    pub fn frame_submit(
+    pub(crate) fn frame_submit(
         &mut self,
         image: &ImageView<'_>,
         op: &PreprocessOp,

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// `kernels/common.cuh`, included by every kernel file.
-pub const COMMON_CUH: &str = include_str!("../../../kernels/common.cuh");
+pub(crate) const COMMON_CUH: &str = include_str!("../../../kernels/common.cuh");
 
 /// A kernel source file of the backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,8 +67,9 @@ impl KernelFile {
         }
     }
 
-    /// Every `extern "C"` entry point of the file.
-    pub fn entry_points(self) -> Vec<String> {
+    /// Every `extern "C"` entry point of the file (the tests' list).
+    #[cfg(test)]
+    pub(crate) fn entry_points(self) -> Vec<String> {
         match self {
             KernelFile::ResizeNormalize => Encoding::ALL
                 .iter()
@@ -86,16 +87,16 @@ impl KernelFile {
 /// The fused kernel's entry point for `enc`: `resize_normalize_<name>` (the kernel file
 /// stamps one per encoding of `VP_ENCODINGS`, which [`host_defines`] derives from
 /// `Encoding`).
-pub fn resize_normalize_entry(enc: Encoding) -> String {
+pub(crate) fn resize_normalize_entry(enc: Encoding) -> String {
     format!("resize_normalize_{}", enc.name())
 }
 
 /// The batched fused kernel: one launch for every slot of a batch (grid z = slot).
-pub const RESIZE_NORMALIZE_BATCH: &str = "resize_normalize_batch";
+pub(crate) const RESIZE_NORMALIZE_BATCH: &str = "resize_normalize_batch";
 
 /// conv2d kernel sizes with an entry point (`conv2d_tiled_k<K>`, `conv2d_separable_k<K>`):
 /// every odd size up to `config::MAX_CONV_SIZE`.
-pub const CONV_SIZES: [u32; (MAX_CONV_SIZE as usize).div_ceil(2)] = {
+pub(crate) const CONV_SIZES: [u32; (MAX_CONV_SIZE as usize).div_ceil(2)] = {
     let mut s = [0u32; (MAX_CONV_SIZE as usize).div_ceil(2)];
     let mut i = 0;
     while i < s.len() {
@@ -109,7 +110,7 @@ pub const CONV_SIZES: [u32; (MAX_CONV_SIZE as usize).div_ceil(2)] = {
 /// copy of them: the `Encoding` codes and table (`ENC_*`, `VP_ENCODINGS(X)`), the codes
 /// of `Layout`, `DType`, `Interpolation` and `Border`, the conv2d sizes (`VP_MAX_CONV`,
 /// `VP_CONV_SIZES(X)`) and the launch shapes of `launch.rs`.
-pub fn host_defines() -> Vec<String> {
+pub(crate) fn host_defines() -> Vec<String> {
     let mut d = Vec::new();
     let mut table = Vec::new();
     for e in Encoding::ALL {
@@ -153,7 +154,7 @@ pub fn host_defines() -> Vec<String> {
 
 /// `-D` defines carrying the size and every field offset of the `#[repr(C)]` structs
 /// passed by value, checked by `static_assert`s in `kernels/common.cuh`.
-pub fn layout_defines() -> Vec<String> {
+pub(crate) fn layout_defines() -> Vec<String> {
     macro_rules! fields {
         ($out:ident, $s:ident: $($f:ident),*) => {
             $out.push(format!("-DVP_SIZE_{}={}", stringify!($s), std::mem::size_of::<$s>()));
@@ -324,7 +325,7 @@ fn program_log(prog: &Program) -> Result<String, nvrtc::nvrtcResult> {
 
 /// 64-bit FNV-1a: the cache key and the cache files' checksum (not a security hash:
 /// the cache lives in the user's own directory).
-pub fn fnv1a64(parts: &[&[u8]]) -> u64 {
+pub(crate) fn fnv1a64(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
         for &b in *part {
@@ -378,7 +379,8 @@ pub mod embedded {
 /// The options `nvrtc_options.txt` must hold: [`host_defines`] and [`layout_defines`]
 /// (`build.rs` compiles the embedded kernels with them; the test of this module checks
 /// the file).
-pub fn nvrtc_options_file() -> String {
+#[cfg(test)]
+pub(crate) fn nvrtc_options_file() -> String {
     let mut text = String::from(
         "# The -D options of every kernel compilation, written by the test of\n\
          # src/backend/cuda/kernels.rs (VISION_PREPROC_WRITE_NVRTC_OPTIONS=1): build.rs reads\n\
@@ -396,7 +398,7 @@ pub fn nvrtc_options_file() -> String {
 /// `ptx` (the embedded PTX, else NVRTC) or `nvrtc` (compile at start-up, or read the
 /// disk cache, as without embedded kernels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KernelPolicy {
+pub(crate) enum KernelPolicy {
     /// CUBIN, then PTX, then NVRTC.
     Auto,
     /// PTX, then NVRTC.
@@ -407,7 +409,7 @@ pub enum KernelPolicy {
 
 impl KernelPolicy {
     /// From `VISION_PREPROC_KERNELS` (unset or empty: `auto`).
-    pub fn from_env() -> Result<KernelPolicy, CudaError> {
+    pub(crate) fn from_env() -> Result<KernelPolicy, CudaError> {
         match std::env::var("VISION_PREPROC_KERNELS").unwrap_or_default().as_str() {
             "" | "auto" => Ok(KernelPolicy::Auto),
             "ptx" => Ok(KernelPolicy::Ptx),
@@ -589,7 +591,7 @@ fn compile_prepared(
 
 /// Load a prepared CUBIN into `ctx`. A cached CUBIN the driver refuses is compiled again
 /// (and the cache entry replaced).
-pub fn load_prepared(
+pub(crate) fn load_prepared(
     ctx: &Arc<CudaContext>,
     p: Prepared,
 ) -> Result<(Arc<CudaModule>, LoadReport), CudaError> {

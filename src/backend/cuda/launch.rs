@@ -10,28 +10,28 @@ use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 /// Output pixels per thread of the fused kernel (adjacent in a row; one 16-byte store
 /// per channel for float32 NCHW). `RN_PX` in `resize_normalize.cu`.
-pub const RN_PX: u32 = 4;
+pub(crate) const RN_PX: u32 = 4;
 /// Fused kernel block width in threads (`RN_BLOCK_X`).
-pub const RN_BLOCK_X: u32 = 16;
+pub(crate) const RN_BLOCK_X: u32 = 16;
 /// Fused kernel block height in threads (`RN_BLOCK_Y`): one output row per thread row.
-pub const RN_BLOCK_Y: u32 = 16;
+pub(crate) const RN_BLOCK_Y: u32 = 16;
 /// Output columns covered by one fused-kernel block.
-pub const RN_TILE_W: u32 = RN_BLOCK_X * RN_PX;
+pub(crate) const RN_TILE_W: u32 = RN_BLOCK_X * RN_PX;
 /// Output rows covered by one fused-kernel block.
-pub const RN_TILE_H: u32 = RN_BLOCK_Y;
+pub(crate) const RN_TILE_H: u32 = RN_BLOCK_Y;
 /// Largest shared-memory window of the staged path; wider windows (downscales beyond
 /// about 5x for rgb8) use the direct path. Below the 48 KiB that needs no opt-in, and
 /// small enough for 6 blocks (1536 threads) per SM on the Orin's 164 KiB.
-pub const STAGED_SMEM_MAX_BYTES: u32 = 24 * 1024;
+pub(crate) const STAGED_SMEM_MAX_BYTES: u32 = 24 * 1024;
 
 /// conv2d tiled block width (`CV_BLOCK_X`): one output column per thread.
-pub const CV_BLOCK_X: u32 = 32;
+pub(crate) const CV_BLOCK_X: u32 = 32;
 /// conv2d tiled block height (`CV_BLOCK_Y`).
-pub const CV_BLOCK_Y: u32 = 8;
+pub(crate) const CV_BLOCK_Y: u32 = 8;
 /// Output rows per thread of the tiled conv2d (`CV_ROWS`).
-pub const CV_ROWS: u32 = 4;
+pub(crate) const CV_ROWS: u32 = 4;
 /// Output tile of one tiled conv2d block: `CV_BLOCK_X` x `CV_BLOCK_Y * CV_ROWS`.
-pub const CV_TILE: (u32, u32) = (CV_BLOCK_X, CV_BLOCK_Y * CV_ROWS);
+pub(crate) const CV_TILE: (u32, u32) = (CV_BLOCK_X, CV_BLOCK_Y * CV_ROWS);
 
 /// conv2d settings passed by value. Keep in sync with `struct Conv2dParams` in
 /// `kernels/common.cuh` (checked at every compilation).
@@ -68,7 +68,7 @@ const _: () = assert!(crate::config::MAX_INPUTS <= MAX_BATCH_SLOTS);
 /// compilation: kernels.rs `layout_defines`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct BatchItemDesc {
+pub(crate) struct BatchItemDesc {
     /// The slot's operation (a padded slot: empty content rectangle).
     pub p: PreprocessParams,
     /// 0 (aligns the addresses to 8 bytes).
@@ -83,7 +83,7 @@ pub struct BatchItemDesc {
 
 impl BatchItemDesc {
     /// The table's bytes, as the kernel reads them.
-    pub fn as_bytes(rows: &[BatchItemDesc]) -> &[u8] {
+    pub(crate) fn as_bytes(rows: &[BatchItemDesc]) -> &[u8] {
         // SAFETY: BatchItemDesc is plain #[repr(C)] data without padding (see its
         // DeviceRepr note), so its bytes may be viewed as u8 for as long as `rows` lives.
         unsafe { std::slice::from_raw_parts(rows.as_ptr().cast(), std::mem::size_of_val(rows)) }
@@ -108,7 +108,7 @@ fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32), smem: u32) -> LaunchConfig
 }
 
 /// Tiles of the fused kernel for `p`: `ceil(W / 64) * ceil(H / 16)`.
-pub fn resize_normalize_tiles(p: &PreprocessParams) -> u32 {
+pub(crate) fn resize_normalize_tiles(p: &PreprocessParams) -> u32 {
     p.dst_width.div_ceil(RN_TILE_W) * p.dst_height.div_ceil(RN_TILE_H)
 }
 
@@ -125,7 +125,7 @@ pub fn resize_normalize_cfg(p: &PreprocessParams, row_words: u32, resident: u32)
 }
 
 /// Shared memory of the staged path: two source rows per output row of the tile.
-pub fn staged_smem_bytes(row_words: u32) -> u32 {
+pub(crate) fn staged_smem_bytes(row_words: u32) -> u32 {
     2 * RN_TILE_H * row_words * 4
 }
 
@@ -171,14 +171,14 @@ pub fn conv_tiled_cfg(w: u32, h: u32) -> LaunchConfig {
 }
 
 /// [`conv_tiled_cfg`] for a batch of `n` slots: grid z = slot.
-pub fn conv_tiled_batch_cfg(w: u32, h: u32, n: u32) -> LaunchConfig {
+pub(crate) fn conv_tiled_batch_cfg(w: u32, h: u32, n: u32) -> LaunchConfig {
     cfg((w.div_ceil(CV_TILE.0), h.div_ceil(CV_TILE.1), n), (CV_BLOCK_X, CV_BLOCK_Y, 1), 0)
 }
 
 /// Launch shape of `resize_normalize_batch` for `n` slots of `tiles` tiles each (the
 /// network size is the same for every slot): grid (persistent tiles, 1, n), the
 /// persistent blocks of all slots together at most `resident`.
-pub fn resize_normalize_batch_cfg(tiles: u32, n: u32, resident: u32) -> LaunchConfig {
+pub(crate) fn resize_normalize_batch_cfg(tiles: u32, n: u32, resident: u32) -> LaunchConfig {
     let per_slot = (resident / n.max(1)).clamp(1, tiles.max(1));
     cfg((per_slot, 1, n.max(1)), (RN_BLOCK_X, RN_BLOCK_Y, 1), 0)
 }

@@ -10,7 +10,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 /// Round staging sizes up to this many bytes.
-pub const STAGING_ALIGN: usize = 64;
+pub(crate) const STAGING_ALIGN: usize = 64;
 /// Bytes every frame buffer carries after the frame: the fused kernel reads whole aligned
 /// 8-byte vectors (span path: up to 7 bytes past the last byte it needs) and 32-bit words
 /// (staged path: up to 3). Buffers are zeroed when allocated.
@@ -152,14 +152,14 @@ impl crate::backend::HostMemory for PinnedHost {
 /// A device buffer reused across frames: reallocated (zeroed, stream-ordered) only
 /// when a frame needs more bytes than it has.
 #[derive(Default)]
-pub struct DeviceBuffer {
+pub(crate) struct DeviceBuffer {
     slice: Option<CudaSlice<u8>>,
 }
 
 impl DeviceBuffer {
     /// At least `len` bytes (rounded up to [`STAGING_ALIGN`]); returns the device address.
     /// `what` names the buffer in errors.
-    pub fn ensure(
+    pub(crate) fn ensure(
         &mut self,
         stream: &Arc<CudaStream>,
         len: usize,
@@ -179,7 +179,7 @@ impl DeviceBuffer {
     }
 
     /// The device address, if allocated.
-    pub fn ptr(&self, stream: &CudaStream) -> Option<CUdeviceptr> {
+    pub(crate) fn ptr(&self, stream: &CudaStream) -> Option<CUdeviceptr> {
         self.slice.as_ref().map(|s| {
             let (p, _no_tracking) = s.device_ptr(stream);
             p

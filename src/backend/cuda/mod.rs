@@ -44,11 +44,9 @@ pub mod memory;
 mod steps;
 pub(crate) mod vmm;
 
-pub use batch::BATCH_RING;
+pub(crate) use batch::BATCH_RING;
 pub use device::{resident_blocks, DeviceInfo};
-pub use frame::RING;
 pub use launch::MAX_BATCH_SLOTS;
-pub use steps::{PARALLEL_STAGING_MIN, STAGING_THREADS};
 
 use crate::backend::{
     Backend, BatchSlot, Conv2dOp, Job, Out, PreprocessOp, PreprocessParams, Queued, StageTimes,

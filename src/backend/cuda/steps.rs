@@ -38,12 +38,12 @@ const DONE: usize = EVENTS - 1;
 /// Frames at least this large are copied into the pinned staging buffer by several
 /// threads: one core writes write-combined memory at a fraction of what the memory
 /// system takes (a 6.2 MB 1080p frame is most of the upload stage otherwise).
-pub const PARALLEL_STAGING_MIN: usize = 1 << 20;
+pub(crate) const PARALLEL_STAGING_MIN: usize = 1 << 20;
 /// Threads of that copy. Measured on the H200 machine's host (bench/memcpy_rate.py
 /// --pinned, 6.2 MB pageable -> pinned write-combined): 10.6 GB/s on 1 thread, 13.3 on
 /// 2, 21.7 on 4, 12.1 on 8; rayon's 16 threads in 512 KB pieces reached ~10 GB/s in the
 /// node (upload stage 0.74 ms at 1080p, of which 0.12 ms is the H2D copy).
-pub const STAGING_THREADS: usize = 4;
+pub(crate) const STAGING_THREADS: usize = 4;
 
 /// The context, the two streams, and the device memory every submission shares (used
 /// only on the compute stream, so in submission order): what the steps run on.
@@ -70,7 +70,7 @@ pub(super) struct Gpu {
 
 /// Where a submission's tensor lands, when not in the ring entry's own output.
 #[derive(Debug, Clone, Copy)]
-pub enum Target {
+pub(crate) enum Target {
     /// The caller's pinned host memory of this context: the kernels write the device
     /// tensor, then it is downloaded there.
     Host(*mut u8),
@@ -84,7 +84,7 @@ pub enum Target {
 
 /// Where the tensor in a [`Target::Device`] is also copied.
 #[derive(Debug, Clone, Copy)]
-pub enum DeviceCopy {
+pub(crate) enum DeviceCopy {
     /// Nowhere.
     None,
     /// Downloaded to the caller's pinned host memory.
@@ -96,7 +96,7 @@ pub enum DeviceCopy {
 
 impl Target {
     /// The tensor reaches the caller's memory with no copy at the finish.
-    pub fn direct(&self) -> bool {
+    pub(crate) fn direct(&self) -> bool {
         !matches!(self, Target::Device(_, DeviceCopy::ViaEntry))
     }
 }
@@ -104,7 +104,7 @@ impl Target {
 /// Where the kernels write a submission's tensor(s): in place (mapped host memory) or
 /// on the device, then downloaded to `download_to`.
 #[derive(Debug, Clone, Copy)]
-pub struct Destination {
+pub(crate) struct Destination {
     /// The device address the kernels write.
     pub tensor: CUdeviceptr,
     download_to: Option<*mut u8>,
@@ -373,7 +373,7 @@ fn parallel_copy(dst: &mut [u8], src: &[u8]) {
 /// One frame's buffers in a ring entry (or the batch's slot table): pinned host memory
 /// the CPU stages into, and its copy on the device (`upload` mode).
 #[derive(Default)]
-pub struct Staging {
+pub(crate) struct Staging {
     host: Option<PinnedBuffer>,
     dev: DeviceBuffer,
 }
@@ -387,7 +387,7 @@ impl Staging {
     /// No GPU work of an earlier submission may use the device copy (the ring entry is
     /// free), and the staged bytes stay alive and untouched until this submission
     /// completes.
-    pub unsafe fn upload(
+    pub(crate) unsafe fn upload(
         &mut self,
         len: usize,
         up: &Arc<CudaStream>,
@@ -461,7 +461,7 @@ impl Tables {
 
 /// A ring entry: the buffers and timing events of one frame (the frame path: one input)
 /// or one batch in flight.
-pub struct Entry {
+pub(crate) struct Entry {
     /// Per frame (batch slot): its staging buffers.
     pub inputs: Vec<Staging>,
     /// The batch's slot table (unused by the frame path).
@@ -475,7 +475,7 @@ pub struct Entry {
 }
 
 /// What is known of a submission in flight.
-pub struct InFlight {
+pub(crate) struct InFlight {
     /// Bytes of the tensor(s).
     pub len: usize,
     /// Host time of the stage step, microseconds.
@@ -488,7 +488,7 @@ pub struct InFlight {
 }
 
 impl Entry {
-    pub fn new(ctx: &Arc<CudaContext>, inputs: usize) -> Result<Self, CudaError> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, inputs: usize) -> Result<Self, CudaError> {
         let event = || {
             ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(|e| drv_err("cuEventCreate(timing)", e))
@@ -507,13 +507,13 @@ impl Entry {
     }
 
     /// Start the upload step on `up`.
-    pub fn begin_upload(&self, up: &CudaStream) -> Result<(), CudaError> {
+    pub(crate) fn begin_upload(&self, up: &CudaStream) -> Result<(), CudaError> {
         self.record(UPLOAD_START, up)
     }
 
     /// End the upload step on `up`: the compute stream waits for it when it ran on the
     /// copy stream, then the kernels' step starts.
-    pub fn end_upload(
+    pub(crate) fn end_upload(
         &self,
         up: &Arc<CudaStream>,
         compute: &Arc<CudaStream>,
@@ -528,7 +528,7 @@ impl Entry {
     }
 
     /// Wait for the submission queued on this entry to complete.
-    pub fn wait(&self, what: &str) -> Result<(), CudaError> {
+    pub(crate) fn wait(&self, what: &str) -> Result<(), CudaError> {
         self.events[DONE].synchronize().map_err(|e| drv_err(what, e))
     }
 
@@ -536,7 +536,7 @@ impl Entry {
     /// their length) unless they went to the caller's memory directly or `out` is `None`
     /// (read in place), and return its stage times (the upload with the host staging, the
     /// download with the copy out) with what was in flight.
-    pub fn finish(&mut self, out: Option<&mut [u8]>) -> Result<(StageTimes, InFlight)> {
+    pub(crate) fn finish(&mut self, out: Option<&mut [u8]>) -> Result<(StageTimes, InFlight)> {
         let Some(f) = self.in_flight.take() else {
             return Err(Error::misuse(
                 "finish",
@@ -583,7 +583,7 @@ impl Entry {
     ///
     /// # Safety
     /// No GPU work that writes the output may be pending.
-    pub unsafe fn output_bytes(&self) -> Result<&[u8]> {
+    pub(crate) unsafe fn output_bytes(&self) -> Result<&[u8]> {
         let o = self
             .output
             .as_ref()
@@ -594,7 +594,7 @@ impl Entry {
 }
 
 /// conv2d in a submission: the kernel, its parameters and launch, and its input.
-pub struct ConvStep<'a> {
+pub(crate) struct ConvStep<'a> {
     f: &'a CudaFunction,
     name: String,
     params: Conv2dParams,
@@ -606,7 +606,7 @@ impl CudaBackend {
     /// The conv2d step over `slots` tensors of `p` (bit i of `skip`: slot i padded, left
     /// alone), reading `src`. Its weights must be in constant memory
     /// ([`CudaBackend::ensure_conv_constants`]).
-    pub fn conv_step(
+    pub(crate) fn conv_step(
         &self,
         p: &PreprocessParams,
         conv: &Conv2dOp,
@@ -622,7 +622,7 @@ impl CudaBackend {
 
     /// Launch -> download on entry `e`: the fused kernel (`fused` launches it), conv2d
     /// when given, the download of `len` bytes to `dst`, with the events between them.
-    pub fn launch_and_download(
+    pub(crate) fn launch_and_download(
         &self,
         e: &Entry,
         fused: impl FnOnce() -> Result<(), CudaError>,

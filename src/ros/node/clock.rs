@@ -18,7 +18,7 @@ use std::time::Duration;
 
 /// The node's ROS clock, shared by the tasks; cheap to clone.
 #[derive(Clone)]
-pub struct NodeClock {
+pub(crate) struct NodeClock {
     clock: Arc<Mutex<r2r::Clock>>,
     /// `use_sim_time` as set (the spin thread applies it to the node's time source).
     sim_time: Arc<AtomicBool>,
@@ -26,34 +26,34 @@ pub struct NodeClock {
 
 impl NodeClock {
     /// The clock of `node` (r2r's ROS clock, attached to the node's time source).
-    pub fn of(node: &r2r::Node) -> Self {
+    pub(crate) fn of(node: &r2r::Node) -> Self {
         NodeClock { clock: node.get_ros_clock(), sim_time: Arc::new(AtomicBool::new(false)) }
     }
 
     /// Now on the node's clock, or `None` before it has a time (sim time, no `/clock` yet).
-    pub fn now(&self) -> Option<Duration> {
+    pub(crate) fn now(&self) -> Option<Duration> {
         let now = self.clock.lock().unwrap_or_else(|p| p.into_inner()).get_now().ok()?;
         (!now.is_zero()).then_some(now)
     }
 
     /// Now as a message stamp (zero before the clock has a time).
-    pub fn stamp(&self) -> r2r::builtin_interfaces::msg::Time {
+    pub(crate) fn stamp(&self) -> r2r::builtin_interfaces::msg::Time {
         to_stamp(self.now().unwrap_or_default())
     }
 
     /// Ask for sim time on or off; [`NodeClock::apply`] makes it so.
-    pub fn request_sim_time(&self, on: bool) {
+    pub(crate) fn request_sim_time(&self, on: bool) {
         self.sim_time.store(on, Ordering::Release);
     }
 
     /// Whether sim time is requested.
-    pub fn sim_time(&self) -> bool {
+    pub(crate) fn sim_time(&self) -> bool {
         self.sim_time.load(Ordering::Acquire)
     }
 
     /// Switch the node's time source to the requested state (`applied` is the state it is
     /// in; updated). Called by the thread that owns the node, between spins.
-    pub fn apply(&self, node: &mut r2r::Node, applied: &mut bool) -> r2r::Result<()> {
+    pub(crate) fn apply(&self, node: &mut r2r::Node, applied: &mut bool) -> r2r::Result<()> {
         let want = self.sim_time();
         if want != *applied {
             let source = node.get_time_source();

@@ -36,12 +36,12 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-pub use clock::NodeClock;
-pub use params::{descriptor, NodeParams, Spec, PARAMETERS, USE_SIM_TIME};
+pub(crate) use clock::NodeClock;
+pub(crate) use params::NodeParams;
 pub use stats::{BackendInfo, Counts, InputReport, Stats};
 
 /// The node's name (`ros2 node list` shows `/vision_preproc` unless remapped).
-pub const NODE_NAME: &str = "vision_preproc";
+pub(crate) const NODE_NAME: &str = "vision_preproc";
 
 /// The node's logger name once the node exists (`ns.vision_preproc` in a namespace).
 static LOGGER: OnceLock<String> = OnceLock::new();

@@ -29,7 +29,7 @@ use serde_yaml::Value;
 
 /// The ROS type of a parameter (arrays keep their type when empty).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// `bool`.
     Bool,
     /// `integer`.
@@ -48,7 +48,7 @@ pub enum Kind {
 
 impl Kind {
     /// `rcl_interfaces/ParameterType` of this kind.
-    pub fn ros_type(self) -> u8 {
+    pub(crate) fn ros_type(self) -> u8 {
         match self {
             Kind::Bool => T::PARAMETER_BOOL as u8,
             Kind::Integer => T::PARAMETER_INTEGER as u8,
@@ -61,7 +61,7 @@ impl Kind {
     }
 
     /// The name `ros2 param describe` prints.
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Kind::Bool => "boolean",
             Kind::Integer => "integer",
@@ -76,7 +76,7 @@ impl Kind {
 
 /// The range a descriptor states.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Range {
+pub(super) enum Range {
     /// No numeric range.
     None,
     /// `integer_range`.
@@ -87,7 +87,7 @@ pub enum Range {
 
 /// One parameter of the node: what `ros2 param describe` shows of it.
 #[derive(Debug, Clone, Copy)]
-pub struct Spec {
+pub(crate) struct Spec {
     /// The name (dotted for nested ones).
     pub name: &'static str,
     /// The type.
@@ -114,7 +114,7 @@ const fn spec(
 }
 
 /// `use_sim_time`: every ROS node has it.
-pub const USE_SIM_TIME: Spec = spec(
+pub(crate) const USE_SIM_TIME: Spec = spec(
     "use_sim_time",
     Kind::Bool,
     false,
@@ -129,7 +129,7 @@ use Range::{Float, Int, None as NoRange};
 
 /// Every parameter of `Config`, in field order (a test checks this table lists exactly the
 /// fields of `Config`, with their types).
-pub const PARAMETERS: &[Spec] = &[
+pub(crate) const PARAMETERS: &[Spec] = &[
     spec("network_image_width", Integer, false, "Network input width in pixels", Int(NETWORK_SIZE_RANGE), ""),
     spec("network_image_height", Integer, false, "Network input height in pixels", Int(NETWORK_SIZE_RANGE), ""),
     spec(
@@ -366,7 +366,7 @@ pub(super) fn spec_of(name: &str) -> Option<&'static Spec> {
 }
 
 /// The full descriptor of a parameter.
-pub fn descriptor(s: &Spec) -> ParameterDescriptor {
+pub(crate) fn descriptor(s: &Spec) -> ParameterDescriptor {
     let (integer_range, floating_point_range) = match s.range {
         Range::None => (vec![], vec![]),
         Range::Int(r) => {
@@ -581,7 +581,7 @@ fn error_param(e: &Error) -> Option<&str> {
 /// The node's parameters: the configuration in force and `use_sim_time`. `generation`
 /// counts accepted changes of the configuration so the processing thread picks them up.
 #[derive(Debug, Clone)]
-pub struct NodeParams {
+pub(crate) struct NodeParams {
     /// The configuration in force.
     pub config: Config,
     /// `use_sim_time`.
@@ -595,15 +595,16 @@ pub struct NodeParams {
 pub(super) type Change = (String, ParameterValue);
 
 impl NodeParams {
-    /// Wrap a validated configuration.
-    pub fn new(config: Config) -> Self {
+    /// Wrap a validated configuration (the tests; the node starts from its parameters).
+    #[cfg(test)]
+    pub(crate) fn new(config: Config) -> Self {
         NodeParams { config, use_sim_time: false, generation: 0 }
     }
 
     /// The parameters the node was started with (`--params-file`, `-p`; r2r gives them
     /// merged) over the defaults: each value typed and range-checked, the configuration
     /// validated; unknown names are returned (the node warns and ignores them).
-    pub fn from_overrides<'a>(
+    pub(crate) fn from_overrides<'a>(
         params: impl IntoIterator<Item = (&'a str, &'a ParameterValue)>,
     ) -> Result<(NodeParams, Vec<UnknownParameter>)> {
         let mut use_sim_time = false;
@@ -622,7 +623,7 @@ impl NodeParams {
     }
 
     /// The value of a parameter, `None` if the node has no such parameter.
-    pub fn get(&self, name: &str) -> Option<ParameterValue> {
+    pub(crate) fn get(&self, name: &str) -> Option<ParameterValue> {
         let s = spec_of(name)?;
         Some(if s.name == USE_SIM_TIME.name {
             ParameterValue::Bool(self.use_sim_time)
@@ -690,7 +691,10 @@ impl NodeParams {
     /// others, until nothing changes, and the ones still refused are tried once more all
     /// together (`conv.size` and `conv.weights` that only fit each other). One result per
     /// parameter, in request order.
-    pub fn set(&mut self, changes: &[Change]) -> Vec<std::result::Result<ParameterValue, String>> {
+    pub(crate) fn set(
+        &mut self,
+        changes: &[Change],
+    ) -> Vec<std::result::Result<ParameterValue, String>> {
         let mut results: Vec<Option<std::result::Result<ParameterValue, String>>> =
             vec![None; changes.len()];
         loop {
@@ -730,7 +734,7 @@ impl NodeParams {
 
     /// `SetParametersAtomically`: all of them or none; the configuration is checked once,
     /// with every change applied.
-    pub fn set_atomically(
+    pub(crate) fn set_atomically(
         &mut self,
         changes: &[Change],
     ) -> std::result::Result<Vec<ParameterValue>, String> {
@@ -763,7 +767,7 @@ impl NodeParams {
 
     /// `ListParameters`, as rclcpp answers it (names sorted; `depth` counts dots below a
     /// prefix; 0 = unlimited).
-    pub fn list(prefixes: &[String], depth: u64) -> ListParametersResult {
+    pub(crate) fn list(prefixes: &[String], depth: u64) -> ListParametersResult {
         let dots_below = |s: &str| (s.matches('.').count() as u64) < depth;
         let recursive = prefixes.is_empty() && depth == 0;
         let mut result = ListParametersResult::default();
