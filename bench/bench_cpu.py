@@ -47,7 +47,8 @@ import cv2
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = Path(os.environ.get("VISION_PREPROC_CLI", ROOT / "target" / "release" / "vision_preproc"))
+# `bench-cpu` is in the CLI built with the `bench` feature (scripts/test_hooks_build.sh).
+CLI = Path(os.environ.get("VISION_PREPROC_CLI", ROOT / "target" / "fault-injection" / "vision_preproc"))
 PHOTO = ROOT / "test" / "data" / "rocket.jpg"
 
 MEAN = np.array([0.5, 0.5, 0.5], np.float32)
@@ -266,7 +267,7 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args()
     if not CLI.exists():
-        raise SystemExit(f"{CLI} is missing: cargo build --release --bins")
+        raise SystemExit(f"{CLI} is missing: scripts/test_hooks_build.sh")
     kernel = conv_kernel(args.conv)
     scs = [sc for sc in scenarios(args.which) if args.only in sc["name"]]
     all_runs = []

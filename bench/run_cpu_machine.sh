@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
 source .ros/env.sh
 cargo build --release --bins
+# bench-cpu (bench_cpu.py): the CLI with the `bench` feature, in target/fault-injection/.
+scripts/test_hooks_build.sh
 R=docs/evidence
 mkdir -p "$R"
 # The node through DDS vs the Python reference node (rclpy camera publisher), 3 runs.

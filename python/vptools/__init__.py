@@ -25,3 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "test" / "data"
 #: The binaries `make build` produces.
 BIN_DIR = ROOT / "target" / "release"
+#: The binaries with the test hooks and the benchmarks (cargo features `fault-injection` and
+#: `bench`: fault injection, `bench-cpu`, `bench-batch`, `conv-file`), built by
+#: scripts/test_hooks_build.sh (scripts/test.sh runs it).
+HOOKS_BIN_DIR = ROOT / "target" / "fault-injection"

@@ -10,12 +10,12 @@ import signal
 import subprocess
 from pathlib import Path
 
-from vptools import BIN_DIR, ROOT
+from vptools import BIN_DIR, HOOKS_BIN_DIR
 
 NODE_BIN = BIN_DIR / "vision_preproc_node"
 #: The node built with the test hooks (cargo feature `fault-injection`), which the product
 #: does not contain: scripts/test.sh puts it there (scripts/test_hooks_build.sh).
-FAULT_INJECTION_NODE = ROOT / "target" / "fault-injection" / "vision_preproc_node"
+FAULT_INJECTION_NODE = HOOKS_BIN_DIR / "vision_preproc_node"
 #: The variable of the fault injection (src/pipeline/fault.rs).
 INJECT_FAULT_ENV = "VISION_PREPROC_INJECT_CUDA_FAULT"
 #: The variable of the deferred CPU backend (src/pipeline/deferred.rs): the CPU backend

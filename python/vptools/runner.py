@@ -10,16 +10,20 @@ from pathlib import Path
 
 import numpy as np
 
-from vptools import BIN_DIR, oracle
+from vptools import BIN_DIR, HOOKS_BIN_DIR, oracle
 from vptools.sources import Frame
 from vptools.tolerances import assert_close
 
 CLI = Path(os.environ.get("VISION_PREPROC_CLI", BIN_DIR / "vision_preproc"))
 
 
-def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    assert CLI.exists(), f"{CLI} is missing: build it with `cargo build --release --bins`"
-    p = subprocess.run([str(CLI), *map(str, args)], capture_output=True, text=True)
+def cli(*args: str, check: bool = True, hooks: bool = False) -> subprocess.CompletedProcess:
+    """`vision_preproc *args`: the product CLI, or with `hooks` the one built with the test
+    hooks and the benchmarks (`bench-cpu`, `conv-file`: scripts/test_hooks_build.sh)."""
+    cli = HOOKS_BIN_DIR / "vision_preproc" if hooks else CLI
+    build = "scripts/test_hooks_build.sh" if hooks else "`cargo build --release --bins`"
+    assert cli.exists(), f"{cli} is missing: build it with {build}"
+    p = subprocess.run([str(cli), *map(str, args)], capture_output=True, text=True)
     if check and p.returncode != 0:
         raise AssertionError(f"vision_preproc {' '.join(map(str, args))} failed "
                              f"({p.returncode}):\n{p.stderr}")

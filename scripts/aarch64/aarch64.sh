@@ -88,7 +88,8 @@ xcargo() {
         /usr/bin/cargo "$@"
 }
 # SQLite from its sources (bundled-sqlite): the cross sysroot has no arm64 libsqlite3.
-ARM_ARGS=(--profile aarch64 --target "$TARGET" --no-default-features --features cuda,bundled-sqlite)
+# `bench`: the CLI's bench-cpu, which aarch64_insn_count.py runs under qemu.
+ARM_ARGS=(--profile aarch64 --target "$TARGET" --no-default-features --features cuda,bench,bundled-sqlite)
 log "toolchain: $(/usr/bin/rustc --version), $(${VP_QEMU:-qemu-aarch64} --version | head -1)"
 
 # 2. Lint for aarch64: what only this target compiles (the NEON path; the AVX2 path out).
@@ -102,7 +103,7 @@ kind="$(file "$ARM_CLI")"
 echo "$kind"
 grep -q "ARM aarch64" <<<"$kind" || { log "$ARM_CLI is not an aarch64 binary"; exit 1; }
 step "build the aarch64 CLI"
-CARGO_TARGET_DIR="$X86_DIR" cargo build --profile aarch64 --no-default-features --features cuda \
+CARGO_TARGET_DIR="$X86_DIR" cargo build --profile aarch64 --no-default-features --features cuda,bench \
     --bin vision_preproc
 X86_CLI="$X86_DIR/aarch64/vision_preproc"
 step "build the x86-64 CLI"

@@ -17,11 +17,13 @@ import cv2
 import numpy as np
 import pytest
 
+from vptools import HOOKS_BIN_DIR
 from vptools.oracle_conv import BORDERS, apply_conv, kernel_2d, kernel_l1, separable_factors
 from vptools.tolerances import assert_close_conv, conv_abs_tolerance
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "target" / "release" / "vision_preproc"
+#: `conv-file` is in the CLI built with the `bench` feature (scripts/test_hooks_build.sh).
+BIN = HOOKS_BIN_DIR / "vision_preproc"
 PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "camera.png"]
 
 SIZES = [1, 3, 5, 7, 9, 15]
@@ -44,7 +46,7 @@ SHAPES = [(1, 1), (1, 23), (23, 1), (2, 2), (3, 3), (4, 5), (7, 7), (13, 29), (6
 @pytest.fixture(scope="session")
 def binary() -> Path:
     if not BIN.exists():
-        pytest.fail(f"{BIN} is missing: run `cargo build --release --bins` (make test does)")
+        pytest.fail(f"{BIN} is missing: run scripts/test_hooks_build.sh (make test does)")
     return BIN
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vptools import ROOT, oracle
+from vptools import HOOKS_BIN_DIR, ROOT, oracle
 from vptools.bags import TS, Image, image_of, read_outputs, tensor_array, write_bag
 from vptools.runner import CLI
 from vptools.sources import photo_frame
@@ -36,7 +36,7 @@ def frames():
 #: The CLI with the test hooks (scripts/test_hooks_build.sh, run by scripts/test.sh) and the
 #: variable that makes its CPU backend defer each set's work to the set's finish, with two
 #: sets in flight: the overlapped path the CUDA backend takes (src/pipeline/deferred.rs).
-HOOKS_CLI = ROOT / "target" / "fault-injection" / "vision_preproc"
+HOOKS_CLI = HOOKS_BIN_DIR / "vision_preproc"
 DEFERRED = {"VISION_PREPROC_TEST_DEFERRED_CPU": "1"}
 
 

@@ -5,10 +5,14 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+// The benchmarks and the tests' conv2d tool: only in a build with the `bench` feature.
 #[cfg(feature = "bench")]
 mod bench;
+#[cfg(feature = "bench")]
 mod bench_batch;
+#[cfg(feature = "bench")]
 mod bench_cpu;
+#[cfg(feature = "bench")]
 mod conv_file;
 mod input;
 mod play;
@@ -27,7 +31,7 @@ use vision_preproc::Config;
 #[command(
     name = "vision_preproc",
     version,
-    about = "Offline tools of vision_preproc: configurations, files, bags, benchmarks"
+    about = "Offline tools of vision_preproc: configurations, files, bags (benchmarks: built with the cargo feature `bench`)"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -51,15 +55,19 @@ enum Command {
     #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
     /// (tests) The CPU conv2d alone on a float32 (C, H, W) .npy.
+    #[cfg(feature = "bench")]
     #[command(hide = true)]
     ConvFile(conv_file::ConvFileArgs),
     /// Run one image file (PNG/JPEG, or raw bytes of any encoding) through the pipeline
     /// and write the tensor as .npy (and a preview PNG).
     RunFile(run_file::RunFileArgs),
-    /// Time the CPU backend per frame (p50/p99).
+    /// Time the CPU backend per frame (p50/p99). (Built with the cargo feature `bench`.)
+    #[cfg(feature = "bench")]
     BenchCpu(bench_cpu::BenchCpuArgs),
     /// N cameras through one batched pipeline vs N single-camera pipelines (work per
     /// batch, highest rate, latency at the camera rate), on the CPU or CUDA backend.
+    /// (Built with the cargo feature `bench`.)
+    #[cfg(feature = "bench")]
     BenchBatch(bench_batch::BenchBatchArgs),
     /// Run the pipeline on every image of a rosbag2 bag (MCAP or sqlite3) and write the
     /// tensors and timings to a new MCAP bag.
@@ -105,15 +113,18 @@ fn run(cli: Cli) -> Result<()> {
             println!("Fast DDS: {fastdds}");
             println!("Fast DDS profile: {profile}");
         }
-        Command::ConvFile(args) => conv_file::run(args)?,
         Command::RunFile(args) => run_file::run(args)?,
-        Command::BenchCpu(args) => bench_cpu::run(args)?,
-        Command::BenchBatch(args) => bench_batch::run(args)?,
         Command::Replay(args) => replay::run(args)?,
         Command::Play(args) => play::run(args)?,
         Command::Record(args) => record::run(args)?,
         #[cfg(feature = "bench")]
         Command::Bench(args) => bench::run(&args)?,
+        #[cfg(feature = "bench")]
+        Command::BenchCpu(args) => bench_cpu::run(args)?,
+        #[cfg(feature = "bench")]
+        Command::BenchBatch(args) => bench_batch::run(args)?,
+        #[cfg(feature = "bench")]
+        Command::ConvFile(args) => conv_file::run(args)?,
     }
     Ok(())
 }
