@@ -78,8 +78,13 @@ fn vendored_lib_dirs(lib: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The crate's FNV-1a, the same file (the cache's names).
+#[path = "src/backend/cuda/fnv.rs"]
+mod fnv;
+
 /// Kernels compiled ahead of time (see the file's comment).
 mod aot {
+    use super::fnv::fnv1a64;
     use std::ffi::{c_char, c_int, CString};
     use std::fmt::Write as _;
     use std::path::{Path, PathBuf};
@@ -232,20 +237,6 @@ mod aot {
             buf.truncate(size);
             Ok(buf)
         }
-    }
-
-    /// 64-bit FNV-1a (the same function as `kernels::fnv1a64`), for the cache's names.
-    fn fnv1a64(parts: &[&[u8]]) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for part in parts {
-            for &b in *part {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-            h ^= 0xff;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h
     }
 
     /// Compile every job for every target (two threads; results kept in

@@ -7,6 +7,7 @@
 //! functions, as a [`KernelSource`].
 
 use super::driver::drv_err;
+use super::fnv::fnv1a64;
 use super::launch::{self, BatchItemDesc, Conv2dParams};
 use crate::backend::ops::PreprocessParams;
 use crate::config::{Border, DType, Interpolation, Layout, MAX_CONV_SIZE};
@@ -321,22 +322,6 @@ fn program_log(prog: &Program) -> Result<String, nvrtc::nvrtcResult> {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     Ok(String::from_utf8_lossy(&buf[..end]).trim().to_string())
-}
-
-/// 64-bit FNV-1a: the cache key and the cache files' checksum (not a security hash:
-/// the cache lives in the user's own directory).
-pub(crate) fn fnv1a64(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in *part {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        // separator, so ("ab", "c") and ("a", "bc") differ
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 /// Where compiled modules are cached: `$VISION_PREPROC_KERNEL_CACHE` (empty disables the

@@ -37,6 +37,7 @@ mod device;
 pub(crate) mod driver;
 #[cfg(feature = "fault-injection")]
 mod fault;
+mod fnv;
 mod frame;
 pub mod kernels;
 pub mod launch;
