@@ -11,7 +11,7 @@
 //! Parity with OpenCV on real photographs is the Python suite (test/python).
 
 use vision_preproc::backend::cpu::{reference, CpuBackend, Simd};
-use vision_preproc::backend::{read_elements, Backend, BatchSlot, PreprocessOp};
+use vision_preproc::backend::{read_elements, Backend, BatchSlot, FrameWork, PreprocessOp};
 use vision_preproc::config::{
     ChannelOrder, Config, DType, Interpolation, Layout, LetterboxAnchor, ResizeMode,
 };
@@ -388,10 +388,10 @@ fn output_buffer_is_reused_across_frames() {
     let op = op_for(&cfg, &img);
     let mut cpu = CpuBackend::new();
     let mut out = Vec::new();
-    cpu.process(&img, &op, None, &mut out).unwrap();
+    cpu.process(FrameWork::new(&img, &op, None), &mut out).unwrap();
     let (ptr, first) = (out.as_ptr(), out.clone());
     for _ in 0..3 {
-        cpu.process(&img, &op, None, &mut out).unwrap();
+        cpu.process(FrameWork::new(&img, &op, None), &mut out).unwrap();
         assert_eq!(out.as_ptr(), ptr, "the output buffer was reallocated");
         assert_eq!(out, first);
     }
@@ -454,7 +454,7 @@ fn an_operation_for_another_encoding_step_or_byte_order_is_an_operation_error() 
     let cfg = Config { network_image_width: 4, network_image_height: 4, ..Config::default() };
     let good = op_for(&cfg, &img);
     let mut out = vec![0u8; good.params.tensor_desc().byte_len()];
-    CpuBackend::new().process_into(&img, &good, None, &mut out).unwrap();
+    CpuBackend::new().process_into(FrameWork::new(&img, &good, None), &mut out).unwrap();
     type Change = fn(&mut PreprocessOp);
     let cases: [(&str, Change); 4] = [
         ("(52, bgr16, 0)", |op| op.params.encoding = Encoding::Bgr16 as u32),
@@ -470,7 +470,7 @@ fn an_operation_for_another_encoding_step_or_byte_order_is_an_operation_error() 
              rgb16, 0); call op.params.set_source(&image) for each frame"
         );
         let want = format!("preprocessing operation does not match the image: {inner}");
-        let single = CpuBackend::new().process_into(&img, &op, None, &mut out);
+        let single = CpuBackend::new().process_into(FrameWork::new(&img, &op, None), &mut out);
         assert!(matches!(&single, Err(Error::Operation(_))), "{single:?}");
         assert_eq!(single.unwrap_err().to_string(), want);
         assert_eq!(op.check(&img).unwrap_err().to_string(), want);

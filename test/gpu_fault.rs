@@ -26,7 +26,7 @@ use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::{CudaBackend, MAX_BATCH_SLOTS};
 use vision_preproc::backend::{
-    read_elements, Backend, BatchSlot, Conv2dOp, HostBuffer, PreprocessOp, StageTimes,
+    read_elements, Backend, BatchSlot, FrameWork, HostBuffer, PreprocessOp, StageTimes,
 };
 use vision_preproc::config::{
     BackendChoice, ConvConfig, ConvKernel, DType, GpuFailurePolicy, MemoryMode,
@@ -35,6 +35,9 @@ use vision_preproc::config::{
 use vision_preproc::pipeline::{conv_op, FailureAction, FaultKind, FaultPlan, GPU_RETRY_ATTEMPTS};
 use vision_preproc::rng::SplitMix64 as Rng;
 use vision_preproc::{Config, Encoding, Error, ImageView, Pipeline};
+
+/// The crate's result (the tests' own functions return `Result<_, String>`).
+type VpResult<T> = vision_preproc::Result<T>;
 
 const TOLERANCES: &str = include_str!("tolerances.json");
 /// Frames per scenario; the fault is injected at frame FAULT_AT.
@@ -202,7 +205,7 @@ fn sticky(seed: u64) -> Result<String, String> {
     let mut op = vision_preproc::pipeline::preprocess_op(&cfg, &g);
     op.params.set_source(&view);
     let mut out = Vec::new();
-    match b.process(&view, &op, None, &mut out) {
+    match b.process(FrameWork::new(&view, &op, None), &mut out) {
         Ok(_) => Err(format!("after `{fault}` the same context still works: not sticky")),
         Err(e) => Ok(format!("injected: {fault}\n  next frame on the same backend: {e}")),
     }
@@ -232,18 +235,13 @@ impl Backend for WrongOp {
     fn device_description(&self) -> String {
         self.gpu.device_description()
     }
-    fn process_into(
-        &mut self,
-        image: &ImageView<'_>,
-        op: &PreprocessOp,
-        conv: Option<&Conv2dOp>,
-        out: &mut [u8],
-    ) -> vision_preproc::Result<StageTimes> {
+    fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> VpResult<StageTimes> {
+        let FrameWork { image, op, conv } = work;
         let mut op = op.clone();
         if self.wrong.load(Ordering::SeqCst) {
             op.params.encoding = Encoding::Rgb8 as u32;
         }
-        self.gpu.process_into(image, &op, conv, out)
+        self.gpu.process_into(FrameWork::new(image, &op, conv), out)
     }
     fn alloc_host(&mut self, len: usize) -> vision_preproc::Result<HostBuffer> {
         self.gpu.alloc_host(len)
@@ -281,12 +279,12 @@ fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
         change(&mut op);
         let what = |call: &str| format!("{call} with a wrong {name}");
         let m = operation_error(
-            b.process_into(&view, &op, conv.as_ref(), &mut heap),
+            b.process_into(FrameWork::new(&view, &op, conv.as_ref()), &mut heap),
             &what("process_into"),
         )?;
         let dst = &mut pinned.as_mut_slice()[..len];
         operation_error(
-            b.process_into(&view, &op, conv.as_ref(), dst),
+            b.process_into(FrameWork::new(&view, &op, conv.as_ref()), dst),
             &what("process_into (pinned)"),
         )?;
         operation_error(b.submit(&view, &op, None), &what("submit"))?;
@@ -323,10 +321,12 @@ fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
     let m = operation_error(b.process_batch_into(&many, None, &mut out), "too many slots")?;
     lines.push(format!("  {} slots: {m}", many.len()));
     // The backend goes on.
-    b.process_into(&view, &good, conv.as_ref(), &mut heap).map_err(|e| e.to_string())?;
+    b.process_into(FrameWork::new(&view, &good, conv.as_ref()), &mut heap)
+        .map_err(|e| e.to_string())?;
     let mut want = vec![0u8; len];
     let mut cpu = CpuBackend::new();
-    cpu.process_into(&view, &good, conv.as_ref(), &mut want).map_err(|e| e.to_string())?;
+    cpu.process_into(FrameWork::new(&view, &good, conv.as_ref()), &mut want)
+        .map_err(|e| e.to_string())?;
     let d = max_diff(&heap, &want)?;
     if d > tol {
         return Err(format!("a good frame after the refused ones: max diff {d:.3e}"));

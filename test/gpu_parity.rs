@@ -20,7 +20,7 @@ use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::{CudaBackend, FusedPath};
 use vision_preproc::backend::{
-    read_elements, Backend, BatchSlot, Conv2dOp, Job, Out, PreprocessOp, Queued,
+    read_elements, Backend, BatchSlot, Conv2dOp, FrameWork, Job, Out, PreprocessOp, Queued,
 };
 use vision_preproc::config::{
     Border, ChannelOrder, ConvConfig, ConvKernel, DType, Interpolation, Layout, LetterboxAnchor,
@@ -226,7 +226,8 @@ fn expected(
 ) -> Result<Vec<f64>, String> {
     let op = build_op(cfg, frame)?;
     let mut out = Vec::new();
-    cpu.process(&frame.view(), &op, conv, &mut out).map_err(|e| format!("CPU backend: {e}"))?;
+    cpu.process(FrameWork::new(&frame.view(), &op, conv), &mut out)
+        .map_err(|e| format!("CPU backend: {e}"))?;
     Ok(values(&out, cfg.output_dtype))
 }
 
@@ -496,7 +497,7 @@ fn main() -> ExitCode {
             // downloads to the unaligned address), as inside a serialized message.
             let mut out = vec![0xA5u8; 7];
             let result = match st.case_no % 3 {
-                0 => gpu.process(&frame.view(), &op, conv, &mut out),
+                0 => gpu.process(FrameWork::new(&frame.view(), &op, conv), &mut out),
                 k => {
                     let len = op.params.tensor_desc().byte_len();
                     gpu.alloc_host(len + 128)
@@ -504,7 +505,7 @@ fn main() -> ExitCode {
                             let base = buf.as_slice().as_ptr() as usize;
                             let at = (64 - base % 64) % 64 + if k == 2 { 4 } else { 0 };
                             let dst = &mut buf.as_mut_slice()[at..at + len];
-                            gpu.process_into(&frame.view(), &op, conv, dst)?;
+                            gpu.process_into(FrameWork::new(&frame.view(), &op, conv), dst)?;
                             out = buf.as_slice()[at..at + len].to_vec();
                             Ok(())
                         })

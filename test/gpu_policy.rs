@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
-use vision_preproc::backend::{Backend, Conv2dOp, Job, Out, PreprocessOp, Queued, StageTimes};
+use vision_preproc::backend::{Backend, Conv2dOp, FrameWork, Job, Out, Queued, StageTimes};
 use vision_preproc::config::{GpuFailurePolicy, ResizeMode};
 use vision_preproc::error::CudaError;
 use vision_preproc::handoff::{BlockEvent, DeviceBlocks, MemoryKind};
@@ -21,6 +21,9 @@ use vision_preproc::pipeline::{
 };
 use vision_preproc::wire::msgs::Header;
 use vision_preproc::{Config, Error, ImageView, Pipeline};
+
+/// The crate's result (the tests' own functions return `Result<_, String>`).
+type VpResult<T> = vision_preproc::Result<T>;
 
 /// A "GPU" that works like the CPU backend until it fails, then stays broken.
 struct FakeGpu {
@@ -63,13 +66,8 @@ impl Backend for FakeGpu {
     fn device_description(&self) -> String {
         "fake GPU (CPU backend inside)".into()
     }
-    fn process_into(
-        &mut self,
-        image: &ImageView<'_>,
-        op: &PreprocessOp,
-        conv: Option<&Conv2dOp>,
-        out: &mut [u8],
-    ) -> vision_preproc::Result<StageTimes> {
+    fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> VpResult<StageTimes> {
+        let FrameWork { image, op, conv } = work;
         self.calls += 1;
         if self.fail_on_call == Some(self.calls) {
             self.broken = true;
@@ -86,9 +84,9 @@ impl Backend for FakeGpu {
         if self.wrong_op_on_call == Some(self.calls) {
             let mut wrong = op.clone();
             wrong.params.encoding ^= 1;
-            return self.cpu.process_into(image, &wrong, conv, out);
+            return self.cpu.process_into(FrameWork::new(image, &wrong, conv), out);
         }
-        self.cpu.process_into(image, op, conv, out)
+        self.cpu.process_into(FrameWork::new(image, op, conv), out)
     }
     fn inject_fault(&mut self, _kind: FaultKind) -> Error {
         self.broken = true;
@@ -415,16 +413,10 @@ impl Backend for PipelinedFakeGpu {
         "cuda"
     }
     fn device_description(&self) -> String {
-        "fake GPU, 2 in flight".into()
+        format!("{}, 2 in flight", self.fake.device_description())
     }
-    fn process_into(
-        &mut self,
-        image: &ImageView<'_>,
-        op: &PreprocessOp,
-        conv: Option<&Conv2dOp>,
-        out: &mut [u8],
-    ) -> vision_preproc::Result<StageTimes> {
-        self.fake.process_into(image, op, conv, out)
+    fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> VpResult<StageTimes> {
+        self.fake.process_into(work, out)
     }
     fn max_in_flight(&self) -> usize {
         2
@@ -445,7 +437,7 @@ impl Backend for PipelinedFakeGpu {
         let Job::Frame { image, op } = job else { panic!("single frames only") };
         // SAFETY: the pipeline's promise (submit_to's contract); written before returning.
         let out = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-        let times = self.fake.process_into(image, op, conv, out)?;
+        let times = self.fake.process_into(FrameWork::new(image, op, conv), out)?;
         self.done.push_back(times);
         Ok(Queued::Pending)
     }

@@ -81,13 +81,7 @@ pub trait Backend: Send {
     /// pinned memory of its own context ([`Backend::alloc_host`]: in `mapped` mode the
     /// kernel writes it there), else through its own pinned buffer and one CPU copy.
     /// Nothing writes `out` after the call returns, error or not.
-    fn process_into(
-        &mut self,
-        image: &ImageView<'_>,
-        op: &PreprocessOp,
-        conv: Option<&Conv2dOp>,
-        out: &mut [u8],
-    ) -> Result<StageTimes>;
+    fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes>;
 
     /// A batch: slot i of `out` (`out.len() / slots.len()` bytes each, every slot's
     /// `op.params.tensor_desc()` the same) gets what [`Backend::process_into`] writes for
@@ -106,7 +100,7 @@ pub trait Backend: Send {
         for (slot, chunk) in slots.iter().zip(out.chunks_mut(item_len)) {
             match slot.image {
                 Some(image) => {
-                    let t = self.process_into(image, slot.op, conv, chunk)?;
+                    let t = self.process_into(FrameWork::new(image, slot.op, conv), chunk)?;
                     total.upload_us += t.upload_us;
                     total.preprocess_us += t.preprocess_us;
                     total.conv_us += t.conv_us;
@@ -155,7 +149,7 @@ pub trait Backend: Send {
         // SAFETY: the caller's promise (above); the work completes before this returns.
         let out = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
         let times = match job {
-            Job::Frame { image, op } => self.process_into(image, op, conv, out)?,
+            Job::Frame { image, op } => self.process_into(FrameWork::new(image, op, conv), out)?,
             Job::Batch(slots) => self.process_batch_into(slots, conv, out)?,
         };
         Ok(Queued::Done(times))
@@ -202,15 +196,9 @@ pub trait Backend: Send {
     fn abandon_all(&mut self) {}
 
     /// [`Backend::process_into`] a `Vec`, resized to fit.
-    fn process(
-        &mut self,
-        image: &ImageView<'_>,
-        op: &PreprocessOp,
-        conv: Option<&Conv2dOp>,
-        out: &mut Vec<u8>,
-    ) -> Result<StageTimes> {
-        out.resize(op.params.tensor_desc().byte_len(), 0);
-        self.process_into(image, op, conv, out)
+    fn process(&mut self, work: FrameWork<'_, '_>, out: &mut Vec<u8>) -> Result<StageTimes> {
+        out.resize(work.op.params.tensor_desc().byte_len(), 0);
+        self.process_into(work, out)
     }
 
     /// Host memory of at least `len` bytes (zeroed) for [`Backend::process_into`] to
@@ -326,6 +314,25 @@ pub enum Queued {
     Done(StageTimes),
     /// In flight: [`Backend::finish_oldest`] returns its stage times, in submission order.
     Pending,
+}
+
+/// One frame's work ([`Backend::process_into`]): the frame, the operation for its size and
+/// the conv2d after it (`None`: none).
+#[derive(Debug, Clone, Copy)]
+pub struct FrameWork<'a, 'b> {
+    /// The frame.
+    pub image: &'b ImageView<'a>,
+    /// Its operation.
+    pub op: &'b PreprocessOp,
+    /// The conv2d after it.
+    pub conv: Option<&'b Conv2dOp>,
+}
+
+impl<'a, 'b> FrameWork<'a, 'b> {
+    /// `image` through `op`, then `conv`.
+    pub fn new(image: &'b ImageView<'a>, op: &'b PreprocessOp, conv: Option<&'b Conv2dOp>) -> Self {
+        FrameWork { image, op, conv }
+    }
 }
 
 /// One slot of a batch ([`Backend::process_batch_into`]): a frame and its operation, or
@@ -454,14 +461,8 @@ mod batch_tests {
         fn device_description(&self) -> String {
             String::new()
         }
-        fn process_into(
-            &mut self,
-            image: &ImageView<'_>,
-            op: &PreprocessOp,
-            conv: Option<&Conv2dOp>,
-            out: &mut [u8],
-        ) -> Result<StageTimes> {
-            self.0.process_into(image, op, conv, out)
+        fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
+            self.0.process_into(work, out)
         }
     }
 
@@ -510,9 +511,9 @@ mod batch_tests {
             for conv in [None, conv.as_ref()] {
                 let mut want = vec![0u8; 3 * len];
                 let mut cpu = cpu::CpuBackend::new();
-                cpu.process_into(&va, &oa, conv, &mut want[..len]).unwrap();
+                cpu.process_into(FrameWork::new(&va, &oa, conv), &mut want[..len]).unwrap();
                 fill_pad(&oa.params, &mut want[len..2 * len]);
-                cpu.process_into(&vb, &ob, conv, &mut want[2 * len..]).unwrap();
+                cpu.process_into(FrameWork::new(&vb, &ob, conv), &mut want[2 * len..]).unwrap();
                 let mut parallel = vec![0xEEu8; 3 * len];
                 cpu::CpuBackend::new().process_batch_into(&slots, conv, &mut parallel).unwrap();
                 assert!(parallel == want, "{layout:?} {dtype:?} conv {}: parallel", conv.is_some());

@@ -1,6 +1,7 @@
 //! Test hook (feature `fault-injection`, and the unit tests): [`Deferred`], the CPU
 //! backend behind the pipelined interface of the CUDA backend.
 
+use crate::backend::{FrameWork, StageTimes};
 use crate::error::{Error, Result};
 
 /// The environment variable of [`Deferred`]: `1` makes `backend: cpu` defer its work.
@@ -98,14 +99,8 @@ impl crate::backend::Backend for Deferred {
         )
     }
 
-    fn process_into(
-        &mut self,
-        image: &crate::image::ImageView<'_>,
-        op: &crate::backend::PreprocessOp,
-        conv: Option<&crate::backend::Conv2dOp>,
-        out: &mut [u8],
-    ) -> Result<crate::backend::StageTimes> {
-        self.cpu.process_into(image, op, conv, out)
+    fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
+        self.cpu.process_into(work, out)
     }
 
     fn process_batch_into(
@@ -166,7 +161,7 @@ impl crate::backend::Backend for Deferred {
         let conv = job.conv.as_ref();
         if !job.batch {
             if let (Some(Some(image)), Some((_, op))) = (views.first(), job.slots.first()) {
-                return self.cpu.process_into(image, op, conv, out);
+                return self.cpu.process_into(FrameWork::new(image, op, conv), out);
             }
             return Err(Error::Operation("a deferred frame without its frame".into()));
         }

@@ -33,7 +33,7 @@ pub mod reference;
 pub use conv::{conv2d, ConvScratch};
 
 use crate::backend::{
-    AxisMap, Backend, BatchSlot, Conv2dOp, PreprocessOp, PreprocessParams, StageTimes,
+    AxisMap, Backend, BatchSlot, Conv2dOp, FrameWork, PreprocessOp, PreprocessParams, StageTimes,
 };
 use crate::config::{DType, Layout};
 use crate::error::Result;
@@ -242,7 +242,7 @@ impl Backend for CpuBackend {
                 Some(image) => {
                     // The slot's stages nest in its own range, on the thread that runs it.
                     let _item = nvtx::push_with(|| nvtx::item_name(i));
-                    backend.process_into(image, slot.op, conv, chunk)
+                    backend.process_into(FrameWork::new(image, slot.op, conv), chunk)
                 }
                 None => {
                     crate::backend::fill_pad(&slot.op.params, chunk);
@@ -266,13 +266,8 @@ impl Backend for CpuBackend {
         format!("CPU, {} threads, {:?}", rayon::current_num_threads(), self.simd)
     }
 
-    fn process_into(
-        &mut self,
-        image: &ImageView<'_>,
-        op: &PreprocessOp,
-        conv: Option<&Conv2dOp>,
-        out: &mut [u8],
-    ) -> Result<StageTimes> {
+    fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
+        let FrameWork { image, op, conv } = work;
         let start = Instant::now();
         crate::backend::check_out_len(op, out.len())?;
         let Some(conv) = conv else {

@@ -50,11 +50,11 @@ pub use device::{resident_blocks, DeviceInfo};
 pub use launch::MAX_BATCH_SLOTS;
 
 use crate::backend::{
-    Backend, BatchSlot, Conv2dOp, Job, Out, PreprocessOp, PreprocessParams, Queued, StageTimes,
+    Backend, BatchSlot, Conv2dOp, FrameWork, Job, Out, PreprocessParams, Queued, StageTimes,
 };
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Error, Result};
-use crate::image::{Encoding, ImageView};
+use crate::image::Encoding;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use driver::drv_err;
@@ -411,13 +411,8 @@ impl Backend for CudaBackend {
     /// `frame.rs`), the tensor straight into `out` when it is pinned memory of this
     /// context: [`Backend::submit_into`] and [`Backend::finish_oldest`] with nothing else
     /// in flight.
-    fn process_into(
-        &mut self,
-        image: &ImageView<'_>,
-        op: &PreprocessOp,
-        conv: Option<&Conv2dOp>,
-        out: &mut [u8],
-    ) -> Result<StageTimes> {
+    fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
+        let FrameWork { image, op, conv } = work;
         self.run_alone(Job::Frame { image, op }, conv, out)
     }
 

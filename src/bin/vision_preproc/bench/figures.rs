@@ -11,7 +11,7 @@ use std::time::Instant;
 use vision_preproc::backend::cuda::launch::{self, Conv2dParams};
 use vision_preproc::backend::cuda::memory::{PinnedBuffer, PinnedKind, SRC_SLACK};
 use vision_preproc::backend::cuda::{kernels, launch_kernel, resident_blocks, CudaBackend};
-use vision_preproc::backend::{Backend, Conv2dOp, PreprocessOp, PreprocessParams};
+use vision_preproc::backend::{Backend, Conv2dOp, FrameWork, PreprocessOp, PreprocessParams};
 use vision_preproc::config::{
     Border, Config, ConvConfig, ConvKernel, DType, Layout, MemoryMode, ResizeMode,
 };
@@ -175,7 +175,7 @@ impl Case {
         let conv = frame_conv_op(opts.frame_conv, &sc.cfg)?;
         let view = ImageView::with_encoding(sw, sh, step, sc.enc, false, &frame)?;
         let mut out = Vec::new();
-        bench.b.process(&view, &op, None, &mut out)?;
+        bench.b.process(FrameWork::new(&view, &op, None), &mut out)?;
         let maps =
             bench.b.tables_device_ptr().ok_or_else(|| drv("bench", "tables not uploaded"))?;
         let mut srcs = Vec::new();
@@ -591,7 +591,7 @@ pub fn full_frame(bench: &mut Bench<'_>, case: &Case, opts: &BenchOptions) -> Re
     let mut out = Vec::new();
     if let Some(dir) = &opts.frames_dir {
         // The tensor another program compares against: this frame through the backend.
-        bench.b.process(&view, &case.op, conv, &mut out)?;
+        bench.b.process(FrameWork::new(&view, &case.op, conv), &mut out)?;
         let path = dir.join(format!("case{}.tensor", case.index));
         std::fs::write(&path, &out)
             .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
@@ -602,7 +602,7 @@ pub fn full_frame(bench: &mut Bench<'_>, case: &Case, opts: &BenchOptions) -> Re
         let mut v = Vec::with_capacity(iters);
         for i in 0..warmup + iters {
             let t0 = Instant::now();
-            b.process(&view, &case.op, conv, &mut out)?;
+            b.process(FrameWork::new(&view, &case.op, conv), &mut out)?;
             if i >= warmup {
                 v.push(t0.elapsed().as_secs_f64() * 1e6);
             }

@@ -3,7 +3,7 @@
 use super::timing::drv;
 use std::time::Instant;
 use vision_preproc::backend::cuda::CudaBackend;
-use vision_preproc::backend::Backend;
+use vision_preproc::backend::{Backend, FrameWork};
 use vision_preproc::config::{Config, MemoryMode};
 use vision_preproc::error::{CudaError, Result};
 use vision_preproc::pipeline::{preprocess_op, Geometry};
@@ -67,7 +67,7 @@ pub fn startup(
     op.params.encoding = Encoding::Rgb8 as u32;
     let mut out = Vec::new();
     let t2 = Instant::now();
-    b.process(&view, &op, None, &mut out)?;
+    b.process(FrameWork::new(&view, &op, None), &mut out)?;
     let frame_ms = t2.elapsed().as_secs_f64() * 1e3;
     let first_tensor_ms = t0.elapsed().as_secs_f64() * 1e3;
     let t_first = Instant::now();
@@ -76,7 +76,7 @@ pub fn startup(
     let (rss, hwm) = rss_kb();
     // Steady state: 100 more frames of the same size.
     for _ in 0..100 {
-        b.process(&view, &op, None, &mut out)?;
+        b.process(FrameWork::new(&view, &op, None), &mut out)?;
     }
     ctx.bind_to_thread().map_err(|e| drv("cuCtxSetCurrent", e))?;
     let used_steady = device_used()?;
