@@ -11,7 +11,9 @@
 //! Parity with OpenCV on real photographs is the Python suite (test/python).
 
 use vision_preproc::backend::cpu::{reference, CpuBackend, Simd};
-use vision_preproc::backend::{read_elements, Backend, BatchSlot, FrameWork, PreprocessOp};
+use vision_preproc::backend::{
+    read_elements, Backend, BatchSlot, BatchWork, FrameWork, PreprocessOp,
+};
 use vision_preproc::config::{
     ChannelOrder, Config, DType, Interpolation, Layout, LetterboxAnchor, ResizeMode,
 };
@@ -482,7 +484,7 @@ fn an_operation_for_another_encoding_step_or_byte_order_is_an_operation_error() 
             BatchSlot { image: Some(&img), op: &op },
         ];
         let mut batch = vec![0u8; 3 * out.len()];
-        match CpuBackend::new().process_batch_into(&slots, None, &mut batch) {
+        match CpuBackend::new().process_batch_into(BatchWork::new(&slots, None), &mut batch) {
             Err(Error::Operation(m)) => assert_eq!(m, format!("batch slot 2: {inner}")),
             other => panic!("expected Error::Operation, got {other:?}"),
         }

@@ -26,7 +26,7 @@ use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::{CudaBackend, MAX_BATCH_SLOTS};
 use vision_preproc::backend::{
-    read_elements, Backend, BatchSlot, FrameWork, HostBuffer, PreprocessOp, StageTimes,
+    read_elements, Backend, BatchSlot, BatchWork, FrameWork, HostBuffer, PreprocessOp, StageTimes,
 };
 use vision_preproc::config::{
     BackendChoice, ConvConfig, ConvKernel, DType, GpuFailurePolicy, MemoryMode,
@@ -293,7 +293,7 @@ fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
             BatchSlot { image: Some(&view), op: &op },
         ];
         let mb = operation_error(
-            b.process_batch_into(&slots, conv.as_ref(), &mut batch),
+            b.process_batch_into(BatchWork::new(&slots, conv.as_ref()), &mut batch),
             &what("process_batch_into"),
         )?;
         if !mb.starts_with("batch slot 1: ") {
@@ -318,7 +318,10 @@ fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
     b.finish_batch(&mut batch).map_err(|e| format!("finish_batch after the refusal: {e}"))?;
     let many = vec![BatchSlot { image: Some(&view), op: &good }; MAX_BATCH_SLOTS + 1];
     let mut out = vec![0u8; many.len() * len];
-    let m = operation_error(b.process_batch_into(&many, None, &mut out), "too many slots")?;
+    let m = operation_error(
+        b.process_batch_into(BatchWork::new(&many, None), &mut out),
+        "too many slots",
+    )?;
     lines.push(format!("  {} slots: {m}", many.len()));
     // The backend goes on.
     b.process_into(FrameWork::new(&view, &good, conv.as_ref()), &mut heap)

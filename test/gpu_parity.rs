@@ -20,7 +20,8 @@ use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::{CudaBackend, FusedPath};
 use vision_preproc::backend::{
-    read_elements, Backend, BatchSlot, Conv2dOp, FrameWork, Job, Out, PreprocessOp, Queued,
+    read_elements, Backend, BatchSlot, BatchWork, Conv2dOp, FrameWork, Job, Out, PreprocessOp,
+    Queued,
 };
 use vision_preproc::config::{
     Border, ChannelOrder, ConvConfig, ConvKernel, DType, Interpolation, Layout, LetterboxAnchor,
@@ -765,8 +766,8 @@ fn main() -> ExitCode {
                 // touched before their finish_oldest returned.
                 let queued = unsafe {
                     (
-                        gpu.submit_into(Job::Frame { image: &va, op: &oa }, None, pa, len),
-                        gpu.submit_into(Job::Frame { image: &vb, op: &ob }, None, pb, len),
+                        gpu.submit_into(Job::Frame(FrameWork::new(&va, &oa, None)), pa, len),
+                        gpu.submit_into(Job::Frame(FrameWork::new(&vb, &ob, None)), pb, len),
                     )
                 };
                 for q in [queued.0, queued.1] {
@@ -778,8 +779,7 @@ fn main() -> ExitCode {
                 // SAFETY: refused before anything is queued (checked below).
                 let third = unsafe {
                     gpu.submit_into(
-                        Job::Frame { image: &va, op: &oa },
-                        None,
+                        Job::Frame(FrameWork::new(&va, &oa, None)),
                         spare.as_mut_ptr(),
                         len,
                     )
@@ -810,17 +810,19 @@ fn main() -> ExitCode {
                 let (p1, p2) = (out1.as_mut_slice().as_mut_ptr(), out2.as_mut_ptr());
                 // SAFETY: as above.
                 unsafe {
-                    gpu.submit_into(Job::Batch(&b1), None, p1, 2 * len)
+                    gpu.submit_into(Job::Batch(BatchWork::new(&b1, None)), p1, 2 * len)
                         .map_err(|e| e.to_string())?;
-                    gpu.submit_into(Job::Batch(&b2), None, p2, 2 * len)
+                    gpu.submit_into(Job::Batch(BatchWork::new(&b2, None)), p2, 2 * len)
                         .map_err(|e| e.to_string())?;
                 }
                 gpu.finish_oldest().map_err(|e| format!("finish batch 1: {e}"))?;
                 gpu.finish_oldest().map_err(|e| format!("finish batch 2: {e}"))?;
                 let mut want1 = vec![0u8; 2 * len];
                 let mut want2 = vec![0u8; 2 * len];
-                cpu.process_batch_into(&b1, None, &mut want1).map_err(|e| e.to_string())?;
-                cpu.process_batch_into(&b2, None, &mut want2).map_err(|e| e.to_string())?;
+                cpu.process_batch_into(BatchWork::new(&b1, None), &mut want1)
+                    .map_err(|e| e.to_string())?;
+                cpu.process_batch_into(BatchWork::new(&b2, None), &mut want2)
+                    .map_err(|e| e.to_string())?;
                 compare(
                     out1.as_slice(),
                     &values(&want1, DType::Float32),
@@ -901,9 +903,9 @@ fn main() -> ExitCode {
                     let host = Some(host_b.as_mut_slice().as_mut_ptr());
                     let ready = Some(ev_b.raw);
                     let b = Out::Device { ptr: blocks.address(1), len, host, ready };
-                    gpu.submit_to(Job::Frame { image: &va, op: &oa }, None, a)
+                    gpu.submit_to(Job::Frame(FrameWork::new(&va, &oa, None)), a)
                         .map_err(|e| format!("submit A: {e}"))?;
-                    gpu.submit_to(Job::Frame { image: &vb, op: &ob }, None, b)
+                    gpu.submit_to(Job::Frame(FrameWork::new(&vb, &ob, None)), b)
                         .map_err(|e| format!("submit B: {e}"))?;
                 }
                 gpu.finish_oldest().map_err(|e| format!("finish A: {e}"))?;
@@ -933,11 +935,13 @@ fn main() -> ExitCode {
                         host: None,
                         ready: None,
                     };
-                    gpu.submit_to(Job::Batch(&slots), None, out).map_err(|e| e.to_string())?;
+                    gpu.submit_to(Job::Batch(BatchWork::new(&slots, None)), out)
+                        .map_err(|e| e.to_string())?;
                 }
                 gpu.finish_oldest().map_err(|e| format!("finish the batch: {e}"))?;
                 let mut want = vec![0u8; 2 * len];
-                cpu.process_batch_into(&slots, None, &mut want).map_err(|e| e.to_string())?;
+                cpu.process_batch_into(BatchWork::new(&slots, None), &mut want)
+                    .map_err(|e| e.to_string())?;
                 compare(
                     &read_back(&gpu, 0, 2 * len)?,
                     &values(&want, DType::Float32),
@@ -999,11 +1003,11 @@ fn main() -> ExitCode {
                         .collect();
                     let len = ops[0].params.tensor_desc().byte_len() * slots.len();
                     let mut want = vec![0u8; len];
-                    cpu.process_batch_into(&slots, conv, &mut want)
+                    cpu.process_batch_into(BatchWork::new(&slots, conv), &mut want)
                         .map_err(|e| format!("CPU: {e}"))?;
                     let got = if k % 2 == 0 {
                         let mut out = vec![0xA5u8; len];
-                        gpu.process_batch_into(&slots, conv, &mut out)
+                        gpu.process_batch_into(BatchWork::new(&slots, conv), &mut out)
                             .map_err(|e| format!("CUDA: {e}"))?;
                         out
                     } else {
@@ -1011,8 +1015,11 @@ fn main() -> ExitCode {
                         let base = buf.as_slice().as_ptr() as usize;
                         let at = (64 - base % 64) % 64;
                         buf.as_mut_slice()[at..at + len].fill(0xA5);
-                        gpu.process_batch_into(&slots, conv, &mut buf.as_mut_slice()[at..at + len])
-                            .map_err(|e| format!("CUDA: {e}"))?;
+                        gpu.process_batch_into(
+                            BatchWork::new(&slots, conv),
+                            &mut buf.as_mut_slice()[at..at + len],
+                        )
+                        .map_err(|e| format!("CUDA: {e}"))?;
                         buf.as_slice()[at..at + len].to_vec()
                     };
                     let item = len / slots.len();
@@ -1075,7 +1082,8 @@ fn main() -> ExitCode {
                 for (slots, conv) in batches.iter().zip(convs_of) {
                     let len = slots[0].op.params.tensor_desc().byte_len() * slots.len();
                     let mut w = vec![0u8; len];
-                    cpu.process_batch_into(slots, conv, &mut w).map_err(|e| format!("CPU: {e}"))?;
+                    cpu.process_batch_into(BatchWork::new(slots, conv), &mut w)
+                        .map_err(|e| format!("CPU: {e}"))?;
                     want.push(w);
                 }
                 for (slots, conv) in batches.iter().zip(convs_of) {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
-use vision_preproc::backend::{Backend, Conv2dOp, FrameWork, Job, Out, Queued, StageTimes};
+use vision_preproc::backend::{Backend, FrameWork, Job, Out, Queued, StageTimes};
 use vision_preproc::config::{GpuFailurePolicy, ResizeMode};
 use vision_preproc::error::CudaError;
 use vision_preproc::handoff::{BlockEvent, DeviceBlocks, MemoryKind};
@@ -421,12 +421,7 @@ impl Backend for PipelinedFakeGpu {
     fn max_in_flight(&self) -> usize {
         2
     }
-    unsafe fn submit_to(
-        &mut self,
-        job: Job<'_, '_>,
-        conv: Option<&Conv2dOp>,
-        out: Out,
-    ) -> vision_preproc::Result<Queued> {
+    unsafe fn submit_to(&mut self, job: Job<'_, '_>, out: Out) -> VpResult<Queued> {
         let (ptr, len) = match out {
             Out::Host { ptr, len } => (ptr, len),
             Out::Device { ptr, len, ready, .. } => {
@@ -434,10 +429,10 @@ impl Backend for PipelinedFakeGpu {
                 (ptr as *mut u8, len)
             }
         };
-        let Job::Frame { image, op } = job else { panic!("single frames only") };
+        let Job::Frame(work) = job else { panic!("single frames only") };
         // SAFETY: the pipeline's promise (submit_to's contract); written before returning.
         let out = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-        let times = self.fake.process_into(FrameWork::new(image, op, conv), out)?;
+        let times = self.fake.process_into(work, out)?;
         self.done.push_back(times);
         Ok(Queued::Pending)
     }

@@ -89,12 +89,8 @@ pub trait Backend: Send {
     /// (`op.params.pad`) everywhere (no conv2d: a padded slot is constant). The stage
     /// times are the batch's. This default runs the slots one after the other; the CPU
     /// backend runs them in parallel, the CUDA backend in one launch.
-    fn process_batch_into(
-        &mut self,
-        slots: &[BatchSlot<'_, '_>],
-        conv: Option<&Conv2dOp>,
-        out: &mut [u8],
-    ) -> Result<StageTimes> {
+    fn process_batch_into(&mut self, w: BatchWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
+        let BatchWork { slots, conv } = w;
         let item_len = check_batch(slots, out)?;
         let mut total = StageTimes::default();
         for (slot, chunk) in slots.iter().zip(out.chunks_mut(item_len)) {
@@ -134,12 +130,7 @@ pub trait Backend: Send {
     /// `out`'s memory must be valid for writes of its length, and neither read nor
     /// written by anyone else, until this submission's `finish_oldest` returned (Ok or
     /// Err) or [`Backend::abandon_all`] returned.
-    unsafe fn submit_to(
-        &mut self,
-        job: Job<'_, '_>,
-        conv: Option<&Conv2dOp>,
-        out: Out,
-    ) -> Result<Queued> {
+    unsafe fn submit_to(&mut self, job: Job<'_, '_>, out: Out) -> Result<Queued> {
         let Out::Host { ptr, len } = out else {
             return Err(Error::Operation(format!(
                 "the {} backend has no device memory to write into",
@@ -149,8 +140,8 @@ pub trait Backend: Send {
         // SAFETY: the caller's promise (above); the work completes before this returns.
         let out = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
         let times = match job {
-            Job::Frame { image, op } => self.process_into(FrameWork::new(image, op, conv), out)?,
-            Job::Batch(slots) => self.process_batch_into(slots, conv, out)?,
+            Job::Frame(work) => self.process_into(work, out)?,
+            Job::Batch(work) => self.process_batch_into(work, out)?,
         };
         Ok(Queued::Done(times))
     }
@@ -159,15 +150,9 @@ pub trait Backend: Send {
     ///
     /// # Safety
     /// As [`Backend::submit_to`].
-    unsafe fn submit_into(
-        &mut self,
-        job: Job<'_, '_>,
-        conv: Option<&Conv2dOp>,
-        out: *mut u8,
-        len: usize,
-    ) -> Result<Queued> {
+    unsafe fn submit_into(&mut self, job: Job<'_, '_>, out: *mut u8, len: usize) -> Result<Queued> {
         // SAFETY: the caller's promise is submit_to's.
-        unsafe { self.submit_to(job, conv, Out::Host { ptr: out, len }) }
+        unsafe { self.submit_to(job, Out::Host { ptr: out, len }) }
     }
 
     /// `count` blocks of at least `bytes` of device memory that other processes can
@@ -296,15 +281,10 @@ impl std::fmt::Debug for HostBuffer {
 /// encoding on CUDA) or a batch (one launch for every slot).
 #[derive(Debug, Clone, Copy)]
 pub enum Job<'a, 'b> {
-    /// [`Backend::process_into`]'s frame and operation.
-    Frame {
-        /// The frame.
-        image: &'b ImageView<'a>,
-        /// Its operation.
-        op: &'b PreprocessOp,
-    },
-    /// [`Backend::process_batch_into`]'s slots.
-    Batch(&'b [BatchSlot<'a, 'b>]),
+    /// [`Backend::process_into`]'s work.
+    Frame(FrameWork<'a, 'b>),
+    /// [`Backend::process_batch_into`]'s work.
+    Batch(BatchWork<'a, 'b>),
 }
 
 /// What [`Backend::submit_into`] did with a job.
@@ -332,6 +312,23 @@ impl<'a, 'b> FrameWork<'a, 'b> {
     /// `image` through `op`, then `conv`.
     pub fn new(image: &'b ImageView<'a>, op: &'b PreprocessOp, conv: Option<&'b Conv2dOp>) -> Self {
         FrameWork { image, op, conv }
+    }
+}
+
+/// A batch's work ([`Backend::process_batch_into`]): its slots and the conv2d after each
+/// (`None`: none).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchWork<'a, 'b> {
+    /// One per camera.
+    pub slots: &'b [BatchSlot<'a, 'b>],
+    /// The conv2d after each slot's preprocessing.
+    pub conv: Option<&'b Conv2dOp>,
+}
+
+impl<'a, 'b> BatchWork<'a, 'b> {
+    /// `slots`, each then through `conv`.
+    pub fn new(slots: &'b [BatchSlot<'a, 'b>], conv: Option<&'b Conv2dOp>) -> Self {
+        BatchWork { slots, conv }
     }
 }
 
@@ -515,11 +512,13 @@ mod batch_tests {
                 fill_pad(&oa.params, &mut want[len..2 * len]);
                 cpu.process_into(FrameWork::new(&vb, &ob, conv), &mut want[2 * len..]).unwrap();
                 let mut parallel = vec![0xEEu8; 3 * len];
-                cpu::CpuBackend::new().process_batch_into(&slots, conv, &mut parallel).unwrap();
+                cpu::CpuBackend::new()
+                    .process_batch_into(BatchWork::new(&slots, conv), &mut parallel)
+                    .unwrap();
                 assert!(parallel == want, "{layout:?} {dtype:?} conv {}: parallel", conv.is_some());
                 let mut seq = vec![0xEEu8; 3 * len];
                 Sequential(cpu::CpuBackend::new())
-                    .process_batch_into(&slots, conv, &mut seq)
+                    .process_batch_into(BatchWork::new(&slots, conv), &mut seq)
                     .unwrap();
                 assert!(seq == want, "{layout:?} {dtype:?} conv {}: sequential", conv.is_some());
             }
@@ -538,7 +537,9 @@ mod batch_tests {
                 });
             }
             // Wrong sizes are errors naming the fix.
-            let e = cpu::CpuBackend::new().process_batch_into(&slots, None, &mut pad).unwrap_err();
+            let e = cpu::CpuBackend::new()
+                .process_batch_into(BatchWork::new(&slots, None), &mut pad)
+                .unwrap_err();
             assert!(e.to_string().contains("slots * op.params.tensor_desc().byte_len()"), "{e}");
         }
     }

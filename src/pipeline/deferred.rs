@@ -1,7 +1,7 @@
 //! Test hook (feature `fault-injection`, and the unit tests): [`Deferred`], the CPU
 //! backend behind the pipelined interface of the CUDA backend.
 
-use crate::backend::{FrameWork, StageTimes};
+use crate::backend::{BatchWork, FrameWork, Job, Queued, StageTimes};
 use crate::error::{Error, Result};
 
 /// The environment variable of [`Deferred`]: `1` makes `backend: cpu` defer its work.
@@ -103,47 +103,36 @@ impl crate::backend::Backend for Deferred {
         self.cpu.process_into(work, out)
     }
 
-    fn process_batch_into(
-        &mut self,
-        slots: &[crate::backend::BatchSlot<'_, '_>],
-        conv: Option<&crate::backend::Conv2dOp>,
-        out: &mut [u8],
-    ) -> Result<crate::backend::StageTimes> {
-        self.cpu.process_batch_into(slots, conv, out)
+    fn process_batch_into(&mut self, w: BatchWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
+        self.cpu.process_batch_into(w, out)
     }
 
     fn max_in_flight(&self) -> usize {
         2
     }
 
-    unsafe fn submit_to(
-        &mut self,
-        job: crate::backend::Job<'_, '_>,
-        conv: Option<&crate::backend::Conv2dOp>,
-        out: crate::backend::Out,
-    ) -> Result<crate::backend::Queued> {
-        use crate::backend::Job;
+    unsafe fn submit_to(&mut self, job: Job<'_, '_>, out: crate::backend::Out) -> Result<Queued> {
         let crate::backend::Out::Host { ptr: out, len } = out else {
             return Err(Error::Operation("the deferred backend has no device memory".into()));
         };
         if self.queue.len() >= 2 {
             return Err(Error::Operation("submit_into: 2 jobs already in flight".into()));
         }
-        let (slots, batch) = match job {
-            Job::Frame { image, op } => {
+        let (slots, batch, conv) = match job {
+            Job::Frame(FrameWork { image, op, conv }) => {
                 crate::backend::check_out_len(op, len)?;
                 op.check(image)?;
-                (vec![(Some(StagedFrame::of(image)), op.clone())], false)
+                (vec![(Some(StagedFrame::of(image)), op.clone())], false, conv)
             }
-            Job::Batch(slots) => {
+            Job::Batch(BatchWork { slots, conv }) => {
                 crate::backend::check_batch_len(slots, len)?;
                 let staged = slots.iter().map(|s| (s.image.map(StagedFrame::of), s.op.clone()));
-                (staged.collect(), true)
+                (staged.collect(), true, conv)
             }
         };
         conv.map_or(Ok(()), crate::backend::Conv2dOp::check)?;
         self.queue.push_back(DeferredJob { slots, batch, conv: conv.cloned(), out, len });
-        Ok(crate::backend::Queued::Pending)
+        Ok(Queued::Pending)
     }
 
     fn finish_oldest(&mut self) -> Result<crate::backend::StageTimes> {
@@ -170,7 +159,7 @@ impl crate::backend::Backend for Deferred {
             .zip(&job.slots)
             .map(|(image, (_, op))| crate::backend::BatchSlot { image: image.as_ref(), op })
             .collect();
-        self.cpu.process_batch_into(&slots, conv, out)
+        self.cpu.process_batch_into(BatchWork::new(&slots, conv), out)
     }
 
     fn abandon_all(&mut self) {

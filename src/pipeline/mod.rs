@@ -21,7 +21,7 @@ pub(crate) mod message;
 mod ops;
 pub(crate) mod preview;
 
-use crate::backend::{self, Backend, Job, Queued, StageTimes, TensorDesc};
+use crate::backend::{self, Backend, BatchWork, FrameWork, Job, Queued, StageTimes, TensorDesc};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::handoff::{BlockMemory, Pool};
@@ -469,7 +469,7 @@ impl Pipeline {
             return match (images.first(), self.ops.frame_op(0)) {
                 // SAFETY: `out` as said above.
                 (Some(Some(image)), Some(op)) => unsafe {
-                    self.backend.submit_to(Job::Frame { image, op }, conv, out)
+                    self.backend.submit_to(Job::Frame(FrameWork::new(image, op, conv)), out)
                 },
                 _ => Err(Error::Operation("no operation for this frame size".into())),
             };
@@ -486,7 +486,7 @@ impl Pipeline {
             })
             .collect();
         // SAFETY: `out` as said above.
-        unsafe { self.backend.submit_to(Job::Batch(&slots), conv, out) }
+        unsafe { self.backend.submit_to(Job::Batch(BatchWork::new(&slots, conv)), out) }
     }
 }
 

@@ -33,7 +33,7 @@ pub mod reference;
 pub use conv::{conv2d, ConvScratch};
 
 use crate::backend::{
-    AxisMap, Backend, BatchSlot, Conv2dOp, FrameWork, PreprocessOp, PreprocessParams, StageTimes,
+    AxisMap, Backend, BatchWork, FrameWork, PreprocessOp, PreprocessParams, StageTimes,
 };
 use crate::config::{DType, Layout};
 use crate::error::Result;
@@ -221,12 +221,8 @@ impl Backend for CpuBackend {
     /// The slots in parallel (rayon), each exactly as [`Backend::process_into`] computes
     /// it. Times: `conv_us` is the largest slot's conv2d time, `preprocess_us` the rest of
     /// the batch's wall time.
-    fn process_batch_into(
-        &mut self,
-        slots: &[BatchSlot<'_, '_>],
-        conv: Option<&Conv2dOp>,
-        out: &mut [u8],
-    ) -> Result<StageTimes> {
+    fn process_batch_into(&mut self, w: BatchWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
+        let BatchWork { slots, conv } = w;
         let start = Instant::now();
         let item_len = crate::backend::check_batch(slots, out)?;
         if self.slots.len() < slots.len() {

@@ -50,7 +50,7 @@ pub use device::{resident_blocks, DeviceInfo};
 pub use launch::MAX_BATCH_SLOTS;
 
 use crate::backend::{
-    Backend, BatchSlot, Conv2dOp, FrameWork, Job, Out, PreprocessParams, Queued, StageTimes,
+    Backend, BatchWork, Conv2dOp, FrameWork, Job, Out, PreprocessParams, Queued, StageTimes,
 };
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Error, Result};
@@ -342,12 +342,7 @@ impl CudaBackend {
 impl CudaBackend {
     /// `job` submitted and finished with nothing else in flight (`process_into`,
     /// `process_batch_into`): the synchronous form of the one path.
-    fn run_alone(
-        &mut self,
-        job: Job<'_, '_>,
-        conv: Option<&Conv2dOp>,
-        out: &mut [u8],
-    ) -> Result<StageTimes> {
+    fn run_alone(&mut self, job: Job<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
         if !self.queue.is_empty() || self.batches_in_flight() > 0 {
             let why =
                 "submissions of submit_into or submit_batch are not finished: finish them first";
@@ -355,7 +350,7 @@ impl CudaBackend {
         }
         // SAFETY: `out` is borrowed for this whole call, and the submission is finished
         // (or abandoned on error) before it returns.
-        match unsafe { self.submit_into(job, conv, out.as_mut_ptr(), out.len()) }? {
+        match unsafe { self.submit_into(job, out.as_mut_ptr(), out.len()) }? {
             Queued::Done(times) => Ok(times),
             Queued::Pending => self.finish_oldest(),
         }
@@ -412,20 +407,14 @@ impl Backend for CudaBackend {
     /// context: [`Backend::submit_into`] and [`Backend::finish_oldest`] with nothing else
     /// in flight.
     fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
-        let FrameWork { image, op, conv } = work;
-        self.run_alone(Job::Frame { image, op }, conv, out)
+        self.run_alone(Job::Frame(work), out)
     }
 
     /// One launch of `resize_normalize_batch` for the whole batch, one conv2d launch
     /// over it (see `batch.rs`), the tensors straight into `out` when it is pinned memory
     /// of this context; as [`Backend::process_into`].
-    fn process_batch_into(
-        &mut self,
-        slots: &[BatchSlot<'_, '_>],
-        conv: Option<&Conv2dOp>,
-        out: &mut [u8],
-    ) -> Result<StageTimes> {
-        self.run_alone(Job::Batch(slots), conv, out)
+    fn process_batch_into(&mut self, w: BatchWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
+        self.run_alone(Job::Batch(w), out)
     }
 
     fn max_in_flight(&self) -> usize {
@@ -437,19 +426,14 @@ impl Backend for CudaBackend {
     /// into `out` when it is pinned memory of this context or device memory (a shared
     /// block: with a download to its host copy, if any), else through the entry's
     /// pinned output and one CPU copy at [`Backend::finish_oldest`].
-    unsafe fn submit_to(
-        &mut self,
-        job: Job<'_, '_>,
-        conv: Option<&Conv2dOp>,
-        out: Out,
-    ) -> Result<Queued> {
+    unsafe fn submit_to(&mut self, job: Job<'_, '_>, out: Out) -> Result<Queued> {
         let len = out.len();
         match job {
-            Job::Frame { image, op } => {
+            Job::Frame(FrameWork { image, op, conv }) => {
                 crate::backend::check_out_len(op, len)?;
                 frame::check(image, op, conv)?;
             }
-            Job::Batch(slots) => {
+            Job::Batch(BatchWork { slots, conv }) => {
                 crate::backend::check_batch_len(slots, len)?;
                 batch::check(slots, conv)?;
             }
@@ -464,8 +448,12 @@ impl Backend for CudaBackend {
         // the submission is finished or abandoned (the contract).
         let target = self.gpu.target(out);
         let frame = match job {
-            Job::Frame { image, op } => self.frame_submit(image, op, conv, target).map(Some),
-            Job::Batch(slots) => self.batch_submit(slots, conv, target).map(|()| None),
+            Job::Frame(FrameWork { image, op, conv }) => {
+                self.frame_submit(image, op, conv, target).map(Some)
+            }
+            Job::Batch(BatchWork { slots, conv }) => {
+                self.batch_submit(slots, conv, target).map(|()| None)
+            }
         };
         // Test hook: a fault inside this submission's GPU work (`FaultKind::InFlight`).
         #[cfg(feature = "fault-injection")]
