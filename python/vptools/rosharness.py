@@ -182,6 +182,10 @@ class Peer:
         return found[0]
 
     def close(self) -> None:
+        """Shut the peer down (once: later calls do nothing)."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         self.executor.shutdown()
         self.node.destroy_node()
         rclpy.shutdown(context=self.context)

@@ -165,17 +165,23 @@ def python_arguments() -> list[tuple[str, str, str]]:
     return [(a.args[0], str(a.kwargs["default_value"]), a.kwargs["description"]) for a in declared]
 
 
+def _declare_arguments(ld, context: dict, args: dict[str, str], name: str) -> None:
+    """The launch description's arguments into `context["args"]`: each declared one's
+    default, then `args` (which must all be declared)."""
+    for a in ld:
+        if type(a).__name__ == "DeclareLaunchArgument":
+            context["args"][a.args[0]] = _perform(a.kwargs["default_value"], context)
+    unknown = set(args) - set(context["args"])
+    assert not unknown, f"not arguments of {name}: {unknown}"
+    context["args"].update(args)
+
+
 def run_python_launch(args: dict[str, str], share: Path, name: str = "preprocess.launch.py") -> dict:
     """Run a Python launch file (preprocess.launch.py) with launch arguments `args`
     (name:=value); return the keyword arguments of the Node it starts."""
     ld = load_python_launch(name).generate_launch_description()
     context = {"args": {}, "share": str(share)}
-    for a in ld:
-        if type(a).__name__ == "DeclareLaunchArgument":
-            context["args"][a.args[0]] = _perform(a.kwargs["default_value"], context)
-    unknown = set(args) - set(context["args"])
-    assert not unknown, f"not arguments of the launch file: {unknown}"
-    context["args"].update(args)
+    _declare_arguments(ld, context, args, name)
     nodes = []
     for a in ld:
         if type(a).__name__ == "OpaqueFunction":
@@ -322,12 +328,7 @@ def run_bringup(args: dict[str, str], share: Path, prefix: Path) -> dict:
     preprocess.launch.py starts."""
     ld = load_python_launch(BRINGUP).generate_launch_description()
     context = {"args": {}, "share": str(share), "prefix": str(prefix)}
-    for a in ld:
-        if type(a).__name__ == "DeclareLaunchArgument":
-            context["args"][a.args[0]] = _perform(a.kwargs["default_value"], context)
-    unknown = set(args) - set(context["args"])
-    assert not unknown, f"not arguments of {BRINGUP}: {unknown}"
-    context["args"].update(args)
+    _declare_arguments(ld, context, args, BRINGUP)
     groups = [a for a in ld if type(a).__name__ == "GroupAction"]
     assert len(groups) == 1, ld
     out: dict = {"namespace": [], "global": {}, "include": None, "player": None}

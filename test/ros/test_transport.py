@@ -28,10 +28,12 @@ it too (it then sizes its own shared-memory segment).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
@@ -46,6 +48,19 @@ from vptools.sources import photo_frame
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from rclpy.serialization import deserialize_message  # noqa: E402
 from vision_preproc_msgs.msg import FrameTiming, Tensor, TensorRef  # noqa: E402
+
+
+@contextlib.contextmanager
+def watched_node(ns: str, params: list[str], **kwargs) -> Iterator[tuple[NodeProcess, Peer, "Diagnostics"]]:
+    """The node (`params`, NodeProcess's `kwargs`) with a peer in `ns` that publishes no
+    images and reads the node's /diagnostics: (node, peer, diagnostics); the peer is closed
+    at the end."""
+    with NodeProcess(params, **kwargs) as node:
+        peer = Peer(ns, publish_images=False)
+        try:
+            yield node, peer, Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+        finally:
+            peer.close()
 
 
 class Diagnostics:
@@ -164,9 +179,7 @@ def test_input_qos_auto_follows_the_publishers(tmp_path: Path) -> None:
     log = tmp_path / "node.log"
     params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "network_image_width:=64",
               "-p", "network_image_height:=48", "-p", "output_qos_depth:=20"]
-    with NodeProcess(params, unset=PROFILE_VARS, log=log) as node:
-        peer = Peer(ns, publish_images=False)
-        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+    with watched_node(ns, params, unset=PROFILE_VARS, log=log) as (node, peer, diag):
         cams: list[Camera] = []
         try:
             qos = lambda s: diag.value(s, "Input QoS")  # noqa: E731
@@ -225,9 +238,7 @@ def test_frames_lost_before_the_node_raise_a_warning(tmp_path: Path) -> None:
     ns = "/transport_loss"
     log = tmp_path / "node.log"
     params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu"]
-    with NodeProcess(params, unset=PROFILE_VARS, log=log) as node:
-        peer = Peer(ns, publish_images=False)
-        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+    with watched_node(ns, params, unset=PROFILE_VARS, log=log) as (node, peer, diag):
         # With camera_info, as camera drivers publish it: the camera's rate is known from
         # it within seconds (the image stamps alone need 6 frames: tests of
         # transport::delivery, and docs/BENCHMARKS.md for a 60 s run without it).
@@ -251,9 +262,7 @@ def test_a_slow_camera_raises_no_warning(tmp_path: Path) -> None:
     arrives; the delivery is measured (from camera_info) and no warning is raised."""
     ns = "/transport_slow"
     params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu"]
-    with NodeProcess(params, unset=PROFILE_VARS, log=tmp_path / "node.log") as node:
-        peer = Peer(ns, publish_images=False)
-        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+    with watched_node(ns, params, unset=PROFILE_VARS, log=tmp_path / "node.log") as (node, peer, diag):
         cam = Camera(ns, "--width", "1920", "--height", "1080", "--rate", "3", "--seconds", "6",
                      "--camera-info", f"{ns}/camera_info", "--wait-subscribers", "1", profile=True)
         try:
@@ -307,9 +316,7 @@ def test_a_camera_started_as_the_docs_say_reaches_the_node_through_shared_memory
     env[var] = f"{ROOT}/config/fastdds_large_frames.xml"
     ns = "/transport_documented"
     params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu"]
-    with NodeProcess(params, unset=PROFILE_VARS, log=tmp_path / "node.log") as node:
-        peer = Peer(ns, publish_images=False)
-        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+    with watched_node(ns, params, unset=PROFILE_VARS, log=tmp_path / "node.log") as (node, peer, diag):
         cam = Camera(ns, "--width", "1920", "--height", "1080", "--rate", "30", "--seconds", "6",
                      "--wait-subscribers", "1", env=env)
         try:
@@ -346,10 +353,8 @@ def test_a_profile_under_the_other_name_is_used_and_named(tmp_path: Path) -> Non
     other = next(v for v in PROFILE_VARS if v != var)
     ns = "/transport_other_name"
     log = tmp_path / "node.log"
-    with NodeProcess(["-r", f"__ns:={ns}", "-p", "backend:=cpu"], unset=(var,), env={other: str(PROFILE)},
-                     log=log) as node:
-        peer = Peer(ns, publish_images=False)
-        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+    with watched_node(ns, ["-r", f"__ns:={ns}", "-p", "backend:=cpu"], unset=(var,),
+                      env={other: str(PROFILE)}, log=log) as (node, peer, diag):
         try:
             s = diag.wait_for(lambda s: True, 15.0, "a /diagnostics status")
             profile = diag.value(s, "Fast DDS profile")
@@ -382,9 +387,7 @@ def test_a_slow_camera_transport_is_named(tmp_path: Path) -> None:
     ns = "/transport_late"
     log = tmp_path / "node.log"
     params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu"]
-    with NodeProcess(params, unset=PROFILE_VARS, log=log) as node:
-        peer = Peer(ns, publish_images=False)
-        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+    with watched_node(ns, params, unset=PROFILE_VARS, log=log) as (node, peer, diag):
         cam = Camera(ns, "--reliable", "--width", "1920", "--height", "1080", "--rate", "30", "--seconds", "25",
                      "--wait-subscribers", "1")
         try:
@@ -428,10 +431,9 @@ def test_a_replay_without_clock_is_on_time(tmp_path: Path) -> None:
     frames = [photo_frame("bgr8", "chelsea.png", size=(64, 48)) for _ in range(180)]
     write_bag(tmp_path / "in", frames, storage="mcap", period_ns=33_333_333, with_camera_info=False)
     ns = "/transport_replay"
-    with NodeProcess(["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "network_image_width:=64",
-                      "-p", "network_image_height:=48"], log=tmp_path / "node.log") as node:
-        peer = Peer(ns, publish_images=False)
-        diag = Diagnostics(peer, f"{ns.strip('/')}/vision_preproc")
+    params = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", "network_image_width:=64",
+              "-p", "network_image_height:=48"]
+    with watched_node(ns, params, log=tmp_path / "node.log") as (node, peer, diag):
         try:
             play = subprocess.Popen([str(ROOT / "target" / "release" / "vision_preproc"), "play",
                                      str(tmp_path / "in"), "--image-topic", f"{ns}/image",
