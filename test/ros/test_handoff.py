@@ -27,6 +27,7 @@ are test/ros/handoff_peer.py.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import mmap
@@ -499,20 +500,28 @@ def test_a_consumer_holding_past_the_lease_is_disconnected_and_reconnects(tmp_pa
     assert re.search(r"^\[WARN\].*tensor_ref.*shared_lease_ms", node.output(), re.M), node.output()[-3000:]
 
 
+def lone_consumer(cleanup: contextlib.ExitStack, frames: int) -> tuple[Consumer, str]:
+    """This process's consumer (closed by `cleanup`) once `frames` tensor_refs reached it,
+    the only consumer of the pool: (the consumer, the pool's socket path)."""
+    c = Consumer(NS)
+    cleanup.callback(c.close)
+    c.spin_until(lambda: c.sub.delivered >= frames, 30, "tensor_ref frames from the camera")
+    path = next(iter(c.refs.values()))[0].socket_path
+    c.status(lambda kv: kv.get(KEY_CONSUMERS) == "1", 5, "this consumer alone", after=time.monotonic())
+    return c, path
+
+
 def test_a_killed_consumer_gives_its_blocks_back(node: NodeProcess, camera: Camera) -> None:
     """A consumer process that takes every frame and never gives one back holds all four
     blocks (the node publishes no tensor_ref then); SIGKILL: within RESUME_S a new
     tensor_ref reaches this process's consumer, /diagnostics shows the blocks and the
     consumer gone, and the node closed its socket (no other descriptor left open)."""
-    c = Consumer(NS)
-    holder = None
-    try:
-        c.spin_until(lambda: c.sub.delivered >= 5, 30, "tensor_ref frames from the camera")
-        path = next(iter(c.refs.values()))[0].socket_path
-        c.status(lambda kv: kv.get(KEY_CONSUMERS) == "1", 5, "this consumer alone", after=time.monotonic())
+    with contextlib.ExitStack() as cleanup:
+        c, path = lone_consumer(cleanup, 5)
         before = node_fds(node.proc.pid, path)
         assert before["handoff"] == 2 and before["memfd"] >= BLOCKS + 1, before  # the listener + this consumer
         holder = PeerProcess("hold", f"{NS}/tensor_ref")
+        cleanup.callback(holder.kill)
         holder.wait_line(f"held {BLOCKS}", c, 30)
         c.status(lambda kv: kv.get(KEY_IN_USE) == str(BLOCKS) and kv.get(KEY_CONSUMERS) == "2", 5,
                  "every block held, two consumers", after=time.monotonic())
@@ -530,10 +539,6 @@ def test_a_killed_consumer_gives_its_blocks_back(node: NodeProcess, camera: Came
         # the total is compared with the count while it lived, less its socket.)
         assert after["memfd"] == before["memfd"] and after["total"] <= holding["total"] - 1, (before, holding, after)
         print(f"blocks back {1e3 * back:.0f} ms after SIGKILL; node descriptors {before} -> {holding} -> {after}")
-    finally:
-        if holder is not None:
-            holder.kill()
-        c.close()
 
 
 def test_200_socket_clients_killed_or_closed_mid_hold(node: NodeProcess, camera: Camera) -> None:
@@ -541,16 +546,13 @@ def test_200_socket_clients_killed_or_closed_mid_hold(node: NodeProcess, camera:
     added in their row), 20 in a process that is SIGKILLed and 20 here that close, every
     block held by them: after each wave the blocks are back within RESUME_S; at the end
     the node's descriptors are exactly what they were and it is still publishing."""
-    c = Consumer(NS)
-    child = None
-    try:
-        c.spin_until(lambda: c.sub.delivered >= 3, 30, "tensor_ref frames from the camera")
-        path = next(iter(c.refs.values()))[0].socket_path
-        c.status(lambda kv: kv.get(KEY_CONSUMERS) == "1", 5, "this consumer alone", after=time.monotonic())
+    with contextlib.ExitStack() as cleanup:
+        c, path = lone_consumer(cleanup, 3)
         base = node_fds(node.proc.pid, path)
         backs = []
         for wave in range(5):
             child = PeerProcess("plain", path, "20")
+            cleanup.callback(child.kill)
             child.wait_line("holding 20", c, 15)
             mine = [plain_client(path, i) for i in range(20)]
             assert all(h["pool_id"] == mine[0][1]["pool_id"] and h["blocks"] == BLOCKS for _, h, _ in mine)
@@ -570,10 +572,16 @@ def test_200_socket_clients_killed_or_closed_mid_hold(node: NodeProcess, camera:
         c.status(lambda kv: kv.get(KEY_CONSUMERS) == "1", 5, "this consumer alone again", after=time.monotonic())
         assert (c.sub.reconnects, c.sub.errors) == (0, 0), vars(c.sub)
         print(f"200 clients: blocks back in {max(backs) * 1e3:.0f} ms at most; descriptors {base} -> {after}")
-    finally:
-        if child is not None:
-            child.kill()
-        c.close()
+
+
+def peer_run(c: Consumer, kind: str, seconds: float) -> tuple[dict, float, float]:
+    """A consumer process of `kind` on tensor_ref for `seconds`, while `c` spins: its
+    summary, and when it ran (its first frame, its end)."""
+    peer = PeerProcess(kind, f"{NS}/tensor_ref", str(seconds))
+    peer.wait_line("first frame", c, 30)
+    start = time.monotonic()
+    summary = peer.summary(c, seconds + 30)
+    return summary, start, time.monotonic()
 
 
 def test_a_slow_consumer_does_not_slow_the_node(node: NodeProcess, camera: Camera) -> None:
@@ -593,11 +601,7 @@ def test_a_slow_consumer_does_not_slow_the_node(node: NodeProcess, camera: Camer
         rate0 = c.ref_rate(t0, time.monotonic())
         assert rate0 > 10, f"{rate0:.1f} tensor_ref/s before the slow consumer"
 
-        slow = PeerProcess("slow", f"{NS}/tensor_ref", str(SLOW_S))
-        slow.wait_line("first frame", c, 30)
-        t1 = time.monotonic()
-        s = slow.summary(c, SLOW_S + 30)
-        t2 = time.monotonic()
+        s, t1, t2 = peer_run(c, "slow", SLOW_S)
         rate = c.ref_rate(t1, t2)
         totals = [m.total_us / 1e3 for t, m in c.timings if t1 <= t <= t2]
         assert rate >= 0.8 * rate0, f"tensor_ref {rate:.1f}/s with the slow consumer, {rate0:.1f}/s before"
@@ -610,11 +614,7 @@ def test_a_slow_consumer_does_not_slow_the_node(node: NodeProcess, camera: Camer
 
         t3 = time.monotonic()
         drops0 = value(c.status(lambda kv: True, 5, "a status", after=t3), KEY_NO_FREE)
-        greedy = PeerProcess("greedy", f"{NS}/tensor_ref", str(GREEDY_S))
-        greedy.wait_line("first frame", c, 30)
-        t4 = time.monotonic()
-        g = greedy.summary(c, GREEDY_S + 30)
-        t5 = time.monotonic()
+        g, t4, t5 = peer_run(c, "greedy", GREEDY_S)
         starved = c.ref_rate(t4, t5)
         c.spin_for(0.1)
         back = c.resumed_after(t5, RESUME_S, "tensor_ref after the greedy consumer")
