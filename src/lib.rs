@@ -33,7 +33,8 @@
 // targets and examples use; the rest is pub(crate) or private.
 #![warn(unreachable_pub)]
 // Without ROS, the parts only the node uses (delivery monitor, DDS sizing, the hand-off's
-// server, run-time reconfiguration) are compiled but not called.
+// server, run-time reconfiguration) are compiled but not called: dead code is found by
+// the builds with ROS.
 #![cfg_attr(not(feature = "ros"), allow(dead_code, unused_imports))]
 
 pub mod backend;

@@ -16,8 +16,6 @@
 //! node sees the hold (and leaves the block).
 
 pub(crate) mod memory;
-// The node's consumer socket; without ROS only the tests start it.
-#[cfg_attr(not(feature = "ros"), allow(dead_code))]
 pub(crate) mod server;
 
 use crate::error::{Error, Result};
@@ -173,7 +171,6 @@ enum Row {
     Free,
     /// A connected consumer's: the server's connection id and its socket (shut down
     /// at once when the consumer is evicted).
-    #[cfg_attr(not(feature = "ros"), allow(dead_code))]
     Live(u64, RawFd),
     /// Of a consumer disconnected while it might still write to it (evicted, or it sent
     /// bytes): ignored until [`QUARANTINE`] has passed, then zeroed and given out again.
@@ -517,9 +514,7 @@ impl Pool {
     }
 }
 
-/// The server's side of the pool ([`server`]: built for the node, so used only with the
-/// `ros` feature, and by the tests).
-#[cfg_attr(not(feature = "ros"), allow(dead_code))]
+/// The server's side of the pool ([`server`]: the node's, and the tests').
 impl Pool {
     /// A row for connection `conn` (its socket `fd`), or why not.
     fn attach(&self, conn: u64, fd: RawFd) -> std::result::Result<usize, String> {
