@@ -18,11 +18,11 @@ setup:
 build: setup
 	$(ENV) && cargo build --release --bins
 
-# The same three clippy runs as scripts/test.sh: the product, with the test hooks, and
-# without ROS and CUDA.
+# The same three clippy runs as scripts/test.sh: the product, with the test hooks (and the
+# GStreamer capture, feature gstreamer), and without ROS and CUDA.
 lint: setup
 	$(ENV) && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings \
-	  && cargo clippy --release --all-targets --features fault-injection,bench -- -D warnings \
+	  && cargo clippy --release --all-targets --features fault-injection,bench,gstreamer -- -D warnings \
 	  && cargo clippy --release --all-targets --no-default-features -- -D warnings
 
 # The Jetson's CPU: cross build for aarch64, clippy for aarch64, the CPU specification

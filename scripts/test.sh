@@ -15,7 +15,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 # shellcheck disable=SC1091
 source .ros/env.sh
-export VISION_PREPROC_TEST_FEATURES="fault-injection,bench"
+export VISION_PREPROC_TEST_FEATURES="fault-injection,bench,gstreamer"
 
 STAGE="" STAGE_T0=$SECONDS NVRTC_PID=""
 TIMES=()

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The binaries with the test hooks (cargo features `fault-injection` and `bench`, which
+# The binaries with the test hooks (cargo features `fault-injection` and `bench`, and
+# `gstreamer` (src/capture/, not in the product yet), which
 # the product built by `make build` does not contain) into target/fault-injection/, for
 # the tests that inject faults (test/ros/test_gpu_failure.py, through
 # python/vptools/rosharness.py); target/release/ keeps the product binaries.
@@ -14,7 +15,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 # shellcheck disable=SC1091
 [ -n "${AMENT_PREFIX_PATH:-}" ] || source .ros/env.sh
-FEATURES="${VISION_PREPROC_TEST_FEATURES:-fault-injection,bench}"
+FEATURES="${VISION_PREPROC_TEST_FEATURES:-fault-injection,bench,gstreamer}"
 
 cargo build --release --bins --features "$FEATURES"
 mkdir -p target/fault-injection

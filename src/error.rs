@@ -1,6 +1,6 @@
 //! One error type for the crate, one kind per cause: configuration, image validation, an
 //! operation that does not fit its frame, a misused API or broken invariant, the device
-//! (CUDA), the hand-off's I/O, ROS, files and bags. Only a device failure starts the GPU
+//! (CUDA), the hand-off's I/O, ROS, files and bags, a GStreamer input ([`CaptureError`]). Only a device failure starts the GPU
 //! failure policy ([`Error::is_device_failure`]). (Why an image is rejected,
 //! [`ImageError`], lives with the image in `image.rs`.)
 
@@ -104,6 +104,16 @@ pub enum Error {
         /// What is wrong, and where.
         message: String,
     },
+    /// A GStreamer input (an `inputs` entry `gst:<launch description>`, `capture/`) that
+    /// cannot start or stopped delivering: the cause is [`CaptureError`]. Never a device
+    /// failure.
+    #[error("inputs `gst:{description}`: {fault}")]
+    Capture {
+        /// The launch description as given (the source part, without our appsink).
+        description: String,
+        /// What went wrong, and the fix.
+        fault: CaptureError,
+    },
     /// A YAML file that does not parse into the configuration.
     #[error("{context}: {message}")]
     Yaml {
@@ -193,6 +203,90 @@ pub enum CudaError {
     },
 }
 
+/// Why a GStreamer input cannot start or stopped delivering (`capture/`); each message
+/// names the element at fault where GStreamer does, and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaptureError {
+    /// GStreamer itself could not be initialized (no plugin registry, ...).
+    #[error("GStreamer cannot be initialized: {0}")]
+    Init(String),
+    /// The launch description does not parse (`gst::ParseError::Syntax`, `Empty`,
+    /// `EmptyBin`).
+    #[error("syntax error: {message}; write the source part of a gst-launch-1.0 line (elements joined by `!`), which vision_preproc ends with its own appsink")]
+    Syntax {
+        /// GStreamer's message.
+        message: String,
+    },
+    /// An element of the description does not exist: its plugin is not installed
+    /// (or the name is misspelt).
+    #[error("no GStreamer element `{element}`: install its plugin ({package}) or correct the name; `gst-inspect-1.0 {element}` says whether it is installed")]
+    NoSuchElement {
+        /// The element's factory name, as written.
+        element: String,
+        /// The Debian package that holds it, where we know it.
+        package: String,
+    },
+    /// A property that the element does not have or cannot take that value.
+    #[error("{message}; `gst-inspect-1.0 <element>` lists its properties and their values")]
+    Property {
+        /// GStreamer's message (names the property and element).
+        message: String,
+    },
+    /// Two elements of the description (or its last element and our appsink) cannot be
+    /// linked.
+    #[error("cannot link: {message}; the description must end in an element with one video source pad (not a sink)")]
+    Link {
+        /// GStreamer's message.
+        message: String,
+    },
+    /// The description's output caps and the formats vision_preproc decodes have nothing
+    /// in common.
+    #[error("caps cannot be negotiated: element `{element}` offers {offered}, but vision_preproc decodes only {accepted}; end the description with `! videoconvert` (or a camera format from that list)")]
+    NotNegotiated {
+        /// The element that reported it.
+        element: String,
+        /// What the description's last element offers (its caps), where GStreamer said.
+        offered: String,
+        /// The formats our appsink accepts.
+        accepted: String,
+    },
+    /// A source's device or file does not exist, cannot be opened or is busy
+    /// (`gst::ResourceError::NotFound`, `OpenRead`, `OpenReadWrite`, `Busy`).
+    #[error("element `{element}` cannot open its device or file: {message}; check that it exists and is not in use (cameras: `v4l2-ctl --list-devices`, `ls /dev/video*`)")]
+    NoDevice {
+        /// The element that reported it.
+        element: String,
+        /// GStreamer's message (and its debug text).
+        message: String,
+    },
+    /// An element posted an error message (at start or while running).
+    #[error("element `{element}`: {message}")]
+    Element {
+        /// The element that reported it.
+        element: String,
+        /// GStreamer's message (and its debug text).
+        message: String,
+    },
+    /// The pipeline ended (a file, `num-buffers`, a camera that was unplugged).
+    #[error("end of stream: the pipeline delivers no more frames (a file or `num-buffers` ended, or the source stopped); for a file that should repeat, use `multifilesrc loop=true`")]
+    EndOfStream,
+    /// A state change failed without an error message saying why.
+    #[error("the pipeline cannot go to {state}: {message}")]
+    State {
+        /// The state asked for (`PLAYING`, `NULL`).
+        state: String,
+        /// GStreamer's message.
+        message: String,
+    },
+    /// A negotiated format or buffer that an `ImageView` cannot hold (odd width of a
+    /// 4:2:2 format, a buffer shorter than its caps say, a negative stride).
+    #[error("unusable frame: {message}")]
+    Frame {
+        /// What is wrong, and the fix.
+        message: String,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,7 +306,14 @@ mod tests {
         assert_eq!(device.to_string(), "CUDA: cuEventRecord: CUDA_ERROR_ILLEGAL_ADDRESS");
         assert!(device.is_device_failure());
         let op = Error::Operation("set_source: encoding 3 is not the frame's 2".into());
-        for e in [misuse, handoff, ros, op, Error::CudaNotCompiled] {
+        let capture = Error::Capture {
+            description: "videotestsrc num-buffers=1".into(),
+            fault: CaptureError::EndOfStream,
+        };
+        assert!(capture
+            .to_string()
+            .starts_with("inputs `gst:videotestsrc num-buffers=1`: end of stream"));
+        for e in [misuse, handoff, ros, op, capture, Error::CudaNotCompiled] {
             assert!(!e.is_device_failure(), "{e:?}");
         }
     }

@@ -225,6 +225,22 @@ impl<'a> ImageView<'a> {
         Ok(ImageView { width, height, step, encoding, big_endian: is_bigendian, data })
     }
 
+    /// A view of parts that [`ImageView::with_encoding`] already accepted over these same
+    /// bytes: a frame that owns its bytes (`capture::Frame`) checks them once and then
+    /// lends views of them. Only for owners whose bytes never change.
+    #[cfg(feature = "gstreamer")]
+    pub(crate) fn validated(
+        width: u32,
+        height: u32,
+        step: u32,
+        encoding: Encoding,
+        big_endian: bool,
+        data: &'a [u8],
+    ) -> Self {
+        debug_assert!(Self::with_encoding(width, height, step, encoding, big_endian, data).is_ok());
+        ImageView { width, height, step, encoding, big_endian, data }
+    }
+
     /// Width in pixels.
     pub fn width(&self) -> u32 {
         self.width

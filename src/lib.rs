@@ -18,7 +18,8 @@
 //! of an input image). [`transport`] holds the message path's decisions without ROS
 //! types (keep-latest slot, batch synchronizer, input QoS rule, delivery monitor, Fast
 //! DDS segment size), [`wire`] the CDR of the messages and their type names, [`bag`]
-//! rosbag2 files, [`nvtx`] the profiler ranges of each frame and stage (loaded only when
+//! rosbag2 files, `capture` (feature `gstreamer`) frames from a GStreamer pipeline as
+//! image views (no ROS: the node's inputs sit above it, beside `transport`), [`nvtx`] the profiler ranges of each frame and stage (loaded only when
 //! a tool asks). [`handoff`] is the zero-copy hand-off's pool (the node's side, used by
 //! the pipeline and the backends' device blocks); [`consumer`], a consumer process's side
 //! in Rust, sits above it and the backends (it imports the CUDA blocks), never below:
@@ -39,6 +40,8 @@
 
 pub mod backend;
 pub mod bag;
+#[cfg(feature = "gstreamer")]
+pub mod capture;
 pub mod config;
 pub mod consumer;
 pub mod error;
@@ -57,6 +60,6 @@ pub mod transport;
 pub mod wire;
 
 pub use config::Config;
-pub use error::{Error, ImageError, Result};
+pub use error::{CaptureError, Error, ImageError, Result};
 pub use image::{Encoding, ImageView};
 pub use pipeline::{Geometry, Pipeline};

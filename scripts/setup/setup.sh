@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything vision_preproc needs on a fresh Debian 12 / Ubuntu x86-64 machine
-# with no ROS packages: apt packages, a Python 3.11 venv holding ROS 2 from PyPI wheels,
-# colcon, the test tools, NVRTC and NVTX, the three wheel fix-ups, the project's Python
+# with no ROS packages: apt packages (libclang, SQLite, GStreamer), a Python 3.11 venv
+# holding ROS 2 from PyPI wheels, colcon, the test tools, NVRTC and NVTX, the three wheel fix-ups, the project's Python
 # helpers (python/vptools) on the venv's path, the interface package vision_preproc_msgs,
 # the environment file, and the demo's sample bag.
 #
@@ -65,19 +65,24 @@ link_to target "target-$DISTRO"
 log "ROS 2 $DISTRO (VP_ROS_DISTRO): .ros -> .ros-$DISTRO, target -> target-$DISTRO"
 
 # 1. System packages: r2r runs bindgen at build time (libclang); bags in sqlite3 storage
-# are read through the system's SQLite.
+# are read through the system's SQLite; the cargo feature `gstreamer` (src/capture/) links
+# Debian 12's GStreamer 1.22 and its tests run videotestsrc, pngdec, rgb2bayer and
+# gst-launch-1.0 (plugins base, good, bad; the tools).
+APT_PACKAGES=(libclang-dev clang libsqlite3-dev
+    libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-plugins-base
+    gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-tools)
 missing=()
-for p in libclang-dev clang libsqlite3-dev; do
+for p in "${APT_PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if ((${#missing[@]})); then
-    log "apt: installing ${missing[*]}"
+    log "apt: installing ${missing[*]} (GStreamer's: about a minute)"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
-    log "apt: libclang-dev clang libsqlite3-dev present"
+    log "apt: ${APT_PACKAGES[*]} present"
 fi
 
 # The Rust dependencies that need no ROS environment (image, clap, tokio, cudarc, mcap,

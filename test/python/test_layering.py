@@ -72,6 +72,7 @@ def imports(module: str) -> str:
 
 R2R = r"\br2r(_rcl)?\b"
 CUDARC = r"\bcudarc\b"
+GSTREAMER = r"\bgstreamer(_app|_video)?\s*(::|as\b)"
 
 # (rule, forbidden pattern, the files that must not match, the files that must match)
 RULES = [
@@ -90,6 +91,10 @@ RULES = [
     ("handoff/ never imports backend/: the Rust consumer, which imports the CUDA blocks, "
      "sits above both (src/consumer.rs)",
      imports("backend"), under("src/handoff/"), under("src/consumer.rs")),
+    ("capture/ (frames from GStreamer, no ROS) never imports ros/, backend/ or pipeline/",
+     imports("(ros|backend|pipeline)"), under("src/capture/"), under("src/ros/")),
+    ("gstreamer-rs is named only in src/capture/ and its test",
+     GSTREAMER, outside("src/capture/", "test/gst_capture.rs"), under("src/capture/")),
     ("only the binaries call into ros/: no library module outside it imports it",
      imports("ros"), outside("src/ros/", "src/bin/", "test/", "src/lib.rs"),
      under("src/bin/vision_preproc_node.rs")),
