@@ -166,7 +166,11 @@ fn check_format(description: &str, encoding: Encoding, big_endian: bool, w: usiz
             (w, h, encoding, big_endian),
             "{description}"
         );
-        assert_eq!(frame.step() as usize, stride, "{description}: the padded step, in place");
+        assert_eq!(
+            frame.view().step() as usize,
+            stride,
+            "{description}: the padded step, in place"
+        );
         assert!(
             !frame.copied(),
             "{description}: GStreamer's default layout is borrowed, not copied"

@@ -184,26 +184,6 @@ impl Frame {
         )
     }
 
-    /// Width in pixels.
-    pub fn width(&self) -> u32 {
-        self.width
-    }
-    /// Height in pixels.
-    pub fn height(&self) -> u32 {
-        self.height
-    }
-    /// Bytes from one row to the next (every row, both planes of NV12/NV21).
-    pub fn step(&self) -> u32 {
-        self.step
-    }
-    /// Our encoding of the negotiated format.
-    pub fn encoding(&self) -> Encoding {
-        self.encoding
-    }
-    /// Byte order of 16-bit samples (`GRAY16_BE`).
-    pub fn big_endian(&self) -> bool {
-        self.big_endian
-    }
     /// The buffer's capture time, when it has a PTS and the pipeline a clock.
     pub fn capture_time(&self) -> Option<&CaptureTime> {
         self.capture_time.as_ref()
