@@ -23,7 +23,8 @@ build: setup
 lint: setup
 	$(ENV) && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings \
 	  && cargo clippy --release --all-targets --features fault-injection,bench,gstreamer -- -D warnings \
-	  && cargo clippy --release --all-targets --no-default-features -- -D warnings
+	  && cargo clippy --release --all-targets --no-default-features -- -D warnings \
+	  && RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --lib --features fault-injection,bench,gstreamer
 
 # The Jetson's CPU: cross build for aarch64, clippy for aarch64, the CPU specification
 # tests and a bit-exact CLI parity check under qemu (docs/JETSON.md). Needs no ROS set-up.

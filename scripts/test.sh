@@ -25,7 +25,7 @@ section() { stage_done; STAGE="$1" STAGE_T0=$SECONDS; printf '\n==== %s ====\n' 
 summary() { stage_done; STAGE=""; printf '\n==== wall time per stage (uptime: %s) ====\n' "$(uptime | sed 's/.*load/load/')"; printf '%s\n' "${TIMES[@]}"; }
 trap summary EXIT
 
-section lint "lint: cargo fmt --check, cargo clippy -D warnings (the product, with the test hooks, without ROS and CUDA)"
+section lint "lint: cargo fmt --check, cargo clippy -D warnings (the product, with the test hooks, without ROS and CUDA), cargo doc -D warnings"
 cargo fmt --check
 # Three configurations, because each compiles code the others do not: the product alone
 # reports what only the test hooks use (dead code, unused imports in the product); with
@@ -36,6 +36,9 @@ cargo clippy --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" 
 # The library, the CLI and the stubs (ros_stub.rs, backend/cuda_stub.rs) build without
 # ROS and without CUDA (docs/ARCHITECTURE.md).
 cargo clippy --release --all-targets --no-default-features -- -D warnings
+# The library's documentation: every intra-doc link resolves, and public docs link no
+# private item (rustdoc; a few seconds after clippy).
+RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --lib --features "$VISION_PREPROC_TEST_FEATURES"
 
 section profile "the product binaries hold no code of the crates Cargo.toml compiles at opt-level 0"
 python3 - <<'EOF'

@@ -316,7 +316,7 @@ impl Held<'_> {
     /// `ipc_event_handle` (empty, or host memory: nothing to wait for): true once the
     /// block may be read; false when the node withdrew the set (its GPU work failed: the
     /// block got a new generation), the node went away, or the work did not end within
-    /// [`EVENT_TIMEOUT`]: drop the `Held` and skip the frame. The wait polls from the
+    /// `EVENT_TIMEOUT`: drop the `Held` and skip the frame. The wait polls from the
     /// host (docs/HANDOFF.md says why it never waits on the GPU).
     pub fn ready(&self, ipc_event_handle: &[u8]) -> Result<bool> {
         let Blocks::Cuda(blocks) = &self.consumer.blocks else { return Ok(true) };

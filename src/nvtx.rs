@@ -10,10 +10,10 @@
 //! and a branch; a library that does not load leaves the ranges off (the reason is in
 //! [`status`]). There is no link-time dependency on NVTX.
 //!
-//! Names (docs/GPU.md, "NVTX ranges"): the frame range [`frame_name`] (`frame 17`,
+//! Names (docs/GPU.md, "NVTX ranges"): the frame range `frame_name` (`frame 17`,
 //! `batch 17 (4 items)`), inside it the [`Stage`] ranges (`stage-in`, `upload`,
 //! `preprocess`, `conv`, `download`; `publish` on the node's publishing thread) and, for
-//! a CPU batch, one [`item_name`] range per slot on the thread that runs it. A kernel is
+//! a CPU batch, one `item_name` range per slot on the thread that runs it. A kernel is
 //! launched only inside its stage's range, so `ncu --nvtx --nvtx-include "preprocess/"`
 //! profiles exactly the fused kernels and `"conv/"` the conv2d ones.
 
@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 /// Set by a tool that records NVTX (the path of its injection library): the ranges are
 /// on only when it is set.
 pub const INJECTION_ENV: &str = "NVTX_INJECTION64_PATH";
-/// The NVTX library to load instead of [`DEFAULT_LIBRARIES`] (a file name the dynamic
+/// The NVTX library to load instead of `DEFAULT_LIBRARIES` (a file name the dynamic
 /// loader searches for, or a path).
 pub const LIBRARY_ENV: &str = "VISION_PREPROC_NVTX_LIBRARY";
 /// The NVTX v2 libraries tried in order (by the dynamic loader's search: on a Jetson

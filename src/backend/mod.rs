@@ -1,6 +1,6 @@
 //! Backends compute one function, defined by the CPU backend (the specification) and
 //! reproduced by the CUDA backend. They know nothing of ROS or of the configuration
-//! file: the pipeline resolves everything into the plain operation structs of [`ops`].
+//! file: the pipeline resolves everything into the plain operation structs of `ops`.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]

@@ -3,13 +3,13 @@
 //!
 //! A [`Pool`] owns `n` blocks of memory that consumer processes map (host memory:
 //! sealed `memfd`s), one control block that they map read-write (each block's
-//! generation, each consumer's holds), and a Unix socket ([`server`]) that hands the
+//! generation, each consumer's holds), and a Unix socket (`server`) that hands the
 //! blocks' file descriptors to consumers with `SCM_RIGHTS`. The pipeline writes a set's
 //! tensors straight into a [`Lease`]d block; the node publishes a `TensorRef` naming it.
 //! Nothing here knows ROS.
 //!
 //! Reuse without blocking: a block is leased only when no live consumer holds it, the
-//! node is not writing or publishing it, and it was published at least [`GRACE`] ago.
+//! node is not writing or publishing it, and it was published at least `GRACE` ago.
 //! The node stores the block's new generation before it reads the holds once more; a
 //! consumer adds its hold before it reads the generation (both sequentially
 //! consistent), so either the consumer sees the new generation (and lets go) or the
@@ -76,7 +76,7 @@ impl MemoryKind {
 
 /// Blocks of device memory that a backend made shareable with other processes (the CUDA
 /// backend: `backend::cuda::vmm`), each with a file descriptor a consumer imports. They
-/// live until dropped or [`Pool::release_device`].
+/// live until dropped or `Pool::release_device`.
 pub trait DeviceBlocks: Send + Sync {
     /// Number of blocks.
     fn len(&self) -> usize;
@@ -254,7 +254,7 @@ fn random_id() -> u64 {
 
 impl Pool {
     /// `count` host blocks of at least `bytes` each (rounded up to the page), their
-    /// socket in `dir` (see [`server::socket_dir`]). `lease`: how long a consumer may hold
+    /// socket in `dir` (see `server::socket_dir`). `lease`: how long a consumer may hold
     /// a block.
     pub fn host(count: usize, bytes: usize, lease: Duration, dir: &Path) -> Result<Arc<Pool>> {
         if count == 0 || bytes == 0 {
@@ -433,7 +433,7 @@ impl Pool {
     }
 
     /// A block to write the next set's tensors into, or `None` (counted) when every block
-    /// is held, leased or published less than [`GRACE`] ago. A consumer that held the
+    /// is held, leased or published less than `GRACE` ago. A consumer that held the
     /// block it would take for longer than the lease is disconnected (counted; the
     /// second value says how many).
     pub fn lease(self: &Arc<Self>) -> (Option<Lease>, usize) {
@@ -619,7 +619,7 @@ pub struct Lease {
 
 impl Lease {
     /// Where to write the tensors: the block's bytes (`block_size`) in host memory, or
-    /// its device address (valid until the pool's [`Pool::release_device`]; `None`
+    /// its device address (valid until the pool's `Pool::release_device`; `None`
     /// after it).
     pub fn memory(&mut self) -> Option<BlockMemory<'_>> {
         match &self.pool.blocks {
@@ -697,7 +697,7 @@ impl Lease {
     }
 
     /// Its `TensorRef` was published (and the set's work is done): the block goes back
-    /// to the pool, reusable once no consumer holds it and [`GRACE`] has passed.
+    /// to the pool, reusable once no consumer holds it and `GRACE` has passed.
     pub fn published(mut self) {
         self.published = true;
     }

@@ -1,4 +1,4 @@
-//! Test hook (feature `fault-injection`, and the unit tests): [`Deferred`], the CPU
+//! Test hook (feature `fault-injection`, and the unit tests): `Deferred`, the CPU
 //! backend behind the pipelined interface of the CUDA backend.
 
 use crate::backend::{BatchWork, FrameWork, Job, Queued, StageTimes};

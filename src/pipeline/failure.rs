@@ -62,9 +62,9 @@ pub struct GpuFailure {
     pub action: FailureAction,
     /// The backend that ran the frame afterwards ("cpu" or "cuda").
     pub backend: &'static str,
-    /// Messages taken out on the failed backend's buffers ([`super::Pipeline::take_message`])
+    /// Messages taken out on the failed backend's buffers (`super::Pipeline::take_message`)
     /// that were still being published when it was replaced, after waiting
-    /// [`super::OUTSTANDING_WAIT`] (normally 0; more: a new GPU backend may fail to open
+    /// `super::OUTSTANDING_WAIT` (normally 0; more: a new GPU backend may fail to open
     /// until they are done).
     pub unreturned_messages: usize,
 }
@@ -181,7 +181,7 @@ impl Pipeline {
     /// backend, its socket in `dir` (docs/HANDOFF.md): device memory where the backend can
     /// share it, else host memory, with the reason when the backend has a device whose
     /// memory it could not share. A device pool is released when the backend is replaced
-    /// (see [`Pipeline::backend_epoch`]).
+    /// (see `Pipeline::backend_epoch`).
     pub fn shared_pool(
         &self,
         count: usize,

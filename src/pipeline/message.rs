@@ -278,7 +278,7 @@ impl MessagePool {
     }
 }
 
-/// A finished message taken out of the pipeline ([`super::Pipeline::take_message`]) to be
+/// A finished message taken out of the pipeline (`super::Pipeline::take_message`) to be
 /// published on another thread while the pipeline fills its next buffer. Dropping it
 /// gives the buffer back to the pipeline.
 pub struct OwnedMessage {
@@ -301,7 +301,7 @@ impl OwnedMessage {
 
     /// The `TensorRef` of the shared block holding the tensors (`None`: no block, or it
     /// went out already, [`OwnedMessage::announced`]), with each item's age (`ages[i]`,
-    /// as [`OwnedMessage::set_ages`]).
+    /// as `OwnedMessage::set_ages`).
     pub fn tensor_ref(&self, ages: &[f32]) -> Option<Vec<u8>> {
         let buf = self.buf.as_ref()?;
         if buf.block.as_ref()?.announced() {

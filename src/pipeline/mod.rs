@@ -97,7 +97,7 @@ pub fn slot_reason(topics: &[String], slot: usize, why: &str) -> String {
 
 /// One processed frame set. Its message: [`Finished::result`], or after
 /// [`Pipeline::process_frames`] the pipeline's ([`Pipeline::message`],
-/// [`Pipeline::take_message`]).
+/// `Pipeline::take_message`).
 #[derive(Debug, Clone)]
 pub struct Processed {
     /// Shape and type of ONE input's tensor.
@@ -171,7 +171,7 @@ impl Pipeline {
     }
 
     /// Test hook (feature `fault-injection`): make the backend fail as `plan` says (what
-    /// [`INJECT_FAULT_ENV`] does), counting frames from the next one as frame 1.
+    /// `INJECT_FAULT_ENV` does), counting frames from the next one as frame 1.
     #[cfg(feature = "fault-injection")]
     pub fn inject_fault(&mut self, plan: FaultPlan) {
         self.recovery.injection = fault::Injection::new(Some(plan));
@@ -222,7 +222,7 @@ impl Pipeline {
     /// input would give, a slot without a frame (or whose frame the configuration
     /// refuses, e.g. the roi) padded and flagged invalid, its header [`set_header`]'s.
     /// Until the next call [`Pipeline::message`] holds the message (a batch's ages 0
-    /// until [`OwnedMessage::set_ages`]) and [`Pipeline::tensor_bytes`] its tensors.
+    /// until `OwnedMessage::set_ages`) and [`Pipeline::tensor_bytes`] its tensors.
     /// Sets in flight, one after another: [`InFlight`].
     pub fn process_frames(&mut self, items: &[FrameInput<'_, '_>]) -> Result<Processed> {
         let pending = self.submit(items, Outputs::message(), &mut NoOthers)?;

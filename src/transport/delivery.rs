@@ -10,7 +10,7 @@
 //! different multiples (a steady slow camera fits with all gaps = 1 period), is taken.
 //! A slow camera whose frames all arrive is never flagged: its gaps are one period.
 //!
-//! Frames that arrive late ([`Timeliness`]): a transport that repairs lost fragments (a
+//! Frames that arrive late (`Timeliness`): a transport that repairs lost fragments (a
 //! reliable camera whose large frames go over UDP) delivers frames late and in bursts,
 //! several at once after a stall. The age of a frame (arrival - stamp) alone cannot say
 //! so: the camera's clock may be another machine's, or a recording's (a bag replayed
@@ -18,7 +18,7 @@
 //! is judged, against the stamps' own spacing: how much later than the window's
 //! quickest frame each frame arrives (any clock offset cancels), and how many frames
 //! arrive much closer together than they were stamped. A live camera (its stamps near the
-//! node's clock, [`LIVE_AGE_S`]) is always judged; other frames only while the stamps
+//! node's clock, `LIVE_AGE_S`) is always judged; other frames only while the stamps
 //! advance at the arrival rate (a replay at rate 1): a replay at another rate, or as fast
 //! as possible, is not a camera's transport.
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 const WAKE_PERIOD: Duration = Duration::from_millis(100);
 
 /// A one-item slot holding the newest `T`. Every item given to it ends as taken, or is
-/// handed back: replaced by a newer one, still waiting at [`Latest::stop_and_take`], or
+/// handed back: replaced by a newer one, still waiting at `Latest::stop_and_take`, or
 /// given after the stop.
 pub struct Latest<T> {
     slot: Mutex<Option<T>>,
@@ -31,7 +31,7 @@ impl<T> Latest<T> {
         self.slot.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hand over `item`, handing back the one it replaced; after [`Latest::stop_and_take`],
+    /// Hand over `item`, handing back the one it replaced; after `Latest::stop_and_take`,
     /// `item` itself.
     pub fn replace(&self, item: T) -> Option<T> {
         if self.is_stopped() {

@@ -1,7 +1,7 @@
 //! The message path's decisions, without ROS types (the node applies them with r2r):
 //! the keep-latest hand-over of formed frame sets ([`Latest`]), the input QoS chosen from
-//! what publishers offer ([`adapt_to_offers`]), frames lost before they reach the node
-//! ([`DeliveryMonitor`]) the node's own Fast DDS transports ([`dds`]), and which frame of each camera goes into
+//! what publishers offer (`adapt_to_offers`), frames lost before they reach the node
+//! (`DeliveryMonitor`) the node's own Fast DDS transports (`dds`), and which frame of each camera goes into
 //! a batch ([`batch_sync`]; one camera is a batch of one).
 
 pub mod batch_sync;

@@ -1,5 +1,5 @@
 //! The messages of the live path and of bags, without ROS: decoded from and encoded to
-//! CDR with [`super::cdr`], their ROS type names, and their `ros2msg` definitions for
+//! CDR with `super::cdr`, their ROS type names, and their `ros2msg` definitions for
 //! MCAP schemas.
 
 use super::cdr::{CdrError, Reader, Writer};
@@ -141,7 +141,7 @@ fn tensor_head<'a>(r: &mut Reader<'a>) -> Result<TensorHead<'a>, CdrError> {
 }
 
 /// `vision_preproc_msgs/Tensor`, decoded with `data` borrowed from the message. (The
-/// node and `replay` write it with [`crate::pipeline::TensorCdr`].)
+/// node and `replay` write it with `crate::pipeline::TensorCdr`.)
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tensor<'a> {
     /// `header`.
@@ -289,7 +289,7 @@ pub struct FrameTiming {
     pub stages_us: [f32; 6],
     /// `dropped_since_last`.
     pub dropped_since_last: u32,
-    /// `outputs`: [`OUTPUT_TENSOR`] | [`OUTPUT_TENSOR_REF`].
+    /// `outputs`: `OUTPUT_TENSOR` | `OUTPUT_TENSOR_REF`.
     pub outputs: u8,
 }
 
@@ -349,8 +349,8 @@ pub const FRAME_TIMING_TYPE: &str = "vision_preproc_msgs/msg/FrameTiming";
 /// The ROS type name of `tensor_ref`.
 pub(crate) const TENSOR_REF_TYPE: &str = "vision_preproc_msgs/msg/TensorRef";
 
-/// The type name of the `tensor` topic: [`TENSOR_BATCH_TYPE`] with 2+ inputs, else
-/// [`TENSOR_TYPE`].
+/// The type name of the `tensor` topic: `TENSOR_BATCH_TYPE` with 2+ inputs, else
+/// `TENSOR_TYPE`.
 pub fn tensor_type(batch: bool) -> &'static str {
     if batch {
         TENSOR_BATCH_TYPE

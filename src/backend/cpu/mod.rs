@@ -11,7 +11,7 @@
 //!   a scratch of a few rows, reused across frames (no allocation per row);
 //! - the horizontal blend of a source row is computed once and kept while consecutive
 //!   output rows use it (OpenCV's order: horizontal pass, then vertical);
-//! - one `match` on the encoding per frame ([`decode::with_source`]): the loops are
+//! - one `match` on the encoding per frame (`decode::with_source`): the loops are
 //!   monomorphised per encoding and channel count; the taps of a row are decoded in
 //!   blocks (YUV: the integer formula over arrays), the blends, normalization and store
 //!   are plain slice loops: the compiler vectorizes them;

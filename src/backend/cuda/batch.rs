@@ -76,7 +76,7 @@ impl CudaBackend {
     /// Queue a batch (the pipelined form of [`Backend::process_batch_into`]): the frames
     /// are staged into this batch's pinned buffers before it returns (the images may go),
     /// the upload runs on the copy stream, the kernels and the download on the compute
-    /// stream. At most [`BATCH_RING`] batches may be queued; [`CudaBackend::finish_batch`]
+    /// stream. At most `BATCH_RING` batches may be queued; [`CudaBackend::finish_batch`]
     /// returns them in order. Submitting batch k+1 before finishing batch k is what
     /// overlaps k+1's staging and upload with k's kernels and download. A batch that
     /// fails its checks (an operation that does not fit its frame) or comes while the ring

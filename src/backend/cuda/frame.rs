@@ -61,7 +61,7 @@ pub(super) fn check(
 impl CudaBackend {
     /// Stage `image` and queue its whole frame (upload, preprocess, conv, download);
     /// returns the ring entry to pass to [`CudaBackend::finish`]. Blocks only if that
-    /// entry's previous frame is still running (more than [`RING`] in flight). A frame
+    /// entry's previous frame is still running (more than `RING` in flight). A frame
     /// whose operation does not fit it is refused before anything is queued; after any
     /// other error both streams are waited for.
     pub fn submit(

@@ -176,8 +176,8 @@ pub(crate) fn layout_defines() -> Vec<String> {
     d
 }
 
-/// The NVRTC options for `arch` (e.g. `sm_87`): the host's facts ([`host_defines`]) and
-/// the struct layout checks ([`layout_defines`]).
+/// The NVRTC options for `arch` (e.g. `sm_87`): the host's facts (`host_defines`) and
+/// the struct layout checks (`layout_defines`).
 pub fn compile_options(arch: &str) -> Vec<String> {
     let mut o = vec![
         format!("--gpu-architecture={arch}"),
@@ -595,7 +595,7 @@ pub(crate) fn load_prepared(
     Ok((load(&p)?, p.report))
 }
 
-/// [`prepare`] then [`load_prepared`].
+/// [`prepare`] then `load_prepared`.
 pub fn load(
     ctx: &Arc<CudaContext>,
     file: impl Into<KernelSource>,

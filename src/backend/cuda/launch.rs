@@ -131,7 +131,7 @@ pub(crate) fn staged_smem_bytes(row_words: u32) -> u32 {
 
 /// Words per staged row for this operation (the widest source window of any tile, with
 /// room for a 3-byte misalignment), or 0 when the direct path must be used (encoding
-/// not packed, or the window does not fit in [`STAGED_SMEM_MAX_BYTES`]).
+/// not packed, or the window does not fit in `STAGED_SMEM_MAX_BYTES`).
 /// Mirrors the window computation at the top of `resize_normalize` in the kernel.
 pub fn staged_row_words(p: &PreprocessParams, x_map: &AxisMap, enc: Encoding) -> u32 {
     if !enc.is_packed() || x_map.i0.is_empty() {

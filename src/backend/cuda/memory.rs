@@ -46,7 +46,7 @@ pub struct PinnedBuffer {
 unsafe impl Send for PinnedBuffer {}
 
 impl PinnedBuffer {
-    /// Allocate at least `len` bytes (rounded up to [`STAGING_ALIGN`]), zeroed.
+    /// Allocate at least `len` bytes (rounded up to `STAGING_ALIGN`), zeroed.
     pub fn new(ctx: &Arc<CudaContext>, len: usize, kind: PinnedKind) -> Result<Self, CudaError> {
         let len = len.max(1).next_multiple_of(STAGING_ALIGN);
         let flags = match kind {
@@ -85,7 +85,7 @@ impl PinnedBuffer {
         self.len
     }
 
-    /// Never true: a buffer holds at least [`STAGING_ALIGN`] bytes.
+    /// Never true: a buffer holds at least `STAGING_ALIGN` bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -11,7 +11,7 @@
 //! Frame flow (`upload` memory mode, discrete GPUs):
 //! host frame -> pinned write-combined ring slot (the one CPU copy, in 4 parallel
 //! pieces for large frames) -> device buffer (async copy) -> `resize_normalize_<enc>` ->
-//! [`conv2d_*`] -> device tensor -> async copy straight into the caller's buffer when it
+//! `conv2d_*` -> device tensor -> async copy straight into the caller's buffer when it
 //! is pinned memory of this context ([`Backend::alloc_host`]: the node's serialized
 //! `Tensor` message), else into a pinned cached ring slot and one CPU copy out.
 //! `mapped` mode (Jetson: CPU and GPU share DRAM): the kernel reads the pinned,

@@ -3,13 +3,13 @@
 //! the scaled camera_info, `debug_image` and `/diagnostics`. One camera is a batch of
 //! one: the same threads and the same pipeline path for 1 and N inputs.
 //!
-//! This file is the wiring. Threads: the spin thread ([`spin`]: subscriptions, the
-//! frame-set former of [`former`], `input_qos: auto`), the processing and publishing
-//! threads ([`process`]), and on a small runtime the parameter services
-//! ([`param_services`]) and the 1 Hz status ([`diagnostics`]); they share [`shared`].
+//! This file is the wiring. Threads: the spin thread (`spin`: subscriptions, the
+//! frame-set former of `former`, `input_qos: auto`), the processing and publishing
+//! threads (`process`), and on a small runtime the parameter services
+//! (`param_services`) and the 1 Hz status (`diagnostics`); they share `shared`.
 //! Ctrl-C / SIGTERM stop ingest, let the set in flight finish, and exit 0. Log records go
-//! to `/rosout` too ([`rosout`]); times relative to the world follow the node's ROS clock
-//! ([`clock`], `use_sim_time`).
+//! to `/rosout` too (`rosout`); times relative to the world follow the node's ROS clock
+//! (`clock`, `use_sim_time`).
 
 mod clock;
 mod diagnostics;
