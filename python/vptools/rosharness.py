@@ -127,6 +127,7 @@ class Peer:
     publish_images: bool = True
 
     def __post_init__(self) -> None:
+        self.closed = False
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
         self.node = Node(f"peer_{os.getpid()}", namespace=self.ns, context=self.context)
@@ -183,9 +184,9 @@ class Peer:
 
     def close(self) -> None:
         """Shut the peer down (once: later calls do nothing)."""
-        if getattr(self, "_closed", False):
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         self.executor.shutdown()
         self.node.destroy_node()
         rclpy.shutdown(context=self.context)
