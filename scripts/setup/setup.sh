@@ -2,8 +2,8 @@
 # Installs everything vision_preproc needs on a fresh Debian 12 / Ubuntu x86-64 machine
 # with no ROS packages: apt packages (libclang, SQLite, GStreamer), a Python 3.11 venv
 # holding ROS 2 from PyPI wheels, colcon, the test tools, NVRTC and NVTX, the three wheel
-# fix-ups, the project's Python helpers (python/vptools) on the venv's path, the interface package vision_preproc_msgs,
-# the environment file, and the demo's sample bag.
+# fix-ups, the project's Python helpers (python/vptools) on the venv's path, the interface
+# package vision_preproc_msgs, the environment file, and the demo's sample bag.
 #
 # One ROS 2 distribution at a time, chosen by VP_ROS_DISTRO: jazzy (the default: the LTS
 # robot stacks run, supported to May 2029) or kilted (support ends 2026-12-31). Each has its
