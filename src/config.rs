@@ -344,10 +344,20 @@ pub struct Config {
     pub output_qos_depth: u32,
     /// Highest rate of `debug_image` in Hz (only computed while subscribed); 0 disables it.
     pub debug_image_rate: f64,
-    /// Input image topics (relative names, e.g. `front/image`), at most 16, no duplicates:
-    /// `[]` = the single input `image`; 2 or more = one `TensorBatch` of N items on
-    /// `tensor`, item i from `inputs[i]`. One topic behaves exactly like `[]` on that topic.
+    /// The inputs, at most 16, no duplicates: each an image topic (a relative name, e.g.
+    /// `front/image`) or `gst:<launch description>`, a GStreamer pipeline inside the node
+    /// (docs/CAMERAS.md); `[]` = the single input topic `image`; 2 or more = one
+    /// `TensorBatch` of N items on `tensor`, item i from `inputs[i]`. One topic behaves
+    /// exactly like `[]` on that topic.
     pub inputs: Vec<String>,
+    /// Per input, the `header.frame_id` of a pipeline input's frames (`[]`, or one entry
+    /// per input: `""` = `camera` for one input, `camera_<i>` for input i of several; a
+    /// topic input's entry must be `""`: its frames carry their own).
+    pub input_frame_ids: Vec<String>,
+    /// Per input, a pipeline input's calibration (`file:///path.yaml`, the YAML of ROS
+    /// camera drivers and `camera_calibration`; `""` = none); `[]`, or one entry per
+    /// input (a topic input's entry must be `""`).
+    pub camera_info_urls: Vec<String>,
     /// How a batch is formed (2+ inputs): latest | approximate_time.
     pub batch_policy: BatchPolicyChoice,
     /// `latest`: longest wait in ms after the first new frame before a batch is published
@@ -401,6 +411,8 @@ impl Default for Config {
             output_qos_depth: 1,
             debug_image_rate: 2.0,
             inputs: Vec::new(),
+            input_frame_ids: Vec::new(),
+            camera_info_urls: Vec::new(),
             batch_policy: BatchPolicyChoice::Latest,
             batch_timeout_ms: 50,
             max_interval_ms: 20,
@@ -496,6 +508,18 @@ pub(crate) const OUTPUT_CHANNELS_RANGE: IntRange = IntRange { from: 1, to: 3, st
 pub(crate) const QOS_DEPTH_RANGE: IntRange = IntRange { from: 1, to: 100, step: 1 };
 /// Most cameras in one batch (`inputs`).
 pub(crate) const MAX_INPUTS: usize = 16;
+
+/// The prefix of an entry of `inputs` that is a GStreamer pipeline.
+pub(crate) const PIPELINE_PREFIX: &str = "gst:";
+
+/// Where an input's frames come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum InputSource {
+    /// A `sensor_msgs/Image` topic (relative name).
+    Topic(String),
+    /// A GStreamer launch description (after `gst:`), run inside the node.
+    Pipeline(String),
+}
 /// `batch_timeout_ms`.
 pub(crate) const BATCH_TIMEOUT_RANGE: IntRange = IntRange { from: 1, to: 10_000, step: 1 };
 /// `max_interval_ms`.
@@ -839,12 +863,30 @@ impl Config {
             ));
         }
         for (i, t) in self.inputs.iter().enumerate() {
-            if !valid_topic_name(t) {
+            if let Some(description) = t.strip_prefix(PIPELINE_PREFIX) {
+                if description.trim().is_empty() {
+                    return Err(Error::config(
+                        "inputs",
+                        format!("{t:?} (item {i})"),
+                        "give the source part of a gst-launch-1.0 line after `gst:` (e.g. \
+                         gst:v4l2src device=/dev/video0 ! video/x-raw,format=YUY2)",
+                    ));
+                }
+                if !cfg!(feature = "gstreamer") {
+                    return Err(Error::config(
+                        "inputs",
+                        format!("{t:?} (item {i})"),
+                        "this build has no GStreamer: build with the cargo feature \
+                         `gstreamer` (a default one), or subscribe to a topic",
+                    ));
+                }
+            } else if !valid_topic_name(t) {
                 return Err(Error::config(
                     "inputs",
                     format!("{t:?} (item {i})"),
                     "give ROS topic names: letters, digits, `_`, `/` and `~`, no empty \
-                     token, a token not starting with a digit (e.g. front/image)",
+                     token, a token not starting with a digit (e.g. front/image), or a \
+                     GStreamer pipeline as gst:<description>",
                 ));
             }
             if self.inputs[..i].contains(t) {
@@ -862,15 +904,95 @@ impl Config {
         MAX_INTERVAL_RANGE.check("max_interval_ms", i64::from(self.max_interval_ms))?;
         STALE_AFTER_RANGE.check("stale_after_ms", i64::from(self.stale_after_ms))?;
         BATCH_QUEUE_RANGE.check("batch_queue_size", i64::from(self.batch_queue_size))?;
+        self.validate_per_input()
+    }
+
+    /// `input_frame_ids` and `camera_info_urls`: empty, or one entry per input, set only for
+    /// pipeline inputs; each URL a `file://` one.
+    fn validate_per_input(&self) -> Result<()> {
+        let sources = self.input_sources();
+        for (name, list) in [
+            ("input_frame_ids", &self.input_frame_ids),
+            ("camera_info_urls", &self.camera_info_urls),
+        ] {
+            if !list.is_empty() && list.len() != sources.len() {
+                return Err(Error::config(
+                    name,
+                    format!("{} entries for {} inputs", list.len(), sources.len()),
+                    "give [] or one entry per entry of inputs (\"\" where none applies)",
+                ));
+            }
+            for (i, (v, source)) in list.iter().zip(&sources).enumerate() {
+                if !v.is_empty() && matches!(source, InputSource::Topic(_)) {
+                    return Err(Error::config(
+                        name,
+                        format!("{v:?} (item {i})"),
+                        format!(
+                            "input {i} is a topic, whose messages carry their own header and \
+                             camera_info: give \"\" for it"
+                        ),
+                    ));
+                }
+            }
+        }
+        for (i, url) in self.camera_info_urls.iter().enumerate() {
+            if !url.is_empty() && !url.starts_with("file://") {
+                return Err(Error::config(
+                    "camera_info_urls",
+                    format!("{url:?} (item {i})"),
+                    "give a file:// URL of a camera calibration YAML (e.g. \
+                     file:///home/me/.ros/camera_info/front.yaml)",
+                ));
+            }
+        }
+        if self.input_frame_ids.iter().any(|f| f.chars().any(char::is_whitespace)) {
+            return Err(Error::config(
+                "input_frame_ids",
+                format!("{:?}", self.input_frame_ids),
+                "give TF frame names without spaces",
+            ));
+        }
         Ok(())
     }
 
-    /// The image topics the node subscribes to: `inputs`, or `["image"]` when empty.
-    pub(crate) fn input_topics(&self) -> Vec<String> {
+    /// Where each input's frames come from: `inputs`, or the topic `image` when empty.
+    pub(crate) fn input_sources(&self) -> Vec<InputSource> {
         if self.inputs.is_empty() {
-            vec!["image".to_string()]
+            return vec![InputSource::Topic("image".to_string())];
+        }
+        self.inputs
+            .iter()
+            .map(|t| match t.strip_prefix(PIPELINE_PREFIX) {
+                Some(d) => InputSource::Pipeline(d.trim().to_string()),
+                None => InputSource::Topic(t.clone()),
+            })
+            .collect()
+    }
+
+    /// How many inputs the node has (1 with `inputs: []`).
+    pub(crate) fn input_count(&self) -> usize {
+        self.inputs.len().max(1)
+    }
+
+    /// The `header.frame_id` of pipeline input `index`'s frames: its `input_frame_ids` entry, or
+    /// `camera` (one input) / `camera_<index>`.
+    #[cfg_attr(not(feature = "gstreamer"), allow(dead_code))]
+    pub(crate) fn pipeline_frame_id(&self, index: usize) -> String {
+        match self.input_frame_ids.get(index).filter(|f| !f.is_empty()) {
+            Some(f) => f.clone(),
+            None => self.pipeline_camera_name(index),
+        }
+    }
+
+    /// The name of pipeline input `index` as a camera: `camera` with one input,
+    /// `camera_<index>` with several (its topics are `<name>/image_raw` and
+    /// `<name>/camera_info`).
+    #[cfg_attr(not(feature = "gstreamer"), allow(dead_code))]
+    pub(crate) fn pipeline_camera_name(&self, index: usize) -> String {
+        if self.is_batch() {
+            format!("camera_{index}")
         } else {
-            self.inputs.clone()
+            "camera".to_string()
         }
     }
 
@@ -1215,13 +1337,52 @@ mod tests {
         let many: Vec<String> = (0..17).map(|i| format!("c{i}/image")).collect();
         let refs: Vec<&str> = many.iter().map(String::as_str).collect();
         assert!(with(&refs).validate().unwrap_err().to_string().contains("at most 16"));
-        assert_eq!(with(&[]).input_topics(), vec!["image"]);
+        assert_eq!(with(&[]).input_sources(), vec![InputSource::Topic("image".into())]);
+        assert_eq!(
+            with(&["a", "gst: videotestsrc ! video/x-raw,format=BGR"]).input_sources(),
+            vec![
+                InputSource::Topic("a".into()),
+                InputSource::Pipeline("videotestsrc ! video/x-raw,format=BGR".into())
+            ]
+        );
+        let e = with(&["gst:  "]).validate().unwrap_err().to_string();
+        assert!(e.contains("inputs") && e.contains("gst-launch-1.0"), "{e}");
         assert!(!with(&["a"]).is_batch() && with(&["a", "b"]).is_batch());
         let c = Config { batch_timeout_ms: 0, ..Config::default() };
         assert_eq!(
             c.validate().unwrap_err().to_string(),
             "batch_timeout_ms must be in [1, 10000] (got 0)"
         );
+    }
+
+    #[test]
+    fn per_input_frame_ids_and_calibrations_name_the_entry() {
+        let gst = "gst:videotestsrc ! video/x-raw,format=BGR";
+        let c = |ids: &[&str], urls: &[&str]| Config {
+            inputs: vec!["front/image".into(), gst.into()],
+            input_frame_ids: ids.iter().map(|s| s.to_string()).collect(),
+            camera_info_urls: urls.iter().map(|s| s.to_string()).collect(),
+            ..Config::default()
+        };
+        c(&[], &[]).validate().unwrap();
+        let ok = c(&["", "rear_optical"], &["", "file:///tmp/rear.yaml"]);
+        ok.validate().unwrap();
+        assert_eq!(ok.pipeline_frame_id(1), "rear_optical");
+        assert_eq!(c(&[], &[]).pipeline_frame_id(1), "camera_1");
+        let one = Config { inputs: vec![gst.into()], ..Config::default() };
+        assert_eq!(
+            (one.pipeline_frame_id(0), one.pipeline_camera_name(0)),
+            ("camera".into(), "camera".into())
+        );
+        let e = c(&["x"], &[]).validate().unwrap_err().to_string();
+        assert!(e.contains("input_frame_ids") && e.contains("1 entries for 2 inputs"), "{e}");
+        let e = c(&["front", ""], &[]).validate().unwrap_err().to_string();
+        assert!(
+            e.contains("input_frame_ids") && e.contains("item 0") && e.contains("is a topic"),
+            "{e}"
+        );
+        let e = c(&[], &["", "/tmp/rear.yaml"]).validate().unwrap_err().to_string();
+        assert!(e.contains("camera_info_urls") && e.contains("file://"), "{e}");
     }
 }
 

@@ -28,6 +28,7 @@ fn serial() -> MutexGuard<'static, ()> {
 /// Every frame of a pipeline that ends, and the end of stream it ends with.
 fn capture_all(description: &str) -> Vec<Frame> {
     let mut source = CaptureSource::start(description).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!source.is_live(), "{description} is not live");
     let mut frames = Vec::new();
     loop {
         match source.next(WAIT) {
@@ -274,6 +275,7 @@ fn a_live_source_stamps_frames_on_the_monotonic_clock_now() {
     let description =
         "videotestsrc is-live=true ! video/x-raw,format=BGR,width=64,height=48,framerate=30/1";
     let mut source = CaptureSource::start(description).unwrap();
+    assert!(source.is_live(), "videotestsrc is-live=true is a live source");
     let mut last = 0;
     for _ in 0..5 {
         let frame = source.next(WAIT).unwrap().expect("a frame");

@@ -224,6 +224,7 @@ pub struct CaptureSource {
     clock: Option<ClockKind>,
     delivered: u64,
     stopped: bool,
+    live: bool,
 }
 
 impl CaptureSource {
@@ -265,7 +266,7 @@ impl CaptureSource {
                 message: "the pipeline has no bus".into(),
             })
         })?;
-        let source = CaptureSource {
+        let mut source = CaptureSource {
             description: description.to_string(),
             pipeline,
             sink,
@@ -273,6 +274,7 @@ impl CaptureSource {
             clock: None,
             delivered: 0,
             stopped: false,
+            live: false,
         };
         let started = source.pipeline.set_state(gst::State::Playing);
         let settled = started
@@ -290,8 +292,11 @@ impl CaptureSource {
             })));
         }
         // Live (a camera, `is-live=true`): keep the newest frames, drop the older ones.
+        // Asked upstream of our appsink (a sink that does not sync answers "not live").
         let mut latency = gst::query::Latency::new();
-        if source.pipeline.query(&mut latency) && latency.result().0 {
+        let upstream = source.sink.static_pad("sink").and_then(|p| p.peer());
+        if upstream.is_some_and(|p| p.query(&mut latency)) && latency.result().0 {
+            source.live = true;
             source.sink.set_drop(true);
         }
         Ok(source)
@@ -326,6 +331,12 @@ impl CaptureSource {
     /// The description as given.
     pub fn description(&self) -> &str {
         &self.description
+    }
+
+    /// True for a live source (a camera, `is-live=true`): its capture times are when the
+    /// frames were captured. A source that is not live (a file) has stream times instead.
+    pub fn is_live(&self) -> bool {
+        self.live
     }
 
     /// Frames delivered so far.

@@ -284,7 +284,7 @@ impl Pipeline {
     ) -> Result<Pending> {
         let batch = self.config.is_batch();
         if items.is_empty() || (!batch && items.len() != 1) {
-            let (n, inputs) = (items.len(), self.config.input_topics().len());
+            let (n, inputs) = (items.len(), self.config.input_count());
             return Err(Error::misuse(
                 "submit",
                 format!("{n} frames for a pipeline of {inputs} input(s)"),

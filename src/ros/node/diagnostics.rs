@@ -202,6 +202,9 @@ fn delivery_report(
     prefix: &str,
     raised: &mut Raised,
 ) -> InputReport {
+    if let Some(report) = pipeline_report(shared, index, prefix) {
+        return report;
+    }
     let (topic, qos, publishers, best_effort, delivery, timeliness, largest, images_recently) = {
         let mut st = lock(&shared.inputs[index]);
         let now = Instant::now();
@@ -262,6 +265,55 @@ fn delivery_report(
     // Late frames come in bursts, and a burst's frames replace each other in the node's
     // keep-latest slot: the transport is the cause of those drops, so it is named first.
     InputReport { values, warning, urgent: raised.late && !raised.lost }
+}
+
+/// How long a pipeline input's last fault keeps its status at WARN after it runs again.
+const PIPELINE_FAULT_SHOWN: Duration = Duration::from_secs(10);
+
+/// A pipeline input's keys (after `prefix`): its description, whether it runs, its
+/// faults and restarts, the last fault, how its frames reach the kernels; WARN while it
+/// is down or within [`PIPELINE_FAULT_SHOWN`] of a fault. `None` for a topic input.
+fn pipeline_report(shared: &Shared, index: usize, prefix: &str) -> Option<InputReport> {
+    let st = lock(&shared.inputs[index]);
+    let p = st.pipeline.as_ref()?;
+    let backend = lock(&shared.backend).name.clone();
+    let last = p.last_fault.as_ref().map(|(what, at)| (what.clone(), at.elapsed()));
+    let mut values = vec![
+        (format!("{prefix}Input pipeline"), st.topic.clone()),
+        (
+            format!("{prefix}Input pipeline state"),
+            match (p.running, p.live) {
+                (false, _) => "restarting".to_string(),
+                (true, true) => "running (live: stamps are capture times)".to_string(),
+                (true, false) => "running (not live: stamps are arrival times)".to_string(),
+            },
+        ),
+        (format!("{prefix}Input pipeline faults"), p.faults.to_string()),
+        (format!("{prefix}Input pipeline restarts"), p.restarts.to_string()),
+        (
+            format!("{prefix}Input frame copies"),
+            format!(
+                "{} frames {}; {} first copied once into tight rows (their buffer's layout)",
+                p.in_place,
+                super::shared::pipeline_copies(&backend),
+                p.copied
+            ),
+        ),
+    ];
+    if let Some((what, ago)) = &last {
+        values.push((
+            format!("{prefix}Input last fault"),
+            format!("{what} ({:.1} s ago)", ago.as_secs_f64()),
+        ));
+    }
+    let warning = match &last {
+        Some((what, _)) if !p.running => Some(format!("pipeline down, restarting: {what}")),
+        Some((what, ago)) if *ago < PIPELINE_FAULT_SHOWN => {
+            Some(format!("pipeline restarted after: {what}"))
+        }
+        _ => None,
+    };
+    Some(InputReport { values, warning, urgent: !p.running })
 }
 
 /// The `Input delivery` value.

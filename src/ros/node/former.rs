@@ -38,7 +38,7 @@ impl Former {
     /// A former for the inputs of `cfg` (`inputs`, or the single `image`), started now.
     /// One camera forms a set of each frame as it arrives (`latest` with one camera).
     pub(super) fn new(cfg: &Config) -> Self {
-        let n = cfg.input_topics().len();
+        let n = cfg.input_count();
         Former {
             batcher: Batcher::new(n, BatchSettings::of(cfg), 0),
             start: Instant::now(),
@@ -56,7 +56,7 @@ impl Former {
     pub(super) fn push(&mut self, camera: usize, r: Received, shared: &Shared) {
         shared.stats.received.fetch_add(1, Ordering::Relaxed);
         let frame =
-            Frame { stamp_ns: r.msg.stamp_ns(), received_ns: self.ns(r.at), data: Arc::new(r) };
+            Frame { stamp_ns: r.image.stamp_ns(), received_ns: self.ns(r.at), data: Arc::new(r) };
         let at = frame.data.at;
         let batches = self.batcher.push(camera, frame);
         lock(&shared.cameras)[camera].last_arrival = Some(at);

@@ -7,7 +7,7 @@
 //! answer changes.
 
 use super::native::{NativeImage, RosArgs};
-use super::shared::{lock, Received, Shared};
+use super::shared::{lock, Pixels, Received, Shared};
 use crate::config::QosPreset;
 use crate::ros::participant::{Deliver, OwnParticipant};
 use crate::transport::{
@@ -109,7 +109,7 @@ pub(super) fn arrived(
         input.monitor.image_age(at, now.as_secs_f64() - msg.stamp_ns() as f64 * 1e-9);
     }
     drop(input);
-    Received { msg, at }
+    Received { image: Pixels::Message(msg), at }
 }
 
 impl Input {
@@ -202,6 +202,11 @@ impl Input {
             }
         }
         Ok(())
+    }
+
+    /// Its batch slot.
+    pub(super) fn index(&self) -> usize {
+        self.index
     }
 
     /// The resolved image topic.

@@ -11,6 +11,8 @@
 //! to `/rosout` too (`rosout`); times relative to the world follow the node's ROS clock
 //! (`clock`, `use_sim_time`).
 
+#[cfg(feature = "gstreamer")]
+mod camera;
 mod clock;
 mod diagnostics;
 mod former;
@@ -27,6 +29,7 @@ mod stats;
 
 use super::dds::DdsSetup;
 use super::native::{self, RosArgs};
+use crate::config::InputSource;
 use crate::pipeline::{select_backend, Pipeline};
 use crate::transport::dds;
 use r2r::diagnostic_msgs::msg::DiagnosticArray;
@@ -170,32 +173,53 @@ fn run() -> anyhow::Result<()> {
         param_services::start(&mut node, params.clone(), clock.clone(), logger.clone())?;
 
     let (backend, backend_info) = open_backend(&config, &logger)?;
-    let topics = config.input_topics();
+    let sources = config.input_sources();
+    let topics: Vec<(usize, String)> = sources
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            InputSource::Topic(t) => Some((i, t.clone())),
+            InputSource::Pipeline(_) => None,
+        })
+        .collect();
     let outputs = Outputs::create(
         &mut node,
-        topics.len(),
+        sources.len(),
         &output_qos(config.output_qos, config.output_qos_depth),
     )?;
-    log_batching(&logger, &config, &topics);
-    let former = former::Former::new(&config);
+    log_batching(&logger, &config);
+    // The pipeline inputs start now: one that cannot stops the node with the cause.
+    #[cfg(feature = "gstreamer")]
+    let pipelines = camera::PipelineInput::of(&config)?
+        .into_iter()
+        .map(|p| {
+            let publishers = camera::CameraPublishers::create(&mut node, &p.name)?;
+            camera::start(p, publishers, &logger, &backend_info.name)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let former = Arc::new(Mutex::new(former::Former::new(&config)));
     let diagnostics =
         node.create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())?;
     let ref_topic = tensor_ref_topic(&node, ros_args.as_ref())?;
     let subscriptions = spin::Subscriptions {
-        topics: topics.clone(),
+        topics,
         preset: config.input_qos,
         depth: config.input_qos_depth,
         participants: config.input_participants,
         ros_args,
     };
+    #[cfg(feature = "gstreamer")]
+    let stale_after_ms = config.stale_after_ms;
     let pipeline = Pipeline::new(config, backend)?;
     let shared =
-        Arc::new(Shared::new(&topics, params, logger.clone(), clock.clone(), backend_info));
+        Arc::new(Shared::new(sources.len(), params, logger.clone(), clock.clone(), backend_info));
 
     // The node is handed back when spinning stops, and kept until the end of `run`:
     // dropping it invalidates every publisher, and the set in flight, the last
     // /diagnostics status and the final log still need them.
-    let spinner = spin::start(node, subscriptions, former, &shared)?;
+    let spinner = spin::start(node, subscriptions, former.clone(), &shared)?;
+    #[cfg(feature = "gstreamer")]
+    let cameras = camera::Cameras::run(pipelines, stale_after_ms, &former, &shared)?;
     let handoff = handoff::Handoff::start(
         &pipeline,
         &shared,
@@ -227,8 +251,13 @@ fn run() -> anyhow::Result<()> {
             t.abort();
         }
     });
+    // Every thread that pushes frames stops (pipelines to NULL, their threads joined)
+    // before the former counts what it still holds.
+    #[cfg(feature = "gstreamer")]
+    drop(cameras);
     processor.join().map_err(|_| anyhow::anyhow!("processing thread panicked"))?;
     let _node = spinner.join().map_err(|_| anyhow::anyhow!("spin thread panicked"))?;
+    lock(&former).finish(&shared);
     log_stopped(&logger, &shared);
     let fatal = lock(&shared.fatal).take();
     if let Some(reason) = &fatal {
@@ -245,7 +274,8 @@ fn run() -> anyhow::Result<()> {
 }
 
 /// With 2+ inputs, the start-up line that says how the cameras are batched.
-fn log_batching(logger: &str, config: &crate::config::Config, topics: &[String]) {
+fn log_batching(logger: &str, config: &crate::config::Config) {
+    let topics = &config.inputs;
     if config.is_batch() {
         r2r::log_info!(
             logger,

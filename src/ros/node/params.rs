@@ -290,9 +290,25 @@ pub(crate) const PARAMETERS: &[Spec] = &[
         "inputs",
         StrArray,
         true,
-        "Image topics (relative names); [] = the single input image; 2 or more: one TensorBatch on tensor, item i from inputs[i]",
+        "Inputs: image topics (relative names) or gst:<GStreamer launch description> (a camera inside the node); [] = the single input image; 2 or more: one TensorBatch on tensor, item i from inputs[i]",
         NoRange,
-        "at most 16 valid topic names, each once",
+        "at most 16 entries, each once: valid topic names or gst: with a description",
+    ),
+    spec(
+        "input_frame_ids",
+        StrArray,
+        true,
+        "Per input, header.frame_id of a gst: input's frames; [] or one entry per input, \"\" = camera (camera_<i> with 2+ inputs)",
+        NoRange,
+        "[] or one entry per input; \"\" for topic inputs",
+    ),
+    spec(
+        "camera_info_urls",
+        StrArray,
+        true,
+        "Per input, a gst: input's calibration (file:// URL of a ROS camera calibration YAML); [] or one entry per input, \"\" = none",
+        NoRange,
+        "[] or one entry per input; file:// URLs; \"\" for topic inputs",
     ),
     spec(
         "batch_policy",
@@ -912,6 +928,8 @@ mod tests {
             "output_qos",
             "output_qos_depth",
             "inputs",
+            "input_frame_ids",
+            "camera_info_urls",
             "batch_policy",
             "batch_timeout_ms",
             "max_interval_ms",
@@ -924,7 +942,7 @@ mod tests {
         }
         let read_only: Vec<&str> =
             PARAMETERS.iter().filter(|s| s.read_only).map(|s| s.name).collect();
-        assert_eq!(read_only.len(), 17, "{read_only:?}");
+        assert_eq!(read_only.len(), 19, "{read_only:?}");
     }
 
     #[test]

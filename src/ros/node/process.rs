@@ -86,7 +86,7 @@ impl FrameSet for NodeSet<'_> {
         let views: Vec<Option<ImageView<'_>>> = slots
             .iter()
             .zip(&self.valid)
-            .map(|(s, &valid)| s.frame.filter(|_| valid).and_then(|f| f.msg.view().ok()))
+            .map(|(s, &valid)| s.frame.filter(|_| valid).and_then(|f| f.image.view().ok()))
             .collect();
         f(&inputs_of(&slots, &views, self.ctx.topics))
     }
@@ -194,7 +194,7 @@ fn slots_of(formed: &Formed) -> Vec<Slot<'_>> {
             Item::Frame { frame, repeated } => Slot {
                 frame: Some(frame.data.as_ref()),
                 repeated: *repeated,
-                header: frame.data.msg.header(),
+                header: frame.data.image.header(),
             },
             Item::Stale => Slot { frame: None, repeated: false, header: Header::default() },
         })
@@ -215,7 +215,7 @@ fn inputs_of<'a, 'b>(
             topic: &topics[i],
             image: v.as_ref(),
             header: &s.header,
-            source_encoding: s.frame.map_or("", |f| f.msg.encoding()),
+            source_encoding: s.frame.map_or("", |f| f.image.encoding()),
             repeated: s.repeated,
         })
         .collect()
@@ -235,7 +235,7 @@ impl<'c> Context<'c> {
         // An invalid frame is rejected (a batch slot is padded).
         let mut valid = Vec::with_capacity(slots.len());
         for (i, s) in slots.iter().enumerate() {
-            valid.push(match s.frame.map(|f| f.msg.view()) {
+            valid.push(match s.frame.map(|f| f.image.view()) {
                 Some(Ok(_)) => true,
                 Some(Err(e)) => {
                     if !s.repeated {

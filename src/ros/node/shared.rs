@@ -8,8 +8,10 @@ use super::clock::{self, NodeClock};
 use super::native::NativeImage;
 use super::params::NodeParams;
 use super::stats::{BackendInfo, Stats};
+use crate::image::ImageView;
 use crate::transport::batch_sync::{Batch, CameraCounts, Item};
 use crate::transport::{DeliveryMonitor, Latest};
+use crate::wire::msgs::Header;
 use r2r::sensor_msgs::msg::{CameraInfo, Image};
 use r2r::QosProfile;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,6 +68,39 @@ pub(super) struct InputState {
     pub best_effort: bool,
     /// Arrivals, for frames lost before the node.
     pub monitor: DeliveryMonitor,
+    /// A pipeline input's state (`None` for a topic).
+    pub pipeline: Option<PipelineState>,
+}
+
+/// What `/diagnostics` says about a pipeline input (written by its capture thread).
+#[derive(Debug, Default)]
+pub(super) struct PipelineState {
+    /// Running and delivering (false while it waits to be restarted).
+    pub running: bool,
+    /// A live source (a camera): stamps are capture times.
+    pub live: bool,
+    /// Faults at run time (error messages, end of stream, no frame), each followed by a
+    /// restart.
+    pub faults: u64,
+    /// Restarts that brought the pipeline back.
+    pub restarts: u64,
+    /// The last fault and when it happened.
+    pub last_fault: Option<(String, Instant)>,
+    /// Frames read in place from GStreamer's buffer.
+    pub in_place: u64,
+    /// Frames copied once into tight rows first (their buffer's layout differed).
+    pub copied: u64,
+}
+
+/// How a pipeline frame's bytes reach the kernels of `backend`, as the log and
+/// `/diagnostics` say it.
+pub(super) fn pipeline_copies(backend: &str) -> &'static str {
+    if backend == "cuda" {
+        "read in place from GStreamer's buffer, one host copy into the pinned (integrated \
+         GPU: mapped) staging buffer"
+    } else {
+        "read in place from GStreamer's buffer by the CPU backend: no copy"
+    }
 }
 
 /// Seconds between two logs of rejected frames (the count in between is logged).
@@ -76,13 +111,72 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A frame as received (the C message rmw deserialized into), with the instant it
-/// arrived.
+/// A frame as received, with the instant it arrived.
 pub(super) struct Received {
-    /// The message, read in place.
-    pub msg: NativeImage,
-    /// When the spin thread took it from the subscription.
+    /// Its pixels and header, read in place.
+    pub image: Pixels,
+    /// When the node took it (from the subscription, or from the pipeline's sink).
     pub at: Instant,
+}
+
+/// Where a received frame's bytes are: the C message rmw deserialized into, or the
+/// mapped buffer of a pipeline input. Both are read in place.
+pub(super) enum Pixels {
+    /// From an image topic.
+    Message(NativeImage),
+    /// From a GStreamer pipeline inside the node.
+    #[cfg(feature = "gstreamer")]
+    Captured(Captured),
+}
+
+/// A frame of a pipeline input: GStreamer's mapped buffer (shared with the raw image's
+/// publication while someone subscribes) and the header the node gave it.
+#[cfg(feature = "gstreamer")]
+pub(super) struct Captured {
+    /// The frame as the sink gave it.
+    pub frame: Arc<crate::capture::Frame>,
+    /// Its stamp (capture time on the node's clock) and the input's `frame_id`.
+    pub header: Header,
+}
+
+impl Pixels {
+    /// The image, validated, borrowing the bytes.
+    pub(super) fn view(&self) -> Result<ImageView<'_>, crate::ImageError> {
+        match self {
+            Pixels::Message(m) => m.view(),
+            #[cfg(feature = "gstreamer")]
+            Pixels::Captured(c) => Ok(c.frame.view()),
+        }
+    }
+
+    /// The header (stamp, frame_id).
+    pub(super) fn header(&self) -> Header {
+        match self {
+            Pixels::Message(m) => m.header(),
+            #[cfg(feature = "gstreamer")]
+            Pixels::Captured(c) => c.header.clone(),
+        }
+    }
+
+    /// The header stamp in ns since the epoch.
+    pub(super) fn stamp_ns(&self) -> i64 {
+        match self {
+            Pixels::Message(m) => m.stamp_ns(),
+            #[cfg(feature = "gstreamer")]
+            Pixels::Captured(c) => {
+                i64::from(c.header.sec) * 1_000_000_000 + i64::from(c.header.nanosec)
+            }
+        }
+    }
+
+    /// The encoding as named in `sensor_msgs/Image`.
+    pub(super) fn encoding(&self) -> &str {
+        match self {
+            Pixels::Message(m) => m.encoding(),
+            #[cfg(feature = "gstreamer")]
+            Pixels::Captured(c) => c.frame.view().encoding().name(),
+        }
+    }
 }
 
 /// The QoS of the outputs.
@@ -165,7 +259,7 @@ pub(super) struct Shared {
     pub sets_published: AtomicU64,
     /// The parameters as set (the processing thread applies a new generation).
     pub params: Arc<Mutex<NodeParams>>,
-    /// The newest camera_info of each input.
+    /// The newest camera_info of each input (a pipeline input's from its calibration).
     pub camera_infos: Vec<Mutex<Option<CameraInfo>>>,
     /// The node's logger name.
     pub logger: String,
@@ -185,7 +279,7 @@ pub(super) struct Shared {
 impl Shared {
     /// The state of a node with the given input topics.
     pub(super) fn new(
-        topics: &[String],
+        inputs: usize,
         params: Arc<Mutex<NodeParams>>,
         logger: String,
         clock: NodeClock,
@@ -194,11 +288,11 @@ impl Shared {
         Shared {
             sets: Latest::default(),
             stats: Stats::default(),
-            inputs: topics.iter().map(|_| Mutex::new(InputState::default())).collect(),
-            cameras: Mutex::new(vec![CameraState::default(); topics.len()]),
+            inputs: (0..inputs).map(|_| Mutex::new(InputState::default())).collect(),
+            cameras: Mutex::new(vec![CameraState::default(); inputs]),
             sets_published: AtomicU64::new(0),
             params,
-            camera_infos: topics.iter().map(|_| Mutex::new(None)).collect(),
+            camera_infos: (0..inputs).map(|_| Mutex::new(None)).collect(),
             logger,
             clock,
             backend: Mutex::new(backend),

@@ -17,8 +17,8 @@ use std::time::Instant;
 
 /// What the spin thread subscribes to.
 pub(super) struct Subscriptions {
-    /// The input image topics, in slot order.
-    pub topics: Vec<String>,
+    /// The input image topics with their batch slots (pipeline inputs have none).
+    pub topics: Vec<(usize, String)>,
     /// `input_qos`.
     pub preset: QosPreset,
     /// `input_qos_depth`.
@@ -34,7 +34,7 @@ pub(super) struct Subscriptions {
 pub(super) fn start(
     node: r2r::Node,
     subs: Subscriptions,
-    former: Former,
+    former: Arc<Mutex<Former>>,
     shared: &Arc<Shared>,
 ) -> anyhow::Result<std::thread::JoinHandle<r2r::Node>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
@@ -54,16 +54,17 @@ pub(super) fn start(
 /// Returns the node (kept until the end: dropping it invalidates every publisher).
 ///
 /// The former is shared with the threads of the inputs' own participants
-/// (`input_participants: per_input`), which push their images into it as they take them;
-/// the spin thread pushes the images of the node's own subscriptions and polls it.
+/// (`input_participants: per_input`) and of the pipeline inputs, which push their frames
+/// into it as they take them; the spin thread pushes the images of the node's own
+/// subscriptions and polls it. What it still holds at the end is counted by the caller
+/// once every thread that pushes has stopped.
 pub(super) fn spin(
     mut node: r2r::Node,
     subs: Subscriptions,
-    former: Former,
+    former: Arc<Mutex<Former>>,
     shared: Arc<Shared>,
     ready: Sender<Result<(), String>>,
 ) -> r2r::Node {
-    let former = Arc::new(Mutex::new(former));
     let deliver = |i: usize| -> Option<Deliver> {
         (subs.participants == InputParticipants::PerInput).then(|| {
             let (former, shared) = (former.clone(), shared.clone());
@@ -78,7 +79,8 @@ pub(super) fn spin(
         })
     };
     let mut inputs = Vec::with_capacity(subs.topics.len());
-    for (i, topic) in subs.topics.iter().enumerate() {
+    for (i, topic) in &subs.topics {
+        let i = *i;
         match Input::new(
             &mut node,
             subs.ros_args.as_ref(),
@@ -94,8 +96,8 @@ pub(super) fn spin(
             }
         }
     }
-    for (cam, input) in lock(&shared.cameras).iter_mut().zip(&inputs) {
-        cam.topic = input.topic().to_string();
+    for input in &inputs {
+        lock(&shared.cameras)[input.index()].topic = input.topic().to_string();
     }
     let _ = ready.send(Ok(()));
     let mut sim_time = false;
@@ -108,7 +110,8 @@ pub(super) fn spin(
         }
         let timeout = lock(&former).spin_timeout();
         node.spin_once(timeout);
-        for (i, input) in inputs.iter_mut().enumerate() {
+        for input in &mut inputs {
+            let i = input.index();
             for r in input.drain(&shared) {
                 lock(&former).push(i, r, &shared);
             }
@@ -120,9 +123,8 @@ pub(super) fn spin(
             }
         }
     }
-    // The inputs' own participants stop (their threads joined) before the former counts
-    // what it still holds.
+    // The inputs' own participants stop (their threads joined) before the caller lets
+    // the former count what it still holds.
     drop(inputs);
-    lock(&former).finish(&shared);
     node
 }

@@ -1,0 +1,561 @@
+//! Pipeline inputs: an entry `gst:<launch description>` of `inputs` is a camera inside
+//! the node (docs/CAMERAS.md). Its pipeline ([`crate::capture::CaptureSource`]) is
+//! started before the node spins (a fault there stops the node with the cause); a
+//! thread per pipeline then takes each frame from the sink and pushes it into the same
+//! frame-set former as the topics' frames, with the header a camera driver would give it:
+//! the stamp is the capture time on the node's clock, `frame_id` the input's.
+//!
+//! Like a driver it publishes `<camera>/camera_info` (from `camera_info_urls`) with
+//! every frame, and the frame itself on `<camera>/image_raw` only while someone
+//! subscribes (a copy, made after the frame went to the former). At run time an error,
+//! the end of the stream or a pipeline that stops delivering is counted, shown in
+//! `/diagnostics` and the pipeline restarted, with a backoff from [`BACKOFF_MIN`] to
+//! [`BACKOFF_MAX`].
+
+use super::former::Former;
+use super::shared::{
+    lock, pipeline_copies, Captured, PipelineState, Pixels, RateLimitedLog, Received, Shared,
+};
+use crate::capture::{CaptureSource, Frame};
+use crate::config::Config;
+use crate::wire::msgs::Header;
+use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// First wait before a failed pipeline is started again; doubled after each failed
+/// start, up to [`BACKOFF_MAX`]; back to this after a frame.
+pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest wait between restarts.
+pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A running pipeline that delivers no frame for this long (or `stale_after_ms` when
+/// that is longer) is restarted.
+pub(super) const STALL_MIN: Duration = Duration::from_secs(5);
+/// How long the capture thread waits for a frame before it looks at the stop flag.
+const POLL: Duration = Duration::from_millis(100);
+/// A capture time older than this is not believed (a clock that is not the capture's):
+/// the frame is stamped with its arrival.
+const LARGEST_AGE: Duration = Duration::from_secs(1);
+
+/// One pipeline input, as the node was configured.
+pub(super) struct PipelineInput {
+    /// Batch slot.
+    pub index: usize,
+    /// The launch description (after `gst:`).
+    pub description: String,
+    /// `header.frame_id` of its frames.
+    pub frame_id: String,
+    /// Its camera name: topics `<name>/image_raw` and `<name>/camera_info`.
+    pub name: String,
+    /// Its calibration, when `camera_info_urls` gives one.
+    pub calibration: Option<CameraInfo>,
+}
+
+impl PipelineInput {
+    /// The pipeline inputs of `config`, with their calibrations read (a file that cannot
+    /// be read or parsed is an error naming `camera_info_urls` and the fix).
+    pub(super) fn of(config: &Config) -> anyhow::Result<Vec<PipelineInput>> {
+        let mut out = Vec::new();
+        for (index, source) in config.input_sources().into_iter().enumerate() {
+            let crate::config::InputSource::Pipeline(description) = source else { continue };
+            let calibration = match config.camera_info_urls.get(index).filter(|u| !u.is_empty()) {
+                Some(url) => Some(read_calibration(url).map_err(|e| {
+                    anyhow::anyhow!("parameter `camera_info_urls` item {index} ({url}): {e}")
+                })?),
+                None => None,
+            };
+            out.push(PipelineInput {
+                index,
+                description,
+                frame_id: config.pipeline_frame_id(index),
+                name: config.pipeline_camera_name(index),
+                calibration,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A pipeline input's publishers (made on the node before it spins).
+pub(super) struct CameraPublishers {
+    image: r2r::Publisher<Image>,
+    info: r2r::Publisher<CameraInfo>,
+}
+
+impl CameraPublishers {
+    /// `<name>/image_raw` and `<name>/camera_info` on `node` (relative: namespaces and
+    /// remaps apply), sensor-data QoS as camera drivers publish.
+    pub(super) fn create(node: &mut r2r::Node, name: &str) -> r2r::Result<Self> {
+        let qos = r2r::QosProfile::sensor_data();
+        Ok(CameraPublishers {
+            image: node.create_publisher(&format!("{name}/image_raw"), qos.clone())?,
+            info: node.create_publisher(&format!("{name}/camera_info"), qos)?,
+        })
+    }
+}
+
+/// The running pipeline inputs: one capture thread each. Dropping it stops them (the
+/// pipelines go to NULL, the threads are joined).
+pub(super) struct Cameras {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// A pipeline input, started: its source and what its thread needs.
+pub(super) struct Started {
+    input: PipelineInput,
+    source: CaptureSource,
+    publishers: CameraPublishers,
+}
+
+/// Start the pipeline of `input` (a fault names the input, its element and the fix) and
+/// say on the log what it is and how its frames reach the kernels.
+pub(super) fn start(
+    input: PipelineInput,
+    publishers: CameraPublishers,
+    logger: &str,
+    backend: &str,
+) -> anyhow::Result<Started> {
+    let source = CaptureSource::start(&input.description)
+        .map_err(|e| anyhow::anyhow!("input {}: {e}", input.index))?;
+    r2r::log_info!(
+        logger,
+        "input {} ({}): GStreamer pipeline `{}`, {}; frames {}; header.frame_id `{}`, \
+         camera_info {}, image_raw published only while subscribed",
+        input.index,
+        input.name,
+        input.description,
+        if source.is_live() {
+            "live: stamps are capture times"
+        } else {
+            "not live: stamps are arrival times"
+        },
+        pipeline_copies(backend),
+        input.frame_id,
+        if input.calibration.is_some() {
+            "from camera_info_urls"
+        } else {
+            "not published (no calibration)"
+        },
+    );
+    Ok(Started { input, source, publishers })
+}
+
+impl Cameras {
+    /// Run each started pipeline on its own thread, pushing frames into `former`.
+    pub(super) fn run(
+        started: Vec<Started>,
+        stale_after_ms: u32,
+        former: &Arc<Mutex<Former>>,
+        shared: &Arc<Shared>,
+    ) -> anyhow::Result<Cameras> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stall = STALL_MIN.max(Duration::from_millis(u64::from(stale_after_ms)));
+        let mut threads = Vec::new();
+        for s in started {
+            let index = s.input.index;
+            {
+                let mut st = lock(&shared.inputs[index]);
+                st.topic = format!("gst:{}", s.input.description);
+                st.qos = "in-process GStreamer pipeline (no DDS)".into();
+                st.pipeline = Some(PipelineState {
+                    running: true,
+                    live: s.source.is_live(),
+                    ..PipelineState::default()
+                });
+            }
+            lock(&shared.cameras)[index].topic = format!("gst:{}", s.input.description);
+            if let Some(info) = &s.input.calibration {
+                *lock(&shared.camera_infos[index]) = Some(info.clone());
+            }
+            let capture = Capture {
+                input: s.input,
+                publishers: s.publishers,
+                former: former.clone(),
+                shared: shared.clone(),
+                stop: stop.clone(),
+                stall,
+                log: RateLimitedLog::new(&shared.clock),
+                size_checked: false,
+            };
+            let source = s.source;
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("gst-{index}"))
+                    .spawn(move || capture.run(source))?,
+            );
+        }
+        Ok(Cameras { stop, threads })
+    }
+}
+
+impl Drop for Cameras {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One capture thread's state.
+struct Capture {
+    input: PipelineInput,
+    publishers: CameraPublishers,
+    former: Arc<Mutex<Former>>,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    stall: Duration,
+    log: RateLimitedLog,
+    /// The calibration's size was compared with the frames'.
+    size_checked: bool,
+}
+
+impl Capture {
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire) || self.shared.is_stopped()
+    }
+
+    /// Take frames until the node stops; restart the pipeline after each fault.
+    fn run(mut self, first: CaptureSource) {
+        let mut source = Some(first);
+        let mut backoff = BACKOFF_MIN;
+        let mut last_frame = Instant::now();
+        while !self.stopping() {
+            let Some(running) = source.as_mut() else {
+                self.sleep(backoff);
+                if self.stopping() {
+                    break;
+                }
+                match CaptureSource::start(&self.input.description) {
+                    Ok(s) => {
+                        let mut st = lock(&self.shared.inputs[self.input.index]);
+                        if let Some(p) = st.pipeline.as_mut() {
+                            p.running = true;
+                            p.restarts += 1;
+                            p.live = s.is_live();
+                        }
+                        drop(st);
+                        r2r::log_info!(
+                            &self.shared.logger,
+                            "input {} ({}): pipeline restarted",
+                            self.input.index,
+                            self.input.name
+                        );
+                        source = Some(s);
+                        last_frame = Instant::now();
+                    }
+                    Err(e) => {
+                        self.fault(&e.to_string());
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                    }
+                }
+                continue;
+            };
+            match running.next(POLL) {
+                Ok(Some(frame)) => {
+                    backoff = BACKOFF_MIN;
+                    last_frame = Instant::now();
+                    let live = running.is_live();
+                    let age = capture_age(&frame, running);
+                    self.deliver(frame, live, age);
+                }
+                Ok(None) if last_frame.elapsed() < self.stall => {}
+                Ok(None) => {
+                    self.fault(&format!(
+                        "no frame for {:.1} s: the pipeline is restarted",
+                        last_frame.elapsed().as_secs_f64()
+                    ));
+                    if let Some(s) = source.take() {
+                        let _ = s.stop();
+                    }
+                }
+                Err(e) => {
+                    self.fault(&e.to_string());
+                    if let Some(s) = source.take() {
+                        let _ = s.stop();
+                    }
+                }
+            }
+        }
+        if let Some(s) = source.take() {
+            let _ = s.stop();
+        }
+    }
+
+    /// Wait `d`, or less when the node stops.
+    fn sleep(&self, d: Duration) {
+        let until = Instant::now() + d;
+        while !self.stopping() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(POLL));
+        }
+    }
+
+    /// A run-time fault: counted, shown in `/diagnostics`, logged (rate-limited) as a
+    /// warning; the pipeline is (re)started after the backoff.
+    fn fault(&mut self, what: &str) {
+        let mut st = lock(&self.shared.inputs[self.input.index]);
+        if let Some(p) = st.pipeline.as_mut() {
+            p.running = false;
+            p.faults += 1;
+            p.last_fault = Some((what.to_string(), Instant::now()));
+        }
+        drop(st);
+        let line = format!(
+            "input {} ({}): {what}; restarting the pipeline (backoff {} to {} s)",
+            self.input.index,
+            self.input.name,
+            BACKOFF_MIN.as_secs_f64(),
+            BACKOFF_MAX.as_secs_f64()
+        );
+        self.log.warn(&self.shared.logger, &line);
+    }
+
+    /// Give `frame` its header, push it into the former, then publish what a camera
+    /// driver would (camera_info; the raw image while subscribed).
+    fn deliver(&mut self, frame: Frame, live: bool, age: Option<Duration>) {
+        let at = Instant::now();
+        let stamp = self.stamp(live, age);
+        let header = Header {
+            sec: i32::try_from(stamp.as_secs()).unwrap_or(i32::MAX),
+            nanosec: stamp.subsec_nanos(),
+            frame_id: self.input.frame_id.clone(),
+        };
+        let frame = Arc::new(frame);
+        let index = self.input.index;
+        {
+            let mut st = lock(&self.shared.inputs[index]);
+            let bytes = frame.view().data().len();
+            let stamp_ns = i64::try_from(stamp.as_nanos()).unwrap_or(i64::MAX);
+            st.monitor.image(at, stamp_ns, bytes);
+            if let Some(p) = st.pipeline.as_mut() {
+                if frame.copied() {
+                    p.copied += 1;
+                } else {
+                    p.in_place += 1;
+                }
+            }
+        }
+        let received = Received {
+            image: Pixels::Captured(Captured { frame: frame.clone(), header: header.clone() }),
+            at,
+        };
+        {
+            let mut former = lock(&self.former);
+            former.push(index, received, &self.shared);
+            former.poll(&self.shared);
+        }
+        self.publish(&frame, &header);
+    }
+
+    /// The frame's stamp on the node's clock: for a live source its capture time (the
+    /// node's now less the frame's age on the pipeline clock); else, or without a clock,
+    /// its arrival. Zero while the node's clock has no time (sim time before `/clock`).
+    fn stamp(&self, live: bool, age: Option<Duration>) -> Duration {
+        let Some(now) = self.shared.clock.now() else { return Duration::ZERO };
+        match age {
+            Some(age) if live => now.saturating_sub(age),
+            _ => now,
+        }
+    }
+
+    /// camera_info with every frame (when calibrated), the frame on `image_raw` while
+    /// someone subscribes.
+    fn publish(&mut self, frame: &Frame, header: &Header) {
+        let view = frame.view();
+        let ros_header = super::native::ros_header(header);
+        if let Some(cal) = &self.input.calibration {
+            if !self.size_checked {
+                self.size_checked = true;
+                if (cal.width, cal.height) != (view.width(), view.height()) {
+                    r2r::log_warn!(
+                        &self.shared.logger,
+                        "input {} ({}): the calibration is for {}x{}, the frames are {}x{}: \
+                         camera_info is published as calibrated; recalibrate at the frames' \
+                         size",
+                        self.input.index,
+                        self.input.name,
+                        cal.width,
+                        cal.height,
+                        view.width(),
+                        view.height()
+                    );
+                }
+            }
+            let info = CameraInfo { header: ros_header.clone(), ..cal.clone() };
+            if let Err(e) = self.publishers.info.publish(&info) {
+                self.log.warn(&self.shared.logger, &format!("publishing camera_info: {e}"));
+            }
+        }
+        if self.publishers.image.get_inter_process_subscription_count().unwrap_or(0) == 0 {
+            return;
+        }
+        let msg = Image {
+            header: ros_header,
+            height: view.height(),
+            width: view.width(),
+            encoding: view.encoding().name().to_string(),
+            is_bigendian: u8::from(view.big_endian()),
+            step: view.step(),
+            data: view.data().to_vec(),
+        };
+        if let Err(e) = self.publishers.image.publish(&msg) {
+            self.log.warn(&self.shared.logger, &format!("publishing image_raw: {e}"));
+        }
+    }
+}
+
+/// How long ago `frame` was captured, on its pipeline's clock; `None` without a capture
+/// time or clock, or when the difference is not believable.
+fn capture_age(frame: &Frame, source: &CaptureSource) -> Option<Duration> {
+    let captured = frame.capture_time()?.clock_ns;
+    let now = source.clock_now_ns()?;
+    let age = Duration::from_nanos(now.checked_sub(captured)?);
+    (age <= LARGEST_AGE).then_some(age)
+}
+
+/// A matrix of the calibration YAML: `rows`, `cols`, `data`.
+#[derive(serde::Deserialize)]
+struct Matrix {
+    rows: usize,
+    cols: usize,
+    data: Vec<f64>,
+}
+
+/// The calibration YAML of ROS camera drivers (camera_calibration_parsers).
+#[derive(serde::Deserialize)]
+struct CalibrationFile {
+    image_width: u32,
+    image_height: u32,
+    camera_matrix: Matrix,
+    distortion_model: String,
+    distortion_coefficients: Matrix,
+    rectification_matrix: Matrix,
+    projection_matrix: Matrix,
+}
+
+impl Matrix {
+    fn exactly<const N: usize>(
+        self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<[f64; N], String> {
+        if (self.rows, self.cols) != (rows, cols) || self.data.len() != N {
+            return Err(format!(
+                "`{name}` is {}x{} with {} values; it must be {rows}x{cols}",
+                self.rows,
+                self.cols,
+                self.data.len()
+            ));
+        }
+        let mut out = [0.0; N];
+        out.copy_from_slice(&self.data);
+        Ok(out)
+    }
+}
+
+/// Read a calibration file given as a `file://` URL into a `CameraInfo` (no header).
+pub(super) fn read_calibration(url: &str) -> Result<CameraInfo, String> {
+    let path = url.strip_prefix("file://").ok_or_else(|| {
+        "only file:// URLs are read (e.g. file:///home/me/front.yaml)".to_string()
+    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {path}: {e}; give the path of a calibration YAML"))?;
+    parse_calibration(&text).map_err(|e| format!("{path}: {e}"))
+}
+
+/// A calibration YAML (as `camera_calibration` writes it) as a `CameraInfo`.
+fn parse_calibration(text: &str) -> Result<CameraInfo, String> {
+    let f: CalibrationFile = serde_yaml::from_str(text).map_err(|e| {
+        format!(
+            "not a camera calibration file ({e}); it needs image_width, image_height, \
+             camera_matrix, distortion_model, distortion_coefficients, \
+             rectification_matrix and projection_matrix, as camera_calibration writes them"
+        )
+    })?;
+    let d = f.distortion_coefficients;
+    if d.rows * d.cols != d.data.len() {
+        return Err(format!(
+            "`distortion_coefficients` is {}x{} but has {} values",
+            d.rows,
+            d.cols,
+            d.data.len()
+        ));
+    }
+    Ok(CameraInfo {
+        header: Default::default(),
+        height: f.image_height,
+        width: f.image_width,
+        distortion_model: f.distortion_model,
+        d: d.data,
+        k: f.camera_matrix.exactly::<9>("camera_matrix", 3, 3)?.to_vec(),
+        r: f.rectification_matrix.exactly::<9>("rectification_matrix", 3, 3)?.to_vec(),
+        p: f.projection_matrix.exactly::<12>("projection_matrix", 3, 4)?.to_vec(),
+        binning_x: 0,
+        binning_y: 0,
+        roi: RegionOfInterest::default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CALIBRATION: &str = "image_width: 640
+image_height: 480
+camera_name: front
+camera_matrix:
+  rows: 3
+  cols: 3
+  data: [500.0, 0.0, 320.5, 0.0, 501.0, 240.5, 0.0, 0.0, 1.0]
+distortion_model: plumb_bob
+distortion_coefficients:
+  rows: 1
+  cols: 5
+  data: [-0.1, 0.01, 0.0, 0.0, 0.0]
+rectification_matrix:
+  rows: 3
+  cols: 3
+  data: [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+projection_matrix:
+  rows: 3
+  cols: 4
+  data: [500.0, 0.0, 320.5, 0.0, 0.0, 501.0, 240.5, 0.0, 0.0, 0.0, 1.0, 0.0]
+";
+
+    #[test]
+    fn a_calibration_file_as_camera_calibration_writes_it() {
+        let info = parse_calibration(CALIBRATION).unwrap();
+        assert_eq!((info.width, info.height), (640, 480));
+        assert_eq!(info.k[2], 320.5);
+        assert_eq!(info.p[5], 501.0);
+        assert_eq!(info.d, vec![-0.1, 0.01, 0.0, 0.0, 0.0]);
+        assert_eq!(info.distortion_model, "plumb_bob");
+        let dir = std::env::temp_dir().join(format!("vp_cal_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("front.yaml");
+        std::fs::write(&path, CALIBRATION).unwrap();
+        let read = read_calibration(&format!("file://{}", path.display())).unwrap();
+        assert_eq!(read, info);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_bad_calibration_says_what_is_wrong() {
+        let e = parse_calibration("image_width: 640\n").unwrap_err();
+        assert!(e.contains("camera_matrix") && e.contains("camera_calibration"), "{e}");
+        let short = CALIBRATION.replace("data: [500.0, 0.0, 320.5, 0.0, 0.0", "data: [0.0");
+        let e = parse_calibration(&short).unwrap_err();
+        assert!(e.contains("projection_matrix") && e.contains("3x4"), "{e}");
+        let e = read_calibration("file:///nonexistent/cal.yaml").unwrap_err();
+        assert!(e.contains("cannot read /nonexistent/cal.yaml"), "{e}");
+        assert!(read_calibration("package://cam/cal.yaml").unwrap_err().contains("file://"));
+    }
+}
