@@ -178,6 +178,7 @@ impl Cameras {
                 stop: stop.clone(),
                 stall,
                 log: RateLimitedLog::new(&shared.clock),
+                restart_log: RateLimitedLog::new(&shared.clock),
                 size_checked: false,
             };
             let source = s.source;
@@ -209,6 +210,7 @@ struct Capture {
     stop: Arc<AtomicBool>,
     stall: Duration,
     log: RateLimitedLog,
+    restart_log: RateLimitedLog,
     /// The calibration's size was compared with the frames'.
     size_checked: bool,
 }
@@ -238,12 +240,11 @@ impl Capture {
                             p.live = s.is_live();
                         }
                         drop(st);
-                        r2r::log_info!(
-                            &self.shared.logger,
+                        let line = format!(
                             "input {} ({}): pipeline restarted",
-                            self.input.index,
-                            self.input.name
+                            self.input.index, self.input.name
                         );
+                        self.restart_log.info(&self.shared.logger, &line);
                         source = Some(s);
                         last_frame = Instant::now();
                     }
@@ -405,8 +406,14 @@ impl Capture {
             step: view.step(),
             data: view.data().to_vec(),
         };
-        if let Err(e) = self.publishers.image.publish(&msg) {
-            self.log.warn(&self.shared.logger, &format!("publishing image_raw: {e}"));
+        match self.publishers.image.publish(&msg) {
+            Ok(()) => {
+                let mut st = lock(&self.shared.inputs[self.input.index]);
+                if let Some(p) = st.pipeline.as_mut() {
+                    p.raw_published += 1;
+                }
+            }
+            Err(e) => self.log.warn(&self.shared.logger, &format!("publishing image_raw: {e}")),
         }
     }
 }

@@ -291,6 +291,10 @@ fn pipeline_report(shared: &Shared, index: usize, prefix: &str) -> Option<InputR
         (format!("{prefix}Input pipeline faults"), p.faults.to_string()),
         (format!("{prefix}Input pipeline restarts"), p.restarts.to_string()),
         (
+            format!("{prefix}Input image_raw published"),
+            format!("{} (only while someone subscribes)", p.raw_published),
+        ),
+        (
             format!("{prefix}Input frame copies"),
             format!(
                 "{} frames {}; {} first copied once into tight rows (their buffer's layout)",

@@ -90,6 +90,8 @@ pub(super) struct PipelineState {
     pub in_place: u64,
     /// Frames copied once into tight rows first (their buffer's layout differed).
     pub copied: u64,
+    /// Frames published on `<camera>/image_raw` (only while someone subscribes).
+    pub raw_published: u64,
 }
 
 /// How a pipeline frame's bytes reach the kernels of `backend`, as the log and
@@ -364,6 +366,14 @@ impl RateLimitedLog {
     pub(super) fn error(&mut self, logger: &str, what: &str) {
         if let Some(line) = self.due(what) {
             r2r::log_error!(logger, "{line}");
+        }
+    }
+
+    /// Log `what` as information, unless one was logged less than a period ago.
+    #[cfg_attr(not(feature = "gstreamer"), allow(dead_code))]
+    pub(super) fn info(&mut self, logger: &str, what: &str) {
+        if let Some(line) = self.due(what) {
+            r2r::log_info!(logger, "{line}");
         }
     }
 
