@@ -27,12 +27,15 @@ from vptools import ROOT, oracle
 from vptools.rosharness import RELIABLE, NodeProcess, image_msg, stamp_ns, tensor_array
 from vptools.sources import photo_bgr
 from vptools.tolerances import assert_close
-from vision_preproc_msgs.msg import Tensor, TensorBatch
+from vision_preproc_msgs.msg import FrameTiming, Tensor, TensorBatch
 
 NET_W, NET_H = 96, 64
 CONFIG = {"network_image_width": NET_W, "network_image_height": NET_H}
 NODE_ARGS = ["-p", "backend:=cpu", "-p", f"network_image_width:={NET_W}", "-p", f"network_image_height:={NET_H}"]
 FULL_HD = (1920, 1080)
+# A live frame's capture time -> the node holds it, median (in-process: no DDS trip; a
+# loaded 2-core machine; the same step over DDS costs milliseconds for a 6.2 MB frame).
+CAPTURE_TO_NODE_MS = 20.0
 
 # GStreamer's format -> the ROS encoding the node reports (src/capture/mod.rs ACCEPTED) and
 # big-endian samples.
@@ -206,16 +209,21 @@ def test_a_live_1080p30_camera_is_a_ros_camera(tmp_path: Path) -> None:
         peer = Watcher(ns, batch=False)
         infos = peer.subscribe(CameraInfo, "camera/camera_info", qos_profile_sensor_data)
         scaled = peer.subscribe(CameraInfo, "tensor/camera_info")
+        timings = peer.subscribe(FrameTiming, "timing")
         try:
             peer.spin_until(lambda: len(peer.tensors) >= 5, 30, "tensors from the pipeline")
             start, first = time.monotonic(), len(peer.tensors)
             peer.spin_for(3.0)
             rate = (len(peer.tensors) - first) / (time.monotonic() - start)
-            assert rate >= 20, f"{rate:.1f} tensors/s from a 30 Hz camera"
+            assert rate >= 15, f"{rate:.1f} tensors/s from a 30 Hz camera"
             stamps = [stamp_ns(t.header) for t, _ in peer.tensors]
             assert all(b > a for a, b in zip(stamps, stamps[1:])), "stamps not increasing"
+            # Stamps are before the tensor arrives here (the wall clock is the node's).
             ages = [at - stamp_ns(t.header) * 1e-9 for t, at in peer.tensors[first:]]
-            assert 0 < min(ages) and np.median(ages) < 0.1, f"stamp -> here: {min(ages):.4f} .. {max(ages):.4f} s"
+            assert 0 < min(ages) and np.median(ages) < 0.25, f"stamp -> here: {min(ages):.4f} .. {max(ages):.4f} s"
+            # Capture -> the node has the frame: age at publication less the node's own time.
+            waits = [(t.age_us - t.total_us) * 1e-3 for t in timings if stamp_ns(t.header) in set(stamps[first:])]
+            assert len(waits) >= 10 and 0 <= np.median(waits) < CAPTURE_TO_NODE_MS, f"capture -> node {np.median(waits):.2f} ms"
             t = peer.tensors[-1][0]
             assert t.header.frame_id == "front_optical"
             assert_close(tensor_array(t), want, "float32", "BGR 1080p30")
