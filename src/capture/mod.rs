@@ -94,6 +94,26 @@ pub fn accepted_list() -> String {
     format!("video/x-raw {}; video/x-bayer {} (8-bit)", list("video/x-raw"), list("video/x-bayer"))
 }
 
+/// What `vision_preproc info` says of GStreamer: its version and whether `gst:` inputs
+/// can run here (GStreamer initializes, our appsink's plugin is installed), or why not.
+pub fn status() -> String {
+    if let Err(e) = gst::init() {
+        return format!("cannot be initialized ({e}): `gst:` inputs cannot run");
+    }
+    let (major, minor, micro, _) = gst::version();
+    let version = format!("{major}.{minor}.{micro}");
+    match gst::ElementFactory::find("appsink") {
+        Some(_) => format!(
+            "{version}: `gst:` inputs run in the node; their frames are read in place from \
+             GStreamer's buffers (the CUDA backend makes one host copy into its pinned staging)"
+        ),
+        None => format!(
+            "{version}, but no appsink (install gstreamer1.0-plugins-base): `gst:` inputs \
+             cannot run"
+        ),
+    }
+}
+
 /// The appsink's caps: every entry of [`ACCEPTED`], in system memory.
 fn accepted_caps() -> gst::Caps {
     let mut caps = gst::Caps::new_empty();

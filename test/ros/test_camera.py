@@ -23,7 +23,7 @@ from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, Image
 
-from vptools import ROOT, oracle
+from vptools import BIN_DIR, ROOT, oracle
 from vptools.rosharness import RELIABLE, NodeProcess, image_msg, stamp_ns, tensor_array
 from vptools.sources import photo_bgr
 from vptools.tolerances import assert_close
@@ -315,6 +315,16 @@ def test_a_pipeline_that_cannot_start_stops_the_node_with_the_cause(tmp_path: Pa
     assert fatal and "input 0" in fatal[0] and f"gst:{description}" in fatal[0], log
     for w in words:
         assert w in fatal[0], f"{w!r} not in {fatal[0]!r}"
+
+
+def test_info_says_how_pipeline_frames_reach_the_kernels() -> None:
+    out = subprocess.run([str(BIN_DIR / "vision_preproc"), "info"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("GStreamer: "))
+    version = subprocess.run(["gst-launch-1.0", "--version"], capture_output=True, text=True, check=True).stdout
+    installed = re.search(r"GStreamer (\d+\.\d+\.\d+)", version).group(1)
+    assert line.startswith(f"GStreamer: {installed}: "), line
+    assert "`gst:` inputs run in the node" in line and "read in place" in line and "one host copy" in line, line
 
 
 def proc_usage(pid: int, samples: int = 40) -> tuple[tuple[int, int], tuple[int, int], int]:
