@@ -1,8 +1,19 @@
-"""tensor vs tensor_ref, side by side in one run (docs/HANDOFF.md, docs/BENCHMARKS.md).
+"""tensor vs tensor_ref, and a camera process vs a camera inside the node, side by side in
+one run (docs/HANDOFF.md, docs/CAMERAS.md, docs/BENCHMARKS.md).
 
-One node (CPU backend unless --backend), one camera (`vision_preproc play --loop
---restamp`: the stamp is the publish time), and a consumer process subscribed to ONE of
-the two topics at a time, alternating phases of --seconds each (--rounds times):
+One node (CPU backend unless --backend), one camera, and a consumer process subscribed to
+ONE of the two topics at a time, alternating phases of --seconds each (--rounds times),
+for each of --paths:
+
+- s: the camera is a process (`vision_preproc play --loop --restamp`: the stamp is the
+  publish time) whose `sensor_msgs/Image` crosses DDS into the node; consumer on `tensor`;
+- a: the same camera; consumer on `tensor_ref`;
+- b: the camera inside the node, a live GStreamer source of the same size and rate
+  (`gst:videotestsrc is-live=true ...`: the stamp is its capture time); consumer on
+  `tensor_ref`. The node's `Input frame copies` (/diagnostics) is the ledger of its host
+  copies.
+
+The consumers:
 
 - `tensor`: rclpy's typed `Tensor`, the data as a numpy array (`np.frombuffer`), what a
   Python inference process does with the tensor topic;
@@ -138,12 +149,14 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
         FrameTiming, "timing",
         lambda t: timings.__setitem__(key(t.header), (t.total_us / 1e3, t.outputs, t.age_us / 1e3)), 10)
     shared: list[tuple[float, dict]] = []  # (seconds since start, the node's "Shared ..." diagnostics)
+    copies: list[str] = []  # the node's "Input frame copies" (a camera inside the node)
 
     def on_diagnostics(msg) -> None:
         for st in msg.status:
             values = {kv.key: kv.value for kv in st.values if kv.key.startswith("Shared")}
             if values:
                 shared.append((time.time() - t0, values))
+            copies.extend(kv.value for kv in st.values if kv.key == "Input frame copies")
 
     from diagnostic_msgs.msg import DiagnosticArray
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
@@ -159,7 +172,7 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
                                "timings": [timings[k] for k in sorted(timings)],
                                "after_publish_ms": [ages[k] - timings[k][2] for k in sorted(ages) if k in timings],
                                "skipped": skipped, "counts": counts, "checksum": checksum, "checks": checks,
-                               "shared_diagnostics": shared}))
+                               "shared_diagnostics": shared, "frame_copies": copies[-1:]}))
     node.destroy_node()
     rclpy.shutdown()
 
@@ -171,33 +184,37 @@ def vm_rss_mb(pid: int) -> float:
     return r["VmRSS"] if r else float("nan")
 
 
-def phase(a: argparse.Namespace, ns: str, topic: str, r: int, node_pid: int, work: Path) -> dict:
-    """One consumer process on `topic` for --seconds, memory sampled every 0.5 s."""
+def phase(a: argparse.Namespace, ns: str, path: str, r: int, node_pid: int, work: Path) -> dict:
+    """One consumer process on path `path`'s topic for --seconds, memory sampled every 0.5 s."""
     time.sleep(1.0)
-    out = work / f"{topic}_{r}.json"
+    topic = PATHS[path][0]
+    out = work / f"{path}_{r}.json"
     c = subprocess.Popen([sys.executable, __file__, "--consumer", topic, "--seconds", str(a.seconds),
-                          "--out", str(out), "--ns", ns])
+                          "--out", str(out), "--ns", ns, *(["--torch"] if a.torch else [])])
     node_rss, cons_rss, pss = [], [], []
     while c.poll() is None:
         node_rss.append(vm_rss_mb(node_pid))
         cons_rss.append(vm_rss_mb(c.pid))
         pss.append(pss_mb(node_pid) + pss_mb(c.pid))
         time.sleep(0.5)
-    return {**summary(json.loads(out.read_text()), topic, r),
+    return {**summary(json.loads(out.read_text()), path, r),
             "node_rss_max_mb": max(node_rss, default=float("nan")),
             "consumer_rss_max_mb": max(cons_rss, default=float("nan")),
             "pss_sum_max_mb": max(pss, default=float("nan"))}
 
 
-def summary(d: dict, topic: str, r: int) -> dict:
-    """A consumer's JSON as a phase: latency percentiles without the first fifth
-    (discovery, warm-up), outputs, the consumer's checks."""
+def summary(d: dict, path: str, r: int) -> dict:
+    """A consumer's JSON as a phase of `path` (s, a, b; or a topic, for older files):
+    latency percentiles without the first fifth (discovery, warm-up), outputs, the
+    consumer's checks, the node's frame copies."""
     from vptools.soak import pct
     ages = d["ages_ms"][len(d["ages_ms"]) // 5:]
     tim = d["timings"][len(d["timings"]) // 5:]
     after = d["after_publish_ms"][len(d["after_publish_ms"]) // 5:]
     return {
-        "round": r, "topic": topic, "frames": len(d["ages_ms"]), "timings": len(d["timings"]),
+        "round": r, "path": path, "topic": PATHS[path][0] if path in PATHS else path,
+        "frame_copies": d.get("frame_copies", []),
+        "frames": len(d["ages_ms"]), "timings": len(d["timings"]),
         "skipped": d["skipped"], "subscription": d["counts"], "checks": d.get("checks", {}),
         "age_p50_ms": pct(ages, 50), "age_p99_ms": pct(ages, 99),
         "published_p50_ms": pct([t[2] for t in tim], 50),
@@ -209,7 +226,8 @@ def summary(d: dict, topic: str, r: int) -> dict:
 
 
 def phase_line(p: dict) -> str:
-    line = (f"round {p['round']} {p['topic']:10s}: {p['frames']:4d} frames ({p['skipped']} skipped); stamp -> "
+    label = PATHS[p["path"]][1] if p.get("path") in PATHS else p["topic"]
+    line = (f"round {p['round']} {label}: {p['frames']:4d} frames ({p['skipped']} skipped); stamp -> "
             f"tensor p50 {p['age_p50_ms']:.2f} ms, p99 {p['age_p99_ms']:.2f} ms (stamp -> published "
             f"p50 {p['published_p50_ms']:.2f} ms, published -> tensor p50 {p['after_publish_p50_ms']:.2f} ms, "
             f"p99 {p['after_publish_p99_ms']:.2f} ms); node-added p50 "
@@ -218,17 +236,41 @@ def phase_line(p: dict) -> str:
         line += (f"; memory (max) node RSS {p['node_rss_max_mb']:.0f} MB, consumer RSS "
                  f"{p['consumer_rss_max_mb']:.0f} MB, node + consumer PSS {p['pss_sum_max_mb']:.0f} MB")
     checks = {k: v for k, v in p.get("checks", {}).items() if v}
+    if p.get("frame_copies"):
+        line += f"; ledger (Input frame copies): {p['frame_copies'][-1]}"
     return line + (f"; checks {checks}" if checks else "")
 
 
-def print_ratio(phases: list[dict]) -> tuple[float, float]:
-    by = {t: [p for p in phases if p["topic"] == t] for t in ("tensor", "tensor_ref")}
-    ratio = statistics.median(p["age_p50_ms"] for p in by["tensor"]) / statistics.median(
-        p["age_p50_ms"] for p in by["tensor_ref"])
-    after = statistics.median(p["after_publish_p50_ms"] for p in by["tensor"]) / statistics.median(
-        p["after_publish_p50_ms"] for p in by["tensor_ref"])
-    print(f"stamp -> tensor p50, tensor / tensor_ref: {ratio:.2f}x; published -> tensor p50: {after:.2f}x")
-    return ratio, after
+def print_ratio(phases: list[dict]) -> dict:
+    """The ratios of the medians over rounds: s / a (stamp -> tensor and published -> tensor)
+    and, with path b, s / b and a / b (stamp -> tensor)."""
+    def med(path: str, key: str) -> float:
+        return statistics.median(p[key] for p in phases if p.get("path", p["topic"]) in (path, PATHS[path][0]))
+    ratios = {}
+    if any(p.get("path") == "b" for p in phases):
+        ratios["s_over_b_p50"] = med("s", "age_p50_ms") / med("b", "age_p50_ms")
+        ratios["a_over_b_p50"] = med("a", "age_p50_ms") / med("b", "age_p50_ms")
+        print(f"camera stamp -> tensor usable p50: (s) / (b) {ratios['s_over_b_p50']:.2f}x, "
+              f"(a) / (b) {ratios['a_over_b_p50']:.2f}x")
+    ratios["ratio_p50"] = med("s", "age_p50_ms") / med("a", "age_p50_ms")
+    ratios["ratio_after_publish_p50"] = med("s", "after_publish_p50_ms") / med("a", "after_publish_p50_ms")
+    print(f"stamp -> tensor p50, tensor / tensor_ref: {ratios['ratio_p50']:.2f}x; published -> tensor p50: "
+          f"{ratios['ratio_after_publish_p50']:.2f}x")
+    return ratios
+
+
+# path -> (the consumer's topic, its label in the report)
+PATHS = {
+    "s": ("tensor", "(s) camera process -> tensor    "),
+    "a": ("tensor_ref", "(a) camera process -> tensor_ref"),
+    "b": ("tensor_ref", "(b) in-node camera -> tensor_ref"),
+}
+
+
+def gst_camera(width: int, height: int, rate: float) -> str:
+    """Path b's camera: a live source of the camera process's size and rate (BGR)."""
+    return (f"gst:videotestsrc is-live=true pattern=smpte75 ! video/x-raw,format=BGR,width={width},"
+            f"height={height},framerate={int(rate)}/1")
 
 
 def pss_mb(pid: int) -> float:
@@ -248,6 +290,7 @@ def main() -> None:
                     help="run only the consumer process, on this topic (both: block bytes == Tensor bytes), "
                          "writing --out (the GPU machine's scenario starts node and camera itself)")
     ap.add_argument("--torch", action="store_true", help="the consumer makes CUDA torch tensors")
+    ap.add_argument("--paths", default="s,a", help="which of s, a, b to run (comma-separated; module docstring)")
     ap.add_argument("--hold-ms", type=float, default=0.0, help="the consumer holds each frame this long")
     ap.add_argument("--batch", action="store_true", help="the consumer's node has several inputs (TensorBatch)")
     ap.add_argument("--report", type=Path, nargs="+", help="print the phases of consumer JSON files "
@@ -267,8 +310,8 @@ def main() -> None:
         consumer(a.consumer, a.ns, a.seconds, a.out, a.torch, a.hold_ms, a.batch)
         return
     if a.report:
-        # <topic>_<round>.json, the topic as the consumer's phase ("batch_tensor_ref_2": the
-        # tensor_ref phase of round 2 of a batch run)
+        # <path or topic>_<round>.json ("batch_tensor_ref_2": the tensor_ref phase of round 2
+        # of a batch run)
         phases = [summary(json.loads(f.read_text()), f.stem.rsplit("_", 1)[0].removeprefix("batch_"),
                           int(f.stem.rsplit("_", 1)[1]))
                   for f in a.report]
@@ -283,26 +326,30 @@ def main() -> None:
     ns = "/bench_handoff"
     params = ["-r", f"__ns:={ns}", "-p", f"backend:={a.backend}", "-p", f"network_image_width:={a.network}",
               "-p", f"network_image_height:={a.network}"]
+    paths = [p for p in a.paths.split(",") if p]
+    assert set(paths) <= set(PATHS) and "s" in paths and "a" in paths, f"--paths {a.paths}: s and a, and b"
     phases = []
     for r in range(a.rounds):
-        for topic in ("tensor", "tensor_ref"):
+        for path in paths:
             # A node and a camera per phase: each phase's memory is its own.
-            with NodeProcess(params, log=work / f"node_{topic}_{r}.log") as node:
-                play = subprocess.Popen([str(ROOT / "target" / "release" / "vision_preproc"), "play", str(bag),
-                                         "--loop", "--restamp", "--image-topic", f"{ns}/image"],
-                                        stdout=subprocess.DEVNULL)
+            camera = ["-p", f'inputs:=["{gst_camera(a.width, a.height, a.rate)}"]'] if path == "b" else []
+            with NodeProcess(params + camera, log=work / f"node_{path}_{r}.log") as node:
+                play = None if path == "b" else subprocess.Popen(
+                    [str(ROOT / "target" / "release" / "vision_preproc"), "play", str(bag), "--loop", "--restamp",
+                     "--image-topic", f"{ns}/image"], stdout=subprocess.DEVNULL)
                 try:
-                    phases.append(phase(a, ns, topic, r, node.proc.pid, work))
+                    phases.append(phase(a, ns, path, r, node.proc.pid, work))
                 finally:
-                    play.terminate()
-                    play.wait(timeout=10)
+                    if play:
+                        play.terminate()
+                        play.wait(timeout=10)
             print(phase_line(phases[-1]), flush=True)
-    ratio, after = print_ratio(phases)
+    ratios = print_ratio(phases)
     if a.json:
         a.json.write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "machine": platform.node(),
             "cpus": os.cpu_count(), "args": {k: str(v) for k, v in vars(a).items()}, "phases": phases,
-            "ratio_p50": ratio, "ratio_after_publish_p50": after}, indent=1))
+            **ratios}, indent=1))
 
 
 if __name__ == "__main__":
