@@ -125,7 +125,10 @@ step "CLI parity x86-64 = aarch64 scalar"
 
 # 6. The ROS node: r2r's build script runs bindgen on the ROS headers and links the ROS
 # libraries, so a check needs a ROS 2 installation for aarch64 (a sysroot with
-# /opt/ros/<distro> for arm64). There is none on PyPI (the wheels are x86-64 only).
+# /opt/ros/<distro> for arm64), and the default feature `gstreamer` the arm64 GStreamer
+# development packages in that sysroot (libgstreamer1.0-dev:arm64,
+# libgstreamer-plugins-base1.0-dev:arm64; found through pkg-config). There is none on PyPI
+# (the wheels are x86-64 only).
 if [ -n "${VP_AARCH64_ROS_PREFIX:-}" ]; then
     log "type-checking the node for aarch64 against $VP_AARCH64_ROS_PREFIX"
     # shellcheck disable=SC1091
