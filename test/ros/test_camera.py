@@ -300,8 +300,10 @@ def test_a_photograph_pipeline_and_a_topic_camera_in_one_batch(tmp_path: Path) -
     ("videotestsrc ! ! videoconvert", ["syntax error", "gst-launch-1.0"]),
     ("v4l2src device=/dev/video97", ["v4l2src", "cannot open its device", "/dev/video"]),
     ("videotestsrc ! video/x-raw,format=I420", ["caps cannot be negotiated", "videoconvert", "BGR"]),
+    # A live source negotiates with its first frame, which start-up waits for.
+    ("videotestsrc is-live=true ! video/x-raw,format=I420", ["caps cannot be negotiated", "videoconvert", "BGR"]),
     ("videotestsrc bogus-property=1", ["bogus-property", "gst-inspect-1.0"]),
-], ids=["missing-element", "syntax", "missing-device", "caps", "property"])
+], ids=["missing-element", "syntax", "missing-device", "caps", "caps-live", "property"])
 def test_a_pipeline_that_cannot_start_stops_the_node_with_the_cause(tmp_path: Path, description: str,
                                                                    words: list[str]) -> None:
     node = NodeProcess([*NODE_ARGS, "-p", f'inputs:=["gst:{description}"]'], log=tmp_path / "node.log").start()

@@ -33,6 +33,9 @@ pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// A running pipeline that delivers no frame for this long (or `stale_after_ms` when
 /// that is longer) is restarted.
 pub(super) const STALL_MIN: Duration = Duration::from_secs(5);
+/// How long start-up waits for a pipeline's first frame (a live source's caps are
+/// negotiated with it).
+const FIRST_FRAME_WAIT: Duration = Duration::from_secs(2);
 /// How long the capture thread waits for a frame before it looks at the stop flag.
 const POLL: Duration = Duration::from_millis(100);
 /// A capture time older than this is not believed (a clock that is not the capture's):
@@ -108,6 +111,8 @@ pub(super) struct Started {
     input: PipelineInput,
     source: CaptureSource,
     publishers: CameraPublishers,
+    /// Its first frame, taken while starting.
+    first: Option<Frame>,
 }
 
 /// Start the pipeline of `input` (a fault names the input, its element and the fix) and
@@ -118,8 +123,23 @@ pub(super) fn start(
     logger: &str,
     backend: &str,
 ) -> anyhow::Result<Started> {
-    let source = CaptureSource::start(&input.description)
+    let mut source = CaptureSource::start(&input.description)
         .map_err(|e| anyhow::anyhow!("input {}: {e}", input.index))?;
+    // A live source negotiates its caps with its first frame: wait for it, so that caps
+    // that cannot be negotiated stop the node as for a source that is not live. The frame
+    // is the capture thread's first.
+    let first =
+        source.next(FIRST_FRAME_WAIT).map_err(|e| anyhow::anyhow!("input {}: {e}", input.index))?;
+    if first.is_none() {
+        r2r::log_warn!(
+            logger,
+            "input {} ({}): no frame within {} s of starting; the node goes on and restarts \
+             the pipeline if none comes",
+            input.index,
+            input.name,
+            FIRST_FRAME_WAIT.as_secs()
+        );
+    }
     r2r::log_info!(
         logger,
         "input {} ({}): GStreamer pipeline `{}`, {}; frames {}; header.frame_id `{}`, \
@@ -140,7 +160,7 @@ pub(super) fn start(
             "not published (no calibration)"
         },
     );
-    Ok(Started { input, source, publishers })
+    Ok(Started { input, source, publishers, first })
 }
 
 impl Cameras {
@@ -181,11 +201,11 @@ impl Cameras {
                 restart_log: RateLimitedLog::new(&shared.clock),
                 size_checked: false,
             };
-            let source = s.source;
+            let (source, first) = (s.source, s.first);
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("gst-{index}"))
-                    .spawn(move || capture.run(source))?,
+                    .spawn(move || capture.run(source, first))?,
             );
         }
         Ok(Cameras { stop, threads })
@@ -221,8 +241,12 @@ impl Capture {
     }
 
     /// Take frames until the node stops; restart the pipeline after each fault.
-    fn run(mut self, first: CaptureSource) {
-        let mut source = Some(first);
+    fn run(mut self, started: CaptureSource, first: Option<Frame>) {
+        if let Some(frame) = first {
+            let (live, age) = (started.is_live(), capture_age(&frame, &started));
+            self.deliver(frame, live, age);
+        }
+        let mut source = Some(started);
         let mut backoff = BACKOFF_MIN;
         let mut last_frame = Instant::now();
         while !self.stopping() {
