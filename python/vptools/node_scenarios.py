@@ -2,9 +2,10 @@
 (scripts/device/gpu_node_remote.py is the command line).
 
 Here first: scripts/device/gpu_node_stage.sh (the node, the CLI and their ROS 2 libraries
--> .device/ros.tar.xz; input bags -> .device/node_bags.tar.xz; the demo bag ->
-.device/bag; for `cudaref`, scripts/device/py312_bundle.sh -> .device/py312.tar.xz). Then
-there (CUDA, no ROS), from the repository root, carrying .device:
+-> .device/ros.tar.xz; the GStreamer the node links -> .device/gst.tar.xz; input bags ->
+.device/node_bags.tar.xz; the demo bag -> .device/bag; for `cudaref`,
+scripts/device/py312_bundle.sh -> .device/py312.tar.xz). Then there (CUDA, no ROS), from
+the repository root, carrying .device:
 
     PYTHONPATH=python python3 scripts/device/gpu_node_remote.py [scenario ...]
     (default: healthy fallback retry exit latency startup; --list: every scenario)
@@ -56,8 +57,13 @@ from typing import Callable, Mapping
 from vptools import ROOT, fastdds
 from vptools.procs import INJECT_FAULT_ENV, NodeProcess, children, rss_mb, shell_status
 
-#: Where the bundle is unpacked (bin/, lib/, COMMIT; bags/ and py312/ beside them).
+#: Where the bundle is unpacked (bin/, lib/, COMMIT; bags/, py312/ and gst/ beside them).
 ROS_DIR = Path("/tmp/vp_ros")
+#: GStreamer for the nodes' `gst:` inputs (scripts/device/gst_bundle.sh), when staged.
+GST_DIR = ROS_DIR / "gst"
+#: What the GStreamer bundle's env.sh unsets: GStreamer reads the *_1_0 names first.
+GST_UNSET = ("GST_PLUGIN_PATH", "GST_PLUGIN_PATH_1_0", "GST_PLUGIN_SYSTEM_PATH_1_0", "GST_PLUGIN_SCANNER_1_0",
+             "GST_REGISTRY_1_0")
 #: The previous release's bundle (`single`, cudaref's `prev`).
 PREV_DIR = Path("/tmp/vp_prev")
 #: The processes' logs and the recorded bags (bags of the batch scenario in /dev/shm).
@@ -285,6 +291,7 @@ class Run:
         self.procs: list[subprocess.Popen] = []
         self.warmed = False
         self._py312: dict | None = None
+        self.gst = False
 
     # Set-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -307,6 +314,11 @@ class Run:
             self.commit = f"{bins} (local)"
         if (self.stage / "node_bags.tar.xz").exists():
             self.untar(self.stage / "node_bags.tar.xz", ROS_DIR / "bags")
+        # The node links GStreamer, which the GPU machine lacks (the ROS bundle carries only
+        # the libraries of .ros/); only the nodes get it (node()), the other processes keep
+        # the machine's glib-free environment.
+        if (self.stage / "gst.tar.xz").exists():
+            self.gst = self.untar(self.stage / "gst.tar.xz", GST_DIR, required=True)
         self.bags = ROS_DIR / "bags"
         self.demo_bag = self.stage / "bag"
         if not self.demo_bag.exists() and self.bin_dir is not None:
@@ -329,6 +341,14 @@ class Run:
         env.clear()
         env.update(profiled)
         env["VISION_PREPROC_KERNEL_CACHE"] = str(KERNEL_CACHE)
+
+    def gst_env(self) -> dict:
+        """The variables of the GStreamer bundle's env.sh but PATH (a node runs no GStreamer
+        tool): its libraries first, its plugins alone, its scanner, a registry of its own."""
+        return {"LD_LIBRARY_PATH": ":".join(filter(None, [str(GST_DIR / "lib"), os.environ.get("LD_LIBRARY_PATH")])),
+                "GST_PLUGIN_SYSTEM_PATH": str(GST_DIR / "lib" / "gstreamer-1.0"),
+                "GST_PLUGIN_SCANNER": str(GST_DIR / "libexec" / "gst-plugin-scanner"),
+                "GST_REGISTRY": "/tmp/vp_gst_registry.bin"}
 
     def untar(self, tarball: Path, into: Path, required: bool = False) -> bool:
         into.mkdir(parents=True, exist_ok=True)
@@ -360,7 +380,10 @@ class Run:
 
     def node(self, args: list, log: Path, binary: Path | None = None, env: dict | None = None,
              prefix: tuple[str, ...] = ()) -> NodeProcess:
-        n = NodeProcess([str(a) for a in args], binary=binary or self.node_bin, env=env, log=log, prefix=prefix).start()
+        if self.gst:
+            env = {**self.gst_env(), **(env or {})}
+        n = NodeProcess([str(a) for a in args], binary=binary or self.node_bin, env=env, log=log,
+                        unset=GST_UNSET if self.gst else (), prefix=prefix).start()
         self.procs.append(n.proc)
         return n
 
