@@ -245,7 +245,7 @@ def print_ratio(phases: list[dict]) -> dict:
     """The ratios of the medians over rounds: s / a (stamp -> tensor and published -> tensor)
     and, with path b, s / b and a / b (stamp -> tensor)."""
     def med(path: str, key: str) -> float:
-        return statistics.median(p[key] for p in phases if p.get("path", p["topic"]) in (path, PATHS[path][0]))
+        return statistics.median(p[key] for p in phases if p["path"] == path)
     ratios = {}
     if any(p.get("path") == "b" for p in phases):
         ratios["s_over_b_p50"] = med("s", "age_p50_ms") / med("b", "age_p50_ms")
@@ -265,6 +265,10 @@ PATHS = {
     "a": ("tensor_ref", "(a) camera process -> tensor_ref"),
     "b": ("tensor_ref", "(b) in-node camera -> tensor_ref"),
 }
+
+
+# The GPU machine's names of the paths' JSON files (python/vptools/node_scenarios.py).
+REPORT_NAMES = {"tensor": "s", "tensor_ref": "a", "gst_ref": "b"}
 
 
 def gst_camera(width: int, height: int, rate: float) -> str:
@@ -311,8 +315,10 @@ def main() -> None:
         return
     if a.report:
         # <path or topic>_<round>.json ("batch_tensor_ref_2": the tensor_ref phase of round 2
-        # of a batch run)
-        phases = [summary(json.loads(f.read_text()), f.stem.rsplit("_", 1)[0].removeprefix("batch_"),
+        # of a batch run; the GPU machine's cudaref/camera scenarios name paths s, a, b
+        # tensor, tensor_ref, gst_ref)
+        phases = [summary(json.loads(f.read_text()), REPORT_NAMES.get(f.stem.rsplit("_", 1)[0].removeprefix("batch_"),
+                                                                    f.stem.rsplit("_", 1)[0].removeprefix("batch_")),
                           int(f.stem.rsplit("_", 1)[1]))
                   for f in a.report]
         for p in phases:

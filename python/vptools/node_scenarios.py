@@ -76,6 +76,24 @@ THREAD_CPU = ROOT / "scripts" / "device" / "thread_cpu.py"
 DOMAIN = "21"
 INPUTS4 = "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]"
 INPUTS2 = "inputs:=[cam0/image, cam1/image]"
+#: `camera`'s parity: one node per group, one live 1920x1080 pipeline per format (5 Hz).
+GST_GROUPS = (("BGR", "RGB", "BGRx", "BGRA", "RGBx", "RGBA", "GRAY8", "GRAY16_LE", "GRAY16_BE"),
+              ("YUY2", "UYVY", "NV12", "NV21", "rggb", "bggr", "gbrg", "grbg"))
+#: `camera`'s backends: (label, node parameters).
+GST_MODES = (("cuda_upload", ("-p", "backend:=cuda", "-p", "memory_mode:=upload")),
+             ("cuda_mapped", ("-p", "backend:=cuda", "-p", "memory_mode:=mapped")),
+             ("cpu", ("-p", "backend:=cpu")))
+
+
+def gst_source(fmt: str, w: int, h: int, rate: str = "5/1", live: bool = True) -> str:
+    """A `gst:` input: videotestsrc's 75 % colour bars (the same picture in every frame) in
+    `fmt` (a Bayer order through rgb2bayer); `rate` "" for a source that is not live and
+    runs as fast as it is taken."""
+    src = f"videotestsrc is-live={str(live).lower()} pattern=smpte75"
+    caps = f"width={w},height={h}" + (f",framerate={rate}" if rate else "")
+    if fmt in ("rggb", "bggr", "gbrg", "grbg"):
+        return f"gst:{src} ! video/x-raw,format=ARGB,{caps} ! rgb2bayer ! video/x-bayer,format={fmt}"
+    return f"gst:{src} ! video/x-raw,format={fmt},{caps}"
 
 DEFAULT_SCENARIOS = ("healthy", "fallback", "retry", "exit", "latency", "startup")
 #: Every mode of `cudaref` (CUDAREF_MODES), and those it runs by default.
@@ -629,6 +647,34 @@ class Run:
         for line in grep("node-added", WORK / f"rec_{tag}.log"):
             print(f"  {rel} {line}")
 
+    def gst_max(self, trial: int) -> None:
+        """The camera inside the node at its highest rate: a 1920x1080 BGR source that is not
+        live (frames as fast as the node takes them) into one single-camera node (-> 640x640)
+        for 6 s: published frames/s, each thread's CPU, node-added latency."""
+        tag, ns = f"gstmax_{trial}", f"/gm{trial}"
+        node = self.node(["-r", f"__ns:={ns}", "--params-file", CONFIG, "-p", f"backend:={self.k.backend}",
+                          "-p", "network_image_width:=640", "-p", "network_image_height:=640",
+                          "-p", f'inputs:=["{gst_source("BGR", 1920, 1080, "", live=False)}"]'],
+                         WORK / f"node_{tag}.log")
+        rec = self.spawn([self.cli, "record", "--count-only", "--tensor-topic", f"{ns}/tensor", "--timing-topic",
+                          f"{ns}/timing", "--duration", 60], WORK / f"rec_{tag}.log")
+        time.sleep(3)
+        self.threads(3, "gst node", node)
+        time.sleep(3)
+        self.term(node)
+        self.stop_or_kill("node", node)
+        self.term(rec)
+        self.stop_or_kill("subscriber", rec)
+        nlog = WORK / f"node_{tag}.log"
+        started = grep(r"GStreamer pipeline", nlog)
+        pub = grep(r"stopped: [0-9]* frames received, [0-9]*", nlog, only=True)
+        # The pipeline runs from start-up to the signal: ~6 s plus start-up's fraction.
+        rate = f"{int(pub[0].split()[4]) / 6:.0f}" if pub else ""
+        print(f"gst max trial {trial} (not live, 1080p BGR): {nl(grep('stopped:.*', nlog, only=True))}; "
+              f"published/s ~{rate}; {nl(started[:1])[:200]}")
+        for line in grep("node-added", WORK / f"rec_{tag}.log"):
+            print(f"  gst {line}")
+
     def single_30(self, rel: str, bins: Path, trial: int) -> None:
         """One player at 30 Hz for 10 s into one single-camera node: node-added latency."""
         tag, ns = f"single30_{rel}_{trial}", f"/t{trial}{rel}"
@@ -670,6 +716,9 @@ class Run:
         prefix = ("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20") if mode == "sanitizer" else ()
         if mode.startswith("batch_"):
             args += ["-r", "__ns:=/bb", "-p", INPUTS4, *k.cudaref_batch_args]
+        if mode == "gst_ref":
+            # bench_handoff.py's path (b): the camera inside the node, live, 1080p at 30 Hz.
+            args += ["-p", f'inputs:=["{gst_source("BGR", 1920, 1080, "30/1")}"]']
         binary, fault = self.node_bin, ""
         if mode == "prev_ref":
             binary = PREV_DIR / "bin" / "vision_preproc_node"
@@ -721,6 +770,8 @@ class Run:
                                     self.out / f"{tag}.consumer.log", env=self.py312_env()))
         elif mode in ("tensor", "tensor_ref"):
             waits.append(self.consumer(f"{mode}_{trial}", mode, 13))
+        elif mode == "gst_ref":
+            waits.append(self.consumer(f"{mode}_{trial}", "tensor_ref", 13))
         elif mode == "prev_ref":
             waits.append(self.consumer(f"{mode}_{trial}", "tensor_ref", 13))
         elif mode.startswith("batch_"):
@@ -744,6 +795,8 @@ class Run:
             waits.append(self.consumer(tag, "tensor_ref", 25))
         if mode.startswith("batch_"):
             waits += self.play_cameras("batched", "b", tag, "--duration", play_s, *k.cudaref_batch_play)
+        elif mode == "gst_ref":
+            pass  # the camera is in the node
         else:
             waits.append(self.player(bag, tag, "--loop", *stamps, "--duration", play_s, "--wait-subscribers", 1))
         time.sleep(6)
@@ -992,6 +1045,63 @@ def cudaref(run: Run) -> None:
                     run.cudaref_run("tensor_ref", i)
             else:
                 run.cudaref_run(m)
+
+
+@scenario
+def camera(run: Run) -> None:
+    """Cameras inside the node (`gst:` inputs, GStreamer from .device/gst.tar.xz), in one call:
+      parity: every format of GST_GROUPS from live 1920x1080 pipelines, one node per group
+        and backend (CUDA upload, CUDA mapped, CPU), 64x48 + gaussian 5 conv2d, 4 batches
+        recorded each (OUT/camera_<mode>_<group>: compare them here, test/ros/test_camera.py's
+        formats; the picture is the same in every frame)
+      sanitizer: the YUV/Bayer group's node under compute-sanitizer memcheck, 10 s
+      bench: bench_handoff.py's three paths with the PyTorch consumer, 2 rounds: (s) camera
+        process -> tensor + .cuda(), (a) -> tensor_ref, (b) the camera in the node -> tensor_ref
+      max: the highest single-camera rate, a source that is not live (frames as fast as they
+        are taken) against PLAYERS `play --max` into the node through DDS, 6 s each, 2 trials"""
+    if not run.gst:
+        raise SystemExit("gpu_node_remote: camera needs .device/gst.tar.xz (scripts/device/gst_bundle.sh)")
+    if not run.untar(run.stage / "py312.tar.xz", ROS_DIR):
+        raise SystemExit(f"gpu_node_remote: cannot unpack {run.stage / 'py312.tar.xz'} (the consumers)")
+    with run.tee("camera"):
+        run.warm_up()
+        for label, mode_args in GST_MODES:
+            for g, group in enumerate(GST_GROUPS):
+                tag, ns = f"camera_{label}_{g}", f"/gc{g}{label[:4]}{label[-1]}"
+                inputs = "inputs:=[" + ",".join(f'"{gst_source(f, 1920, 1080)}"' for f in group) + "]"
+                node = run.node(["-r", f"__ns:={ns}", *run.small(), *mode_args, "-p", inputs,
+                                 "-p", "batch_timeout_ms:=400"], WORK / f"node_{tag}.log")
+                rec = run.spawn([run.cli, "record", run.out / tag, "--batch", "--tensor-topic", f"{ns}/tensor",
+                                 "--timing-topic", f"{ns}/timing", "--count", 4, "--duration", 40],
+                                WORK / f"rec_{tag}.log")
+                run.wait(rec)
+                rc = run.stop_node(node)
+                nlog = WORK / f"node_{tag}.log"
+                print(f"{tag}: {nl(lines_of(WORK / f'rec_{tag}.log')[-1:])}; node exit {rc}; "
+                      f"{nl(grep('stopped:.*', nlog, only=True))}")
+                for line in grep(r"WARN|ERROR|FATAL|backend|frames read", nlog)[:6]:
+                    print(f"  {line[:260]}")
+        tag = "camera_sanitizer"
+        inputs = "inputs:=[" + ",".join(f'"{gst_source(f, 1920, 1080)}"' for f in GST_GROUPS[1]) + "]"
+        node = run.node(["-r", "__ns:=/gcs", "-p", "backend:=cuda", *run.small(), "-p", inputs],
+                        WORK / f"node_{tag}.log",
+                        prefix=("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20"))
+        time.sleep(10)
+        for pid in children(node.proc.pid):
+            os.kill(pid, signal.SIGTERM)
+        rc = run.wait(node)[0]
+        nlog = WORK / f"node_{tag}.log"
+        print(f"{tag}: exit {rc}; {nl(grep('stopped:.*', nlog, only=True))}; {nl(grep('ERROR SUMMARY.*', nlog))}")
+        for i in run.k.n(2):
+            run.cudaref_run("tensor", i)
+            run.cudaref_run("tensor_ref", i)
+            run.cudaref_run("gst_ref", i)
+        jsons = [run.out / f"{m}_{i}.json" for i in run.k.n(2) for m in ("tensor", "tensor_ref", "gst_ref")]
+        subprocess.run(["python3", ROOT / "bench" / "bench_handoff.py", "--report", *jsons], check=False)
+        new = run.node_bin.parent
+        for i in run.k.n(2):
+            run.single_max("new", new, i)
+            run.gst_max(i)
 
 
 @scenario

@@ -9,7 +9,7 @@
 # lists) and unpacked with `dpkg -x`; only what runs is kept, flat, under each file's
 # SONAME: the plugins of PLUGINS (the elements our pipelines use: capsfilter, queue,
 # filesrc, videotestsrc, appsink, videoconvert, videoscale, videorate, multifilesrc,
-# pngdec), gst-launch-1.0, gst-inspect-1.0, gst-plugin-scanner, and the libraries they
+# pngdec, rgb2bayer), gst-launch-1.0, gst-inspect-1.0, gst-plugin-scanner, and the libraries they
 # and the node NEED, found by following NEEDED entries inside the unpacked packages.
 # Every carried file is then checked with ldd against the bundle: a library resolved
 # outside it must be one of BASE (libc and the rest of the GPU machine's base system).
@@ -27,8 +27,8 @@ DIR="${1:-$ROOT/.device/gst}"
 # system without glib need not have them.
 PACKAGES="libgstreamer1.0-0 gstreamer1.0-tools gstreamer1.0-plugins-base
     libgstreamer-plugins-base1.0-0 liborc-0.4-0 gstreamer1.0-plugins-good libglib2.0-0
-    libunwind8 libdw1 libelf1 libpng16-16 libffi8 libpcre2-8-0"
-PLUGINS="coreelements videotestsrc app videoconvertscale videorate png multifile"
+    libunwind8 libdw1 libelf1 libpng16-16 libffi8 libpcre2-8-0 gstreamer1.0-plugins-bad"
+PLUGINS="coreelements videotestsrc app videoconvertscale videorate png multifile bayer"
 # Resolved from the machine, not carried: the C run-time, and libraries of every
 # Debian/Ubuntu base system (dpkg's and util-linux's) that only libdw (compressed debug
 # sections: lzma, bz2) and libgio (multifilesrc: mount, blkid, selinux) load; the GPU
