@@ -151,8 +151,13 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     shared: list[tuple[float, dict]] = []  # (seconds since start, the node's "Shared ..." diagnostics)
     copies: list[str] = []  # the node's "Input frame copies" (a camera inside the node)
 
+    # The node's own status (another node in the domain may have a camera too).
+    status_name = f"{ns.strip('/')}/vision_preproc".lstrip("/")
+
     def on_diagnostics(msg) -> None:
         for st in msg.status:
+            if st.name != status_name:
+                continue
             values = {kv.key: kv.value for kv in st.values if kv.key.startswith("Shared")}
             if values:
                 shared.append((time.time() - t0, values))

@@ -121,6 +121,7 @@ class Knobs:
     trials: int | None = None
     latency_sizes: tuple[str, ...] = ("1280x720", "1920x1080")
     cudaref_modes: tuple[str, ...] = CUDAREF_DEFAULT
+    camera_parts: tuple[str, ...] = ("parity", "sanitizer", "bench", "max")
     cudaref_slow_s: int = 20
     cudaref_batch_args: tuple[str, ...] = ()
     cudaref_batch_play: tuple[str, ...] = ()
@@ -169,6 +170,7 @@ def knobs_from(env: Mapping[str, str], backend: str = "cuda") -> Knobs:
                       "(node_bags.tar.xz holds 1280x720 and 1920x1080)")
     k.latency_sizes = sizes
     k.cudaref_modes = _words(env, "CUDAREF_MODES", CUDAREF_DEFAULT, CUDAREF_MODES, "mode")
+    k.camera_parts = _words(env, "CAMERA_PARTS", k.camera_parts, k.camera_parts, "part")
     k.cudaref_slow_s = _int(env, "CUDAREF_SLOW_S", 20)
     k.cudaref_batch_args = tuple(shlex.split(env.get("CUDAREF_BATCH_ARGS", "")))
     k.cudaref_batch_play = tuple(shlex.split(env.get("CUDAREF_BATCH_PLAY", "")))
@@ -390,6 +392,9 @@ class Run:
               limit: float | None = None) -> subprocess.Popen:
         """A process in the background, its output in `log`; `limit`: seconds after which a
         wait for it stops it (what `timeout 60` did)."""
+        if self.gst and str(cmd[0]).startswith(str(ROS_DIR / "bin")):
+            # The bundle's binaries link GStreamer (the CLI's `info` names its version).
+            env = {k: v for k, v in {**os.environ, **self.gst_env(), **(env or {})}.items() if k not in GST_UNSET}
         with open(log, "w") if log else open(os.devnull, "w") as out:
             p = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env)
         p.deadline = time.monotonic() + limit if limit else None  # type: ignore[attr-defined]
@@ -1054,18 +1059,21 @@ def camera(run: Run) -> None:
         and backend (CUDA upload, CUDA mapped, CPU), 64x48 + gaussian 5 conv2d, 4 batches
         recorded each (OUT/camera_<mode>_<group>: compare them here, test/ros/test_camera.py's
         formats; the picture is the same in every frame)
-      sanitizer: the YUV/Bayer group's node under compute-sanitizer memcheck, 10 s
+      sanitizer: the YUV/Bayer group's node under compute-sanitizer memcheck, 25 s (its
+        start-up under the tool takes most of the first 10)
       bench: bench_handoff.py's three paths with the PyTorch consumer, 2 rounds: (s) camera
         process -> tensor + .cuda(), (a) -> tensor_ref, (b) the camera in the node -> tensor_ref
       max: the highest single-camera rate, a source that is not live (frames as fast as they
-        are taken) against PLAYERS `play --max` into the node through DDS, 6 s each, 2 trials"""
+        are taken) against PLAYERS `play --max` into the node through DDS, 6 s each, 2 trials
+    CAMERA_PARTS: a subset of those four, in that order."""
     if not run.gst:
         raise SystemExit("gpu_node_remote: camera needs .device/gst.tar.xz (scripts/device/gst_bundle.sh)")
+    parts = run.k.camera_parts
     if not run.untar(run.stage / "py312.tar.xz", ROS_DIR):
         raise SystemExit(f"gpu_node_remote: cannot unpack {run.stage / 'py312.tar.xz'} (the consumers)")
     with run.tee("camera"):
         run.warm_up()
-        for label, mode_args in GST_MODES:
+        for label, mode_args in GST_MODES if "parity" in parts else ():
             for g, group in enumerate(GST_GROUPS):
                 tag, ns = f"camera_{label}_{g}", f"/gc{g}{label[:4]}{label[-1]}"
                 inputs = "inputs:=[" + ",".join(f'"{gst_source(f, 1920, 1080)}"' for f in group) + "]"
@@ -1079,29 +1087,43 @@ def camera(run: Run) -> None:
                 nlog = WORK / f"node_{tag}.log"
                 print(f"{tag}: {nl(lines_of(WORK / f'rec_{tag}.log')[-1:])}; node exit {rc}; "
                       f"{nl(grep('stopped:.*', nlog, only=True))}")
+                shutil.copy(nlog, run.out)
                 for line in grep(r"WARN|ERROR|FATAL|backend|frames read", nlog)[:6]:
                     print(f"  {line[:260]}")
-        tag = "camera_sanitizer"
-        inputs = "inputs:=[" + ",".join(f'"{gst_source(f, 1920, 1080)}"' for f in GST_GROUPS[1]) + "]"
-        node = run.node(["-r", "__ns:=/gcs", "-p", "backend:=cuda", *run.small(), "-p", inputs],
-                        WORK / f"node_{tag}.log",
-                        prefix=("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20"))
-        time.sleep(10)
-        for pid in children(node.proc.pid):
-            os.kill(pid, signal.SIGTERM)
-        rc = run.wait(node)[0]
-        nlog = WORK / f"node_{tag}.log"
-        print(f"{tag}: exit {rc}; {nl(grep('stopped:.*', nlog, only=True))}; {nl(grep('ERROR SUMMARY.*', nlog))}")
-        for i in run.k.n(2):
-            run.cudaref_run("tensor", i)
-            run.cudaref_run("tensor_ref", i)
-            run.cudaref_run("gst_ref", i)
-        jsons = [run.out / f"{m}_{i}.json" for i in run.k.n(2) for m in ("tensor", "tensor_ref", "gst_ref")]
-        subprocess.run(["python3", ROOT / "bench" / "bench_handoff.py", "--report", *jsons], check=False)
+        if "sanitizer" in parts:
+            camera_sanitizer(run)
+        if "bench" in parts:
+            for i in run.k.n(2):
+                run.cudaref_run("tensor", i)
+                run.cudaref_run("tensor_ref", i)
+                run.cudaref_run("gst_ref", i)
         new = run.node_bin.parent
-        for i in run.k.n(2):
+        for i in run.k.n(2) if "max" in parts else ():
             run.single_max("new", new, i)
             run.gst_max(i)
+
+
+def camera_sanitizer(run: Run) -> None:
+    """camera's sanitizer part: the YUV/Bayer group's node under compute-sanitizer memcheck."""
+    tag = "camera_sanitizer"
+    inputs = "inputs:=[" + ",".join(f'"{gst_source(f, 1920, 1080)}"' for f in GST_GROUPS[1]) + "]"
+    node = run.node(["-r", "__ns:=/gcs", "-p", "backend:=cuda", *run.small(), "-p", inputs],
+                    WORK / f"node_{tag}.log",
+                    prefix=("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20"))
+    time.sleep(25)
+    # The node, wherever compute-sanitizer put it in its process tree (its direct
+    # children are not always the node): by its namespace argument.
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"__ns:=/gcs" in cmdline and cmdline[0].endswith(b"vision_preproc_node"):
+            os.kill(int(pid), signal.SIGTERM)
+    rc = run.wait(node)[0]
+    nlog = WORK / f"node_{tag}.log"
+    print(f"{tag}: exit {rc}; {nl(grep('stopped:.*', nlog, only=True))}; {nl(grep('ERROR SUMMARY.*', nlog))}")
+    shutil.copy(nlog, run.out)
 
 
 @scenario
