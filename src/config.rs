@@ -447,7 +447,7 @@ impl IntRange {
     pub(crate) fn contains(&self, v: i64) -> bool {
         v >= self.from
             && v <= self.to
-            && (self.step <= 1 || (v - self.from).unsigned_abs() % self.step == 0)
+            && (self.step <= 1 || (v - self.from).unsigned_abs().is_multiple_of(self.step))
     }
 
     /// `Ok` if `v` is in the range, else the error naming `param` and the range.

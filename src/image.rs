@@ -188,10 +188,12 @@ impl<'a> ImageView<'a> {
             return Err(ImageError::ZeroSize { width, height });
         }
         match encoding {
-            Encoding::Yuyv | Encoding::Uyvy if width % 2 != 0 => {
+            Encoding::Yuyv | Encoding::Uyvy if !width.is_multiple_of(2) => {
                 return Err(ImageError::OddWidth { width, encoding });
             }
-            Encoding::Nv12 | Encoding::Nv21 if width % 2 != 0 || height % 2 != 0 => {
+            Encoding::Nv12 | Encoding::Nv21
+                if !width.is_multiple_of(2) || !height.is_multiple_of(2) =>
+            {
                 return Err(ImageError::OddSize { width, height, encoding });
             }
             _ => {}

@@ -97,13 +97,13 @@ fn configs() -> Vec<(String, Config)> {
     for &(w, h) in &sizes {
         for &(mode, anchor) in &modes {
             k += 1;
-            let channels = if k % 3 == 0 { 1 } else { 3 };
+            let channels = if k.is_multiple_of(3) { 1 } else { 3 };
             let c = Config {
                 network_image_width: w,
                 network_image_height: h,
                 resize_mode: mode,
                 letterbox_anchor: anchor,
-                interpolation: if k % 2 == 0 {
+                interpolation: if k.is_multiple_of(2) {
                     Interpolation::Nearest
                 } else {
                     Interpolation::Linear

@@ -471,7 +471,7 @@ fn main() -> ExitCode {
                    cpu: &mut CpuBackend,
                    st: &mut Stats| {
             st.case_no += 1;
-            if (st.case_no - 1) % stride != 0 || !name.contains(filter.as_str()) {
+            if !(st.case_no - 1).is_multiple_of(stride) || !name.contains(filter.as_str()) {
                 return;
             }
             let name = format!("[{mode:?} {path:?}] {name}");

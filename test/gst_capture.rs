@@ -118,7 +118,7 @@ fn oracle_frames(
     let stride = row.div_ceil(4) * 4;
     let size = stride * rows;
     assert!(
-        !bytes.is_empty() && bytes.len() % size == 0,
+        !bytes.is_empty() && bytes.len().is_multiple_of(size),
         "{description}: filesink wrote {} bytes, not frames of {rows} rows of {stride} bytes",
         bytes.len()
     );

@@ -361,7 +361,7 @@ impl Conv2dOp {
                 ),
             ))
         };
-        if self.size % 2 == 0 || self.size > Self::MAX_SIZE {
+        if self.size.is_multiple_of(2) || self.size > Self::MAX_SIZE {
             return bad(format!("size {}", self.size));
         }
         if self.weights.len() != n * n {

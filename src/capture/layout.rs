@@ -33,7 +33,7 @@ impl Planes {
     /// buffer's size over the height (`rgb2bayer` and `bayer2rgb` pad rows to 4 bytes).
     pub(crate) fn bayer(width: u32, height: u32, size: usize) -> Result<Planes, String> {
         let h = height as usize;
-        if h == 0 || size % h != 0 || size / h < width as usize {
+        if h == 0 || !size.is_multiple_of(h) || size / h < width as usize {
             return Err(format!(
                 "a Bayer buffer of {size} bytes is not {height} rows of at least {width} bytes"
             ));

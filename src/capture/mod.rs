@@ -499,7 +499,7 @@ impl CaptureSource {
             let (width, height) = (width.max(0) as u32, height.max(0) as u32);
             (width, height, Planes::bayer(width, height, buffer.size()).map_err(bad)?)
         };
-        if matches!(encoding, Encoding::Yuyv | Encoding::Uyvy) && width % 2 != 0 {
+        if matches!(encoding, Encoding::Yuyv | Encoding::Uyvy) && !width.is_multiple_of(2) {
             return Err(bad(format!(
                 "{format} at odd width {width}: 4:2:2 pixels come in pairs; set an even width in the description's caps (or `videoscale ! video/x-raw,width=<even>`)"
             )));

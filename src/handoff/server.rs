@@ -62,7 +62,7 @@ pub(crate) fn remove_stale(dir: &Path) -> usize {
     for e in entries.flatten() {
         let path = e.path();
         let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.uid() == euid());
-        if !ours || path.extension().map_or(true, |x| x != "sock") {
+        if !ours || path.extension().is_none_or(|x| x != "sock") {
             continue;
         }
         let refused = matches!(UnixStream::connect(&path), Err(e) if e.kind() == ErrorKind::ConnectionRefused);

@@ -42,7 +42,7 @@ pub fn preview(params: &PreprocessParams, tensor: &[u8]) -> PreviewImage {
 /// by `params`), stacked top to bottom: one image `width` wide and `n * height` high.
 pub(crate) fn preview_items(params: &PreprocessParams, tensors: &[u8]) -> Result<PreviewImage> {
     let one = params.tensor_desc().byte_len();
-    if one == 0 || tensors.len() % one != 0 {
+    if one == 0 || !tensors.len().is_multiple_of(one) {
         return Err(Error::Operation(format!(
             "{} tensor bytes are not a whole number of {one}-byte tensors",
             tensors.len()

@@ -225,7 +225,9 @@ impl Gpu {
             && ctx == self.ctx.cu_ctx();
         match self.mode {
             _ if !pinned_here => None,
-            MemoryMode::Mapped if device == 0 || (host as usize) % DIRECT_ALIGN != 0 => None,
+            MemoryMode::Mapped if device == 0 || !(host as usize).is_multiple_of(DIRECT_ALIGN) => {
+                None
+            }
             MemoryMode::Mapped => Some(Target::Mapped(host, device)),
             _ => Some(Target::Host(host)),
         }
@@ -347,7 +349,7 @@ fn reserve<'a>(
     len: usize,
     kind: PinnedKind,
 ) -> Result<&'a mut PinnedBuffer> {
-    if !slot.as_ref().is_some_and(|b| b.len() >= len) {
+    if slot.as_ref().is_none_or(|b| b.len() < len) {
         *slot = None;
         *slot = Some(PinnedBuffer::new(ctx, len, kind)?);
     }

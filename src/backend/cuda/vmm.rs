@@ -521,7 +521,7 @@ impl ImportedBlocks {
     /// Copy `out.len()` bytes of block i from byte `offset` into `out` (waits for the
     /// copy).
     pub(crate) fn copy_to_host(&self, i: usize, offset: usize, out: &mut [u8]) -> Result<()> {
-        if offset.checked_add(out.len()).map_or(true, |end| end > self.size) {
+        if offset.checked_add(out.len()).is_none_or(|end| end > self.size) {
             return Err(crate::Error::misuse(
                 "copy_to_host",
                 format!(

@@ -356,9 +356,6 @@ impl Capture {
         let index = self.input.index;
         {
             let mut st = lock(&self.shared.inputs[index]);
-            let bytes = frame.view().data().len();
-            let stamp_ns = i64::try_from(stamp.as_nanos()).unwrap_or(i64::MAX);
-            st.monitor.image(at, stamp_ns, bytes);
             if let Some(p) = st.pipeline.as_mut() {
                 if frame.copied() {
                     p.copied += 1;
