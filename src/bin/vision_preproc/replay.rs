@@ -153,6 +153,10 @@ fn replay(
     } else {
         cfg.inputs.clear();
     }
+    // The bag's topics are the inputs now: no `gst:` pipeline runs offline, and the lists
+    // that apply to pipelines alone would no longer match `inputs`.
+    cfg.input_frame_ids.clear();
+    cfg.camera_info_urls.clear();
     cfg.validate()?;
     let batch = cfg.is_batch();
     let output = output_dir(args);
