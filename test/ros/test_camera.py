@@ -48,7 +48,7 @@ RAW_FORMATS = {
 BAYER_ORDERS = {"rggb": "bayer_rggb8", "bggr": "bayer_bggr8", "gbrg": "bayer_gbrg8", "grbg": "bayer_grbg8"}
 
 
-def test_source(fmt: str, size: tuple[int, int], rate: str = "30/1", live: bool = True, num_buffers: int = -1) -> str:
+def camera_source(fmt: str, size: tuple[int, int], rate: str = "30/1", live: bool = True, num_buffers: int = -1) -> str:
     """A `videotestsrc` (75 % SMPTE colour bars, `smpte75`: the same picture in every frame, unlike `smpte`, whose corner is noise) in `fmt`, a Bayer order
     through `rgb2bayer` or a `video/x-raw` format."""
     w, h = size
@@ -145,7 +145,7 @@ def test_every_format_from_a_live_1080p_camera_equals_the_oracle(tmp_path: Path,
     the 2-core machine; the 30 Hz camera is the next test): each item of a batch whose items
     are all new equals the oracle of its own format's frame."""
     ns = f"/gst_formats_{len(formats)}"
-    descriptions = [test_source(f, FULL_HD, rate="5/1") for f in formats]
+    descriptions = [camera_source(f, FULL_HD, rate="5/1") for f in formats]
     wants = [expected(first_frame(d, tmp_path), f, FULL_HD) for d, f in zip(descriptions, formats)]
     inputs = "[" + ",".join(f'"gst:{d}"' for d in descriptions) + "]"
     args = ["-r", f"__ns:={ns}", *NODE_ARGS, "-p", f"inputs:={inputs}", "-p", "batch_timeout_ms:=400"]
@@ -198,7 +198,7 @@ def test_a_live_1080p30_camera_is_a_ros_camera(tmp_path: Path) -> None:
     file, as published and scaled into tensor/camera_info; image_raw published only while
     subscribed, with the frame's own bytes."""
     ns = "/gst_camera"
-    description = test_source("BGR", FULL_HD)
+    description = camera_source("BGR", FULL_HD)
     frame = first_frame(description, tmp_path)
     want, _ = expected(frame, "BGR", FULL_HD)
     cal = tmp_path / "front.yaml"
@@ -354,8 +354,8 @@ def test_a_pipeline_that_ends_is_restarted_100_times_without_leaks(tmp_path: Pat
     steady live pipeline) goes on in batches. After 100 restarts the node holds as many fds
     and threads as after 20, and about the same memory."""
     ns = "/gst_restarts"
-    ending = test_source("GRAY8", (64, 48), rate="100/1", num_buffers=2)
-    steady = test_source("GRAY8", (64, 48), rate="30/1")
+    ending = camera_source("GRAY8", (64, 48), rate="100/1", num_buffers=2)
+    steady = camera_source("GRAY8", (64, 48), rate="30/1")
     args = ["-r", f"__ns:={ns}", *NODE_ARGS, "-p", f'inputs:=["gst:{ending}","gst:{steady}"]']
     with NodeProcess(args, log=tmp_path / "node.log") as node:
         peer = Watcher(ns, batch=True)
