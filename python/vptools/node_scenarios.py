@@ -626,27 +626,12 @@ class Run:
         """PLAYERS players `--max` into one single-camera node (1080p -> 640x640) for 6 s:
         published frames/s, each thread's CPU, the subscriber's node-added latency."""
         tag, ns = f"single_{rel}_{trial}", f"/s{trial}{rel}"
-        node = self.node(["-r", f"__ns:={ns}", "--params-file", CONFIG, "-p", f"backend:={self.k.backend}",
-                          "-p", "network_image_width:=640", "-p", "network_image_height:=640", *node_args],
-                         WORK / f"node_{tag}.log", binary=bins / "vision_preproc_node")
-        rec = self.spawn([self.cli, "record", "--count-only", "--tensor-topic", f"{ns}/tensor", "--timing-topic",
-                          f"{ns}/timing", "--duration", 60], WORK / f"rec_{tag}.log")
+        node = self.max_node(tag, ns, *node_args, binary=bins / "vision_preproc_node")
         plays = [self.player(self.bags / "bgr8_1920x1080", f"{tag}_{k}", "--loop", "--restamp", "--max",
                              "--duration", 6, "--image-topic", f"{ns}/image", "--camera-info-topic",
                              f"{ns}/camera_info", "--wait-subscribers", 1, limit=60)
                  for k in range(1, self.k.players + 1)]
-        # The window: about seconds 2-5 of the players' 6 (the node is up within a second).
-        time.sleep(3)
-        self.threads(3, f"{rel} node", node)
-        self.wait(*plays)
-        time.sleep(1)
-        self.term(node)
-        self.stop_or_kill("node", node)
-        self.term(rec)
-        self.stop_or_kill("subscriber", rec)
-        nlog = WORK / f"node_{tag}.log"
-        pub = grep(r"stopped: [0-9]* frames received, [0-9]*", nlog, only=True)
-        rate = f"{int(pub[0].split()[4]) / 6:.0f}" if pub else ""
+        nlog, rate = self.max_window(tag, ns, node, f"{rel} node", plays)
         print(f"single {rel} trial {trial} (--max, {self.k.players} players): sent "
               f"{sent(*tag_logs('play', tag))}; {nl(grep('stopped:.*', nlog, only=True))}; published/s {rate}")
         for line in grep("node-added", WORK / f"rec_{tag}.log"):
@@ -657,28 +642,39 @@ class Run:
         live (frames as fast as the node takes them) into one single-camera node (-> 640x640)
         for 6 s: published frames/s, each thread's CPU, node-added latency."""
         tag, ns = f"gstmax_{trial}", f"/gm{trial}"
-        node = self.node(["-r", f"__ns:={ns}", "--params-file", CONFIG, "-p", f"backend:={self.k.backend}",
-                          "-p", "network_image_width:=640", "-p", "network_image_height:=640",
-                          "-p", f'inputs:=["{gst_source("BGR", 1920, 1080, "", live=False)}"]'],
-                         WORK / f"node_{tag}.log")
+        node = self.max_node(tag, ns, "-p", f'inputs:=["{gst_source("BGR", 1920, 1080, "", live=False)}"]')
+        nlog, rate = self.max_window(tag, ns, node, "gst node", [])
+        started = grep(r"GStreamer pipeline", nlog)
+        print(f"gst max trial {trial} (not live, 1080p BGR): {nl(grep('stopped:.*', nlog, only=True))}; "
+              f"published/s ~{rate}; {nl(started[:1])[:200]}")
+        for line in grep("node-added", WORK / f"rec_{tag}.log"):
+            print(f"  gst {line}")
+
+    def max_node(self, tag: str, ns: str, *node_args: str, binary: Path | None = None) -> NodeProcess:
+        """The node of a highest-rate run: 1080p -> 640x640 (config/default.yaml) in `ns`."""
+        return self.node(["-r", f"__ns:={ns}", "--params-file", CONFIG, "-p", f"backend:={self.k.backend}",
+                          "-p", "network_image_width:=640", "-p", "network_image_height:=640", *node_args],
+                         WORK / f"node_{tag}.log", binary=binary)
+
+    def max_window(self, tag: str, ns: str, node: NodeProcess, label: str, plays: list) -> tuple[Path, str]:
+        """A `record --count-only` subscriber beside `node` for 6 s (the players' run, or 6 s
+        without players), each thread's CPU over seconds 3-6; then both stopped. The node's
+        log and its published frames per second."""
         rec = self.spawn([self.cli, "record", "--count-only", "--tensor-topic", f"{ns}/tensor", "--timing-topic",
                           f"{ns}/timing", "--duration", 60], WORK / f"rec_{tag}.log")
+        # The window: about seconds 2-5 of the 6 (the node is up within a second).
         time.sleep(3)
-        self.threads(3, "gst node", node)
-        time.sleep(3)
+        self.threads(3, label, node)
+        if plays:
+            self.wait(*plays)
+            time.sleep(1)
         self.term(node)
         self.stop_or_kill("node", node)
         self.term(rec)
         self.stop_or_kill("subscriber", rec)
         nlog = WORK / f"node_{tag}.log"
-        started = grep(r"GStreamer pipeline", nlog)
         pub = grep(r"stopped: [0-9]* frames received, [0-9]*", nlog, only=True)
-        # The pipeline runs from start-up to the signal: ~6 s plus start-up's fraction.
-        rate = f"{int(pub[0].split()[4]) / 6:.0f}" if pub else ""
-        print(f"gst max trial {trial} (not live, 1080p BGR): {nl(grep('stopped:.*', nlog, only=True))}; "
-              f"published/s ~{rate}; {nl(started[:1])[:200]}")
-        for line in grep("node-added", WORK / f"rec_{tag}.log"):
-            print(f"  gst {line}")
+        return nlog, f"{int(pub[0].split()[4]) / 6:.0f}" if pub else ""
 
     def single_30(self, rel: str, bins: Path, trial: int) -> None:
         """One player at 30 Hz for 10 s into one single-camera node: node-added latency."""

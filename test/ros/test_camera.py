@@ -168,27 +168,8 @@ def test_every_format_from_a_live_1080p_camera_equals_the_oracle(tmp_path: Path,
     assert "read in place from GStreamer's buffer by the CPU backend: no copy" in log, log[-3000:]
 
 
-CALIBRATION = """image_width: 1920
-image_height: 1080
-camera_name: front
-camera_matrix:
-  rows: 3
-  cols: 3
-  data: [1400.0, 0.0, 959.5, 0.0, 1401.0, 539.5, 0.0, 0.0, 1.0]
-distortion_model: plumb_bob
-distortion_coefficients:
-  rows: 1
-  cols: 5
-  data: [-0.12, 0.03, 0.0, 0.0, 0.0]
-rectification_matrix:
-  rows: 3
-  cols: 3
-  data: [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
-projection_matrix:
-  rows: 3
-  cols: 4
-  data: [1400.0, 0.0, 959.5, 0.0, 0.0, 1401.0, 539.5, 0.0, 0.0, 0.0, 1.0, 0.0]
-"""
+# A calibration as `camera_calibration` writes it (test/data/README.md).
+CALIBRATION = (ROOT / "test" / "data" / "calibration_1080p.yaml").read_text()
 
 
 def test_a_live_1080p30_camera_is_a_ros_camera(tmp_path: Path) -> None:

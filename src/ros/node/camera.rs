@@ -536,35 +536,16 @@ fn parse_calibration(text: &str) -> Result<CameraInfo, String> {
 mod tests {
     use super::*;
 
-    const CALIBRATION: &str = "image_width: 640
-image_height: 480
-camera_name: front
-camera_matrix:
-  rows: 3
-  cols: 3
-  data: [500.0, 0.0, 320.5, 0.0, 501.0, 240.5, 0.0, 0.0, 1.0]
-distortion_model: plumb_bob
-distortion_coefficients:
-  rows: 1
-  cols: 5
-  data: [-0.1, 0.01, 0.0, 0.0, 0.0]
-rectification_matrix:
-  rows: 3
-  cols: 3
-  data: [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
-projection_matrix:
-  rows: 3
-  cols: 4
-  data: [500.0, 0.0, 320.5, 0.0, 0.0, 501.0, 240.5, 0.0, 0.0, 0.0, 1.0, 0.0]
-";
+    /// A calibration as `camera_calibration` writes it (test/data/README.md).
+    const CALIBRATION: &str = include_str!("../../../test/data/calibration_1080p.yaml");
 
     #[test]
     fn a_calibration_file_as_camera_calibration_writes_it() {
         let info = parse_calibration(CALIBRATION).unwrap();
-        assert_eq!((info.width, info.height), (640, 480));
-        assert_eq!(info.k[2], 320.5);
-        assert_eq!(info.p[5], 501.0);
-        assert_eq!(info.d, vec![-0.1, 0.01, 0.0, 0.0, 0.0]);
+        assert_eq!((info.width, info.height), (1920, 1080));
+        assert_eq!(info.k[2], 959.5);
+        assert_eq!(info.p[5], 1401.0);
+        assert_eq!(info.d, vec![-0.12, 0.03, 0.0, 0.0, 0.0]);
         assert_eq!(info.distortion_model, "plumb_bob");
         let dir = std::env::temp_dir().join(format!("vp_cal_{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -579,7 +560,7 @@ projection_matrix:
     fn a_bad_calibration_says_what_is_wrong() {
         let e = parse_calibration("image_width: 640\n").unwrap_err();
         assert!(e.contains("camera_matrix") && e.contains("camera_calibration"), "{e}");
-        let short = CALIBRATION.replace("data: [500.0, 0.0, 320.5, 0.0, 0.0", "data: [0.0");
+        let short = CALIBRATION.replace("data: [1400.0, 0.0, 959.5, 0.0, 0.0", "data: [0.0");
         let e = parse_calibration(&short).unwrap_err();
         assert!(e.contains("projection_matrix") && e.contains("3x4"), "{e}");
         let e = read_calibration("file:///nonexistent/cal.yaml").unwrap_err();
