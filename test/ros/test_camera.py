@@ -373,3 +373,24 @@ def test_a_pipeline_that_ends_is_restarted_100_times_without_leaks(tmp_path: Pat
     assert len(warns) < RESTARTS / 5 and "more since the last message" in warns[-1], len(warns)
     restarted = [line for line in log.splitlines() if "pipeline restarted" in line]
     assert 0 < len(restarted) < RESTARTS / 5, len(restarted)
+
+
+def test_a_pipeline_that_stops_delivering_is_restarted(tmp_path: Path) -> None:
+    """A live source that delivers its first frame and then none for 10 s (a camera that
+    hangs): after 5 s without a frame the pipeline is restarted, the reason shown and
+    counted; its first frame after the restart becomes a tensor again."""
+    ns = "/gst_stall"
+    hanging = camera_source("GRAY8", (64, 48), rate="1/10")
+    with NodeProcess(["-r", f"__ns:={ns}", *NODE_ARGS, "-p", f'inputs:=["gst:{hanging}"]'],
+                     log=tmp_path / "node.log") as node:
+        peer = Watcher(ns, batch=False)
+        try:
+            peer.spin_until(lambda: len(peer.tensors) >= 1, 20, "the first tensor")
+            peer.spin_until(lambda: (peer.status("Input last fault") or "").startswith("no frame for"), 20,
+                            "the stall named in /diagnostics")
+            assert int(peer.status("Input pipeline faults")) >= 1
+            peer.spin_until(lambda: len(peer.tensors) >= 2 and int(peer.status("Input pipeline restarts") or 0) >= 1,
+                            20, "a tensor after the restart")
+        finally:
+            peer.close()
+        assert node.stop() == 0, node.output()[-3000:]
