@@ -371,6 +371,8 @@ struct JpegHeader {
     adobe_transform: Option<u8>,
     /// Where the first scan (SOS) begins: the end-of-image marker must come after it.
     first_scan: Option<usize>,
+    /// Whether a Huffman table (DHT) comes before the first scan.
+    has_dht: bool,
 }
 
 /// Walk a JPEG's marker segments up to its frame header and first scan header, without
@@ -384,6 +386,7 @@ fn jpeg_header(data: &[u8]) -> Result<JpegHeader, DecodeError> {
     }
     let mut header: Option<JpegHeader> = None;
     let mut adobe_transform = None;
+    let mut has_dht = false;
     let mut pos = 2;
     loop {
         if pos >= data.len() {
@@ -444,18 +447,21 @@ fn jpeg_header(data: &[u8]) -> Result<JpegHeader, DecodeError> {
                     components: segment[5],
                     adobe_transform: None,
                     first_scan: None,
+                    has_dht: false,
                 });
             }
             // APP14 "Adobe": byte 11 of its payload is the colour transform.
             0xEE if segment.len() >= 12 && segment.starts_with(b"Adobe") => {
                 adobe_transform = Some(segment[11]);
             }
+            0xC4 => has_dht = true,
             0xDA => {
                 let Some(mut h) = header else {
                     return Err(corrupt("a scan (SOS) before the frame header (SOF)".into()));
                 };
                 h.adobe_transform = adobe_transform;
                 h.first_scan = Some(pos + len);
+                h.has_dht = has_dht;
                 return Ok(h);
             }
             _ => {}
@@ -463,6 +469,10 @@ fn jpeg_header(data: &[u8]) -> Result<JpegHeader, DecodeError> {
         pos += len;
     }
 }
+
+/// An APP0 segment `AVI1\0` (length 7): zune-jpeg's sign of an MJPEG frame, whose missing
+/// Huffman tables it fills with the standard ones.
+const AVI1_APP0: [u8; 9] = [0xFF, 0xE0, 0x00, 0x07, b'A', b'V', b'I', b'1', 0x00];
 
 /// The name of a SOF process zune-jpeg does not decode, or `None` for one it does.
 fn unsupported_process(marker: u8) -> Option<&'static str> {
@@ -508,6 +518,17 @@ fn decode_jpeg(data: &[u8], limits: &Limits) -> Result<Decoded, DecodeError> {
         .set_max_width(limits.max_side as usize)
         .set_max_height(limits.max_side as usize)
         .jpeg_set_out_colorspace(colorspace);
+    // MJPEG cameras (UVC; usb_cam passes their frames through as `jpeg`) may leave out the
+    // Huffman tables: the standard's (ITU T.81 K.3) are implied. libjpeg fills them in
+    // always; zune-jpeg only when an APP0 `AVI1` segment marks the frame as MJPEG (and then
+    // only the tables that are missing), so one is put after SOI: a copy of the frame.
+    let with_avi1;
+    let data = if h.has_dht {
+        data
+    } else {
+        with_avi1 = [&data[..2], &AVI1_APP0[..], &data[2..]].concat();
+        &with_avi1[..]
+    };
     let mut decoder = JpegDecoder::new_with_options(ZCursor::new(data), options);
     let pixels = decoder
         .decode()
@@ -788,6 +809,32 @@ mod tests {
         let e = decode("jpeg", &png, &l).unwrap_err();
         assert_eq!(e.kind(), "signature", "{e}");
         assert!(e.to_string().contains("PNG's signature"), "{e}");
+    }
+
+    /// `bytes` without its DHT segments (what MJPEG cameras send).
+    fn without_huffman_tables(bytes: &[u8]) -> Vec<u8> {
+        let mut out = bytes[..2].to_vec();
+        let mut pos = 2;
+        while bytes[pos + 1] != 0xDA {
+            let len = usize::from(be16(bytes, pos + 2));
+            if bytes[pos + 1] != 0xC4 {
+                out.extend_from_slice(&bytes[pos..pos + 2 + len]);
+            }
+            pos += 2 + len;
+        }
+        out.extend_from_slice(&bytes[pos..]);
+        out
+    }
+
+    #[test]
+    fn mjpeg_frames_without_huffman_tables_use_the_standard_ones() {
+        // The image crate's encoder writes the standard (K.3) tables, so dropping them
+        // changes nothing once they are implied again.
+        let jpeg = jpeg_bytes(&photo("chelsea.png").to_rgb8().into(), 80);
+        let mjpeg = without_huffman_tables(&jpeg);
+        assert!(mjpeg.len() < jpeg.len());
+        let l = Limits::default();
+        assert_eq!(decode("jpeg", &mjpeg, &l).unwrap(), decode("jpeg", &jpeg, &l).unwrap());
     }
 
     /// Rewrite the SOF (JPEG) or IHDR (PNG) size of a valid image.

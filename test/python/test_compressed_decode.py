@@ -68,6 +68,18 @@ def pil_jpeg(name: str, quality: int, subsampling: int, progressive: bool, mode:
     return out.getvalue()
 
 
+def without_huffman_tables(jpeg: bytes) -> bytes:
+    """The JPEG without its DHT segments (before the first scan), as MJPEG cameras send."""
+    out, pos = bytearray(jpeg[:2]), 2
+    while jpeg[pos + 1] != 0xDA:
+        length = int.from_bytes(jpeg[pos + 2:pos + 4], "big")
+        if jpeg[pos + 1] != 0xC4:
+            out += jpeg[pos:pos + 2 + length]
+        pos += 2 + length
+    assert len(out) < pos, "no DHT segment removed"
+    return bytes(out + jpeg[pos:])
+
+
 def reference(payload: bytes) -> np.ndarray:
     """OpenCV's decode, as RGB (colour) or 2-D (grey), 16-bit kept."""
     img = cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_UNCHANGED)
@@ -110,6 +122,10 @@ def jpeg_cases():
                 for prog in (False, True):
                     yield (f"cv-{name}-q{q}-{s}-{'prog' if prog else 'base'}", f"colour_{s}",
                            "bgr8; jpeg compressed bgr8", cv_jpeg(bgr, q, s, prog))
+    # An MJPEG camera's frame (usb_cam's pass-through): no Huffman tables, the standard
+    # ones implied (OpenCV's encoder writes exactly those unless told to optimize).
+    yield ("cv-chelsea.png-q80-420-mjpeg-no-dht", "colour_420", "jpeg",
+           without_huffman_tables(cv_jpeg(photo("chelsea.png"), 80, "420", False)))
     grey = photo("camera.png", grey=True)
     for q in QUALITIES:
         for prog in (False, True):
