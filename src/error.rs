@@ -1,9 +1,12 @@
 //! One error type for the crate, one kind per cause: configuration, image validation, an
 //! operation that does not fit its frame, a misused API or broken invariant, the device
-//! (CUDA), the hand-off's I/O, ROS, files and bags, a GStreamer input ([`CaptureError`]). Only a device failure starts the GPU
-//! failure policy ([`Error::is_device_failure`]). (Why an image is rejected,
-//! [`ImageError`], lives with the image in `image.rs`.)
+//! (CUDA), the hand-off's I/O, ROS, files and bags, a GStreamer input ([`CaptureError`]), a
+//! compressed image that does not decode ([`DecodeError`]). Only a device failure starts
+//! the GPU failure policy ([`Error::is_device_failure`]). (Why an image is rejected,
+//! [`ImageError`], lives with the image in `image.rs`; why a compressed one does not
+//! decode, [`DecodeError`], with the decoder in `compressed.rs`.)
 
+pub use crate::compressed::DecodeError;
 pub use crate::image::ImageError;
 
 /// Result with the crate's [`Error`].
@@ -48,6 +51,12 @@ pub enum Error {
     /// it twice.)
     #[error("invalid image: {0}")]
     Image(ImageError),
+    /// A `sensor_msgs/CompressedImage` that cannot be decoded (`compressed`): a bad frame
+    /// like an invalid image (dropped, the node goes on), but its own kind: the cause is in
+    /// the compressed bytes or their `format`, not in an `Image` field. (The inner error is
+    /// in the message, not a `source`, as for `Image`.)
+    #[error("compressed image: {0}")]
+    Decode(DecodeError),
     /// A CUDA failure, with context.
     #[error("CUDA: {0}")]
     Cuda(CudaError),
@@ -127,6 +136,12 @@ pub enum Error {
 impl From<ImageError> for Error {
     fn from(e: ImageError) -> Self {
         Error::Image(e)
+    }
+}
+
+impl From<DecodeError> for Error {
+    fn from(e: DecodeError) -> Self {
+        Error::Decode(e)
     }
 }
 
@@ -313,7 +328,9 @@ mod tests {
         assert!(capture
             .to_string()
             .starts_with("inputs `gst:videotestsrc num-buffers=1`: end of stream"));
-        for e in [misuse, handoff, ros, op, capture, Error::CudaNotCompiled] {
+        let decode = Error::from(DecodeError::JpegPrecision { bits: 12 });
+        assert!(decode.to_string().starts_with("compressed image: JPEG has 12-bit samples"));
+        for e in [misuse, handoff, ros, op, capture, decode, Error::CudaNotCompiled] {
             assert!(!e.is_device_failure(), "{e:?}");
         }
     }

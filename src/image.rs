@@ -229,8 +229,8 @@ impl<'a> ImageView<'a> {
 
     /// A view of parts that [`ImageView::with_encoding`] already accepted over these same
     /// bytes: a frame that owns its bytes (`capture::Frame`) checks them once and then
-    /// lends views of them. Only for owners whose bytes never change.
-    #[cfg(feature = "gstreamer")]
+    /// lends views of them (`compressed::Decoded` likewise). Only for owners whose bytes
+    /// never change.
     pub(crate) fn validated(
         width: u32,
         height: u32,

@@ -19,7 +19,9 @@
 //! types (keep-latest slot, batch synchronizer, input QoS rule, delivery monitor, Fast
 //! DDS segment size), [`wire`] the CDR of the messages and their type names, [`bag`]
 //! rosbag2 files, `capture` (feature `gstreamer`) frames from a GStreamer pipeline as
-//! image views (no ROS: the node's inputs sit above it, beside `transport`), [`nvtx`] the profiler ranges of each frame and stage (loaded only when
+//! image views (no ROS: the node's inputs sit above it, beside `transport`),
+//! [`compressed`] JPEG/PNG payloads of `sensor_msgs/CompressedImage` decoded on the CPU
+//! into image views (no ROS; the node does not subscribe to them yet), [`nvtx`] the profiler ranges of each frame and stage (loaded only when
 //! a tool asks). [`handoff`] is the zero-copy hand-off's pool (the node's side, used by
 //! the pipeline and the backends' device blocks); [`consumer`], a consumer process's side
 //! in Rust, sits above it and the backends (it imports the CUDA blocks), never below:
@@ -42,6 +44,7 @@ pub mod backend;
 pub mod bag;
 #[cfg(feature = "gstreamer")]
 pub mod capture;
+pub mod compressed;
 pub mod config;
 pub mod consumer;
 pub mod error;
@@ -60,6 +63,6 @@ pub mod transport;
 pub mod wire;
 
 pub use config::Config;
-pub use error::{CaptureError, Error, ImageError, Result};
+pub use error::{CaptureError, DecodeError, Error, ImageError, Result};
 pub use image::{Encoding, ImageView};
 pub use pipeline::{Geometry, Pipeline};

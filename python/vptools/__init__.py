@@ -26,6 +26,6 @@ DATA = ROOT / "test" / "data"
 #: The binaries `make build` produces.
 BIN_DIR = ROOT / "target" / "release"
 #: The binaries with the test hooks and the benchmarks (cargo features `fault-injection` and
-#: `bench`: fault injection, `bench-cpu`, `bench-batch`, `conv-file`), built by
+#: `bench`: fault injection, `bench-cpu`, `bench-batch`, `conv-file`, `decode-file`), built by
 #: scripts/test_hooks_build.sh (scripts/test.sh runs it).
 HOOKS_BIN_DIR = ROOT / "target" / "fault-injection"

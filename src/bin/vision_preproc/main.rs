@@ -14,6 +14,8 @@ mod bench_batch;
 mod bench_cpu;
 #[cfg(feature = "bench")]
 mod conv_file;
+#[cfg(feature = "bench")]
+mod decode_file;
 mod input;
 mod play;
 mod record;
@@ -58,6 +60,10 @@ enum Command {
     #[cfg(feature = "bench")]
     #[command(hide = true)]
     ConvFile(conv_file::ConvFileArgs),
+    /// (tests) One compressed image payload (JPEG/PNG) decoded to raw pixels.
+    #[cfg(feature = "bench")]
+    #[command(hide = true)]
+    DecodeFile(decode_file::DecodeFileArgs),
     /// Run one image file (PNG/JPEG, or raw bytes of any encoding) through the pipeline
     /// and write the tensor as .npy (and a preview PNG).
     RunFile(run_file::RunFileArgs),
@@ -83,7 +89,7 @@ enum Command {
 fn main() -> ExitCode {
     // Errors as one clear message (the chain of causes), exit code 1; never a backtrace.
     match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -91,7 +97,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::CheckConfig { file } => {
             let cfg = input::with_warnings(Config::load_yaml_file(&file, &[])?);
@@ -129,6 +135,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::BenchBatch(args) => bench_batch::run(args)?,
         #[cfg(feature = "bench")]
         Command::ConvFile(args) => conv_file::run(args)?,
+        #[cfg(feature = "bench")]
+        Command::DecodeFile(args) => return decode_file::run(args),
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
