@@ -142,26 +142,6 @@ pub struct Decoded {
 }
 
 impl Decoded {
-    /// Width in pixels.
-    pub fn width(&self) -> u32 {
-        self.width
-    }
-    /// Height in pixels.
-    pub fn height(&self) -> u32 {
-        self.height
-    }
-    /// Row stride in bytes (`width * bytes per pixel`: no padding).
-    pub fn step(&self) -> u32 {
-        self.step
-    }
-    /// The pixel encoding: rgb8, rgba8, mono8, mono16 or rgb16.
-    pub fn encoding(&self) -> Encoding {
-        self.encoding
-    }
-    /// The pixel bytes, `step * height` of them.
-    pub fn data(&self) -> &[u8] {
-        &self.data
-    }
     /// The pixel bytes, owned.
     pub fn into_data(self) -> Vec<u8> {
         self.data
@@ -724,38 +704,38 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (d.encoding(), d.width(), d.height()),
+            (d.view().encoding(), d.view().width(), d.view().height()),
             (Encoding::Rgb8, rgb.width(), rgb.height())
         );
-        assert_eq!(d.step(), rgb.width() * 3);
-        assert_eq!(d.data(), rgb.as_raw().as_slice());
+        assert_eq!(d.view().step(), rgb.width() * 3);
+        assert_eq!(d.view().data(), rgb.as_raw().as_slice());
         assert_eq!(d.view().data().len(), rgb.as_raw().len());
 
         let grey = photo("camera.png").to_luma8();
         let d = decode("png", &png_bytes(&grey.clone().into()), &Limits::default()).unwrap();
-        assert_eq!(d.encoding(), Encoding::Mono8);
-        assert_eq!(d.data(), grey.as_raw().as_slice());
+        assert_eq!(d.view().encoding(), Encoding::Mono8);
+        assert_eq!(d.view().data(), grey.as_raw().as_slice());
 
         let rgba = photo("astronaut.png").to_rgba8();
         let d = decode("png", &png_bytes(&rgba.clone().into()), &Limits::default()).unwrap();
-        assert_eq!(d.encoding(), Encoding::Rgba8);
-        assert_eq!(d.data(), rgba.as_raw().as_slice());
+        assert_eq!(d.view().encoding(), Encoding::Rgba8);
+        assert_eq!(d.view().data(), rgba.as_raw().as_slice());
 
         // 16-bit: PNG stores big-endian; we return little-endian (to_le_bytes below).
         let grey16 = photo("camera.png").to_luma16();
         let d =
             decode("16UC1; png compressed", &png_bytes(&grey16.clone().into()), &Limits::default())
                 .unwrap();
-        assert_eq!(d.encoding(), Encoding::Mono16);
+        assert_eq!(d.view().encoding(), Encoding::Mono16);
         assert!(!d.view().big_endian());
         let le: Vec<u8> = grey16.as_raw().iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(d.data(), le.as_slice());
+        assert_eq!(d.view().data(), le.as_slice());
 
         let rgb16 = photo("chelsea.png").to_rgb16();
         let d = decode("png", &png_bytes(&rgb16.clone().into()), &Limits::default()).unwrap();
-        assert_eq!(d.encoding(), Encoding::Rgb16);
+        assert_eq!(d.view().encoding(), Encoding::Rgb16);
         let le: Vec<u8> = rgb16.as_raw().iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(d.data(), le.as_slice());
+        assert_eq!(d.view().data(), le.as_slice());
     }
 
     #[test]
@@ -773,9 +753,13 @@ mod tests {
             } else {
                 (Encoding::Rgb8, reference.to_rgb8().into_raw())
             };
-            assert_eq!(d.encoding(), enc, "{name}");
-            assert_eq!((d.width(), d.height()), (img.width(), img.height()), "{name}");
-            assert_eq!(d.data(), want.as_slice(), "{name}");
+            assert_eq!(d.view().encoding(), enc, "{name}");
+            assert_eq!(
+                (d.view().width(), d.view().height()),
+                (img.width(), img.height()),
+                "{name}"
+            );
+            assert_eq!(d.view().data(), want.as_slice(), "{name}");
         }
     }
 

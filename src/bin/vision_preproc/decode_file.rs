@@ -30,6 +30,7 @@ pub fn run(args: DecodeFileArgs) -> Result<ExitCode> {
         std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
     match decode(&args.format, &data, &Limits::default()) {
         Ok(d) => {
+            let d = d.view();
             std::fs::write(&args.output, d.data())
                 .with_context(|| format!("writing {}", args.output.display()))?;
             let header = serde_json::json!({
