@@ -278,8 +278,8 @@ REPORT_NAMES = {"tensor": "s", "tensor_ref": "a", "gst_ref": "b"}
 
 def gst_camera(width: int, height: int, rate: float) -> str:
     """Path b's camera: a live source of the camera process's size and rate (BGR)."""
-    return (f"gst:videotestsrc is-live=true pattern=smpte75 ! video/x-raw,format=BGR,width={width},"
-            f"height={height},framerate={int(rate)}/1")
+    from vptools.node_scenarios import gst_source
+    return gst_source("BGR", width, height, f"{int(rate)}/1")
 
 
 def pss_mb(pid: int) -> float:

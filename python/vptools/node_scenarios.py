@@ -85,15 +85,18 @@ GST_MODES = (("cuda_upload", ("-p", "backend:=cuda", "-p", "memory_mode:=upload"
              ("cpu", ("-p", "backend:=cpu")))
 
 
-def gst_source(fmt: str, w: int, h: int, rate: str = "5/1", live: bool = True) -> str:
-    """A `gst:` input: videotestsrc's 75 % colour bars (the same picture in every frame) in
-    `fmt` (a Bayer order through rgb2bayer); `rate` "" for a source that is not live and
-    runs as fast as it is taken."""
-    src = f"videotestsrc is-live={str(live).lower()} pattern=smpte75"
+def gst_source(fmt: str, w: int, h: int, rate: str = "5/1", live: bool = True, num_buffers: int = -1) -> str:
+    """A `gst:` input: videotestsrc's 75 % colour bars (`smpte75`: the same picture in every
+    frame, unlike `smpte`, whose corner is noise) in `fmt` (a Bayer order through
+    rgb2bayer); `rate` "" for a source that is not live and runs as fast as it is taken;
+    `num_buffers` -1: no end. The one description of the test camera for the GPU
+    scenarios, bench/bench_handoff.py and test/ros/test_camera.py."""
+    src = f"videotestsrc is-live={str(live).lower()} num-buffers={num_buffers} pattern=smpte75"
     caps = f"width={w},height={h}" + (f",framerate={rate}" if rate else "")
     if fmt in ("rggb", "bggr", "gbrg", "grbg"):
         return f"gst:{src} ! video/x-raw,format=ARGB,{caps} ! rgb2bayer ! video/x-bayer,format={fmt}"
     return f"gst:{src} ! video/x-raw,format={fmt},{caps}"
+
 
 DEFAULT_SCENARIOS = ("healthy", "fallback", "retry", "exit", "latency", "startup")
 #: Every mode of `cudaref` (CUDAREF_MODES), and those it runs by default.

@@ -24,6 +24,7 @@ from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, Image
 
 from vptools import BIN_DIR, ROOT, oracle
+from vptools.node_scenarios import gst_source
 from vptools.rosharness import RELIABLE, NodeProcess, image_msg, stamp_ns, tensor_array
 from vptools.sources import photo_bgr
 from vptools.tolerances import assert_close
@@ -49,13 +50,10 @@ BAYER_ORDERS = {"rggb": "bayer_rggb8", "bggr": "bayer_bggr8", "gbrg": "bayer_gbr
 
 
 def camera_source(fmt: str, size: tuple[int, int], rate: str = "30/1", live: bool = True, num_buffers: int = -1) -> str:
-    """A `videotestsrc` (75 % SMPTE colour bars, `smpte75`: the same picture in every frame, unlike `smpte`, whose corner is noise) in `fmt`, a Bayer order
-    through `rgb2bayer` or a `video/x-raw` format."""
-    w, h = size
-    src = f"videotestsrc is-live={str(live).lower()} num-buffers={num_buffers} pattern=smpte75"
-    if fmt in BAYER_ORDERS:
-        return f"{src} ! video/x-raw,format=ARGB,width={w},height={h},framerate={rate} ! rgb2bayer ! video/x-bayer,format={fmt}"
-    return f"{src} ! video/x-raw,format={fmt},width={w},height={h},framerate={rate}"
+    """The launch description (without `gst:`) of the test camera (`gst_source`: colour
+    bars, the same picture in every frame) in `fmt`, a Bayer order through `rgb2bayer` or a
+    `video/x-raw` format."""
+    return gst_source(fmt, *size, rate, live, num_buffers).removeprefix("gst:")
 
 
 def first_frame(description: str, tmp: Path) -> bytes:

@@ -274,9 +274,9 @@ const PIPELINE_FAULT_SHOWN: Duration = Duration::from_secs(10);
 /// faults and restarts, the last fault, how its frames reach the kernels; WARN while it
 /// is down or within [`PIPELINE_FAULT_SHOWN`] of a fault. `None` for a topic input.
 fn pipeline_report(shared: &Shared, index: usize, prefix: &str) -> Option<InputReport> {
+    let backend = lock(&shared.backend).name.clone();
     let st = lock(&shared.inputs[index]);
     let p = st.pipeline.as_ref()?;
-    let backend = lock(&shared.backend).name.clone();
     let last = p.last_fault.as_ref().map(|(what, at)| (what.clone(), at.elapsed()));
     let mut values = vec![
         (format!("{prefix}Input pipeline"), st.topic.clone()),
