@@ -129,16 +129,32 @@ def test_clock_and_restamp_are_refused_together(tmp_path: Path) -> None:
 
 def test_sigint_stops_play_as_its_end(tmp_path: Path) -> None:
     """Ctrl-C (as `ros2 launch` sends it at shutdown) ends a looping play with its summary
-    and exit 0, not killed by the signal."""
+    and exit 0, not killed by the signal. The signal is sent once a subscriber has seen
+    the bag looped (more images than it holds), not after a fixed sleep: a loaded machine
+    may take over a second to start the player."""
     import signal
-    import time
+
+    from rclpy.qos import qos_profile_sensor_data
+    from sensor_msgs.msg import Image
+
     frames = [photo_frame("rgb8", "chelsea.png", size=(64, 48)) for _ in range(5)]
     write_bag(tmp_path / "in", frames, storage="mcap", period_ns=33_333_333, with_camera_info=False)
-    p = subprocess.Popen([str(CLI), "play", str(tmp_path / "in"), "--loop", "--image-topic", "/sigint_test/image"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=10)
+    ns = "/sigint_test"
+    peer = Peer(ns, publish_images=False)
+    seen: list[int] = []
+    peer.node.create_subscription(Image, f"{ns}/image", lambda m: seen.append(stamp_ns(m.header)),
+                                  qos_profile_sensor_data)
+    try:
+        p = subprocess.Popen([str(CLI), "play", str(tmp_path / "in"), "--loop", "--image-topic", f"{ns}/image",
+                              "--wait-subscribers", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            peer.spin_until(lambda: len(seen) > 2 * len(frames), 30, "the looped bag's images")
+        finally:
+            p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=10)
+    finally:
+        peer.close()
     assert p.returncode == 0, (p.returncode, err)
     n = int(out.split("play: ")[1].split(" images")[0])
-    assert n >= 20, out
+    assert n >= len(seen) > 2 * len(frames), (out, len(seen))
