@@ -397,7 +397,7 @@ impl FrameSet for RecordedSet<'_> {
             .enumerate()
             .map(|(i, (d, v))| FrameInput {
                 topic: &self.topics[i],
-                image: v.as_ref(),
+                image: v.as_ref().map(Into::into),
                 header: d.as_ref().map_or(&empty, |d| &d.header),
                 source_encoding: d.as_ref().map_or("", |d| d.encoding.as_str()),
                 repeated: d.as_ref().is_some_and(|d| d.repeated),

@@ -10,6 +10,7 @@ use super::handoff::{Handoff, SetOutputs};
 use super::publish::{ages, publish_loop, Ready, ReadySlot};
 use super::shared::Formed;
 use super::shared::{lock, Outputs, RateLimitedLog, Received, Shared};
+use crate::backend::Frame;
 use crate::image::ImageView;
 use crate::pipeline::{
     self, slot_reason, Announce, Finished, FrameInput, FrameSet, GpuFailure, InFlight, Pipeline,
@@ -213,7 +214,7 @@ fn inputs_of<'a, 'b>(
         .enumerate()
         .map(|(i, (s, v))| FrameInput {
             topic: &topics[i],
-            image: v.as_ref(),
+            image: v.as_ref().map(Frame::Pixels),
             header: &s.header,
             source_encoding: s.frame.map_or("", |f| f.image.encoding()),
             repeated: s.repeated,
