@@ -103,6 +103,10 @@ impl crate::backend::Backend for Deferred {
         )
     }
 
+    fn diagnostics(&self) -> Vec<(String, String)> {
+        self.cpu.diagnostics()
+    }
+
     fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
         self.cpu.process_into(work, out)
     }

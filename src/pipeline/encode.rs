@@ -267,6 +267,7 @@ pub fn frame_timing(
         ],
         dropped_since_last,
         outputs: OUTPUT_TENSOR,
+        decode_us: times.decode_us,
     }
 }
 

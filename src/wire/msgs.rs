@@ -291,6 +291,8 @@ pub struct FrameTiming {
     pub dropped_since_last: u32,
     /// `outputs`: `OUTPUT_TENSOR` | `OUTPUT_TENSOR_REF`.
     pub outputs: u8,
+    /// `decode_us` (the last field; 0 in recordings made before it existed).
+    pub decode_us: f32,
 }
 
 /// `FrameTiming.OUTPUT_TENSOR`: the `tensor` message was published.
@@ -318,7 +320,17 @@ impl FrameTiming {
         }
         let dropped_since_last = r.u32("dropped_since_last")?;
         let outputs = r.u8("outputs")?;
-        Ok(FrameTiming { header, sequence, backend, stages_us, dropped_since_last, outputs })
+        // Recordings made before `decode_us` was added end here.
+        let decode_us = r.f32("decode_us").unwrap_or(0.0);
+        Ok(FrameTiming {
+            header,
+            sequence,
+            backend,
+            stages_us,
+            dropped_since_last,
+            outputs,
+            decode_us,
+        })
     }
 
     /// Encode as CDR.
@@ -332,6 +344,7 @@ impl FrameTiming {
         }
         w.u32(self.dropped_since_last);
         w.u8(self.outputs);
+        w.f32(self.decode_us);
         w.finish()
     }
 }
@@ -402,10 +415,15 @@ mod tests {
             stages_us: [1.5, 20.25, 3.0, 4.0, 29.0, 31.5],
             dropped_since_last: 7,
             outputs: OUTPUT_TENSOR | OUTPUT_TENSOR_REF,
+            decode_us: 1320.5,
         };
         let cdr = t.encode();
         assert_eq!(FrameTiming::decode(&cdr).expect("decodes"), t);
-        let err = FrameTiming::decode(&cdr[..cdr.len() - 3]).expect_err("truncated");
+        // A message of before `decode_us` ends after `outputs` (3 padding bytes and the
+        // f32 less): it decodes, with 0.
+        let old = FrameTiming::decode(&cdr[..cdr.len() - 7]).expect("an older message");
+        assert_eq!(old, FrameTiming { decode_us: 0.0, ..t });
+        let err = FrameTiming::decode(&cdr[..cdr.len() - 10]).expect_err("truncated");
         assert_eq!(err.field, "dropped_since_last");
     }
 

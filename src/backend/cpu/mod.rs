@@ -266,6 +266,11 @@ impl Backend for CpuBackend {
         format!("CPU, {} threads, {:?}", rayon::current_num_threads(), self.simd)
     }
 
+    fn diagnostics(&self) -> Vec<(String, String)> {
+        let decoders = crate::backend::HOST_DECODERS;
+        vec![(crate::backend::DECODER_KEY.to_string(), format!("on the CPU ({decoders})"))]
+    }
+
     fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
         let FrameWork { image, op, conv } = work;
         crate::backend::check_out_len(op, out.len())?;

@@ -472,6 +472,13 @@ impl Backend for CudaBackend {
                     .collect::<Vec<_>>()
                     .join("; "),
             ),
+            (
+                crate::backend::DECODER_KEY.to_string(),
+                format!(
+                    "on the host ({}), then staged and uploaded like raw frames",
+                    crate::backend::HOST_DECODERS
+                ),
+            ),
         ]
     }
 
