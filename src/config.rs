@@ -1027,7 +1027,7 @@ impl Config {
 
     /// The transport of topic input `index`: its `input_transports` entry, or
     /// `image_transport`.
-    pub(crate) fn input_transport(&self, index: usize) -> Transport {
+    pub fn input_transport(&self, index: usize) -> Transport {
         self.input_transports
             .get(index)
             .and_then(|t| Transport::parse(t))
