@@ -45,7 +45,7 @@ from rclpy.node import Node  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, qos_profile_sensor_data  # noqa: E402
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
-from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
+from vision_preproc_msgs.msg import FrameTiming, Tensor, TensorBatch  # noqa: E402
 
 RELIABLE = QoSProfile(reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST, depth=10)
 BEST_EFFORT = qos_profile_sensor_data
@@ -128,6 +128,8 @@ class Peer:
     # "compressed": the image publisher is image_transport's compressed one
     # (sensor_msgs/CompressedImage on `image/compressed`).
     transport: str = "raw"
+    # True: the node batches (2+ inputs): `tensors` holds its TensorBatch messages.
+    batch: bool = False
 
     def __post_init__(self) -> None:
         self.closed = False
@@ -138,7 +140,8 @@ class Peer:
         self.pub = self.node.create_publisher(kind, topic, self.image_qos) if self.publish_images else None
         self.tensors: list[Tensor] = []
         self.timings: list[FrameTiming] = []
-        self.node.create_subscription(Tensor, "tensor", self.tensors.append, self.output_qos)
+        self.node.create_subscription(TensorBatch if self.batch else Tensor, "tensor", self.tensors.append,
+                                      self.output_qos)
         self.node.create_subscription(FrameTiming, "timing", self.timings.append, self.output_qos)
         self.executor = rclpy.executors.SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)

@@ -31,7 +31,7 @@ from sensor_msgs.msg import CompressedImage
 from vptools import oracle
 from vptools.compressed import (BIN, Image, cv_jpeg, photo, pil_jpeg, run_decoder, with_declared_size,
                                 without_huffman_tables)
-from vptools.rosharness import RELIABLE, NodeProcess, Peer, tensor_array
+from vptools.rosharness import RELIABLE, NodeProcess, Peer, stamp_ns, tensor_array
 from vptools.tolerances import assert_close
 
 NS = "/compressed_in"
@@ -206,3 +206,47 @@ def test_compressed_frames_equal_the_spec_and_damaged_ones_are_refused_by_cause(
     log = (tmp_path / "node.log").read_text()
     assert "undecodable compressed image" in log, log[-2000:]
     assert "panicked" not in log, log[-3000:]
+
+
+def test_a_batch_mixes_a_compressed_and_a_raw_camera(tmp_path: Path) -> None:
+    """`inputs` of two topics, `input_transports: [compressed, ""]`: the first camera's JPEG
+    and the second's raw frame go into one TensorBatch (approximate_time on equal stamps),
+    each item equal to its own oracle; the raw topic is not subscribed as compressed."""
+    from sensor_msgs.msg import Image as RawImage
+    from vptools.rosharness import image_msg
+
+    ns = "/compressed_batch"
+    args = ["-r", f"__ns:={ns}", "-p", "backend:=cpu", "-p", 'inputs:=["front/image", "rear/image"]',
+            "-p", 'input_transports:=["compressed", ""]', "-p", "batch_policy:=approximate_time",
+            "-p", "input_qos:=default"]
+    args += [a for k, v in CONFIG.items() for a in ("-p", f"{k}:={v}")]
+    jpeg = cv_jpeg(photo("chelsea.png"), 85, "420", False)
+    rc, head, pixels = ours(tmp_path, "jpeg", jpeg)
+    assert rc == 0, head
+    rear = photo("rocket.jpg")
+    with NodeProcess(args, log=tmp_path / "node.log") as node:
+        peer = Peer(ns, publish_images=False, batch=True)
+        batches = peer.tensors
+        front_pub = peer.node.create_publisher(CompressedImage, "front/image/compressed", RELIABLE)
+        rear_pub = peer.node.create_publisher(RawImage, "rear/image", RELIABLE)
+        try:
+            peer.spin_until(lambda: front_pub.get_subscription_count() >= 1 and rear_pub.get_subscription_count() >= 1,
+                            20.0, "the node's two subscriptions")
+            assert peer.node.count_subscribers(f"{ns}/front/image") == 0
+            assert peer.node.count_subscribers(f"{ns}/rear/image/compressed") == 0
+            stamp = 1_700_000_000_000_000_000
+            front_pub.publish(compressed_msg("jpeg", jpeg, stamp))
+            rear_pub.publish(image_msg(rear, "bgr8", stamp, "rear"))
+            peer.spin_until(lambda: any(all(it.valid for it in b.items) for b in batches), 15.0,
+                            f"a batch with both cameras ({len(batches)} batches)")
+            b = next(b for b in batches if all(it.valid for it in b.items))
+            assert [stamp_ns(it.header) for it in b.items] == [stamp, stamp]
+            assert (b.items[0].source_encoding, b.items[1].source_encoding) == ("jpeg", "bgr8")
+            whole = tensor_array(b)
+            assert_close(whole[0:1], oracle.preprocess(pixels, head["encoding"], head["width"], head["height"],
+                                                       head["step"], False, CONFIG), "float32", "compressed item")
+            assert_close(whole[1:2], oracle.preprocess(rear.tobytes(), "bgr8", rear.shape[1], rear.shape[0],
+                                                       rear.shape[1] * 3, False, CONFIG), "float32", "raw item")
+        finally:
+            peer.close()
+        assert node.stop() == 0, node.output()[-3000:]
