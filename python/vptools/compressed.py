@@ -1,12 +1,8 @@
-"""`sensor_msgs/CompressedImage` payloads from the photographs of test/data, as publishers
-write them (OpenCV: image_transport's compressed publisher; Pillow: another libjpeg's
-encoder; an MJPEG camera's frame without Huffman tables), damaged payloads, OpenCV's decode
-of a payload, and our decoder's (`vision_preproc decode-file` of the binaries with the test
-hooks, `compressed::decode` alone).
-
-Used by test/python/test_compressed_decode.py (the decoder against OpenCV) and the bag
-tools' tests (payloads in bags, their tensors against the oracle fed our decoder's pixels).
-"""
+"""Compressed payloads for the tests of compressed inputs: photographs of test/data encoded
+by OpenCV and Pillow (JPEG at a quality, a chroma subsampling, baseline or progressive;
+PNG), MJPEG frames without Huffman tables, headers that declare another size; and our own
+decoder's pixels (`vision_preproc decode-file`, `compressed::decode` alone) and OpenCV's
+(`cv2.imdecode`) for the same payload."""
 
 from __future__ import annotations
 
@@ -23,23 +19,21 @@ from vptools import DATA, HOOKS_BIN_DIR
 
 try:
     from PIL import Image
-except ImportError:  # Pillow is optional: its payloads are left out without it.
+except ImportError:  # Pillow is optional: its cases are skipped without it.
     Image = None
 
 #: `decode-file` is in the CLI built with the `bench` feature (scripts/test_hooks_build.sh).
-DECODER = HOOKS_BIN_DIR / "vision_preproc"
+BIN = HOOKS_BIN_DIR / "vision_preproc"
 SAMPLING = {
     "420": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
     "422": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
     "444": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444,
 }
-#: Pillow's `subsampling` argument of each chroma subsampling.
-PIL_SUBSAMPLING = {"420": 2, "422": 1, "444": 0}
 
 
 @dataclass
 class Payload:
-    """One `sensor_msgs/CompressedImage`'s `format` and `data`."""
+    """One `sensor_msgs/CompressedImage`'s `format` and `data` (vptools.bags writes them)."""
     format: str
     data: bytes
 
@@ -84,18 +78,6 @@ def without_huffman_tables(jpeg: bytes) -> bytes:
     return bytes(out + jpeg[pos:])
 
 
-def with_declared_size(payload: bytes, width: int, height: int) -> bytes:
-    """The payload with its header's size replaced (a decompression bomb's)."""
-    b = bytearray(payload)
-    if b.startswith(b"\x89PNG"):
-        b[16:24] = width.to_bytes(4, "big") + height.to_bytes(4, "big")
-    else:
-        sof = b.find(b"\xff\xc0")
-        assert sof > 0
-        b[sof + 5:sof + 9] = min(height, 65535).to_bytes(2, "big") + min(width, 65535).to_bytes(2, "big")
-    return bytes(b)
-
-
 def reference(payload: bytes) -> np.ndarray:
     """OpenCV's decode, as RGB (colour) or 2-D (grey), 16-bit kept."""
     img = cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_UNCHANGED)
@@ -106,8 +88,6 @@ def reference(payload: bytes) -> np.ndarray:
 
 
 def run_decoder(binary: Path, tmp: Path, fmt: str, payload: bytes) -> tuple[int, dict, bytes]:
-    """`decode-file`: (exit code, its JSON line, the pixels); exit code 2 and
-    `{"error": kind, "message"}` when the payload is refused."""
     src, dst = tmp / "in.bin", tmp / "out.raw"
     src.write_bytes(payload)
     dst.unlink(missing_ok=True)
@@ -123,10 +103,21 @@ CHANNELS = {"rgb8": (3, np.uint8), "rgba8": (4, np.uint8), "mono8": (1, np.uint8
 
 
 def decoded(binary: Path, tmp: Path, fmt: str, payload: bytes) -> tuple[str, np.ndarray]:
-    """Our decoder's pixels: (encoding, (H, W, C) or (H, W) array, little-endian)."""
     rc, head, raw = run_decoder(binary, tmp, fmt, payload)
     assert rc == 0, f"{fmt}: {head}"
     channels, dtype = CHANNELS[head["encoding"]]
     arr = np.frombuffer(raw, dtype).reshape(head["height"], head["width"], channels)
     assert head["step"] == head["width"] * channels * arr.itemsize
     return head["encoding"], arr[..., 0] if channels == 1 else arr
+
+
+
+def with_declared_size(payload: bytes, width: int, height: int) -> bytes:
+    b = bytearray(payload)
+    if b.startswith(b"\x89PNG"):
+        b[16:24] = width.to_bytes(4, "big") + height.to_bytes(4, "big")
+    else:
+        sof = b.find(b"\xff\xc0")
+        assert sof > 0
+        b[sof + 5:sof + 9] = min(height, 65535).to_bytes(2, "big") + min(width, 65535).to_bytes(2, "big")
+    return bytes(b)

@@ -26,14 +26,12 @@ import numpy as np
 import pytest
 
 from vptools import DATA
-from vptools.compressed import (DECODER, SAMPLING, Image, cv_jpeg, decoded, photo, pil_jpeg, reference,
+from vptools.compressed import (BIN, SAMPLING, Image, cv_jpeg, decoded, photo, pil_jpeg, reference,
                                 run_decoder, with_declared_size, without_huffman_tables)
 from vptools.tolerances import JPEG_DECODE
 
-BIN = DECODER
 COLOUR = ["chelsea.png", "astronaut.png", "rocket.jpg"]
 QUALITIES = [50, 80, 95]
-
 
 def jpeg_cases():
     """(id, tolerance class, format, payload) of every JPEG compared with OpenCV."""
