@@ -60,7 +60,11 @@ def test_play_of_a_compressed_bag_into_a_compressed_node_equals_offline_replay(t
     `image_raw/compressed`): `play --image-topic <ns>/image` publishes it on
     `<ns>/image/compressed`, where a node with `image_transport: compressed` reading `image`
     subscribes (image_transport's rule); its tensors are the bytes of the offline `replay`
-    of the same bag, with the format as `source_encoding`."""
+    of the same bag, with the format as `source_encoding`. `record` beside the peer reports
+    the decode stage (`FrameTiming.decode_us`) with the others."""
+    import json
+    import signal
+
     payloads = [
         Payload("bgr8; jpeg compressed bgr8", cv_jpeg(photo("chelsea.png"), 80, "420", False)),
         Payload("jpeg", without_huffman_tables(cv_jpeg(photo("coffee.png"), 90, "422", False))),
@@ -76,8 +80,12 @@ def test_play_of_a_compressed_bag_into_a_compressed_node_equals_offline_replay(t
     with NodeProcess(["-r", f"__ns:={ns}", "--params-file", str(cfg), "-p", "image_transport:=compressed",
                       "-p", "backend:=cpu"], log=tmp_path / "node.log") as node:
         peer = Peer(ns, publish_images=False)
+        record = subprocess.Popen([str(CLI), "record", "--count-only", "--tensor-topic", f"{ns}/tensor",
+                                   "--timing-topic", f"{ns}/timing", "--json", str(tmp_path / "rec.json")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            peer.spin_until(lambda: peer.node.count_publishers(f"{ns}/tensor") >= 1, 20, "the node on DDS")
+            peer.spin_until(lambda: peer.node.count_publishers(f"{ns}/tensor") >= 1
+                            and peer.node.count_subscribers(f"{ns}/timing") >= 2, 20, "the node and record on DDS")
             play = subprocess.run([str(CLI), "play", str(tmp_path / "in"), "--image-topic", f"{ns}/image",
                                    "--camera-info-topic", f"{ns}/camera_info", "--wait-subscribers", "1"],
                                   capture_output=True, text=True, timeout=60)
@@ -89,8 +97,13 @@ def test_play_of_a_compressed_bag_into_a_compressed_node_equals_offline_replay(t
                             "a tensor for every played frame")
             live = {stamp_ns(t.header): t for t in peer.tensors}
         finally:
+            record.send_signal(signal.SIGINT)
+            recorded = record.communicate(timeout=15)[0]
             peer.close()
         assert node.stop() == 0
+    assert record.returncode == 0 and "stages p50 (p99), ms: decode " in recorded, recorded
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    assert rec["timings"] >= 1 and rec["stages_ms_p50"]["decode"] > 0 and rec["stages_ms_p99"]["decode"] > 0, rec
     p = subprocess.run([str(CLI), "replay", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--config", str(cfg)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
