@@ -8,6 +8,11 @@ for each of --paths:
 - s: the camera is a process (`vision_preproc play --loop --restamp`: the stamp is the
   publish time) whose `sensor_msgs/Image` crosses DDS into the node; consumer on `tensor`;
 - a: the same camera; consumer on `tensor_ref`;
+- c: the same camera's frames as JPEG (quality 90, `sensor_msgs/CompressedImage` from
+  `play` of a bag of them: `<image>/compressed`) into a node with `image_transport:
+  compressed`, which decodes them (the CPU backend on the CPU, CUDA with nvJPEG where it
+  can: docs/COMPRESSED.md); consumer on `tensor_ref`. Against (a): raw vs compressed
+  frames over DDS;
 - b: the camera inside the node, a live GStreamer source of the same size and rate
   (`gst:videotestsrc is-live=true ...`: the stamp is its capture time); consumer on
   `tensor_ref`. The node's `Input frame copies` (/diagnostics) is the ledger of its host
@@ -252,6 +257,10 @@ def print_ratio(phases: list[dict]) -> dict:
     def med(path: str, key: str) -> float:
         return statistics.median(p[key] for p in phases if p["path"] == path)
     ratios = {}
+    if any(p.get("path") == "c" for p in phases):
+        ratios["a_over_c_p50"] = med("a", "age_p50_ms") / med("c", "age_p50_ms")
+        print(f"camera stamp -> tensor usable p50: raw over DDS (a) / compressed over DDS (c) "
+              f"{ratios['a_over_c_p50']:.2f}x")
     if any(p.get("path") == "b" for p in phases):
         ratios["s_over_b_p50"] = med("s", "age_p50_ms") / med("b", "age_p50_ms")
         ratios["a_over_b_p50"] = med("a", "age_p50_ms") / med("b", "age_p50_ms")
@@ -269,11 +278,12 @@ PATHS = {
     "s": ("tensor", "(s) camera process -> tensor    "),
     "a": ("tensor_ref", "(a) camera process -> tensor_ref"),
     "b": ("tensor_ref", "(b) in-node camera -> tensor_ref"),
+    "c": ("tensor_ref", "(c) JPEG camera -> tensor_ref   "),
 }
 
 
 # The GPU machine's names of the paths' JSON files (python/vptools/node_scenarios.py).
-REPORT_NAMES = {"tensor": "s", "tensor_ref": "a", "gst_ref": "b"}
+REPORT_NAMES = {"tensor": "s", "tensor_ref": "a", "gst_ref": "b", "jpeg_ref": "c"}
 
 
 def gst_camera(width: int, height: int, rate: float) -> str:
@@ -299,7 +309,7 @@ def main() -> None:
                     help="run only the consumer process, on this topic (both: block bytes == Tensor bytes), "
                          "writing --out (the GPU machine's scenario starts node and camera itself)")
     ap.add_argument("--torch", action="store_true", help="the consumer makes CUDA torch tensors")
-    ap.add_argument("--paths", default="s,a", help="which of s, a, b to run (comma-separated; module docstring)")
+    ap.add_argument("--paths", default="s,a", help="which of s, a, b, c to run (comma-separated; module docstring)")
     ap.add_argument("--hold-ms", type=float, default=0.0, help="the consumer holds each frame this long")
     ap.add_argument("--batch", action="store_true", help="the consumer's node has several inputs (TensorBatch)")
     ap.add_argument("--report", type=Path, nargs="+", help="print the phases of consumer JSON files "
@@ -331,23 +341,25 @@ def main() -> None:
         print_ratio(phases)
         return
     from vptools.rosharness import NodeProcess
-    from vptools.soak import make_bag
+    from vptools.soak import make_bag, make_jpeg_bag
     work = Path(tempfile.mkdtemp(prefix="bench_handoff_"))
     bag = make_bag(work / "bag", a.width, a.height, a.rate)
+    jpeg_bag = make_jpeg_bag(work / "jpeg_bag", a.width, a.height, a.rate)
     ns = "/bench_handoff"
     params = ["-r", f"__ns:={ns}", "-p", f"backend:={a.backend}", "-p", f"network_image_width:={a.network}",
               "-p", f"network_image_height:={a.network}"]
     paths = [p for p in a.paths.split(",") if p]
-    assert set(paths) <= set(PATHS) and "s" in paths and "a" in paths, f"--paths {a.paths}: s and a, and b"
+    assert set(paths) <= set(PATHS) and "s" in paths and "a" in paths, f"--paths {a.paths}: s and a, and b, c"
     phases = []
     for r in range(a.rounds):
         for path in paths:
             # A node and a camera per phase: each phase's memory is its own.
-            camera = ["-p", f'inputs:=["{gst_camera(a.width, a.height, a.rate)}"]'] if path == "b" else []
+            camera = {"b": ["-p", f'inputs:=["{gst_camera(a.width, a.height, a.rate)}"]'],
+                      "c": ["-p", "image_transport:=compressed"]}.get(path, [])
             with NodeProcess(params + camera, log=work / f"node_{path}_{r}.log") as node:
                 play = None if path == "b" else subprocess.Popen(
-                    [str(ROOT / "target" / "release" / "vision_preproc"), "play", str(bag), "--loop", "--restamp",
-                     "--image-topic", f"{ns}/image"], stdout=subprocess.DEVNULL)
+                    [str(ROOT / "target" / "release" / "vision_preproc"), "play", str(jpeg_bag if path == "c" else bag),
+                     "--loop", "--restamp", "--image-topic", f"{ns}/image"], stdout=subprocess.DEVNULL)
                 try:
                     phases.append(phase(a, ns, path, r, node.proc.pid, work))
                 finally:

@@ -156,6 +156,23 @@ def make_bag(path: Path, w: int, h: int, rate: float) -> Path:
     return path
 
 
+def make_jpeg_bag(path: Path, w: int, h: int, rate: float, quality: int = 90) -> Path:
+    """make_bag's frames as JPEG (OpenCV, 4:2:0, `quality`): sensor_msgs/CompressedImage on
+    `/camera/image_raw/compressed` (`bgr8; jpeg compressed bgr8`, as image_transport writes)."""
+    import cv2
+
+    from vptools.compressed import Payload
+    payloads = []
+    for f in camera_frames_bgr8(w, h, 8):
+        bgr = np.frombuffer(f.data, np.uint8).reshape(h, w, 3)
+        ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
+        assert ok
+        payloads.append(Payload("bgr8; jpeg compressed bgr8", buf.tobytes()))
+    write_bag(path, payloads, storage="mcap", topic="/camera/image_raw/compressed", with_camera_info=False,
+              period_ns=int(1e9 / rate))
+    return path
+
+
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
