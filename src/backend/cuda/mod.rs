@@ -42,6 +42,7 @@ mod frame;
 pub mod kernels;
 pub mod launch;
 pub mod memory;
+pub mod nvjpeg;
 mod steps;
 pub(crate) mod vmm;
 
