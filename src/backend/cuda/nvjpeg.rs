@@ -298,6 +298,22 @@ pub enum ChromaUpsampling {
     Replicated,
 }
 
+/// How to open nvJPEG ([`NvJpeg::open_with`]); the default is what the backend uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvJpegOptions {
+    /// Chroma upsampling asked for (default: interpolated).
+    pub upsampling: ChromaUpsampling,
+    /// Use the hardware decoder where there is one (default); `false`: the hybrid backend
+    /// alone, as on a GPU without one (the benchmark's and the tests' comparison).
+    pub hardware: bool,
+}
+
+impl Default for NvJpegOptions {
+    fn default() -> Self {
+        NvJpegOptions { upsampling: ChromaUpsampling::Interpolated, hardware: true }
+    }
+}
+
 /// A decode state for the hardware decoder's batches of one size and format.
 struct BatchState {
     state: State,
@@ -392,12 +408,13 @@ impl NvJpeg {
     /// Fails with [`CudaError::Unavailable`] when the library cannot be loaded (the caller
     /// decodes on the host instead), or the error of the call that failed.
     pub fn open(ctx: &Arc<CudaContext>) -> Result<NvJpeg> {
-        Self::open_with(ctx, ChromaUpsampling::Interpolated)
+        Self::open_with(ctx, NvJpegOptions::default())
     }
 
-    /// [`NvJpeg::open`] with the chroma upsampling asked for (a handle that refuses
-    /// interpolation gets nvJPEG's default; [`NvJpeg::describe`] says which it has).
-    pub fn open_with(ctx: &Arc<CudaContext>, upsampling: ChromaUpsampling) -> Result<NvJpeg> {
+    /// [`NvJpeg::open`] with `options` (a handle that refuses chroma interpolation gets
+    /// nvJPEG's default; [`NvJpeg::describe`] says which it has).
+    pub fn open_with(ctx: &Arc<CudaContext>, options: NvJpegOptions) -> Result<NvJpeg> {
+        let upsampling = options.upsampling;
         let (api, library) = load().map_err(|e| {
             CudaError::Unavailable(format!(
                 "the nvJPEG library cannot be loaded ({e}); set {LIBRARY_ENV} to its path"
@@ -442,6 +459,10 @@ impl NvJpeg {
             counts: DecodeCounts::default(),
             api,
         };
+        if !options.hardware {
+            nv.no_hardware = Some("not asked for (NvJpegOptions::hardware false)".into());
+            return Ok(nv);
+        }
         match create(&nv.api, BACKEND_HARDWARE, upsampling) {
             Ok((handle, upsampling)) => {
                 let mut stream: JpegStream = std::ptr::null_mut();
