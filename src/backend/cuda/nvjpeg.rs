@@ -57,8 +57,7 @@ use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
-/// The environment variable naming the nvJPEG library to load, tried before the usual
-/// names (the set-up points it at the PyPI wheel's `libnvjpeg.so.12` for the CI check).
+/// The environment variable naming the nvJPEG library to load instead of the usual names.
 pub const LIBRARY_ENV: &str = "VISION_PREPROC_NVJPEG_LIBRARY";
 
 /// The names tried, in order: CUDA 13, CUDA 12 (JetPack 6), the development link, and
@@ -372,6 +371,11 @@ fn load() -> Result<(Api, String), String> {
         Ok(name) if !name.is_empty() => vec![name],
         _ => DEFAULT_LIBRARIES.iter().map(|s| s.to_string()).collect(),
     };
+    load_from(&candidates)
+}
+
+/// The first of `candidates` that loads and has every function of [`SYMBOLS`].
+fn load_from(candidates: &[String]) -> Result<(Api, String), String> {
     let mut errors = Vec::new();
     for name in &candidates {
         // SAFETY: loading nvJPEG runs its initializers, which set up its own static CUDA
@@ -387,10 +391,14 @@ fn load() -> Result<(Api, String), String> {
     Err(errors.join("; "))
 }
 
-/// Check that the nvJPEG library loads and has every function the backend calls, without
-/// a GPU: its name and version (the CI check).
-pub fn probe_library() -> Result<(String, (i32, i32, i32))> {
-    let (api, name) = load().map_err(CudaError::Unavailable)?;
+/// Check that an nvJPEG library loads and has every function the backend calls, without
+/// a GPU: `path`, or what [`NvJpeg::open`] would load; its name and version.
+pub fn probe_library(path: Option<&str>) -> Result<(String, (i32, i32, i32))> {
+    let (api, name) = match path {
+        Some(p) => load_from(&[p.to_string()]),
+        None => load(),
+    }
+    .map_err(CudaError::Unavailable)?;
     Ok((name, version(&api)?))
 }
 
@@ -864,19 +872,22 @@ mod tests {
     }
 
     /// The CI check without a GPU: the library the set-up installs (the PyPI wheel
-    /// nvidia-nvjpeg-cu12, named by VISION_PREPROC_NVJPEG_LIBRARY in .ros/env.sh) loads
-    /// and has every function the backend calls. Fails, never skips, without it.
+    /// nvidia-nvjpeg-cu12, named by VISION_PREPROC_NVJPEG_WHEEL in .ros/env.sh) loads and
+    /// has every function the backend calls. Fails, never skips, without it.
     #[test]
     fn the_setup_s_nvjpeg_library_loads_and_every_symbol_resolves() {
-        let name = std::env::var(LIBRARY_ENV).unwrap_or_default();
+        let wheel = std::env::var("VISION_PREPROC_NVJPEG_WHEEL").unwrap_or_default();
         assert!(
-            !name.is_empty(),
-            "{LIBRARY_ENV} is not set: scripts/setup/setup.sh installs the nvidia-nvjpeg-cu12 \
-             wheel and .ros/env.sh names its libnvjpeg.so.12; run the set-up and source it"
+            !wheel.is_empty(),
+            "VISION_PREPROC_NVJPEG_WHEEL is not set: scripts/setup/setup.sh installs the \
+             nvidia-nvjpeg-cu12 wheel and .ros/env.sh names its libnvjpeg.so.12; run the set-up \
+             and source it"
         );
-        let (loaded, (major, _, _)) = probe_library().unwrap();
-        assert_eq!(loaded, name);
+        let (loaded, (major, _, _)) = probe_library(Some(&wheel)).unwrap();
+        assert_eq!(loaded, wheel);
         assert!(major >= 12, "nvJPEG {major}: CUDA 12 or newer");
         assert_eq!(SYMBOLS.len(), 15);
+        let e = probe_library(Some("libz.so.1")).unwrap_err().to_string();
+        assert!(e.contains("not CUDA's nvJPEG") && e.contains("nvjpegGetProperty"), "{e}");
     }
 }
