@@ -28,7 +28,7 @@ if [[ "$MODE" == all || "$MODE" == test ]]; then
     rc=$?; echo "gpu_nvjpeg exit $rc"; [[ $rc == 0 ]] || status=1
     grep -vE '^(cv2|pil|mosaic|astronaut|chelsea|coffee|rocket|camera)_' "$OUT/gpu_nvjpeg.log" | cut -c1-260
     section "compute-sanitizer memcheck: gpu_nvjpeg --quick"
-    timeout "${SANITIZER_TIMEOUT:-200}" compute-sanitizer --tool memcheck --error-exitcode 3 \
+    timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 3 \
         "$D/gpu_nvjpeg" --cases "$D/cases" --quick >"$OUT/memcheck.log" 2>&1
     rc=$?; echo "memcheck exit $rc (3: errors found, 124: timed out)"; [[ $rc == 0 ]] || status=1
     grep -E '^========= (ERROR SUMMARY|LEAK SUMMARY)|Invalid|out of bounds|gpu_nvjpeg summary' "$OUT/memcheck.log" | sort | uniq -c | head
@@ -38,11 +38,11 @@ if [[ "$MODE" == all || "$MODE" == bench ]]; then
         section "bench-decode mosaic_1080p_q90 (1080p, 4:2:0), run $run"
         gpu_state
         timeout 120 "$D/vision_preproc" bench-decode "$D/cases/mosaic_1080p_q90.jpg" --cameras 1,4 \
-            --iterations "${BENCH_ITERS:-200}" 2>&1 | tee "$OUT/bench_decode_1080p_$run.log" || status=1
+            --iterations "${BENCH_ITERS:-100}" 2>&1 | tee "$OUT/bench_decode_1080p_$run.log" || status=1
     done
     section "bench-decode mosaic_720p_q80_422 (720p, 4:2:2, an MJPEG camera's kind)"
     timeout 120 "$D/vision_preproc" bench-decode "$D/cases/mosaic_720p_q80_422.jpg" --cameras 1,4 \
-        --iterations "${BENCH_ITERS:-200}" 2>&1 | tee "$OUT/bench_decode_720p.log" || status=1
+        --iterations "${BENCH_ITERS:-100}" 2>&1 | tee "$OUT/bench_decode_720p.log" || status=1
     gpu_state
 fi
 exit $status

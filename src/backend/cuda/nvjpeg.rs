@@ -377,7 +377,7 @@ fn load() -> Result<(Api, String), String> {
 /// The first of `candidates` that loads and has every function of [`SYMBOLS`].
 fn load_from(candidates: &[String]) -> Result<(Api, String), String> {
     let mut errors = Vec::new();
-    for name in &candidates {
+    for name in candidates {
         // SAFETY: loading nvJPEG runs its initializers, which set up its own static CUDA
         // runtime; it calls nothing on the GPU until a function is called.
         match unsafe { libloading::Library::new(name) } {
