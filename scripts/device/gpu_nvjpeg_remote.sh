@@ -5,7 +5,8 @@
 # test: test/gpu_nvjpeg.rs over every case (parity with the CPU decoder, batches, damaged
 # JPEGs), then again under compute-sanitizer memcheck (--quick); bench: `bench-decode` on
 # the 1080p q90 frame (1 and 4 cameras, twice: the noise) and the 720p 4:2:2 one. Logs to
-# $OUT (or /tmp/vp_out). Never changes GPU clocks or settings.
+# $OUT (or /tmp/vp_out); the sanitizer run last (the slowest). BENCH_RUNS (default 2),
+# BENCH_ITERS (100), TEST_TIMEOUT, SANITIZER_TIMEOUT. Never changes GPU clocks or settings.
 set -uo pipefail
 S="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${OUT:-/tmp/vp_out}"
@@ -27,14 +28,9 @@ if [[ "$MODE" == all || "$MODE" == test ]]; then
     timeout "${TEST_TIMEOUT:-150}" "$D/gpu_nvjpeg" --cases "$D/cases" >"$OUT/gpu_nvjpeg.log" 2>&1
     rc=$?; echo "gpu_nvjpeg exit $rc"; [[ $rc == 0 ]] || status=1
     grep -vE '^(cv2|pil|mosaic|astronaut|chelsea|coffee|rocket|camera)_' "$OUT/gpu_nvjpeg.log" | cut -c1-260
-    section "compute-sanitizer memcheck: gpu_nvjpeg --quick"
-    timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 3 \
-        "$D/gpu_nvjpeg" --cases "$D/cases" --quick >"$OUT/memcheck.log" 2>&1
-    rc=$?; echo "memcheck exit $rc (3: errors found, 124: timed out)"; [[ $rc == 0 ]] || status=1
-    grep -E '^========= (ERROR SUMMARY|LEAK SUMMARY)|Invalid|out of bounds|gpu_nvjpeg summary' "$OUT/memcheck.log" | sort | uniq -c | head
 fi
 if [[ "$MODE" == all || "$MODE" == bench ]]; then
-    for run in 1 2; do
+    for run in $(seq "${BENCH_RUNS:-2}"); do
         section "bench-decode mosaic_1080p_q90 (1080p, 4:2:0), run $run"
         gpu_state
         timeout 120 "$D/vision_preproc" bench-decode "$D/cases/mosaic_1080p_q90.jpg" --cameras 1,4 \
@@ -44,5 +40,12 @@ if [[ "$MODE" == all || "$MODE" == bench ]]; then
     timeout 120 "$D/vision_preproc" bench-decode "$D/cases/mosaic_720p_q80_422.jpg" --cameras 1,4 \
         --iterations "${BENCH_ITERS:-100}" 2>&1 | tee "$OUT/bench_decode_720p.log" || status=1
     gpu_state
+fi
+if [[ "$MODE" == all || "$MODE" == test ]]; then
+    section "compute-sanitizer memcheck: gpu_nvjpeg --quick"
+    timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 3 \
+        "$D/gpu_nvjpeg" --cases "$D/cases" --quick >"$OUT/memcheck.log" 2>&1
+    rc=$?; echo "memcheck exit $rc (3: errors found, 124: timed out)"; [[ $rc == 0 ]] || status=1
+    grep -E '^========= (ERROR SUMMARY|LEAK SUMMARY)|Invalid|out of bounds|gpu_nvjpeg summary' "$OUT/memcheck.log" | sort | uniq -c | head
 fi
 exit $status
