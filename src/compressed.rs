@@ -282,16 +282,94 @@ impl DecodeError {
     }
 }
 
-/// Decode a `sensor_msgs/CompressedImage` (`format`, `data`) into tight pixel rows.
+/// Decode a `sensor_msgs/CompressedImage` (`format`, `data`) into tight pixel rows
+/// ([`Compressed::probe`], then [`Compressed::decode`]).
 ///
 /// JPEG: colour -> rgb8, grey -> mono8 (zune-jpeg; its IDCT and chroma upsampling differ
 /// from libjpeg-turbo's by a few levels: docs/SPEC.md, "Compressed inputs"). PNG: rgb8,
 /// rgba8, mono8, mono16, rgb16 as stored (palette and 1/2/4-bit grey expanded to 8-bit),
 /// bit-exact; 16-bit samples converted to little-endian.
 pub fn decode(format: &str, data: &[u8], limits: &Limits) -> Result<Decoded, DecodeError> {
-    match Format::parse(format)?.codec {
-        Codec::Jpeg => decode_jpeg(data, limits),
-        Codec::Png => decode_png(data, limits),
+    Compressed::probe(format, data, limits)?.decode()
+}
+
+/// A compressed frame whose headers were read and checked (format, signature, size
+/// against the limits, coding process, every segment or chunk inside the data, the end
+/// marker present) but not decoded yet: what a backend receives, to decode where its
+/// kernels run. Its size and the encoding the decode gives are known, so the frame's
+/// operation (scale, letterbox) is chosen before any pixel exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compressed<'a> {
+    codec: Codec,
+    data: &'a [u8],
+    width: u32,
+    height: u32,
+    encoding: Encoding,
+    progressive: bool,
+    limits: Limits,
+}
+
+impl<'a> Compressed<'a> {
+    /// Read and check the headers of a `sensor_msgs/CompressedImage` (`format`, `data`):
+    /// microseconds, nothing decoded or allocated. Every refusal that needs no decoding
+    /// happens here (all but [`DecodeError::Corrupt`] entropy-coded data).
+    pub fn probe(format: &str, data: &'a [u8], limits: &Limits) -> Result<Self, DecodeError> {
+        let codec = Format::parse(format)?.codec;
+        let (width, height, encoding, progressive) = match codec {
+            Codec::Jpeg => {
+                let (h, encoding) = checked_jpeg_header(data, limits)?;
+                (h.width, h.height, encoding, h.marker == 0xC2)
+            }
+            Codec::Png => {
+                let h = png_header(data)?;
+                check_size(h.width, h.height, limits)?;
+                (h.width, h.height, h.encoding()?, false)
+            }
+        };
+        Ok(Compressed { codec, data, width, height, encoding, progressive, limits: *limits })
+    }
+
+    /// JPEG or PNG.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    /// The compressed bytes.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// Width in pixels, from the header.
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+
+    /// Height in pixels, from the header.
+    pub fn height(&self) -> u32 {
+        self.height
+    }
+
+    /// The encoding the decode gives (JPEG: rgb8 or mono8; PNG: as stored).
+    pub fn encoding(&self) -> Encoding {
+        self.encoding
+    }
+
+    /// Bytes per row of the decoded image (tight rows).
+    pub fn step(&self) -> u32 {
+        self.width * self.encoding.bytes_per_pixel()
+    }
+
+    /// A progressive JPEG (SOF2): hardware JPEG decoders take baseline only.
+    pub fn progressive(&self) -> bool {
+        self.progressive
+    }
+
+    /// Decode on the CPU (the spec's decoder: zune-jpeg, png).
+    pub fn decode(&self) -> Result<Decoded, DecodeError> {
+        match self.codec {
+            Codec::Jpeg => decode_jpeg(self.data, &self.limits),
+            Codec::Png => decode_png(self.data, &self.limits, self.encoding),
+        }
     }
 }
 
@@ -465,7 +543,13 @@ fn unsupported_process(marker: u8) -> Option<&'static str> {
     }
 }
 
-fn decode_jpeg(data: &[u8], limits: &Limits) -> Result<Decoded, DecodeError> {
+/// A JPEG's frame header, checked: a process, precision and colour space we decode, a
+/// size within `limits`, and the end-of-image marker after the first scan. With the
+/// encoding it decodes to.
+fn checked_jpeg_header(
+    data: &[u8],
+    limits: &Limits,
+) -> Result<(JpegHeader, Encoding), DecodeError> {
     let h = jpeg_header(data)?;
     if let Some(process) = unsupported_process(h.marker) {
         return Err(DecodeError::JpegProcess { marker: h.marker, process });
@@ -473,9 +557,9 @@ fn decode_jpeg(data: &[u8], limits: &Limits) -> Result<Decoded, DecodeError> {
     if h.precision != 8 {
         return Err(DecodeError::JpegPrecision { bits: h.precision });
     }
-    let (encoding, colorspace) = match h.components {
-        1 => (Encoding::Mono8, ColorSpace::Luma),
-        3 => (Encoding::Rgb8, ColorSpace::RGB),
+    let encoding = match h.components {
+        1 => Encoding::Mono8,
+        3 => Encoding::Rgb8,
         4 => {
             let space = if h.adobe_transform == Some(2) { "YCCK" } else { "CMYK" };
             return Err(DecodeError::CmykJpeg { space });
@@ -494,6 +578,12 @@ fn decode_jpeg(data: &[u8], limits: &Limits) -> Result<Decoded, DecodeError> {
             len: data.len(),
         });
     }
+    Ok((h, encoding))
+}
+
+fn decode_jpeg(data: &[u8], limits: &Limits) -> Result<Decoded, DecodeError> {
+    let (h, encoding) = checked_jpeg_header(data, limits)?;
+    let colorspace = if encoding == Encoding::Mono8 { ColorSpace::Luma } else { ColorSpace::RGB };
     let options = DecoderOptions::default()
         .set_max_width(limits.max_side as usize)
         .set_max_height(limits.max_side as usize)
@@ -533,9 +623,53 @@ fn decode_jpeg(data: &[u8], limits: &Limits) -> Result<Decoded, DecodeError> {
 /// The eight bytes every PNG starts with.
 const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
 
-/// Read a PNG's IHDR (width, height) and walk its chunks to IEND, checking that each lies
-/// inside the data, without decoding.
-fn png_header(data: &[u8]) -> Result<(u32, u32), DecodeError> {
+/// What a PNG's IHDR declares, and whether a tRNS chunk (transparency, which the
+/// expansion turns into an alpha channel) is present.
+#[derive(Debug, Clone, Copy)]
+struct PngHeader {
+    width: u32,
+    height: u32,
+    bit_depth: u8,
+    color_type: u8,
+    transparency: bool,
+}
+
+impl PngHeader {
+    /// The encoding [`decode_png`] gives: palette and 1/2/4-bit grey expanded to 8 bits,
+    /// tRNS to alpha; alpha kept only for 8-bit RGBA (see the module's notes).
+    fn encoding(&self) -> Result<Encoding, DecodeError> {
+        let sixteen = self.bit_depth == 16;
+        let valid_depth = match self.color_type {
+            0 => matches!(self.bit_depth, 1 | 2 | 4 | 8 | 16),
+            3 => matches!(self.bit_depth, 1 | 2 | 4 | 8),
+            2 | 4 | 6 => matches!(self.bit_depth, 8 | 16),
+            _ => false,
+        };
+        if !valid_depth {
+            return Err(DecodeError::Corrupt {
+                codec: Codec::Png,
+                message: format!(
+                    "IHDR declares colour type {} at bit depth {}, which PNG does not define",
+                    self.color_type, self.bit_depth
+                ),
+            });
+        }
+        Ok(match (self.color_type, sixteen) {
+            (0 | 4, false) => Encoding::Mono8,
+            (0 | 4, true) => Encoding::Mono16,
+            (2, false) if self.transparency => Encoding::Rgba8,
+            (2, false) => Encoding::Rgb8,
+            (3, _) if self.transparency => Encoding::Rgba8,
+            (3, _) => Encoding::Rgb8,
+            (6, false) => Encoding::Rgba8,
+            _ => Encoding::Rgb16,
+        })
+    }
+}
+
+/// Read a PNG's IHDR and walk its chunks to IEND, checking that each lies inside the
+/// data, without decoding.
+fn png_header(data: &[u8]) -> Result<PngHeader, DecodeError> {
     let truncated =
         |detail: String| DecodeError::Truncated { codec: Codec::Png, detail, len: data.len() };
     if !data.starts_with(&PNG_SIGNATURE) {
@@ -550,7 +684,13 @@ fn png_header(data: &[u8]) -> Result<(u32, u32), DecodeError> {
             message: "the first chunk is not a 13-byte IHDR".into(),
         });
     }
-    let (width, height) = (be32(data, 16), be32(data, 20));
+    let mut header = PngHeader {
+        width: be32(data, 16),
+        height: be32(data, 20),
+        bit_depth: data[24],
+        color_type: data[25],
+        transparency: false,
+    };
     let mut pos = 8usize;
     loop {
         if pos + 8 > data.len() {
@@ -565,16 +705,21 @@ fn png_header(data: &[u8]) -> Result<(u32, u32), DecodeError> {
                 end - data.len()
             )));
         }
-        if &data[pos + 4..pos + 8] == b"IEND" {
-            return Ok((width, height));
+        match &data[pos + 4..pos + 8] {
+            b"IEND" => return Ok(header),
+            b"tRNS" => header.transparency = true,
+            _ => {}
         }
         pos = end;
     }
 }
 
-fn decode_png(data: &[u8], limits: &Limits) -> Result<Decoded, DecodeError> {
+/// Decode a PNG whose headers [`Compressed::probe`] checked; `expected` is the encoding
+/// the probe read from them (the decoder must agree).
+fn decode_png(data: &[u8], limits: &Limits, expected: Encoding) -> Result<Decoded, DecodeError> {
     use png::{BitDepth, ColorType};
-    let (width, height) = png_header(data)?;
+    let header = png_header(data)?;
+    let (width, height) = (header.width, header.height);
     check_size(width, height, limits)?;
     let corrupt =
         |e: png::DecodingError| DecodeError::Corrupt { codec: Codec::Png, message: e.to_string() };
@@ -612,6 +757,18 @@ fn decode_png(data: &[u8], limits: &Limits) -> Result<Decoded, DecodeError> {
             })
         }
     };
+    if encoding != expected || (info.width, info.height) != (width, height) {
+        return Err(DecodeError::Corrupt {
+            codec: Codec::Png,
+            message: format!(
+                "the headers declare {width}x{height} {} but the data decodes to {}x{} {}",
+                expected.name(),
+                info.width,
+                info.height,
+                encoding.name()
+            ),
+        });
+    }
     let pixels = repack(&buf, stored, kept, if sixteen { 2 } else { 1 });
     Decoded::new(Codec::Png, info.width, info.height, encoding, pixels, limits)
 }
@@ -736,6 +893,73 @@ mod tests {
         assert_eq!(d.view().encoding(), Encoding::Rgb16);
         let le: Vec<u8> = rgb16.as_raw().iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(d.view().data(), le.as_slice());
+    }
+
+    /// A 4x2 PNG written by the png crate with `color`, `depth`, optional palette and tRNS.
+    fn tiny_png(color: png::ColorType, depth: png::BitDepth, trns: Option<&[u8]>) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut enc = png::Encoder::new(&mut out, 4, 2);
+        enc.set_color(color);
+        enc.set_depth(depth);
+        if color == png::ColorType::Indexed {
+            enc.set_palette(vec![0, 0, 0, 255, 0, 0, 0, 255, 0, 0, 0, 255]);
+        }
+        if let Some(t) = trns {
+            enc.set_trns(t.to_vec());
+        }
+        let mut w = enc.write_header().unwrap();
+        let bits = depth as usize * color.samples();
+        let row = (4 * bits).div_ceil(8);
+        w.write_image_data(&vec![1u8; row * 2]).unwrap();
+        w.finish().unwrap();
+        out
+    }
+
+    #[test]
+    fn the_probe_reads_size_and_encoding_as_the_decode_gives_them() {
+        use png::{BitDepth as D, ColorType as C};
+        let mut cases: Vec<(&str, Vec<u8>)> = vec![
+            ("jpeg", jpeg_bytes(&photo("chelsea.png").to_rgb8().into(), 80)),
+            (
+                "mono8; jpeg compressed mono8",
+                jpeg_bytes(&photo("camera.png").to_luma8().into(), 80),
+            ),
+        ];
+        for (color, depth, trns) in [
+            (C::Grayscale, D::One, None),
+            (C::Grayscale, D::Eight, Some(&[0u8, 3][..])),
+            (C::Grayscale, D::Sixteen, None),
+            (C::GrayscaleAlpha, D::Eight, None),
+            (C::GrayscaleAlpha, D::Sixteen, None),
+            (C::Rgb, D::Eight, None),
+            (C::Rgb, D::Eight, Some(&[0u8, 1, 0, 1, 0, 1][..])),
+            (C::Rgb, D::Sixteen, None),
+            (C::Indexed, D::Two, None),
+            (C::Indexed, D::Eight, Some(&[0u8, 255][..])),
+            (C::Rgba, D::Eight, None),
+            (C::Rgba, D::Sixteen, None),
+        ] {
+            cases.push(("png", tiny_png(color, depth, trns)));
+        }
+        for (i, (format, bytes)) in cases.iter().enumerate() {
+            let probed = Compressed::probe(format, bytes, &Limits::default()).unwrap();
+            let d = probed.decode().unwrap();
+            let v = d.view();
+            assert_eq!(
+                (probed.width(), probed.height(), probed.encoding(), probed.step()),
+                (v.width(), v.height(), v.encoding(), v.step()),
+                "case {i} ({format})"
+            );
+            assert_eq!(d, decode(format, bytes, &Limits::default()).unwrap(), "case {i}");
+        }
+        // Progressive is read from the frame header (SOF2).
+        let mut progressive = jpeg_bytes(&photo("chelsea.png").to_rgb8().into(), 80);
+        let sof = progressive.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+        assert!(!Compressed::probe("jpeg", &progressive, &Limits::default())
+            .unwrap()
+            .progressive());
+        progressive[sof + 1] = 0xC2;
+        assert!(Compressed::probe("jpeg", &progressive, &Limits::default()).unwrap().progressive());
     }
 
     #[test]

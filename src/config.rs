@@ -228,6 +228,37 @@ impl BatchPolicyChoice {
     }
 }
 
+/// How an image topic's frames travel: image_transport's transport (`image_transport`,
+/// `input_transports`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// `sensor_msgs/Image` on the topic itself.
+    Raw,
+    /// `sensor_msgs/CompressedImage` (JPEG, PNG) on `<topic>/compressed`, decoded where the
+    /// kernels run (docs/COMPRESSED.md).
+    Compressed,
+}
+
+impl Transport {
+    /// The parameter value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Raw => "raw",
+            Transport::Compressed => "compressed",
+        }
+    }
+
+    /// A parameter value.
+    fn parse(s: &str) -> Option<Transport> {
+        match s {
+            "raw" => Some(Transport::Raw),
+            "compressed" => Some(Transport::Compressed),
+            _ => None,
+        }
+    }
+}
+
 /// Which DDS participant takes each input's images (`input_participants`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -358,6 +389,14 @@ pub struct Config {
     /// camera drivers and `camera_calibration`; `""` = none); `[]`, or one entry per
     /// input (a topic input's entry must be `""`).
     pub camera_info_urls: Vec<String>,
+    /// The transport of the image topics: `raw` (`sensor_msgs/Image`) or `compressed`
+    /// (`sensor_msgs/CompressedImage` on `<topic>/compressed`), as image_transport's
+    /// subscribers take it.
+    pub image_transport: Transport,
+    /// Per input, its transport where it differs from `image_transport` (`[]`, or one
+    /// entry per input: `""` = `image_transport`, `raw`, `compressed`; a `gst:` input's
+    /// entry must be `""`).
+    pub input_transports: Vec<String>,
     /// How a batch is formed (2+ inputs): latest | approximate_time.
     pub batch_policy: BatchPolicyChoice,
     /// `latest`: longest wait in ms after the first new frame before a batch is published
@@ -413,6 +452,8 @@ impl Default for Config {
             inputs: Vec::new(),
             input_frame_ids: Vec::new(),
             camera_info_urls: Vec::new(),
+            image_transport: Transport::Raw,
+            input_transports: Vec::new(),
             batch_policy: BatchPolicyChoice::Latest,
             batch_timeout_ms: 50,
             max_interval_ms: 20,
@@ -911,9 +952,19 @@ impl Config {
     /// pipeline inputs; each URL a `file://` one.
     fn validate_per_input(&self) -> Result<()> {
         let sources = self.input_sources();
-        for (name, list) in [
-            ("input_frame_ids", &self.input_frame_ids),
-            ("camera_info_urls", &self.camera_info_urls),
+        for (i, t) in self.input_transports.iter().enumerate() {
+            if !t.is_empty() && Transport::parse(t).is_none() {
+                return Err(Error::config(
+                    "input_transports",
+                    format!("{t:?} (item {i})"),
+                    "give \"\" (image_transport's), \"raw\" or \"compressed\"",
+                ));
+            }
+        }
+        for (name, list, topic_entry) in [
+            ("input_frame_ids", &self.input_frame_ids, true),
+            ("camera_info_urls", &self.camera_info_urls, true),
+            ("input_transports", &self.input_transports, false),
         ] {
             if !list.is_empty() && list.len() != sources.len() {
                 return Err(Error::config(
@@ -923,16 +974,21 @@ impl Config {
                 ));
             }
             for (i, (v, source)) in list.iter().zip(&sources).enumerate() {
-                if !v.is_empty() && matches!(source, InputSource::Topic(_)) {
-                    return Err(Error::config(
-                        name,
-                        format!("{v:?} (item {i})"),
-                        format!(
-                            "input {i} is a topic, whose messages carry their own header and \
-                             camera_info: give \"\" for it"
-                        ),
-                    ));
+                let topic = matches!(source, InputSource::Topic(_));
+                if v.is_empty() || topic != topic_entry {
+                    continue;
                 }
+                let why = if topic {
+                    format!(
+                        "input {i} is a topic, whose messages carry their own header and \
+                         camera_info: give \"\" for it"
+                    )
+                } else {
+                    format!(
+                        "input {i} is a gst: pipeline, which has no transport: give \"\" for it"
+                    )
+                };
+                return Err(Error::config(name, format!("{v:?} (item {i})"), why));
             }
         }
         for (i, url) in self.camera_info_urls.iter().enumerate() {
@@ -967,6 +1023,15 @@ impl Config {
                 None => InputSource::Topic(t.clone()),
             })
             .collect()
+    }
+
+    /// The transport of topic input `index`: its `input_transports` entry, or
+    /// `image_transport`.
+    pub fn input_transport(&self, index: usize) -> Transport {
+        self.input_transports
+            .get(index)
+            .and_then(|t| Transport::parse(t))
+            .unwrap_or(self.image_transport)
     }
 
     /// How many inputs the node has (1 with `inputs: []`).
@@ -1383,6 +1448,32 @@ mod tests {
         );
         let e = c(&[], &["", "/tmp/rear.yaml"]).validate().unwrap_err().to_string();
         assert!(e.contains("camera_info_urls") && e.contains("file://"), "{e}");
+    }
+
+    #[test]
+    fn transports_per_input_default_to_image_transport() {
+        let c = |image_transport, per: &[&str]| Config {
+            inputs: vec!["front/image".into(), "rear/image".into(), "gst:videotestsrc".into()],
+            image_transport,
+            input_transports: per.iter().map(|s| s.to_string()).collect(),
+            ..Config::default()
+        };
+        let all = c(Transport::Compressed, &[]);
+        all.validate().unwrap();
+        assert_eq!(all.input_transport(1), Transport::Compressed);
+        let mixed = c(Transport::Raw, &["compressed", "", ""]);
+        mixed.validate().unwrap();
+        assert_eq!(
+            (mixed.input_transport(0), mixed.input_transport(1)),
+            (Transport::Compressed, Transport::Raw)
+        );
+        assert_eq!(Config::default().input_transport(0), Transport::Raw);
+        let e = c(Transport::Raw, &["jpeg", "", ""]).validate().unwrap_err().to_string();
+        assert!(e.contains("input_transports") && e.contains("\"compressed\""), "{e}");
+        let e = c(Transport::Raw, &["", "", "raw"]).validate().unwrap_err().to_string();
+        assert!(e.contains("item 2") && e.contains("gst: pipeline"), "{e}");
+        let e = c(Transport::Raw, &["raw"]).validate().unwrap_err().to_string();
+        assert!(e.contains("1 entries for 3 inputs"), "{e}");
     }
 }
 

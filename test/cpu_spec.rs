@@ -479,9 +479,9 @@ fn an_operation_for_another_encoding_step_or_byte_order_is_an_operation_error() 
         // In a batch the error names the slot (a padded slot's operation is not checked
         // against a frame).
         let slots = [
-            BatchSlot { image: Some(&img), op: &good },
+            BatchSlot::frame(&img, &good),
             BatchSlot { image: None, op: &op },
-            BatchSlot { image: Some(&img), op: &op },
+            BatchSlot::frame(&img, &op),
         ];
         let mut batch = vec![0u8; 3 * out.len()];
         match CpuBackend::new().process_batch_into(BatchWork::new(&slots, None), &mut batch) {

@@ -288,10 +288,7 @@ fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
             &what("process_into (pinned)"),
         )?;
         operation_error(b.submit(&view, &op, None), &what("submit"))?;
-        let slots = [
-            BatchSlot { image: Some(&view), op: &good },
-            BatchSlot { image: Some(&view), op: &op },
-        ];
+        let slots = [BatchSlot::frame(&view, &good), BatchSlot::frame(&view, &op)];
         let mb = operation_error(
             b.process_batch_into(BatchWork::new(&slots, conv.as_ref()), &mut batch),
             &what("process_batch_into"),
@@ -309,14 +306,14 @@ fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
         lines.push(format!("  wrong {name}: {m}"));
     }
     // A finish_batch buffer of the wrong length is refused; the batch stays queued.
-    let slots = [BatchSlot { image: Some(&view), op: &good }; 2];
+    let slots = [BatchSlot::frame(&view, &good); 2];
     b.submit_batch(&slots, None).map_err(|e| format!("submit_batch: {e}"))?;
     operation_error(b.finish_batch(&mut batch[..len]), "finish_batch into half the bytes")?;
     if b.batches_in_flight() != 1 {
         return Err("finish_batch with a wrong buffer dropped the batch".into());
     }
     b.finish_batch(&mut batch).map_err(|e| format!("finish_batch after the refusal: {e}"))?;
-    let many = vec![BatchSlot { image: Some(&view), op: &good }; MAX_BATCH_SLOTS + 1];
+    let many = vec![BatchSlot::frame(&view, &good); MAX_BATCH_SLOTS + 1];
     let mut out = vec![0u8; many.len() * len];
     let m = operation_error(
         b.process_batch_into(BatchWork::new(&many, None), &mut out),

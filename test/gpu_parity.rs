@@ -799,12 +799,8 @@ fn main() -> ExitCode {
                 compare(outb.as_slice(), &eb, DType::Float32, &tol, None)
                     .map_err(|e| format!("frame B: {e}"))?;
                 // Two batches in flight the same way: [A, padded], then [B, A].
-                let b1 =
-                    [BatchSlot { image: Some(&va), op: &oa }, BatchSlot { image: None, op: &oa }];
-                let b2 = [
-                    BatchSlot { image: Some(&vb), op: &ob },
-                    BatchSlot { image: Some(&va), op: &oa },
-                ];
+                let b1 = [BatchSlot::frame(&va, &oa), BatchSlot { image: None, op: &oa }];
+                let b2 = [BatchSlot::frame(&vb, &ob), BatchSlot::frame(&va, &oa)];
                 let mut out1 = gpu.alloc_host(2 * len).map_err(|e| e.to_string())?;
                 let mut out2 = vec![0u8; 2 * len];
                 let (p1, p2) = (out1.as_mut_slice().as_mut_ptr(), out2.as_mut_ptr());
@@ -925,8 +921,7 @@ fn main() -> ExitCode {
                     .map_err(|e| format!("block 1 (frame B): {e}"))?;
                 compare(host_b.as_slice(), &eb, DType::Float32, &tol, None)
                     .map_err(|e| format!("frame B's host copy: {e}"))?;
-                let slots =
-                    [BatchSlot { image: Some(&vb), op: &ob }, BatchSlot { image: None, op: &oa }];
+                let slots = [BatchSlot::frame(&vb, &ob), BatchSlot { image: None, op: &oa }];
                 // SAFETY: as above.
                 unsafe {
                     let out = Out::Device {
@@ -999,7 +994,10 @@ fn main() -> ExitCode {
                         frames.iter().map(|f| build_op(cfg, f)).collect::<Result<_, _>>()?;
                     let views: Vec<ImageView<'_>> = frames.iter().map(|f| f.view()).collect();
                     let slots: Vec<BatchSlot<'_, '_>> = (0..frames.len())
-                        .map(|i| BatchSlot { image: (i != 2).then(|| &views[i]), op: &ops[i] })
+                        .map(|i| BatchSlot {
+                            image: (i != 2).then(|| (&views[i]).into()),
+                            op: &ops[i],
+                        })
                         .collect();
                     let len = ops[0].params.tensor_desc().byte_len() * slots.len();
                     let mut want = vec![0u8; len];
@@ -1072,7 +1070,7 @@ fn main() -> ExitCode {
                     .map(|&(k, padded)| {
                         (0..frames.len())
                             .map(|i| BatchSlot {
-                                image: (i != padded).then(|| &views[i]),
+                                image: (i != padded).then(|| (&views[i]).into()),
                                 op: &ops_of[k][i],
                             })
                             .collect()

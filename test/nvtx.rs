@@ -245,7 +245,7 @@ fn batch_child() {
         repeated: false,
     };
     for _ in 0..2 {
-        let items = [item(Some(&views[0])), item(None), item(Some(&views[1]))];
+        let items = [item(Some((&views[0]).into())), item(None), item(Some((&views[1]).into()))];
         pipeline.process_frames(&items).unwrap();
     }
 }

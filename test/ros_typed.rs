@@ -124,7 +124,11 @@ fn check_timing(
     same_bytes(raw, typed_wire, "FrameTiming")?;
     let r = RawTiming::decode(raw).map_err(|e| e.to_string())?;
     let stages = [t.upload_us, t.preprocess_us, t.conv_us, t.download_us, t.total_us, t.age_us];
-    if r.stages_us != stages || r.sequence != t.sequence || r.backend != t.backend {
+    if r.stages_us != stages
+        || r.sequence != t.sequence
+        || r.backend != t.backend
+        || r.decode_us != t.decode_us
+    {
         return Err("FrameTiming fields differ between the typed and the raw message".into());
     }
     if t.header != sent.header

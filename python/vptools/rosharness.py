@@ -44,8 +44,8 @@ import rclpy  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, qos_profile_sensor_data  # noqa: E402
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue  # noqa: E402
-from sensor_msgs.msg import Image  # noqa: E402
-from vision_preproc_msgs.msg import FrameTiming, Tensor  # noqa: E402
+from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
+from vision_preproc_msgs.msg import FrameTiming, Tensor, TensorBatch  # noqa: E402
 
 RELIABLE = QoSProfile(reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST, depth=10)
 BEST_EFFORT = qos_profile_sensor_data
@@ -125,16 +125,23 @@ class Peer:
     output_qos: QoSProfile = field(default_factory=lambda: RELIABLE)
     # False: no image publisher (for tests whose cameras run elsewhere).
     publish_images: bool = True
+    # "compressed": the image publisher is image_transport's compressed one
+    # (sensor_msgs/CompressedImage on `image/compressed`).
+    transport: str = "raw"
+    # True: the node batches (2+ inputs): `tensors` holds its TensorBatch messages.
+    batch: bool = False
 
     def __post_init__(self) -> None:
         self.closed = False
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
         self.node = Node(f"peer_{os.getpid()}", namespace=self.ns, context=self.context)
-        self.pub = self.node.create_publisher(Image, "image", self.image_qos) if self.publish_images else None
+        kind, topic = (CompressedImage, "image/compressed") if self.transport == "compressed" else (Image, "image")
+        self.pub = self.node.create_publisher(kind, topic, self.image_qos) if self.publish_images else None
         self.tensors: list[Tensor] = []
         self.timings: list[FrameTiming] = []
-        self.node.create_subscription(Tensor, "tensor", self.tensors.append, self.output_qos)
+        self.node.create_subscription(TensorBatch if self.batch else Tensor, "tensor", self.tensors.append,
+                                      self.output_qos)
         self.node.create_subscription(FrameTiming, "timing", self.timings.append, self.output_qos)
         self.executor = rclpy.executors.SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
@@ -156,7 +163,7 @@ class Peer:
             "the node to appear on DDS",
         )
 
-    def send_until_received(self, msg: Image, timeout: float = 15.0, resend: float = 1.0) -> Tensor:
+    def send_until_received(self, msg: Image | CompressedImage, timeout: float = 15.0, resend: float = 1.0) -> Tensor:
         """Publish `msg` (again every `resend` s: best effort may drop) until a tensor with
         its stamp arrives; return that tensor."""
         want = stamp_ns(msg.header)

@@ -10,10 +10,11 @@ pub mod cuda;
 pub mod cuda;
 pub(crate) mod ops;
 
+pub use crate::compressed::Compressed;
 #[cfg(feature = "fault-injection")]
 use crate::error::CudaError;
 use crate::error::{Error, Result};
-use crate::image::ImageView;
+use crate::image::{Encoding, ImageView};
 pub(crate) use ops::{read_element, write_element};
 pub use ops::{read_elements, AxisMap, Conv2dOp, PreprocessOp, PreprocessParams, TensorDesc};
 
@@ -21,6 +22,9 @@ pub use ops::{read_elements, AxisMap, Conv2dOp, PreprocessOp, PreprocessParams, 
 /// have is 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StageTimes {
+    /// Decoding compressed frames (JPEG, PNG) into pixels: on the host (the CPU decoder)
+    /// or on the device (nvJPEG); 0 for raw frames.
+    pub decode_us: f32,
     /// Copy of the frame into the backend's input buffer.
     pub upload_us: f32,
     /// The fused decode + resize + pad + normalize + layout pass.
@@ -97,6 +101,7 @@ pub trait Backend: Send {
             match slot.image {
                 Some(image) => {
                     let t = self.process_into(FrameWork::new(image, slot.op, conv), chunk)?;
+                    total.decode_us += t.decode_us;
                     total.upload_us += t.upload_us;
                     total.preprocess_us += t.preprocess_us;
                     total.conv_us += t.conv_us;
@@ -296,12 +301,170 @@ pub enum Queued {
     Pending,
 }
 
+/// The key of a backend's [`Backend::diagnostics`] that says where compressed frames
+/// are decoded (`/diagnostics`, `vision_preproc info`).
+pub(crate) const DECODER_KEY: &str = "Compressed frames decoded";
+/// The CPU decoders ([`Compressed::decode`]).
+pub(crate) const HOST_DECODERS: &str = "zune-jpeg for JPEG, png for PNG";
+
+/// A frame as a backend receives it: its pixels, or a compressed frame (JPEG, PNG) whose
+/// headers were checked ([`Compressed::probe`]) and which the backend decodes where its
+/// kernels run (the CPU backend on the host; the CUDA backend on the device where it has
+/// a decoder for it, else on the host: [`with_host_pixels`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Frame<'a, 'b> {
+    /// Pixel rows.
+    Pixels(&'b ImageView<'a>),
+    /// A compressed frame, not decoded yet.
+    Compressed(&'b Compressed<'a>),
+}
+
+impl<'a, 'b> From<&'b ImageView<'a>> for Frame<'a, 'b> {
+    fn from(image: &'b ImageView<'a>) -> Self {
+        Frame::Pixels(image)
+    }
+}
+
+impl<'a, 'b> From<&'b Compressed<'a>> for Frame<'a, 'b> {
+    fn from(c: &'b Compressed<'a>) -> Self {
+        Frame::Compressed(c)
+    }
+}
+
+impl<'a, 'b> Frame<'a, 'b> {
+    /// The pixel rows, `None` for a compressed frame.
+    pub fn pixels(&self) -> Option<&'b ImageView<'a>> {
+        match *self {
+            Frame::Pixels(v) => Some(v),
+            Frame::Compressed(_) => None,
+        }
+    }
+
+    /// The pixel rows, or an error for a compressed frame (for the paths of a backend
+    /// that take pixels only: their callers decode first, [`with_host_pixels`]).
+    pub(crate) fn require_pixels(&self) -> Result<&'b ImageView<'a>> {
+        self.pixels().ok_or_else(|| {
+            Error::Operation(
+                "a compressed frame where pixels were expected: decode it first".into(),
+            )
+        })
+    }
+
+    /// Width in pixels.
+    pub fn width(&self) -> u32 {
+        match self {
+            Frame::Pixels(v) => v.width(),
+            Frame::Compressed(c) => c.width(),
+        }
+    }
+
+    /// Height in pixels.
+    pub fn height(&self) -> u32 {
+        match self {
+            Frame::Pixels(v) => v.height(),
+            Frame::Compressed(c) => c.height(),
+        }
+    }
+
+    /// The pixels' encoding (a compressed frame's: what its decode gives).
+    pub fn encoding(&self) -> Encoding {
+        match self {
+            Frame::Pixels(v) => v.encoding(),
+            Frame::Compressed(c) => c.encoding(),
+        }
+    }
+
+    /// Bytes per row of the pixels (a compressed frame's: tight rows).
+    pub fn step(&self) -> u32 {
+        match self {
+            Frame::Pixels(v) => v.step(),
+            Frame::Compressed(c) => c.step(),
+        }
+    }
+
+    /// Big-endian 16-bit samples (never for a decoded frame).
+    pub fn big_endian(&self) -> bool {
+        match self {
+            Frame::Pixels(v) => v.big_endian(),
+            Frame::Compressed(_) => false,
+        }
+    }
+}
+
+/// A frame's pixels on the host: borrowed, or decoded on the CPU.
+pub(crate) enum HostPixels<'a, 'b> {
+    /// The frame's own pixels.
+    Borrowed(&'b ImageView<'a>),
+    /// A compressed frame, decoded.
+    Decoded(crate::compressed::Decoded),
+}
+
+impl HostPixels<'_, '_> {
+    /// `frame`'s pixels, decoding a compressed one on the CPU.
+    pub(crate) fn of<'a, 'b>(frame: Frame<'a, 'b>) -> Result<HostPixels<'a, 'b>> {
+        Ok(match frame {
+            Frame::Pixels(v) => HostPixels::Borrowed(v),
+            Frame::Compressed(c) => HostPixels::Decoded(c.decode()?),
+        })
+    }
+
+    /// The pixels.
+    pub(crate) fn view(&self) -> ImageView<'_> {
+        match self {
+            HostPixels::Borrowed(v) => **v,
+            HostPixels::Decoded(d) => d.view(),
+        }
+    }
+}
+
+/// Run `f` on `job` with every compressed frame decoded on the host first (the CPU
+/// decoder), and how long the decoding took (us): for a backend that has no decoder of
+/// its own for a frame. A decode error is the job's.
+pub(crate) fn with_host_pixels<R>(
+    job: Job<'_, '_>,
+    f: impl FnOnce(Job<'_, '_>) -> Result<R>,
+) -> Result<(R, f32)> {
+    let frames: Vec<Option<Frame<'_, '_>>> = match job {
+        Job::Frame(w) => vec![Some(w.image)],
+        Job::Batch(w) => w.slots.iter().map(|s| s.image).collect(),
+    };
+    if !frames.iter().flatten().any(|f| matches!(f, Frame::Compressed(_))) {
+        return Ok((f(job)?, 0.0));
+    }
+    let start = std::time::Instant::now();
+    let pixels = frames
+        .into_iter()
+        .map(|f| f.map(HostPixels::of).transpose())
+        .collect::<Result<Vec<_>>>()?;
+    let views: Vec<Option<ImageView<'_>>> =
+        pixels.iter().map(|p| p.as_ref().map(HostPixels::view)).collect();
+    let decode_us = start.elapsed().as_secs_f32() * 1e6;
+    let r = match job {
+        Job::Frame(w) => {
+            let Some(Some(image)) = views.first() else {
+                return Err(Error::Operation("a frame job without its frame".into()));
+            };
+            f(Job::Frame(FrameWork::new(image, w.op, w.conv)))?
+        }
+        Job::Batch(w) => {
+            let slots: Vec<BatchSlot<'_, '_>> = w
+                .slots
+                .iter()
+                .zip(&views)
+                .map(|(s, v)| BatchSlot { image: v.as_ref().map(Frame::Pixels), op: s.op })
+                .collect();
+            f(Job::Batch(BatchWork::new(&slots, w.conv)))?
+        }
+    };
+    Ok((r, decode_us))
+}
+
 /// One frame's work ([`Backend::process_into`]): the frame, the operation for its size and
 /// the conv2d after it (`None`: none).
 #[derive(Debug, Clone, Copy)]
 pub struct FrameWork<'a, 'b> {
     /// The frame.
-    pub image: &'b ImageView<'a>,
+    pub image: Frame<'a, 'b>,
     /// Its operation.
     pub op: &'b PreprocessOp,
     /// The conv2d after it.
@@ -309,9 +472,13 @@ pub struct FrameWork<'a, 'b> {
 }
 
 impl<'a, 'b> FrameWork<'a, 'b> {
-    /// `image` through `op`, then `conv`.
-    pub fn new(image: &'b ImageView<'a>, op: &'b PreprocessOp, conv: Option<&'b Conv2dOp>) -> Self {
-        FrameWork { image, op, conv }
+    /// `image` (pixels or a compressed frame) through `op`, then `conv`.
+    pub fn new(
+        image: impl Into<Frame<'a, 'b>>,
+        op: &'b PreprocessOp,
+        conv: Option<&'b Conv2dOp>,
+    ) -> Self {
+        FrameWork { image: image.into(), op, conv }
     }
 }
 
@@ -337,9 +504,21 @@ impl<'a, 'b> BatchWork<'a, 'b> {
 #[derive(Debug, Clone, Copy)]
 pub struct BatchSlot<'a, 'b> {
     /// The frame, `None` for a padded slot.
-    pub image: Option<&'b ImageView<'a>>,
+    pub image: Option<Frame<'a, 'b>>,
     /// The operation for this frame's size (for a padded slot: any of the batch's).
     pub op: &'b PreprocessOp,
+}
+
+impl<'a, 'b> BatchSlot<'a, 'b> {
+    /// A slot of `image` (pixels or a compressed frame) through `op`.
+    pub fn frame(image: impl Into<Frame<'a, 'b>>, op: &'b PreprocessOp) -> Self {
+        BatchSlot { image: Some(image.into()), op }
+    }
+
+    /// A padded slot of `op`'s tensor.
+    pub fn padded(op: &'b PreprocessOp) -> Self {
+        BatchSlot { image: None, op }
+    }
 }
 
 /// Check a batch: at least one slot, the same tensor in every slot, `out` exactly
@@ -500,9 +679,9 @@ mod batch_tests {
             };
             let (oa, ob) = (op_for(&va), op_for(&vb));
             let slots = [
-                BatchSlot { image: Some(&va), op: &oa },
+                BatchSlot::frame(&va, &oa),
                 BatchSlot { image: None, op: &oa },
-                BatchSlot { image: Some(&vb), op: &ob },
+                BatchSlot::frame(&vb, &ob),
             ];
             let len = oa.params.tensor_desc().byte_len();
             for conv in [None, conv.as_ref()] {

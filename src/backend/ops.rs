@@ -4,9 +4,10 @@
 //! checks size and offsets); its layout, dtype and interpolation are the `#[repr(u32)]`
 //! enums themselves, so no code can hold (or turn into a default) an unknown one.
 
+use super::Frame;
 use crate::config::{Border, DType, Interpolation, Layout};
 use crate::error::{Error, Result};
-use crate::image::{Encoding, ImageView};
+use crate::image::Encoding;
 
 /// Per-axis sampling table: for each destination index `d` in the content rectangle, the
 /// two source indices (absolute, in the full image) and the weight of the second, as
@@ -192,7 +193,8 @@ pub struct PreprocessParams {
 impl PreprocessParams {
     /// Take the per-frame fields of the source from `image` (an operation is cached per
     /// frame size; the step, encoding and byte order may change from frame to frame).
-    pub fn set_source(&mut self, image: &ImageView<'_>) {
+    pub fn set_source<'a: 'b, 'b>(&mut self, image: impl Into<Frame<'a, 'b>>) {
+        let image = image.into();
         self.src_step = image.step();
         self.encoding = image.encoding() as u32;
         self.big_endian = u32::from(image.big_endian());
@@ -259,12 +261,12 @@ impl PreprocessOp {
     /// weights), so that no pass reads out of bounds: the one check of the CPU backend
     /// and both CUDA paths, before a frame is touched. A mismatch is the caller's
     /// mistake, [`Error::Operation`], never a device failure.
-    pub fn check(&self, image: &ImageView<'_>) -> Result<()> {
-        self.mismatch(image).map_or(Ok(()), |why| Err(Error::Operation(why)))
+    pub fn check<'a: 'b, 'b>(&self, image: impl Into<Frame<'a, 'b>>) -> Result<()> {
+        self.mismatch(image.into()).map_or(Ok(()), |why| Err(Error::Operation(why)))
     }
 
     /// What [`PreprocessOp::check`] finds wrong, if anything.
-    pub(crate) fn mismatch(&self, image: &ImageView<'_>) -> Option<String> {
+    pub(crate) fn mismatch(&self, image: Frame<'_, '_>) -> Option<String> {
         let p = &self.params;
         if p.src_width != image.width() || p.src_height != image.height() {
             return Some(format!(

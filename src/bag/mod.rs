@@ -1,5 +1,5 @@
-//! rosbag2 bags without ROS: read `sensor_msgs/Image` and `CameraInfo` from MCAP or
-//! sqlite3 storage, write `Tensor` and `FrameTiming` to an MCAP bag. Used by the CLI's
+//! rosbag2 bags without ROS: read `sensor_msgs/Image`, `CompressedImage` and
+//! `CameraInfo` from MCAP or sqlite3 storage, write `Tensor` and `FrameTiming` to an MCAP bag. Used by the CLI's
 //! `replay` (and `play`, which publishes what it reads).
 
 pub(crate) mod read;
@@ -13,7 +13,8 @@ pub use write::BagWriter;
 pub struct PlayOptions {
     /// The bag (folder, .mcap or .db3).
     pub input: std::path::PathBuf,
-    /// Image topic of the bag to play (default: the only image topic).
+    /// Image topic of the bag to play (default: the only image topic, `sensor_msgs/Image`
+    /// or `sensor_msgs/CompressedImage`).
     pub topic: Option<String>,
     /// Playback speed factor (1 = recorded timing).
     pub rate: f64,
@@ -21,7 +22,8 @@ pub struct PlayOptions {
     pub max: bool,
     /// Start again at the end, until interrupted.
     pub repeat: bool,
-    /// Topic the images are published on (relative names follow the namespace).
+    /// Topic the images are published on (relative names follow the namespace); a
+    /// compressed topic's on `<image_topic>/compressed`, as image_transport names it.
     pub image_topic: String,
     /// Topic the camera infos are published on.
     pub camera_info_topic: String,
@@ -43,6 +45,9 @@ pub struct PlayOptions {
 /// What was played.
 #[derive(Debug, Clone, Default)]
 pub struct PlayStats {
+    /// The topic the images went out on (`<image_topic>/compressed` for a compressed
+    /// topic).
+    pub image_topic: String,
     /// Images published.
     pub images: u64,
     /// Camera infos published.
@@ -54,7 +59,7 @@ pub struct PlayStats {
 }
 
 /// Overwrite the `header.stamp` of a CDR message whose first field is a
-/// `std_msgs/Header` (Image, CameraInfo) with `ns` since the epoch. Returns false (and
+/// `std_msgs/Header` (Image, CompressedImage, CameraInfo) with `ns` since the epoch. Returns false (and
 /// changes nothing) when the message is too short or not CDR.
 pub fn restamp(cdr: &mut [u8], ns: u64) -> bool {
     if cdr.len() < 12 || cdr[0] != 0 || cdr[1] > 1 {
@@ -134,8 +139,9 @@ pub struct RecordStats {
     pub e2e_ms: Vec<f64>,
     /// Per timing: `total_us` in ms (node-added latency: frame received -> published).
     pub node_ms: Vec<f64>,
-    /// Per timing: the stages `upload_us`, `preprocess_us`, `conv_us`, `download_us`.
-    pub stages_us: Vec<[f32; 4]>,
+    /// Per timing: the stages `decode_us`, `upload_us`, `preprocess_us`, `conv_us`,
+    /// `download_us`.
+    pub stages_us: Vec<[f32; 5]>,
     /// Receive times (ns since the epoch) of the first and last tensor.
     pub first_last_ns: Option<(u64, u64)>,
 }

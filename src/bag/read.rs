@@ -5,7 +5,7 @@
 //! before the damage and then one error saying where it stopped.
 
 use crate::error::{Error, Result};
-use crate::wire::msgs::IMAGE_TYPE;
+use crate::wire::msgs::{COMPRESSED_IMAGE_TYPE, IMAGE_TYPE};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -16,6 +16,18 @@ pub struct TopicInfo {
     pub name: String,
     /// Type, e.g. `sensor_msgs/msg/Image`.
     pub type_name: String,
+}
+
+impl TopicInfo {
+    /// A `sensor_msgs/msg/CompressedImage` topic.
+    pub fn is_compressed_image(&self) -> bool {
+        self.type_name == COMPRESSED_IMAGE_TYPE
+    }
+
+    /// An image topic of either type: `sensor_msgs/msg/Image` or `CompressedImage`.
+    pub fn is_image(&self) -> bool {
+        self.type_name == IMAGE_TYPE || self.is_compressed_image()
+    }
 }
 
 /// One serialized message.
@@ -109,25 +121,34 @@ impl Bag {
         &self.path
     }
 
-    /// The image topic to read: `wanted` when it is a `sensor_msgs/msg/Image` topic of
-    /// the bag, else the bag's only image topic; an error names the choices (`--topic`).
-    pub fn image_topic(&self, wanted: Option<&str>) -> Result<String> {
+    /// The image topic to read: `wanted` when it is an image topic of the bag
+    /// (`sensor_msgs/msg/Image`, or `sensor_msgs/msg/CompressedImage` as image_transport's
+    /// `compressed` transport and robot datasets record `<camera>/image_raw/compressed`),
+    /// else the bag's only image topic of either type; an error names the choices
+    /// (`--topic`) with their types.
+    pub fn image_topic(&self, wanted: Option<&str>) -> Result<TopicInfo> {
         let topics = self.topics()?;
-        let images: Vec<&str> =
-            topics.iter().filter(|t| t.type_name == IMAGE_TYPE).map(|t| t.name.as_str()).collect();
+        let images: Vec<&TopicInfo> = topics.iter().filter(|t| t.is_image()).collect();
+        let listed = |ts: &[&TopicInfo]| {
+            ts.iter().map(|t| format!("{} ({})", t.name, t.type_name)).collect::<Vec<_>>()
+        };
+        if let Some(found) = wanted.and_then(|w| images.iter().find(|t| t.name == w)) {
+            return Ok((*found).clone());
+        }
         let message = match (wanted, images.as_slice()) {
-            (Some(t), _) if images.contains(&t) => return Ok(t.to_string()),
-            (None, [only]) => return Ok((*only).to_string()),
-            (Some(t), _) => {
-                format!(
-                    "--topic {t}: not a {IMAGE_TYPE} topic of this bag; image topics: {images:?}"
-                )
-            }
-            (None, []) => format!(
-                "no {IMAGE_TYPE} topic; topics: {:?}",
-                topics.iter().map(|t| format!("{} ({})", t.name, t.type_name)).collect::<Vec<_>>()
+            (None, [only]) => return Ok((*only).clone()),
+            (Some(w), _) => format!(
+                "--topic {w}: not a {IMAGE_TYPE} or {COMPRESSED_IMAGE_TYPE} topic of this bag; \
+                 image topics: {:?}",
+                listed(&images)
             ),
-            (None, many) => format!("several image topics, choose one with --topic: {many:?}"),
+            (None, []) => format!(
+                "no {IMAGE_TYPE} or {COMPRESSED_IMAGE_TYPE} topic; topics: {:?}",
+                listed(&topics.iter().collect::<Vec<_>>())
+            ),
+            (None, many) => {
+                format!("several image topics, choose one with --topic: {:?}", listed(many))
+            }
         };
         Err(bag_err(&self.path, message))
     }

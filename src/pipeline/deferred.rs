@@ -43,13 +43,17 @@ struct StagedFrame {
 }
 
 impl StagedFrame {
-    fn of(image: &crate::image::ImageView<'_>) -> Self {
-        StagedFrame {
+    /// `frame` staged: its pixels copied, a compressed frame decoded (on the host, as the
+    /// CUDA backend's fallback does).
+    fn of(frame: crate::backend::Frame<'_, '_>) -> Result<Self> {
+        let pixels = crate::backend::HostPixels::of(frame)?;
+        let image = &pixels.view();
+        Ok(StagedFrame {
             size: (image.width(), image.height(), image.step()),
             encoding: image.encoding(),
             big_endian: image.big_endian(),
             data: image.data().to_vec(),
-        }
+        })
     }
 
     fn view(&self) -> Result<crate::image::ImageView<'_>> {
@@ -99,6 +103,10 @@ impl crate::backend::Backend for Deferred {
         )
     }
 
+    fn diagnostics(&self) -> Vec<(String, String)> {
+        self.cpu.diagnostics()
+    }
+
     fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
         self.cpu.process_into(work, out)
     }
@@ -122,12 +130,15 @@ impl crate::backend::Backend for Deferred {
             Job::Frame(FrameWork { image, op, conv }) => {
                 crate::backend::check_out_len(op, len)?;
                 op.check(image)?;
-                (vec![(Some(StagedFrame::of(image)), op.clone())], false, conv)
+                (vec![(Some(StagedFrame::of(image)?), op.clone())], false, conv)
             }
             Job::Batch(BatchWork { slots, conv }) => {
                 crate::backend::check_batch_len(slots, len)?;
-                let staged = slots.iter().map(|s| (s.image.map(StagedFrame::of), s.op.clone()));
-                (staged.collect(), true, conv)
+                let staged = slots
+                    .iter()
+                    .map(|s| Ok((s.image.map(StagedFrame::of).transpose()?, s.op.clone())))
+                    .collect::<Result<Vec<_>>>()?;
+                (staged, true, conv)
             }
         };
         conv.map_or(Ok(()), crate::backend::Conv2dOp::check)?;
@@ -157,7 +168,10 @@ impl crate::backend::Backend for Deferred {
         let slots: Vec<crate::backend::BatchSlot<'_, '_>> = views
             .iter()
             .zip(&job.slots)
-            .map(|(image, (_, op))| crate::backend::BatchSlot { image: image.as_ref(), op })
+            .map(|(image, (_, op))| crate::backend::BatchSlot {
+                image: image.as_ref().map(crate::backend::Frame::Pixels),
+                op,
+            })
             .collect();
         self.cpu.process_batch_into(BatchWork::new(&slots, conv), out)
     }

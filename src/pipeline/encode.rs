@@ -267,6 +267,7 @@ pub fn frame_timing(
         ],
         dropped_since_last,
         outputs: OUTPUT_TENSOR,
+        decode_us: times.decode_us,
     }
 }
 
@@ -471,8 +472,13 @@ mod tests {
 
     #[test]
     fn frame_timing_maps_the_stages_in_message_order() {
-        let times =
-            StageTimes { upload_us: 1.0, preprocess_us: 2.0, conv_us: 3.0, download_us: 4.0 };
+        let times = StageTimes {
+            upload_us: 1.0,
+            preprocess_us: 2.0,
+            conv_us: 3.0,
+            download_us: 4.0,
+            ..Default::default()
+        };
         let h = Header { sec: 5, nanosec: 6, frame_id: "f".into() };
         let t = frame_timing(&h, 9, "cuda", &times, 10.0, 11.0, 12);
         assert_eq!(t.stages_us, [1.0, 2.0, 3.0, 4.0, 10.0, 11.0]);

@@ -277,7 +277,7 @@ mod tests {
                 .zip(&images)
                 .map(|(topic, image)| FrameInput {
                     topic,
-                    image: Some(image),
+                    image: Some(image.into()),
                     header: &self.header,
                     source_encoding: "rgb8",
                     repeated: false,

@@ -21,7 +21,9 @@ pub(crate) mod message;
 mod ops;
 pub(crate) mod preview;
 
-use crate::backend::{self, Backend, BatchWork, FrameWork, Job, Queued, StageTimes, TensorDesc};
+use crate::backend::{
+    self, Backend, BatchWork, Frame, FrameWork, Job, Queued, StageTimes, TensorDesc,
+};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::handoff::{BlockMemory, Pool};
@@ -54,8 +56,9 @@ use std::sync::{Arc, Mutex, Weak};
 pub struct FrameInput<'a, 'b> {
     /// The input topic (resolved; written into a `TensorBatch`'s item).
     pub topic: &'b str,
-    /// The frame, or `None` (camera stale, frame invalid): a batch slot is padded.
-    pub image: Option<&'b ImageView<'a>>,
+    /// The frame (pixels, or a compressed frame the backend decodes), or `None` (camera
+    /// stale, frame invalid): a batch slot is padded.
+    pub image: Option<Frame<'a, 'b>>,
     /// Header of the frame.
     pub header: &'b Header,
     /// Encoding as it arrived (`yuv422_yuy2`, not its alias).
@@ -66,8 +69,13 @@ pub struct FrameInput<'a, 'b> {
 
 impl<'a, 'b> FrameInput<'a, 'b> {
     /// A single camera's frame.
-    pub fn frame(image: &'b ImageView<'a>, header: &'b Header, source_encoding: &'b str) -> Self {
-        FrameInput { topic: "", image: Some(image), header, source_encoding, repeated: false }
+    pub fn frame(
+        image: impl Into<Frame<'a, 'b>>,
+        header: &'b Header,
+        source_encoding: &'b str,
+    ) -> Self {
+        let image = Some(image.into());
+        FrameInput { topic: "", image, header, source_encoding, repeated: false }
     }
 }
 
@@ -419,7 +427,7 @@ impl Pipeline {
     /// kernel), a batch as one operation; inside the NVTX range `frame N` (`batch N`).
     fn launch(
         &mut self,
-        images: &[Option<&ImageView<'_>>],
+        images: &[Option<Frame<'_, '_>>],
         message: &mut MessageBuf,
     ) -> Result<Queued> {
         let (set, batch) = (self.recovery.frame, self.config.is_batch());
@@ -469,7 +477,7 @@ impl Pipeline {
             return match (images.first(), self.ops.frame_op(0)) {
                 // SAFETY: `out` as said above.
                 (Some(Some(image)), Some(op)) => unsafe {
-                    self.backend.submit_to(Job::Frame(FrameWork::new(image, op, conv)), out)
+                    self.backend.submit_to(Job::Frame(FrameWork::new(*image, op, conv)), out)
                 },
                 _ => Err(Error::Operation("no operation for this frame size".into())),
             };

@@ -4,10 +4,10 @@
 use super::geometry::Geometry;
 use super::message::KeptItem;
 use super::{FrameInput, Rejected};
+use crate::backend::Frame;
 use crate::backend::{Conv2dOp, PreprocessOp, PreprocessParams};
 use crate::config::{ChannelOrder, Config};
 use crate::error::{Error, Result};
-use crate::image::ImageView;
 use crate::wire::msgs::Header;
 
 /// Per input slot, the operation of its last frame size: (width, height) -> (geometry, op).
@@ -105,7 +105,7 @@ impl Ops {
 pub(super) fn images_of<'a, 'b>(
     items: &[FrameInput<'a, 'b>],
     geometries: &[Option<Geometry>],
-) -> Vec<Option<&'b ImageView<'a>>> {
+) -> Vec<Option<Frame<'a, 'b>>> {
     items.iter().zip(geometries).map(|(it, g)| g.as_ref().and(it.image)).collect()
 }
 

@@ -89,7 +89,7 @@ fn with_inputs<T>(
         .zip(&images)
         .map(|(topic, image)| FrameInput {
             topic,
-            image: Some(image),
+            image: Some(image.into()),
             header: &header,
             source_encoding: "rgb8",
             repeated: false,

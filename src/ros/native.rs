@@ -10,75 +10,101 @@
 
 use crate::image::ImageView;
 use crate::wire::msgs::Header;
-use r2r::sensor_msgs::msg::Image;
+use r2r::sensor_msgs::msg::{CompressedImage, Image};
 use r2r::{ParameterValue, WrappedTypesupport};
 use r2r_rcl as rcl;
 use std::ffi::{c_char, CStr, CString};
 
-/// A received image: the C message rmw deserialized into, owned.
-pub(super) struct NativeImage(r2r::NativeMsg<Image>);
+/// A received message (`sensor_msgs/Image` or `CompressedImage`): the C message rmw
+/// deserialized into, owned.
+pub(super) struct Native<T: WrappedTypesupport + 'static>(r2r::NativeMsg<T>);
+
+/// A received raw image.
+pub(super) type NativeImage = Native<Image>;
+/// A received compressed image.
+pub(super) type NativeCompressed = Native<CompressedImage>;
 
 // SAFETY: the wrapped C message is heap memory created by the type support
 // (`create_msg`) and freed by its `destroy_msg` (the default allocator: malloc/free,
 // thread-safe), owned by this value alone, with no thread affinity. Loaned messages,
 // whose release goes back to the subscription, are never wrapped (see `new`).
-unsafe impl Send for NativeImage {}
+unsafe impl<T: WrappedTypesupport + 'static> Send for Native<T> {}
 
-// SAFETY: shared references only read the message (`data`, `encoding`, `header`,
-// `view` take `&self` and never write through the C pointers); nothing is mutated
-// after `new`, so reads from several threads at once (a batch held by the spin thread
-// and the processing thread) are data-race free.
-unsafe impl Sync for NativeImage {}
+// SAFETY: shared references only read the message (every method takes `&self` and never
+// writes through the C pointers); nothing is mutated after `new`, so reads from several
+// threads at once (a batch held by the spin thread and the processing thread) are
+// data-race free.
+unsafe impl<T: WrappedTypesupport + 'static> Sync for Native<T> {}
 
-impl NativeImage {
+impl<T: WrappedTypesupport + 'static> Native<T> {
     /// Take ownership of a received message. A loaned one (Fast DDS loans only plain
-    /// types, which `sensor_msgs/Image` is not, so this does not happen with it) is
-    /// copied into an owned message first, and its loan is returned here, on the
-    /// subscription's thread.
-    pub(super) fn new(msg: r2r::NativeMsg<Image>) -> Self {
+    /// types, which images are not, so this does not happen with them) is copied into
+    /// an owned message first, and its loan is returned here, on the subscription's
+    /// thread.
+    pub(super) fn new(msg: r2r::NativeMsg<T>) -> Self {
         if !msg.is_loaned {
-            return NativeImage(msg);
+            return Native(msg);
         }
-        NativeImage(r2r::NativeMsg::from(&Image::from_native(&msg)))
+        Native(r2r::NativeMsg::from(&T::from_native(&msg)))
     }
+}
 
-    /// The pixel bytes, in place.
-    pub(super) fn data(&self) -> &[u8] {
-        let d = &self.0.data;
-        if d.data.is_null() || d.size == 0 {
-            return &[];
+/// The accessors both image messages have (`data`, `header`).
+macro_rules! common_accessors {
+    ($msg:ty) => {
+        impl Native<$msg> {
+            /// The payload bytes (pixels, or compressed data), in place.
+            pub(super) fn data(&self) -> &[u8] {
+                let d = &self.0.data;
+                if d.data.is_null() || d.size == 0 {
+                    return &[];
+                }
+                // SAFETY: a rosidl sequence holds `size` initialized elements at `data`,
+                // owned by the message, which lives as long as `self` (the borrow ties
+                // them).
+                unsafe { std::slice::from_raw_parts(d.data, d.size) }
+            }
+
+            /// The header, as the ROS-free type of the output messages.
+            pub(super) fn header(&self) -> Header {
+                let h = &self.0.header;
+                Header {
+                    sec: h.stamp.sec,
+                    nanosec: h.stamp.nanosec,
+                    frame_id: String::from_utf8_lossy(c_string(&h.frame_id)).into_owned(),
+                }
+            }
+
+            /// The header stamp in ns since the epoch.
+            pub(super) fn stamp_ns(&self) -> i64 {
+                let s = &self.0.header.stamp;
+                i64::from(s.sec) * 1_000_000_000 + i64::from(s.nanosec)
+            }
         }
-        // SAFETY: a rosidl sequence holds `size` initialized elements at `data`, owned
-        // by the message, which lives as long as `self` (the borrow ties them).
-        unsafe { std::slice::from_raw_parts(d.data, d.size) }
-    }
+    };
+}
+common_accessors!(Image);
+common_accessors!(CompressedImage);
 
+impl Native<Image> {
     /// `encoding` (an encoding that is not UTF-8 reads as one that no table knows, and
     /// is rejected by name).
     pub(super) fn encoding(&self) -> &str {
         std::str::from_utf8(c_string(&self.0.encoding)).unwrap_or("<not UTF-8>")
     }
 
-    /// The header, as the ROS-free type of the output messages.
-    pub(super) fn header(&self) -> Header {
-        let h = &self.0.header;
-        Header {
-            sec: h.stamp.sec,
-            nanosec: h.stamp.nanosec,
-            frame_id: String::from_utf8_lossy(c_string(&h.frame_id)).into_owned(),
-        }
-    }
-
-    /// The header stamp in ns since the epoch.
-    pub(super) fn stamp_ns(&self) -> i64 {
-        let s = &self.0.header.stamp;
-        i64::from(s.sec) * 1_000_000_000 + i64::from(s.nanosec)
-    }
-
     /// The image, validated (step, size, encoding), borrowing the pixel bytes.
     pub(super) fn view(&self) -> Result<ImageView<'_>, crate::ImageError> {
         let m = &*self.0;
         ImageView::new(m.width, m.height, m.step, self.encoding(), m.is_bigendian != 0, self.data())
+    }
+}
+
+impl Native<CompressedImage> {
+    /// `format` (`jpeg`, `bgr8; jpeg compressed bgr8`, ...; not UTF-8 reads as a format
+    /// no one knows, and is rejected by name).
+    pub(super) fn format(&self) -> &str {
+        std::str::from_utf8(c_string(&self.0.format)).unwrap_or("<not UTF-8>")
     }
 }
 

@@ -2,13 +2,17 @@
 //! with the recorded timing — the playback side of a live replay, for machines without
 //! `ros2 bag play`. Messages are published as recorded (serialized bytes, original
 //! header stamps); each is checked to decode first, so a corrupt one is skipped with its
-//! reason instead of being sent. With `--clock` it also publishes `/clock` with the
-//! bag's time, for nodes with `use_sim_time`.
+//! reason instead of being sent. A `sensor_msgs/CompressedImage` topic is published on
+//! `<image topic>/compressed`, where image_transport's `compressed` subscribers (and the
+//! node with `image_transport: compressed`) of `<image topic>` read it; its payload is
+//! sent as recorded (the subscriber judges it, as it would a camera's). With `--clock`
+//! it also publishes `/clock` with the bag's time, for nodes with `use_sim_time`.
 
 use crate::bag::{Bag, PlayOptions, PlayStats};
 use crate::error::{Error, Result};
 use crate::wire::msgs::{
-    CameraInfo as BagCameraInfo, Image as BagImage, CAMERA_INFO_TYPE, IMAGE_TYPE,
+    CameraInfo as BagCameraInfo, CompressedImage as BagCompressedImage, Image as BagImage,
+    CAMERA_INFO_TYPE, COMPRESSED_IMAGE_TYPE, IMAGE_TYPE,
 };
 use r2r::builtin_interfaces::msg::Time;
 use r2r::rosgraph_msgs::msg::Clock;
@@ -69,10 +73,21 @@ impl ClockOut {
     }
 }
 
-/// Wait (at most 20 s) until the image topic has `--wait-subscribers` subscribers.
+/// The topic a bag's image topic is published on: `image_topic` for `sensor_msgs/Image`,
+/// `<image_topic>/compressed` for `sensor_msgs/CompressedImage` (image_transport's name
+/// for the compressed transport of `image_topic`).
+fn published_image_topic(image_topic: &str, compressed: bool) -> String {
+    if compressed {
+        format!("{}/compressed", image_topic.trim_end_matches('/'))
+    } else {
+        image_topic.to_string()
+    }
+}
+
+/// Wait (at most 20 s) until the image topic `topic` has `--wait-subscribers` subscribers.
 fn wait_for_subscribers(
     node: &mut r2r::Node,
-    image_pub: &r2r::PublisherUntyped,
+    (image_pub, topic): (&r2r::PublisherUntyped, &str),
     opts: &PlayOptions,
     stopped: &dyn Fn() -> bool,
 ) -> Result<()> {
@@ -87,8 +102,8 @@ fn wait_for_subscribers(
             return Err(Error::Ros {
                 context: format!("playing {}", opts.input.display()),
                 message: format!(
-                    "no subscriber on {} within 20 s (--wait-subscribers {})",
-                    opts.image_topic, opts.wait_subscribers
+                    "no subscriber on {topic} within 20 s (--wait-subscribers {})",
+                    opts.wait_subscribers
                 ),
             });
         }
@@ -105,7 +120,10 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     let stop = super::stop_on_signal()?;
     let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
     let bag = Bag::open(&opts.input)?;
-    let image_topic = bag.image_topic(opts.topic.as_deref())?;
+    let image = bag.image_topic(opts.topic.as_deref())?;
+    let compressed = image.is_compressed_image();
+    let image_topic = image.name;
+    let out_topic = published_image_topic(&opts.image_topic, compressed);
     let topics = bag.topics()?;
     let info_topic =
         topics.iter().find(|t| t.type_name == CAMERA_INFO_TYPE).map(|t| t.name.clone());
@@ -118,16 +136,17 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     // asked to publish reliable (as `ros2 bag play` does for a reliable recording).
     let qos = if opts.reliable { QosProfile::default() } else { QosProfile::sensor_data() };
     let qos = qos.keep_last(5);
+    let image_type = if compressed { COMPRESSED_IMAGE_TYPE } else { IMAGE_TYPE };
     let image_pub = node
-        .create_publisher_untyped(&opts.image_topic, IMAGE_TYPE, qos.clone())
+        .create_publisher_untyped(&out_topic, image_type, qos.clone())
         .map_err(|e| ros_err("creating the image publisher", e))?;
     let info_pub = node
         .create_publisher_untyped(&opts.camera_info_topic, CAMERA_INFO_TYPE, qos)
         .map_err(|e| ros_err("creating the camera_info publisher", e))?;
     let clock = ClockOut::create(&mut node, opts.clock_hz)?;
-    wait_for_subscribers(&mut node, &image_pub, opts, &stopped)?;
+    wait_for_subscribers(&mut node, (&image_pub, &out_topic), opts, &stopped)?;
 
-    let mut stats = PlayStats::default();
+    let mut stats = PlayStats { image_topic: out_topic.clone(), ..PlayStats::default() };
     let mut wanted = vec![image_topic.as_str()];
     if let Some(t) = &info_topic {
         wanted.push(t);
@@ -167,7 +186,9 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
                 c.publish(m.log_time)?;
             }
             let is_image = m.topic == image_topic;
-            let check = if is_image {
+            let check = if is_image && compressed {
+                BagCompressedImage::decode(&m.data).map(|_| ())
+            } else if is_image {
                 BagImage::decode(&m.data).map(|_| ())
             } else {
                 BagCameraInfo::decode(&m.data).map(|_| ())

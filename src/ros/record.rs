@@ -104,7 +104,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
                 if let Ok(timing) = crate::wire::msgs::FrameTiming::decode(&msg) {
                     stats.node_ms.push(f64::from(timing.stages_us[4]) / 1e3);
                     let s = timing.stages_us;
-                    stats.stages_us.push([s[0], s[1], s[2], s[3]]);
+                    stats.stages_us.push([timing.decode_us, s[0], s[1], s[2], s[3]]);
                 }
                 progressed = true;
             }

@@ -86,6 +86,39 @@ impl<'a> Image<'a> {
     }
 }
 
+/// `sensor_msgs/CompressedImage` (what image_transport's `compressed` publisher and
+/// MJPEG camera drivers send: JPEG or PNG), with `data` borrowed from the bag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompressedImage<'a> {
+    /// `header`.
+    pub header: Header,
+    /// `format` (`jpeg`, `bgr8; jpeg compressed bgr8`, `16UC1; png compressed`, ...).
+    pub format: String,
+    /// `data`: the compressed payload.
+    pub data: &'a [u8],
+}
+
+impl<'a> CompressedImage<'a> {
+    /// Decode a CDR `sensor_msgs/CompressedImage`.
+    pub fn decode(cdr: &'a [u8]) -> Result<Self, CdrError> {
+        let mut r = Reader::new(cdr)?;
+        Ok(CompressedImage {
+            header: Header::read(&mut r)?,
+            format: r.string("format")?,
+            data: r.bytes("data")?,
+        })
+    }
+
+    /// Encode as CDR (used by tests).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        self.header.write(&mut w);
+        w.string(&self.format);
+        w.bytes(self.data);
+        w.finish()
+    }
+}
+
 /// `sensor_msgs/CameraInfo` (the fields the node and the CLI use are all kept).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct CameraInfo {
@@ -291,6 +324,8 @@ pub struct FrameTiming {
     pub dropped_since_last: u32,
     /// `outputs`: `OUTPUT_TENSOR` | `OUTPUT_TENSOR_REF`.
     pub outputs: u8,
+    /// `decode_us` (the last field; 0 in recordings made before it existed).
+    pub decode_us: f32,
 }
 
 /// `FrameTiming.OUTPUT_TENSOR`: the `tensor` message was published.
@@ -318,7 +353,17 @@ impl FrameTiming {
         }
         let dropped_since_last = r.u32("dropped_since_last")?;
         let outputs = r.u8("outputs")?;
-        Ok(FrameTiming { header, sequence, backend, stages_us, dropped_since_last, outputs })
+        // Recordings made before `decode_us` was added end here.
+        let decode_us = r.f32("decode_us").unwrap_or(0.0);
+        Ok(FrameTiming {
+            header,
+            sequence,
+            backend,
+            stages_us,
+            dropped_since_last,
+            outputs,
+            decode_us,
+        })
     }
 
     /// Encode as CDR.
@@ -332,12 +377,15 @@ impl FrameTiming {
         }
         w.u32(self.dropped_since_last);
         w.u8(self.outputs);
+        w.f32(self.decode_us);
         w.finish()
     }
 }
 
 /// The ROS type name of images.
 pub(crate) const IMAGE_TYPE: &str = "sensor_msgs/msg/Image";
+/// The ROS type name of compressed images (image_transport's `compressed` transport).
+pub(crate) const COMPRESSED_IMAGE_TYPE: &str = "sensor_msgs/msg/CompressedImage";
 /// The ROS type name of camera infos.
 pub(crate) const CAMERA_INFO_TYPE: &str = "sensor_msgs/msg/CameraInfo";
 /// The ROS type name of a single camera's output (`vision_preproc_msgs/Tensor`).
@@ -402,10 +450,15 @@ mod tests {
             stages_us: [1.5, 20.25, 3.0, 4.0, 29.0, 31.5],
             dropped_since_last: 7,
             outputs: OUTPUT_TENSOR | OUTPUT_TENSOR_REF,
+            decode_us: 1320.5,
         };
         let cdr = t.encode();
         assert_eq!(FrameTiming::decode(&cdr).expect("decodes"), t);
-        let err = FrameTiming::decode(&cdr[..cdr.len() - 3]).expect_err("truncated");
+        // A message of before `decode_us` ends after `outputs` (3 padding bytes and the
+        // f32 less): it decodes, with 0.
+        let old = FrameTiming::decode(&cdr[..cdr.len() - 7]).expect("an older message");
+        assert_eq!(old, FrameTiming { decode_us: 0.0, ..t });
+        let err = FrameTiming::decode(&cdr[..cdr.len() - 10]).expect_err("truncated");
         assert_eq!(err.field, "dropped_since_last");
     }
 
@@ -420,6 +473,29 @@ mod tests {
         // Truncated: the data field is cut.
         let e = Image::decode(&cdr[..cdr.len() - 2]).unwrap_err();
         assert_eq!(e.field, "data");
+    }
+
+    #[test]
+    fn compressed_image_round_trip_and_truncation() {
+        let payload = [0xFFu8, 0xD8, 0xFF, 0xE0, 1, 2, 3, 0xFF, 0xD9];
+        let msg = CompressedImage {
+            header: Header { sec: 1_700_000_000, nanosec: 5, frame_id: "camera".into() },
+            format: "bgr8; jpeg compressed bgr8".into(),
+            data: &payload,
+        };
+        let cdr = msg.encode();
+        assert_eq!(CompressedImage::decode(&cdr).expect("decodes"), msg);
+        // The stamp is where every message with a header has it (`play --restamp`).
+        assert_eq!(header_stamp_ns(&cdr).expect("a header"), 1_700_000_000_000_000_005);
+        // Cut inside the payload: the data field; inside the format string: the format.
+        let e = CompressedImage::decode(&cdr[..cdr.len() - 3]).expect_err("payload cut");
+        assert_eq!(e.field, "data");
+        let format_at = 4 + 8 + 4 + "camera".len() + 1 + 1 + 4;
+        let e = CompressedImage::decode(&cdr[..format_at + 5]).expect_err("format cut");
+        assert_eq!(e.field, "format");
+        // An empty payload is a message (the decoder refuses it later, by name).
+        let empty = CompressedImage { data: &[], ..msg };
+        assert_eq!(CompressedImage::decode(&empty.encode()).expect("decodes"), empty);
     }
 
     #[test]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from vptools import HOOKS_BIN_DIR, ROOT, oracle
-from vptools.bags import TS, Image, image_of, read_outputs, tensor_array, write_bag
+from vptools.bags import TS, Image, image_of, read_outputs, tensor_array, write_bag, write_cameras
 from vptools.runner import CLI
 from vptools.sources import photo_frame
 from vptools.tolerances import assert_close
@@ -142,18 +142,6 @@ def test_topic_choice(tmp_path: Path) -> None:
     assert "frames 1: published 1" in p.stdout
     p = replay(tmp_path / "in", tmp_path / "o3", "--topic", "/nope", check=False)
     assert p.returncode == 1 and "--topic /nope" in p.stderr
-
-
-def write_cameras(path: Path, cams: list[tuple[str, object, list[int]]]) -> None:
-    """Several image topics in one bag: (topic, frame, stamps); each message received
-    1 ms after its stamp, all in receive-time order."""
-    from rosbags.rosbag2 import StoragePlugin, Writer
-
-    msgs = sorted((t + 1_000_000, topic, f, t) for topic, f, stamps in cams for t in stamps)
-    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as w:
-        conns = {topic: w.add_connection(topic, Image.__msgtype__, typestore=TS) for topic, _, _ in cams}
-        for recv, topic, f, t in msgs:
-            w.write(conns[topic], recv, TS.serialize_cdr(image_of(f, t, topic), Image.__msgtype__))
 
 
 def test_replay_of_several_cameras_batches_them(tmp_path: Path) -> None:

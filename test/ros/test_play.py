@@ -1,6 +1,7 @@
-"""Live replay: `vision_preproc play` publishes a bag (written by rosbags) -> the node, in
-its own process, over real DDS -> an rclpy subscriber records the tensors; they are the
-same bytes as the offline `replay` of the same bag on the same backend (CPU)."""
+"""Live replay: `vision_preproc play` publishes a bag (written by rosbags; raw or
+compressed images) -> the node, in its own process, over real DDS -> an rclpy subscriber
+records the tensors; they are the same bytes as the offline `replay` of the same bag on
+the same backend (CPU)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from vptools.bags import read_outputs, write_bag
+from vptools.compressed import Payload, cv_jpeg, cv_png, photo, without_huffman_tables
 from vptools.rosharness import ROOT, NodeProcess, Peer, stamp_ns
 from vptools.sources import photo_frame
 
@@ -51,6 +53,66 @@ def test_play_into_the_node_equals_offline_replay(tmp_path: Path) -> None:
     for t in offline:
         s = t.header.stamp.sec * 10**9 + t.header.stamp.nanosec
         assert live[s] == t.data.tobytes(), f"frame {s}: live tensor differs from offline replay"
+
+
+def test_play_of_a_compressed_bag_into_a_compressed_node_equals_offline_replay(tmp_path: Path) -> None:
+    """A bag's `sensor_msgs/CompressedImage` topic (as datasets record
+    `image_raw/compressed`): `play --image-topic <ns>/image` publishes it on
+    `<ns>/image/compressed`, where a node with `image_transport: compressed` reading `image`
+    subscribes (image_transport's rule); its tensors are the bytes of the offline `replay`
+    of the same bag, with the format as `source_encoding`. `record` beside the peer reports
+    the decode stage (`FrameTiming.decode_us`) with the others."""
+    import json
+    import signal
+
+    payloads = [
+        Payload("bgr8; jpeg compressed bgr8", cv_jpeg(photo("chelsea.png"), 80, "420", False)),
+        Payload("jpeg", without_huffman_tables(cv_jpeg(photo("coffee.png"), 90, "422", False))),
+        Payload("bgr8; png compressed bgr8", cv_png(photo("rocket.jpg"))),
+        Payload("mono8; jpeg compressed mono8", cv_jpeg(photo("camera.png", grey=True), 90, "444", True)),
+    ]
+    stamps = write_bag(tmp_path / "in", payloads, storage="mcap", topic="/cam/image_raw/compressed",
+                       period_ns=200_000_000)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("vision_preproc:\n  ros__parameters:\n    network_image_width: 160\n"
+                   "    network_image_height: 120\n    backend: cpu\n    image_transport: compressed\n")
+    ns = "/live_compressed"
+    with NodeProcess(["-r", f"__ns:={ns}", "--params-file", str(cfg), "-p", "image_transport:=compressed",
+                      "-p", "backend:=cpu"], log=tmp_path / "node.log") as node:
+        peer = Peer(ns, publish_images=False)
+        record = subprocess.Popen([str(CLI), "record", "--count-only", "--tensor-topic", f"{ns}/tensor",
+                                   "--timing-topic", f"{ns}/timing", "--json", str(tmp_path / "rec.json")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            peer.spin_until(lambda: peer.node.count_publishers(f"{ns}/tensor") >= 1
+                            and peer.node.count_subscribers(f"{ns}/timing") >= 2, 20, "the node and record on DDS")
+            play = subprocess.run([str(CLI), "play", str(tmp_path / "in"), "--image-topic", f"{ns}/image",
+                                   "--camera-info-topic", f"{ns}/camera_info", "--wait-subscribers", "1"],
+                                  capture_output=True, text=True, timeout=60)
+            assert play.returncode == 0, play.stderr
+            n = len(payloads)
+            assert f"play: {n} images, {n} camera infos published, 0 skipped" in play.stdout, play.stdout
+            assert f"images on {ns}/image/compressed" in play.stdout, play.stdout
+            peer.spin_until(lambda: {stamp_ns(t.header) for t in peer.tensors} >= set(stamps), 15,
+                            "a tensor for every played frame")
+            live = {stamp_ns(t.header): t for t in peer.tensors}
+        finally:
+            record.send_signal(signal.SIGINT)
+            recorded = record.communicate(timeout=15)[0]
+            peer.close()
+        assert node.stop() == 0
+    assert record.returncode == 0 and "stages p50 (p99), ms: decode " in recorded, recorded
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    assert rec["timings"] >= 1 and rec["stages_ms_p50"]["decode"] > 0 and rec["stages_ms_p99"]["decode"] > 0, rec
+    p = subprocess.run([str(CLI), "replay", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    offline, _ = read_outputs(tmp_path / "out")
+    assert len(offline) == len(payloads)
+    for t, payload in zip(offline, payloads):
+        s = t.header.stamp.sec * 10**9 + t.header.stamp.nanosec
+        assert bytes(live[s].data) == t.data.tobytes(), f"frame {s}: live tensor differs from offline replay"
+        assert live[s].source_encoding == t.source_encoding == payload.format
 
 
 def test_loop_keeps_the_recorded_rate(tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ pub mod reference;
 pub use conv::{conv2d, ConvScratch};
 
 use crate::backend::{
-    AxisMap, Backend, BatchWork, FrameWork, PreprocessOp, PreprocessParams, StageTimes,
+    AxisMap, Backend, BatchWork, Frame as Input, FrameWork, HostPixels, PreprocessOp,
+    PreprocessParams, StageTimes,
 };
 use crate::config::{DType, Layout};
 use crate::error::Result;
@@ -219,8 +220,8 @@ impl Backend for CpuBackend {
     }
 
     /// The slots in parallel (rayon), each exactly as [`Backend::process_into`] computes
-    /// it. Times: `conv_us` is the largest slot's conv2d time, `preprocess_us` the rest of
-    /// the batch's wall time.
+    /// it. Times: `decode_us` and `conv_us` are the largest slot's decode and conv2d
+    /// times, `preprocess_us` the rest of the batch's wall time.
     fn process_batch_into(&mut self, w: BatchWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
         let BatchWork { slots, conv } = w;
         let start = Instant::now();
@@ -246,13 +247,16 @@ impl Backend for CpuBackend {
                 }
             })
             .collect();
-        let mut conv_us = 0.0f32;
+        let (mut conv_us, mut decode_us) = (0.0f32, 0.0f32);
         for t in times {
-            conv_us = conv_us.max(t?.conv_us);
+            let t = t?;
+            conv_us = conv_us.max(t.conv_us);
+            decode_us = decode_us.max(t.decode_us);
         }
         let wall = start.elapsed().as_secs_f32() * 1e6;
         Ok(StageTimes {
-            preprocess_us: (wall - conv_us).max(0.0),
+            decode_us,
+            preprocess_us: (wall - conv_us - decode_us).max(0.0),
             conv_us,
             ..StageTimes::default()
         })
@@ -262,15 +266,30 @@ impl Backend for CpuBackend {
         format!("CPU, {} threads, {:?}", rayon::current_num_threads(), self.simd)
     }
 
+    fn diagnostics(&self) -> Vec<(String, String)> {
+        let decoders = crate::backend::HOST_DECODERS;
+        vec![(crate::backend::DECODER_KEY.to_string(), format!("on the CPU ({decoders})"))]
+    }
+
     fn process_into(&mut self, work: FrameWork<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
         let FrameWork { image, op, conv } = work;
-        let start = Instant::now();
         crate::backend::check_out_len(op, out.len())?;
+        op.check(image)?;
+        // A compressed frame is decoded here, on the host (the spec's decoder).
+        let decode_start = Instant::now();
+        let pixels = HostPixels::of(image)?;
+        let decode_us = match image {
+            Input::Compressed(_) => decode_start.elapsed().as_secs_f32() * 1e6,
+            Input::Pixels(_) => 0.0,
+        };
+        let image = &pixels.view();
+        let start = Instant::now();
         let Some(conv) = conv else {
             // No conv2d: one fused pass straight into the output dtype.
             let _range = nvtx::stage(Stage::Preprocess);
             self.preprocess_into(image, op, out)?;
             return Ok(StageTimes {
+                decode_us,
                 preprocess_us: start.elapsed().as_secs_f32() * 1e6,
                 ..StageTimes::default()
             });
@@ -283,7 +302,7 @@ impl Backend for CpuBackend {
         let conv_us = nvtx::stage(Stage::Conv)
             .scope(|| conv::apply(&desc, Some(conv), &mut self.scratch, &mut self.conv_scratch))?;
         store(&self.scratch, desc.dtype, out);
-        Ok(StageTimes { preprocess_us, conv_us, ..StageTimes::default() })
+        Ok(StageTimes { decode_us, preprocess_us, conv_us, ..StageTimes::default() })
     }
 }
 

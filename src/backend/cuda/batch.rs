@@ -62,6 +62,9 @@ impl BatchState {
 /// The checks of a batch before anything is queued: caller errors, never device ones.
 pub(super) fn check(slots: &[BatchSlot<'_, '_>], conv: Option<&Conv2dOp>) -> Result<()> {
     crate::backend::check_batch_shape(slots)?;
+    for s in slots {
+        s.image.map(|f| f.require_pixels()).transpose()?;
+    }
     if slots.len() > MAX_BATCH_SLOTS {
         return Err(Error::Operation(format!(
             "a batch of {} slots; the CUDA backend runs at most {MAX_BATCH_SLOTS} in one \
@@ -171,7 +174,8 @@ impl CudaBackend {
         let t = Instant::now();
         let (gpu, e) = (&mut self.gpu, &mut self.batch.ring[r]);
         e.inputs.resize_with(n.max(e.inputs.len()), Default::default);
-        let frames: Vec<Option<&[u8]>> = slots.iter().map(|s| s.image.map(|i| i.data())).collect();
+        let frames: Vec<Option<&[u8]>> =
+            slots.iter().map(|s| s.image.and_then(|f| f.pixels()).map(|i| i.data())).collect();
         // SAFETY: the entry is free: its previous batch completed (finished, or abandoned
         // after waiting for both streams); `target` is the caller's promise.
         let dst = unsafe {
@@ -201,8 +205,9 @@ impl CudaBackend {
                 }
                 (Some(image), scratch) => {
                     let what = format!("the frame of slot {i}");
+                    let len = image.require_pixels()?.data().len();
                     // SAFETY: as above; the entry is not reused before its last event.
-                    row.src = unsafe { e.inputs[i].upload(image.data().len(), &up, &what)? };
+                    row.src = unsafe { e.inputs[i].upload(len, &up, &what)? };
                     if let Some(s) = scratch {
                         (row.p.layout, row.p.dtype) = (Layout::Nchw, DType::Float32);
                         row.dst = s + (i * desc.len() * 4) as u64;

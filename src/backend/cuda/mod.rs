@@ -127,6 +127,8 @@ struct Submission {
     host: Option<*mut u8>,
     len: usize,
     direct: bool,
+    /// Time its compressed frames took to decode before it was staged.
+    decode_us: f32,
 }
 
 // SAFETY: `out` is only a destination the caller keeps alive for the backend (the
@@ -356,6 +358,77 @@ impl CudaBackend {
             Queued::Pending => self.finish_oldest(),
         }
     }
+
+    /// [`Backend::submit_to`] of a job whose frames are all pixels.
+    ///
+    /// # Safety
+    /// As [`Backend::submit_to`].
+    unsafe fn submit_pixels(&mut self, job: Job<'_, '_>, out: Out) -> Result<Queued> {
+        let len = out.len();
+        match job {
+            Job::Frame(FrameWork { image, op, conv }) => {
+                crate::backend::check_out_len(op, len)?;
+                frame::check(image.require_pixels()?, op, conv)?;
+            }
+            Job::Batch(BatchWork { slots, conv }) => {
+                crate::backend::check_batch_len(slots, len)?;
+                batch::check(slots, conv)?;
+            }
+        }
+        if self.queue.len() >= self.max_in_flight() {
+            let why =
+                format!("{} submissions already in flight: finish one first", self.queue.len());
+            return Err(crate::Error::Operation(format!("submit_into: {why}")));
+        }
+        self.gpu.bind()?;
+        // Only the addresses are kept: the caller keeps them valid and untouched until
+        // the submission is finished or abandoned (the contract).
+        let target = self.gpu.target(out);
+        let frame = match job {
+            Job::Frame(FrameWork { image, op, conv }) => image
+                .require_pixels()
+                .and_then(|image| self.frame_submit(image, op, conv, target).map(Some)),
+            Job::Batch(BatchWork { slots, conv }) => {
+                self.batch_submit(slots, conv, target).map(|()| None)
+            }
+        };
+        // Test hook: a fault inside this submission's GPU work (`FaultKind::InFlight`).
+        #[cfg(feature = "fault-injection")]
+        let frame = match frame {
+            Ok(f) if std::mem::take(&mut self.gpu.fault_armed) => {
+                fault::queue_illegal_address(self).map(|()| f).map_err(Into::into)
+            }
+            other => other,
+        };
+        // A shared block's interprocess event, after the submission's last write (its
+        // download too, when the `tensor` message wants the bytes).
+        let frame = frame.and_then(|f| match out {
+            Out::Device { ready: Some(event), .. } => {
+                // SAFETY: an event of this context (the pool's blocks were made by this
+                // backend), alive as long as the pool; the stream is ours.
+                let r = unsafe {
+                    sys::cuEventRecord(event as sys::CUevent, self.gpu.stream.cu_stream())
+                };
+                r.result().map_err(|e| drv_err("cuEventRecord (a shared block's event)", e))?;
+                Ok(f)
+            }
+            _ => Ok(f),
+        });
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                self.abandon_all();
+                return Err(e);
+            }
+        };
+        let host = match out {
+            Out::Host { ptr, .. } => Some(ptr),
+            Out::Device { host, .. } => host,
+        };
+        let direct = target.is_some_and(|t| t.direct());
+        self.queue.push_back(Submission { frame, host, len, direct, decode_us: 0.0 });
+        Ok(Queued::Pending)
+    }
 }
 
 impl Backend for CudaBackend {
@@ -400,6 +473,13 @@ impl Backend for CudaBackend {
                     .collect::<Vec<_>>()
                     .join("; "),
             ),
+            (
+                crate::backend::DECODER_KEY.to_string(),
+                format!(
+                    "on the host ({}), then staged and uploaded like raw frames",
+                    crate::backend::HOST_DECODERS
+                ),
+            ),
         ]
     }
 
@@ -428,70 +508,16 @@ impl Backend for CudaBackend {
     /// block: with a download to its host copy, if any), else through the entry's
     /// pinned output and one CPU copy at [`Backend::finish_oldest`].
     unsafe fn submit_to(&mut self, job: Job<'_, '_>, out: Out) -> Result<Queued> {
-        let len = out.len();
-        match job {
-            Job::Frame(FrameWork { image, op, conv }) => {
-                crate::backend::check_out_len(op, len)?;
-                frame::check(image, op, conv)?;
-            }
-            Job::Batch(BatchWork { slots, conv }) => {
-                crate::backend::check_batch_len(slots, len)?;
-                batch::check(slots, conv)?;
-            }
+        // Compressed frames are decoded on the host (the CPU decoder), then staged and
+        // uploaded as pixels; the time is the submission's `decode_us`.
+        let (queued, decode_us) = crate::backend::with_host_pixels(job, |job| {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.submit_pixels(job, out) }
+        })?;
+        if let Some(last) = self.queue.back_mut() {
+            last.decode_us = decode_us;
         }
-        if self.queue.len() >= self.max_in_flight() {
-            let why =
-                format!("{} submissions already in flight: finish one first", self.queue.len());
-            return Err(crate::Error::Operation(format!("submit_into: {why}")));
-        }
-        self.gpu.bind()?;
-        // Only the addresses are kept: the caller keeps them valid and untouched until
-        // the submission is finished or abandoned (the contract).
-        let target = self.gpu.target(out);
-        let frame = match job {
-            Job::Frame(FrameWork { image, op, conv }) => {
-                self.frame_submit(image, op, conv, target).map(Some)
-            }
-            Job::Batch(BatchWork { slots, conv }) => {
-                self.batch_submit(slots, conv, target).map(|()| None)
-            }
-        };
-        // Test hook: a fault inside this submission's GPU work (`FaultKind::InFlight`).
-        #[cfg(feature = "fault-injection")]
-        let frame = match frame {
-            Ok(f) if std::mem::take(&mut self.gpu.fault_armed) => {
-                fault::queue_illegal_address(self).map(|()| f).map_err(Into::into)
-            }
-            other => other,
-        };
-        // A shared block's interprocess event, after the submission's last write (its
-        // download too, when the `tensor` message wants the bytes).
-        let frame = frame.and_then(|f| match out {
-            Out::Device { ready: Some(event), .. } => {
-                // SAFETY: an event of this context (the pool's blocks were made by this
-                // backend), alive as long as the pool; the stream is ours.
-                let r = unsafe {
-                    sys::cuEventRecord(event as sys::CUevent, self.gpu.stream.cu_stream())
-                };
-                r.result().map_err(|e| drv_err("cuEventRecord (a shared block's event)", e))?;
-                Ok(f)
-            }
-            _ => Ok(f),
-        });
-        let frame = match frame {
-            Ok(f) => f,
-            Err(e) => {
-                self.abandon_all();
-                return Err(e);
-            }
-        };
-        let host = match out {
-            Out::Host { ptr, .. } => Some(ptr),
-            Out::Device { host, .. } => host,
-        };
-        let direct = target.is_some_and(|t| t.direct());
-        self.queue.push_back(Submission { frame, host, len, direct });
-        Ok(Queued::Pending)
+        Ok(queued)
     }
 
     fn shared_blocks(
@@ -518,7 +544,7 @@ impl Backend for CudaBackend {
         match result {
             Ok(times) => {
                 self.frame.direct_frames += u64::from(sub.direct && sub.frame.is_some());
-                Ok(times)
+                Ok(StageTimes { decode_us: sub.decode_us, ..times })
             }
             Err(e) => {
                 self.abandon_all();

@@ -577,6 +577,7 @@ impl Entry {
             preprocess_us: pre * 1e3,
             conv_us: conv * 1e3,
             download_us: down * 1e3 + t.elapsed().as_secs_f32() * 1e6,
+            ..StageTimes::default()
         };
         Ok((times, f))
     }

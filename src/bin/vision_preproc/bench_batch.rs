@@ -105,7 +105,7 @@ fn run_batch(p: &mut Pipeline, views: &[ImageView<'_>], topics: &[String]) -> Re
         .zip(topics)
         .map(|(v, t)| FrameInput {
             topic: t,
-            image: Some(v),
+            image: Some(v.into()),
             header: &header,
             source_encoding: "bgr8",
             repeated: false,
@@ -361,7 +361,7 @@ fn pipelined(
         })
         .collect::<Result<_>>()?;
     let slots: Vec<BatchSlot<'_, '_>> =
-        views.iter().zip(&ops).map(|(v, op)| BatchSlot { image: Some(v), op }).collect();
+        views.iter().zip(&ops).map(|(v, op)| BatchSlot::frame(v, op)).collect();
     let n = views.len();
     let item = ops[0].params.tensor_desc().byte_len();
     let h2d: usize = views.iter().map(|v| v.data().len()).sum();

@@ -79,11 +79,11 @@ enum Command {
     /// (Built with the cargo feature `bench`.)
     #[cfg(feature = "bench")]
     BenchBatch(bench_batch::BenchBatchArgs),
-    /// Run the pipeline on every image of a rosbag2 bag (MCAP or sqlite3) and write the
-    /// tensors and timings to a new MCAP bag.
+    /// Run the pipeline on every image (raw or compressed) of a rosbag2 bag (MCAP or
+    /// sqlite3) and write the tensors and timings to a new MCAP bag.
     Replay(replay::ReplayArgs),
-    /// Publish a bag's images (and camera_info) as a ROS 2 publisher, with the recorded
-    /// timing (needs the `ros` build).
+    /// Publish a bag's images (raw or compressed) and camera_info as a ROS 2 publisher,
+    /// with the recorded timing (needs the `ros` build).
     Play(play::PlayArgs),
     /// Subscribe to the node's tensor and timing topics and write them to an MCAP bag
     /// (needs the `ros` build).

@@ -1,5 +1,5 @@
-//! `vision_preproc play IN`: publish a bag's images on `image` (and camera_info on
-//! `camera_info`) with the recorded timing.
+//! `vision_preproc play IN`: publish a bag's images on `image` (a compressed topic's on
+//! `image/compressed`) and camera_info on `camera_info`, with the recorded timing.
 
 use anyhow::{bail, Result};
 use clap::Args;
@@ -11,7 +11,8 @@ use vision_preproc::ros::{play, PlayOptions};
 pub struct PlayArgs {
     /// Input bag: a rosbag2 folder, a .mcap or a .db3 file.
     pub input: PathBuf,
-    /// Image topic of the bag (default: its only sensor_msgs/msg/Image topic).
+    /// Image topic of the bag (default: its only image topic, sensor_msgs/msg/Image or
+    /// sensor_msgs/msg/CompressedImage).
     #[arg(long)]
     pub topic: Option<String>,
     /// Speed factor of the recorded timing.
@@ -23,7 +24,9 @@ pub struct PlayArgs {
     /// Start again at the end (until Ctrl-C).
     #[arg(long = "loop")]
     pub repeat: bool,
-    /// Topic to publish the images on.
+    /// Topic to publish the images on. A CompressedImage topic goes out on
+    /// `<IMAGE_TOPIC>/compressed`, image_transport's name for it (a node with
+    /// `image_transport: compressed` reading IMAGE_TOPIC subscribes there).
     #[arg(long, default_value = "image")]
     pub image_topic: String,
     /// Topic to publish the camera infos on.
@@ -83,6 +86,7 @@ pub fn run(a: PlayArgs) -> Result<()> {
         stats.camera_infos,
         stats.skipped.len()
     );
+    println!("  images on {}", stats.image_topic);
     for s in stats.skipped.iter().chain(&stats.damage) {
         println!("  {s}");
     }

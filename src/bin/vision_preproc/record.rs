@@ -42,6 +42,9 @@ pub struct RecordArgs {
     pub json: Option<PathBuf>,
 }
 
+/// FrameTiming's stages in `RecordStats::stages_us`, in order.
+const STAGES: [&str; 5] = ["decode", "upload", "preprocess", "conv", "download"];
+
 /// Nearest-rank percentile of sorted samples (NaN without samples).
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     nearest_rank(sorted, p).unwrap_or(f64::NAN)
@@ -92,18 +95,29 @@ pub fn run(a: RecordArgs) -> Result<()> {
         percentile(&node, 50.0),
         percentile(&node, 99.0),
     );
+    // FrameTiming's stages, p50 and p99 in ms: what of node-added the backend reports.
+    let stage = |i: usize, p: f64| {
+        let mut v: Vec<f64> = stats.stages_us.iter().map(|s| f64::from(s[i]) / 1e3).collect();
+        v.sort_by(f64::total_cmp);
+        percentile(&v, p)
+    };
+    println!(
+        "stages p50 (p99), ms: {}",
+        STAGES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| format!("{name} {:.3} ({:.3})", stage(i, 50.0), stage(i, 99.0)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     if let Some(path) = &a.json {
-        let stages_p50: serde_json::Map<String, serde_json::Value> =
-            ["upload", "preprocess", "conv", "download"]
+        let stages = |p: f64| -> serde_json::Map<String, serde_json::Value> {
+            STAGES
                 .iter()
                 .enumerate()
-                .map(|(i, name)| {
-                    let mut v: Vec<f64> =
-                        stats.stages_us.iter().map(|s| f64::from(s[i]) / 1e3).collect();
-                    v.sort_by(f64::total_cmp);
-                    (name.to_string(), serde_json::json!(percentile(&v, 50.0)))
-                })
-                .collect();
+                .map(|(i, name)| (name.to_string(), serde_json::json!(stage(i, p))))
+                .collect()
+        };
         let doc = serde_json::json!({
             "tensors": stats.tensors,
             "timings": stats.timings,
@@ -113,8 +127,9 @@ pub fn run(a: RecordArgs) -> Result<()> {
             "e2e_ms_p99": percentile(&e2e, 99.0),
             "added_ms_p50": percentile(&node, 50.0),
             "added_ms_p99": percentile(&node, 99.0),
-            // FrameTiming stages, p50 in ms: what of node-added the backend reports.
-            "stages_ms_p50": stages_p50,
+            // FrameTiming stages in ms (decode: compressed frames; 0 for raw ones).
+            "stages_ms_p50": stages(50.0),
+            "stages_ms_p99": stages(99.0),
             "e2e_ms": stats.e2e_ms,
             "added_ms": stats.node_ms,
         });

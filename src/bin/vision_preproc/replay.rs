@@ -1,5 +1,6 @@
-//! `vision_preproc replay IN [-o OUT]`: run the pipeline on every image of a bag and write
-//! the tensors and timings to a new rosbag2 MCAP bag.
+//! `vision_preproc replay IN [-o OUT]`: run the pipeline on every image of a bag (raw
+//! `sensor_msgs/Image` or `sensor_msgs/CompressedImage`) and write the tensors and timings
+//! to a new rosbag2 MCAP bag.
 
 use crate::input::ConfigArgs;
 use anyhow::{Context, Result};
@@ -9,15 +10,17 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Instant;
+use vision_preproc::backend::Frame as BackendFrame;
 use vision_preproc::bag::{Bag, BagWriter};
-use vision_preproc::config::BackendChoice;
+use vision_preproc::compressed::{Compressed, DecodeError, Limits};
+use vision_preproc::config::{BackendChoice, Transport};
 use vision_preproc::percentile::nearest_rank;
 use vision_preproc::pipeline::{
     frame_timing, select_backend, set_header, slot_reason, Finished, FrameInput, FrameSet,
     InFlight, Outputs,
 };
 use vision_preproc::transport::batch_sync::{Batch, Item};
-use vision_preproc::wire::msgs::{tensor_type, Header, Image, FRAME_TIMING_TYPE};
+use vision_preproc::wire::msgs::{tensor_type, CompressedImage, Header, Image, FRAME_TIMING_TYPE};
 use vision_preproc::{Error, ImageView, Pipeline};
 
 /// Arguments of `replay`.
@@ -28,9 +31,11 @@ pub struct ReplayArgs {
     /// Output bag folder (must not exist). Default: `<input>_tensors`.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// Image topic to process. Default: the bag's only sensor_msgs/msg/Image topic. Give
-    /// it two or more times (or a configuration with 2+ `inputs`, as bag topic names) to
-    /// batch those cameras into one TensorBatch per batch, with the configuration's
+    /// Image topic to process: sensor_msgs/msg/Image, or sensor_msgs/msg/CompressedImage
+    /// (JPEG, PNG: decoded by the backend). Default: the bag's only image topic of either
+    /// type. Give it two or more times (or a configuration with 2+ `inputs`, as bag topic
+    /// names; an input whose transport is `compressed` is `<input>/compressed`) to batch
+    /// those cameras into one TensorBatch per batch, with the configuration's
     /// `batch_policy` (stamps from the headers, arrival = the bag's receive time).
     #[arg(long)]
     pub topic: Vec<String>,
@@ -40,6 +45,10 @@ pub struct ReplayArgs {
     /// Namespace of the output topics: `<ns>/tensor` and `<ns>/timing`.
     #[arg(long, default_value = "/vision_preproc")]
     pub output_namespace: String,
+    /// Also write the summary as JSON to this file: counts, reasons, undecodable frames
+    /// by cause, damage, rate and each stage's p50 / p99 (us).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
     #[command(flatten)]
     pub config: ConfigArgs,
 }
@@ -47,6 +56,7 @@ pub struct ReplayArgs {
 /// Per-stage samples, microseconds.
 #[derive(Default)]
 struct Stages {
+    decode: Vec<f32>,
     upload: Vec<f32>,
     preprocess: Vec<f32>,
     conv: Vec<f32>,
@@ -59,20 +69,31 @@ fn pct(v: &mut [f32], q: f64) -> f32 {
     nearest_rank(v, q).unwrap_or(f32::NAN)
 }
 
-/// The end of both replay summaries: the reasons counted, the bag's damage, the rate
-/// (`count` = (unit, how many) over `wall` seconds) and each stage's p50 / p99.
-fn print_summary_tail(
-    rejected: &BTreeMap<String, u64>,
-    skipped: &BTreeMap<String, u64>,
-    damage: &[String],
-    (unit, count): (&str, f64),
-    wall: f64,
-    stages: &mut Stages,
-) {
-    for (reason, n) in rejected {
-        println!("    rejected x{n}: {reason}");
+impl Stages {
+    /// Each stage's name and samples, in the order of the summary.
+    fn named(&mut self) -> [(&'static str, &mut Vec<f32>); 6] {
+        [
+            ("decode", &mut self.decode),
+            ("upload", &mut self.upload),
+            ("preprocess", &mut self.preprocess),
+            ("conv", &mut self.conv),
+            ("download", &mut self.download),
+            ("total", &mut self.total),
+        ]
     }
-    for (reason, n) in skipped {
+}
+
+/// The end of both replay summaries: the reasons counted (an undecodable compressed
+/// frame's cause with its first message), the bag's damage, the rate (`count` = (unit,
+/// how many) over `wall` seconds) and each stage's p50 / p99.
+fn print_summary_tail(tally: &mut Tally, damage: &[String], (unit, count): (&str, f64), wall: f64) {
+    for (reason, n) in &tally.rejected {
+        match tally.first_message.get(reason) {
+            Some(first) => println!("    rejected x{n}: {reason}; the first: {first}"),
+            None => println!("    rejected x{n}: {reason}"),
+        }
+    }
+    for (reason, n) in &tally.skipped {
         println!("    skipped x{n}: {reason}");
     }
     for d in damage {
@@ -80,15 +101,45 @@ fn print_summary_tail(
     }
     println!("  {:.1} {unit}/s over {:.2} s", count / wall.max(1e-9), wall);
     println!("  {:<12} {:>10} {:>10}", "stage (us)", "p50", "p99");
-    for (name, v) in [
-        ("upload", &mut stages.upload),
-        ("preprocess", &mut stages.preprocess),
-        ("conv", &mut stages.conv),
-        ("download", &mut stages.download),
-        ("total", &mut stages.total),
-    ] {
+    for (name, v) in tally.stages.named() {
         println!("  {:<12} {:>10.1} {:>10.1}", name, pct(v, 50.0), pct(v, 99.0));
     }
+}
+
+/// `--json`: the summary as one document.
+fn write_json(
+    path: &std::path::Path,
+    tally: &mut Tally,
+    (output, backend, topics): (&std::path::Path, &str, &[String]),
+    damage: &[String],
+    wall: f64,
+) -> Result<()> {
+    let stages: serde_json::Map<String, serde_json::Value> = tally
+        .stages
+        .named()
+        .into_iter()
+        .map(|(name, v)| {
+            let (p50, p99) = (pct(v, 50.0), pct(v, 99.0));
+            (name.to_string(), serde_json::json!({ "p50": p50, "p99": p99 }))
+        })
+        .collect();
+    let unit = if topics.len() >= 2 { tally.sets } else { tally.frames };
+    let doc = serde_json::json!({
+        "output": output.display().to_string(),
+        "backend": backend,
+        "topics": topics,
+        "frames": tally.frames,
+        "published": tally.sets,
+        "rejected": tally.rejected,
+        "skipped": tally.skipped,
+        "undecodable": tally.undecodable,
+        "damage": damage,
+        "wall_s": wall,
+        "per_s": unit as f64 / wall.max(1e-9),
+        "stages_us": stages,
+    });
+    let text = serde_json::to_string_pretty(&doc).context("writing the summary as JSON")?;
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 fn output_dir(args: &ReplayArgs) -> PathBuf {
@@ -102,6 +153,13 @@ fn output_dir(args: &ReplayArgs) -> PathBuf {
 /// A recorded image: its CDR.
 struct Recorded {
     data: Vec<u8>,
+}
+
+/// An input of the replay: a bag topic and what its messages are.
+struct Input {
+    name: String,
+    /// `sensor_msgs/CompressedImage` (else `sensor_msgs/Image`).
+    compressed: bool,
 }
 
 /// The configured backend (saying so when `auto` fell back to the CPU) and its name.
@@ -124,6 +182,11 @@ struct Tally {
     stale_slots: u64,
     rejected: BTreeMap<String, u64>,
     skipped: BTreeMap<String, u64>,
+    /// Compressed frames that did not decode, by cause (`DecodeError::kind`; also in
+    /// `rejected`).
+    undecodable: BTreeMap<&'static str, u64>,
+    /// The first full message of a reason counted by cause (an undecodable frame's).
+    first_message: BTreeMap<String, String>,
     stages: Stages,
 }
 
@@ -132,31 +195,48 @@ impl Tally {
     fn count(map: &mut BTreeMap<String, u64>, topics: &[String], slot: usize, reason: String) {
         *map.entry(slot_reason(topics, slot, &reason)).or_default() += 1;
     }
+
+    /// A compressed frame of input `slot` that did not decode: rejected, counted by its
+    /// cause (`truncated`, `corrupt`, ...), whose first message the summary shows.
+    fn undecodable(&mut self, topics: &[String], slot: usize, e: &DecodeError) {
+        let reason =
+            slot_reason(topics, slot, &format!("undecodable compressed image ({})", e.kind()));
+        *self.undecodable.entry(e.kind()).or_default() += 1;
+        self.first_message.entry(reason.clone()).or_insert_with(|| e.to_string());
+        *self.rejected.entry(reason).or_default() += 1;
+    }
 }
 
-/// `replay`: the bag's messages of `topics` in storage order through the frame-set
+/// `replay`: the bag's messages of `inputs` in storage order through the frame-set
 /// former (the node's, with the bag's receive times as arrivals; one topic is a batch of
-/// one, each frame a set), each set through `Pipeline::process_frames`, one message
-/// (`Tensor` for one topic, `TensorBatch` for 2+) and one FrameTiming per set, written at
-/// the receive time of the frame that completed it (or the deadline that did).
+/// one, each frame a set), each set through `Pipeline::process_frames` (a compressed
+/// topic's frames as compressed frames, decoded by the backend, as in the node), one
+/// message (`Tensor` for one topic, `TensorBatch` for 2+) and one FrameTiming per set,
+/// written at the receive time of the frame that completed it (or the deadline that did).
 /// Deterministic: the same bag and configuration give the same sets (and, on the CPU
 /// backend, the same bytes).
 fn replay(
     args: &ReplayArgs,
     mut cfg: vision_preproc::Config,
     bag: &Bag,
-    topics: &[String],
+    inputs: &[Input],
 ) -> Result<()> {
     use vision_preproc::transport::batch_sync::{BatchPolicy, BatchSettings, Batcher, Frame};
+    let topics: Vec<String> = inputs.iter().map(|i| i.name.clone()).collect();
+    let topics = topics.as_slice();
+    let compressed: Vec<bool> = inputs.iter().map(|i| i.compressed).collect();
     if topics.len() >= 2 {
         cfg.inputs = topics.to_vec();
     } else {
         cfg.inputs.clear();
     }
-    // The bag's topics are the inputs now: no `gst:` pipeline runs offline, and the lists
-    // that apply to pipelines alone would no longer match `inputs`.
+    // The bag's topics are the inputs now: no `gst:` pipeline runs offline, the lists
+    // that apply to pipelines alone would no longer match `inputs`, and each topic's
+    // type says whether its frames are compressed (not the transport parameters).
     cfg.input_frame_ids.clear();
     cfg.camera_info_urls.clear();
+    cfg.input_transports.clear();
+    cfg.image_transport = Transport::Raw;
     cfg.validate()?;
     let batch = cfg.is_batch();
     let output = output_dir(args);
@@ -188,7 +268,7 @@ fn replay(
         |set: Option<(Batch<Recorded>, u64)>, out: &mut BagWriter| -> vision_preproc::Result<()> {
             let done = match set {
                 Some((batch, log_time)) => {
-                    let set = RecordedSet::new(batch, log_time, topics, &mut tally);
+                    let set = RecordedSet::new(batch, log_time, (topics, &compressed), &mut tally);
                     if topics.len() < 2 && set.frames[0].is_none() {
                         return Ok(()); // a single camera's frame refused: nothing to write
                     }
@@ -251,9 +331,12 @@ fn replay(
     let wall = started.elapsed().as_secs_f64();
     let out_dir = out.finish()?;
     println!("replay summary: {} -> {}", args.input.display(), out_dir.display());
-    print_counts(&tally, topics, &backend_name, &counts, pending);
+    print_counts(&tally, inputs, &backend_name, &counts, pending);
     let unit = if batch { ("batches", tally.sets as f64) } else { ("frames", tally.frames as f64) };
-    print_summary_tail(&tally.rejected, &tally.skipped, &damage, unit, wall, &mut tally.stages);
+    print_summary_tail(&mut tally, &damage, unit, wall);
+    if let Some(path) = &args.json {
+        write_json(path, &mut tally, (&out_dir, &backend_name, topics), &damage, wall)?;
+    }
     Ok(())
 }
 
@@ -271,15 +354,16 @@ fn progress_bar() -> ProgressBar {
 /// the frames `pending` in the former at the end).
 fn print_counts(
     tally: &Tally,
-    topics: &[String],
+    inputs: &[Input],
     backend_name: &str,
     counts: &[vision_preproc::transport::batch_sync::CameraCounts],
     pending: u64,
 ) {
     let (rejected, skipped) =
         (tally.rejected.values().sum::<u64>(), tally.skipped.values().sum::<u64>());
-    if topics.len() >= 2 {
-        println!("  {} cameras, backend {backend_name}", topics.len());
+    let kind = |i: &Input| if i.compressed { " (compressed)" } else { "" };
+    if inputs.len() >= 2 {
+        println!("  {} cameras, backend {backend_name}", inputs.len());
         println!(
             "  frames {}: {} batches, {} padded (stale) slots, rejected {rejected}, skipped \
              {skipped}, left unbatched at the end {pending}",
@@ -287,12 +371,16 @@ fn print_counts(
         );
         for (i, c) in counts.iter().enumerate() {
             println!(
-                "    {}: received {}, batched {}, dropped {}",
-                topics[i], c.received, c.batched, c.dropped
+                "    {}{}: received {}, batched {}, dropped {}",
+                inputs[i].name,
+                kind(&inputs[i]),
+                c.received,
+                c.batched,
+                c.dropped
             );
         }
     } else {
-        println!("  topic {}, backend {backend_name}", topics[0]);
+        println!("  topic {}{}, backend {backend_name}", inputs[0].name, kind(&inputs[0]));
         println!(
             "  frames {}: published {}, rejected {rejected}, skipped {skipped}",
             tally.frames, tally.sets
@@ -300,18 +388,108 @@ fn print_counts(
     }
 }
 
-/// One recorded frame of a set, decoded once: its `sensor_msgs/Image` fields and where
-/// its pixels are in the recorded message.
+/// How a recorded frame's bytes are laid out.
+enum Layout {
+    /// `sensor_msgs/Image` rows.
+    Raw { width: u32, height: u32, step: u32, big_endian: bool },
+    /// A `sensor_msgs/CompressedImage` payload (its headers read when the set was formed).
+    Compressed,
+}
+
+/// One recorded frame of a set, decoded once: its message's fields and where its pixels
+/// (or compressed payload) are in the recorded message.
 struct DecodedFrame {
     header: Header,
-    width: u32,
-    height: u32,
-    step: u32,
+    /// `sensor_msgs/Image`'s encoding, or a compressed image's `format` (the tensor's
+    /// `source_encoding`, as the node publishes it).
     encoding: String,
-    big_endian: bool,
+    layout: Layout,
     data: Range<usize>,
     /// It was in an earlier set.
     repeated: bool,
+}
+
+impl DecodedFrame {
+    /// The frame, checked again in the bytes of its message `cdr`.
+    fn view<'a>(&'a self, cdr: &'a [u8]) -> Option<View<'a>> {
+        let data = cdr.get(self.data.clone())?;
+        match self.layout {
+            Layout::Raw { width, height, step, big_endian } => {
+                ImageView::new(width, height, step, &self.encoding, big_endian, data)
+                    .ok()
+                    .map(View::Pixels)
+            }
+            Layout::Compressed => Compressed::probe(&self.encoding, data, &Limits::default())
+                .ok()
+                .map(View::Compressed),
+        }
+    }
+}
+
+/// A recorded frame as the pipeline takes it: pixel rows, or a compressed frame whose
+/// headers were read (the backend decodes it).
+enum View<'a> {
+    Pixels(ImageView<'a>),
+    Compressed(Compressed<'a>),
+}
+
+impl<'a> View<'a> {
+    fn frame(&self) -> BackendFrame<'a, '_> {
+        match self {
+            View::Pixels(v) => BackendFrame::Pixels(v),
+            View::Compressed(c) => BackendFrame::Compressed(c),
+        }
+    }
+}
+
+/// A recorded message of input `slot` read as a frame: its fields, or why it is not one
+/// (the rejection is counted in `tally` unless the frame is `repeated`).
+fn read_frame(
+    cdr: &[u8],
+    (topics, compressed): (&[String], &[bool]),
+    slot: usize,
+    repeated: bool,
+    tally: &mut Tally,
+) -> Option<DecodedFrame> {
+    let undecodable = |tally: &mut Tally, e: String| {
+        Tally::count(&mut tally.skipped, topics, slot, format!("undecodable message: {e}"));
+    };
+    let (header, encoding, layout, data) = if compressed[slot] {
+        let msg = match CompressedImage::decode(cdr) {
+            Ok(m) => m,
+            Err(e) => {
+                undecodable(tally, e.to_string());
+                return None;
+            }
+        };
+        if let Err(e) = Compressed::probe(&msg.format, msg.data, &Limits::default()) {
+            if !repeated {
+                tally.undecodable(topics, slot, &e);
+            }
+            return None;
+        }
+        (msg.header, msg.format, Layout::Compressed, msg.data)
+    } else {
+        let img = match Image::decode(cdr) {
+            Ok(img) => img,
+            Err(e) => {
+                undecodable(tally, e.to_string());
+                return None;
+            }
+        };
+        let big_endian = img.is_bigendian != 0;
+        let (width, height, step) = (img.width, img.height, img.step);
+        if let Err(e) = ImageView::new(width, height, step, &img.encoding, big_endian, img.data) {
+            if !repeated {
+                Tally::count(&mut tally.rejected, topics, slot, e.to_string());
+            }
+            return None;
+        }
+        (img.header, img.encoding, Layout::Raw { width, height, step, big_endian }, img.data)
+    };
+    // The bytes' place in the message they were decoded from.
+    let start = data.as_ptr() as usize - cdr.as_ptr() as usize;
+    Some(DecodedFrame { header, encoding, layout, data: start..start + data.len(), repeated })
 }
 
 /// A formed set of recorded frames in the pipeline: decoded when it is formed (what
@@ -329,8 +507,14 @@ struct RecordedSet<'t> {
 }
 
 impl<'t> RecordedSet<'t> {
-    /// Decode and check the frames of `batch`, counting in `tally` what is padded.
-    fn new(batch: Batch<Recorded>, log_time: u64, topics: &'t [String], tally: &mut Tally) -> Self {
+    /// Decode and check the frames of `batch` (per slot: its topic, and whether it is a
+    /// compressed one), counting in `tally` what is padded.
+    fn new(
+        batch: Batch<Recorded>,
+        log_time: u64,
+        (topics, compressed): (&'t [String], &[bool]),
+        tally: &mut Tally,
+    ) -> Self {
         let formed_at = Instant::now();
         let frames = batch
             .items
@@ -341,35 +525,7 @@ impl<'t> RecordedSet<'t> {
                     tally.stale_slots += 1;
                     return None;
                 };
-                let cdr = &frame.data.data;
-                let img = match Image::decode(cdr) {
-                    Ok(img) => img,
-                    Err(e) => {
-                        let why = format!("undecodable message: {e}");
-                        Tally::count(&mut tally.skipped, topics, i, why);
-                        return None;
-                    }
-                };
-                let big_endian = img.is_bigendian != 0;
-                let (w, h, step, enc) = (img.width, img.height, img.step, &img.encoding);
-                if let Err(e) = ImageView::new(w, h, step, enc, big_endian, img.data) {
-                    if !repeated {
-                        Tally::count(&mut tally.rejected, topics, i, e.to_string());
-                    }
-                    return None;
-                }
-                // The pixels' place in the message they were decoded from.
-                let start = img.data.as_ptr() as usize - cdr.as_ptr() as usize;
-                Some(DecodedFrame {
-                    data: start..start + img.data.len(),
-                    header: img.header,
-                    width: w,
-                    height: h,
-                    step,
-                    encoding: img.encoding,
-                    big_endian,
-                    repeated: *repeated,
-                })
+                read_frame(&frame.data.data, (topics, compressed), i, *repeated, tally)
             })
             .collect();
         RecordedSet { batch, frames, topics, log_time, formed_at }
@@ -378,15 +534,14 @@ impl<'t> RecordedSet<'t> {
 
 impl FrameSet for RecordedSet<'_> {
     fn with_inputs<R>(&self, f: impl FnOnce(&[FrameInput<'_, '_>]) -> R) -> R {
-        let views: Vec<Option<ImageView<'_>>> = self
+        let views: Vec<Option<View<'_>>> = self
             .batch
             .items
             .iter()
             .zip(&self.frames)
             .map(|(item, d)| {
                 let (Item::Frame { frame, .. }, Some(d)) = (item, d) else { return None };
-                let data = frame.data.data.get(d.data.clone())?;
-                ImageView::new(d.width, d.height, d.step, &d.encoding, d.big_endian, data).ok()
+                d.view(&frame.data.data)
             })
             .collect();
         let empty = Header::default();
@@ -397,7 +552,7 @@ impl FrameSet for RecordedSet<'_> {
             .enumerate()
             .map(|(i, (d, v))| FrameInput {
                 topic: &self.topics[i],
-                image: v.as_ref(),
+                image: v.as_ref().map(View::frame),
                 header: d.as_ref().map_or(&empty, |d| &d.header),
                 source_encoding: d.as_ref().map_or("", |d| d.encoding.as_str()),
                 repeated: d.as_ref().is_some_and(|d| d.repeated),
@@ -424,6 +579,21 @@ fn write_set(
             Tally::count(&mut tally.rejected, set.topics, 0, e.to_string());
             return Ok(());
         }
+        Err(Error::Decode(e)) if set.topics.len() < 2 => {
+            // A compressed frame whose headers were fine but whose data did not decode.
+            tally.undecodable(set.topics, 0, &e);
+            return Ok(());
+        }
+        Err(Error::Decode(e)) => {
+            // A batch: the decoder does not say which slot failed; the set's new frames
+            // are lost with it (as in the node, which counts them failed).
+            *tally.undecodable.entry(e.kind()).or_default() += 1;
+            let why = format!("a compressed frame of the set did not decode ({})", e.kind());
+            tally.first_message.entry(why.clone()).or_insert_with(|| e.to_string());
+            let lost = set.frames.iter().flatten().filter(|d| !d.repeated).count() as u64;
+            *tally.rejected.entry(why).or_default() += lost;
+            return Ok(());
+        }
         Err(e) => return Err(e),
     };
     for (i, reason) in info.rejected {
@@ -436,6 +606,7 @@ fn write_set(
     let timing = frame_timing(&header, tally.sets, backend_name, &t, total, 0.0, 0);
     let s = &mut tally.stages;
     for (v, x) in [
+        (&mut s.decode, t.decode_us),
         (&mut s.upload, t.upload_us),
         (&mut s.preprocess, t.preprocess_us),
         (&mut s.conv, t.conv_us),
@@ -457,15 +628,28 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             .with_context(|| format!("--backend {b}: use auto, cuda or cpu"))?;
     }
     let bag = Bag::open(&args.input)?;
-    let topics: Vec<String> = if args.topic.len() >= 2 {
+    let names: Vec<String> = if args.topic.len() >= 2 {
         args.topic.clone()
     } else if args.topic.is_empty() && cfg.is_batch() {
-        cfg.inputs.iter().map(|t| format!("/{}", t.trim_start_matches('/'))).collect()
+        // The node's inputs, as a recording of its topics names them.
+        (0..cfg.inputs.len())
+            .map(|i| {
+                let t = format!("/{}", cfg.inputs[i].trim_start_matches('/'));
+                match cfg.input_transport(i) {
+                    Transport::Raw => t,
+                    Transport::Compressed => format!("{}/compressed", t.trim_end_matches('/')),
+                }
+            })
+            .collect()
     } else {
-        vec![bag.image_topic(args.topic.first().map(String::as_str))?]
+        vec![bag.image_topic(args.topic.first().map(String::as_str))?.name]
     };
-    for t in &topics {
-        bag.image_topic(Some(t))?;
-    }
-    replay(&args, cfg, &bag, &topics)
+    let inputs = names
+        .into_iter()
+        .map(|t| {
+            let info = bag.image_topic(Some(&t))?;
+            Ok(Input { compressed: info.is_compressed_image(), name: info.name })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    replay(&args, cfg, &bag, &inputs)
 }

@@ -205,17 +205,26 @@ fn delivery_report(
     if let Some(report) = pipeline_report(shared, index, prefix) {
         return report;
     }
-    let (topic, qos, publishers, best_effort, delivery, timeliness, largest, images_recently) = {
+    let (topic, transport, qos, publishers, best_effort) = {
+        let st = lock(&shared.inputs[index]);
+        (st.topic.clone(), st.transport, st.qos.clone(), st.publishers, st.best_effort)
+    };
+    let (delivery, timeliness, largest, images_recently) = {
         let mut st = lock(&shared.inputs[index]);
         let now = Instant::now();
         let d = st.monitor.assess(now);
         let t = st.monitor.timeliness(now);
-        let recent = st.monitor.images_recently(now);
-        let largest = st.monitor.largest();
-        (st.topic.clone(), st.qos.clone(), st.publishers, st.best_effort, d, t, largest, recent)
+        (d, t, st.monitor.largest(), st.monitor.images_recently(now))
+    };
+    let transport = match transport.unwrap_or(crate::config::Transport::Raw) {
+        crate::config::Transport::Raw => "raw (sensor_msgs/Image)",
+        crate::config::Transport::Compressed => {
+            "compressed (sensor_msgs/CompressedImage, decoded by the backend)"
+        }
     };
     let mut values = vec![
         (format!("{prefix}Input topic"), topic.clone()),
+        (format!("{prefix}Input transport"), transport.to_string()),
         (format!("{prefix}Input QoS"), qos),
         (format!("{prefix}Input publishers"), publishers.to_string()),
     ];

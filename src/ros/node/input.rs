@@ -6,23 +6,31 @@
 //! reliable camera's first frames already go to a reliable reader; recreated when the
 //! answer changes.
 
-use super::native::{NativeImage, RosArgs};
+use super::native::{NativeCompressed, NativeImage, RosArgs};
 use super::shared::{lock, Pixels, Received, Shared};
-use crate::config::QosPreset;
+use crate::config::{QosPreset, Transport};
 use crate::ros::participant::{Deliver, OwnParticipant};
 use crate::transport::{
     adapt_to_offers, Adapted, Durability, Offer, Reliability, NO_PUBLISHER_YET,
 };
 use futures::{FutureExt, Stream, StreamExt};
 use r2r::qos::{DurabilityPolicy, ReliabilityPolicy};
-use r2r::sensor_msgs::msg::{CameraInfo, Image};
+use r2r::sensor_msgs::msg::{CameraInfo, CompressedImage, Image};
 use r2r::QosProfile;
 use std::time::{Duration, Instant};
 
 /// How often `input_qos: auto` looks at the publishers again.
 pub(super) const QOS_CHECK_PERIOD: Duration = Duration::from_millis(250);
 
-type Images = Box<dyn Stream<Item = r2r::NativeMsg<Image>> + Unpin>;
+type Images = Box<dyn Stream<Item = Incoming> + Unpin>;
+
+/// A message taken from an input's image subscription.
+pub(super) enum Incoming {
+    /// `sensor_msgs/Image` (transport `raw`).
+    Raw(r2r::NativeMsg<Image>),
+    /// `sensor_msgs/CompressedImage` (transport `compressed`).
+    Compressed(r2r::NativeMsg<CompressedImage>),
+}
 type CameraInfos = Box<dyn Stream<Item = CameraInfo> + Unpin>;
 
 /// The r2r QoS of an input subscription: the preset, or for `auto` what `adapted` says
@@ -82,6 +90,8 @@ pub(super) struct Input {
     index: usize,
     preset: QosPreset,
     depth: u32,
+    /// `raw` or `compressed`: what `image` carries.
+    transport: Transport,
     image: Topic,
     info: Topic,
     images: Option<Images>,
@@ -94,34 +104,39 @@ pub(super) struct Input {
 
 /// An image taken from input `index`'s subscription at `at`: counted by the input's
 /// delivery monitor.
-pub(super) fn arrived(
-    shared: &Shared,
-    index: usize,
-    msg: r2r::NativeMsg<Image>,
-    at: Instant,
-) -> Received {
-    let msg = NativeImage::new(msg);
+pub(super) fn arrived(shared: &Shared, index: usize, msg: Incoming, at: Instant) -> Received {
+    let image = match msg {
+        Incoming::Raw(m) => Pixels::Message(NativeImage::new(m)),
+        Incoming::Compressed(m) => Pixels::Compressed(NativeCompressed::new(m)),
+    };
+    let (stamp_ns, bytes) = match &image {
+        Pixels::Message(m) => (m.stamp_ns(), m.data().len()),
+        Pixels::Compressed(m) => (m.stamp_ns(), m.data().len()),
+        #[cfg(feature = "gstreamer")]
+        Pixels::Captured(_) => (image.stamp_ns(), 0),
+    };
     let mut input = lock(&shared.inputs[index]);
-    input.monitor.image(at, msg.stamp_ns(), msg.data().len());
+    input.monitor.image(at, stamp_ns, bytes);
     // Its age on the node's clock tells a live camera from a recording (not under sim
     // time, whose clock is the recording's).
     if let (false, Some(now)) = (shared.clock.sim_time(), shared.clock.now()) {
-        input.monitor.image_age(at, now.as_secs_f64() - msg.stamp_ns() as f64 * 1e-9);
+        input.monitor.image_age(at, now.as_secs_f64() - stamp_ns as f64 * 1e-9);
     }
     drop(input);
-    Received { image: Pixels::Message(msg), at }
+    Received { image, at }
 }
 
 impl Input {
     /// Subscribe to the image topic `image` (input `index`; `image` for a single
-    /// camera) and its `camera_info` ([`camera_info_topic`]); relative names: namespaces
-    /// and remaps apply. `args` resolves the names for the graph queries of `auto`. With
+    /// camera; with `transport` compressed, `<image>/compressed`, as image_transport's
+    /// subscribers do) and its `camera_info` ([`camera_info_topic`] of `image`); relative
+    /// names: namespaces and remaps apply. `args` resolves the names for the graph queries of `auto`. With
     /// `own` (`input_participants: per_input`), the images come through the input's own
     /// DDS participant, whose thread hands each to `own` as it takes it.
     pub(super) fn new(
         node: &mut r2r::Node,
         args: Option<&RosArgs>,
-        (index, image): (usize, &str),
+        (index, image, transport): (usize, &str, Transport),
         (preset, depth): (QosPreset, u32),
         shared: &Shared,
         own: Option<Deliver>,
@@ -138,11 +153,16 @@ impl Input {
             })
         };
         let info = camera_info_topic(image);
+        let image_topic = match transport {
+            Transport::Raw => image.to_string(),
+            Transport::Compressed => format!("{}/compressed", image.trim_end_matches('/')),
+        };
         let mut input = Input {
             index,
             preset,
             depth,
-            image: Topic { relative: image.to_string(), resolved: resolve(image), chosen: None },
+            transport,
+            image: Topic { resolved: resolve(&image_topic), relative: image_topic, chosen: None },
             info: Topic { resolved: resolve(&info), relative: info, chosen: None },
             images: None,
             infos: None,
@@ -167,6 +187,7 @@ impl Input {
         }
         let mut st = lock(&shared.inputs[index]);
         st.topic = input.image.resolved.clone();
+        st.transport = Some(transport);
         if preset == QosPreset::Auto {
             // Subscribed in `adapt` once a publisher is seen: a subscription made before
             // would be best effort (to match any publisher), and a reliable camera's
@@ -197,8 +218,16 @@ impl Input {
             Some(own) => own.subscribe(qos),
             None => {
                 self.images = None;
-                self.images =
-                    Some(Box::new(node.subscribe_native::<Image>(&self.image.relative, qos)?));
+                let topic = &self.image.relative;
+                self.images = Some(match self.transport {
+                    Transport::Raw => {
+                        Box::new(node.subscribe_native::<Image>(topic, qos)?.map(Incoming::Raw))
+                    }
+                    Transport::Compressed => Box::new(
+                        node.subscribe_native::<CompressedImage>(topic, qos)?
+                            .map(Incoming::Compressed),
+                    ),
+                });
             }
         }
         Ok(())

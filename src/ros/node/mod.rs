@@ -174,11 +174,15 @@ fn run() -> anyhow::Result<()> {
 
     let (backend, backend_info) = open_backend(&config, &logger)?;
     let sources = config.input_sources();
-    let topics: Vec<(usize, String)> = sources
+    let topics: Vec<spin::TopicInput> = sources
         .iter()
         .enumerate()
         .filter_map(|(i, s)| match s {
-            InputSource::Topic(t) => Some((i, t.clone())),
+            InputSource::Topic(t) => Some(spin::TopicInput {
+                index: i,
+                topic: t.clone(),
+                transport: config.input_transport(i),
+            }),
             InputSource::Pipeline(_) => None,
         })
         .collect();

@@ -311,6 +311,22 @@ pub(crate) const PARAMETERS: &[Spec] = &[
         "[] or one entry per input; file:// URLs; \"\" for topic inputs",
     ),
     spec(
+        "image_transport",
+        Str,
+        true,
+        "Transport of the image topics, as image_transport subscribers take it: raw (sensor_msgs/Image) or compressed (sensor_msgs/CompressedImage, JPEG or PNG, on <topic>/compressed; decoded where the kernels run)",
+        NoRange,
+        "one of: raw, compressed",
+    ),
+    spec(
+        "input_transports",
+        StrArray,
+        true,
+        "Per input, its transport where it differs from image_transport; [] or one entry per input, \"\" = image_transport, raw or compressed (\"\" for gst: inputs)",
+        NoRange,
+        "[] or one entry per input: \"\", raw or compressed; \"\" for gst: inputs",
+    ),
+    spec(
         "batch_policy",
         Str,
         true,
@@ -930,6 +946,8 @@ mod tests {
             "inputs",
             "input_frame_ids",
             "camera_info_urls",
+            "image_transport",
+            "input_transports",
             "batch_policy",
             "batch_timeout_ms",
             "max_interval_ms",
@@ -942,7 +960,7 @@ mod tests {
         }
         let read_only: Vec<&str> =
             PARAMETERS.iter().filter(|s| s.read_only).map(|s| s.name).collect();
-        assert_eq!(read_only.len(), 19, "{read_only:?}");
+        assert_eq!(read_only.len(), 21, "{read_only:?}");
     }
 
     #[test]

@@ -9,8 +9,7 @@
 use super::handoff::{Handoff, SetOutputs};
 use super::publish::{ages, publish_loop, Ready, ReadySlot};
 use super::shared::Formed;
-use super::shared::{lock, Outputs, RateLimitedLog, Received, Shared};
-use crate::image::ImageView;
+use super::shared::{lock, Invalid, Outputs, RateLimitedLog, Received, Shared, View};
 use crate::pipeline::{
     self, slot_reason, Announce, Finished, FrameInput, FrameSet, GpuFailure, InFlight, Pipeline,
 };
@@ -83,7 +82,7 @@ struct NodeSet<'c> {
 impl FrameSet for NodeSet<'_> {
     fn with_inputs<R>(&self, f: impl FnOnce(&[FrameInput<'_, '_>]) -> R) -> R {
         let slots = slots_of(&self.formed);
-        let views: Vec<Option<ImageView<'_>>> = slots
+        let views: Vec<Option<View<'_>>> = slots
             .iter()
             .zip(&self.valid)
             .map(|(s, &valid)| s.frame.filter(|_| valid).and_then(|f| f.image.view().ok()))
@@ -204,7 +203,7 @@ fn slots_of(formed: &Formed) -> Vec<Slot<'_>> {
 /// The pipeline's inputs of `slots` with their `views` (`None`: no frame, or invalid).
 fn inputs_of<'a, 'b>(
     slots: &'b [Slot<'a>],
-    views: &'b [Option<ImageView<'a>>],
+    views: &'b [Option<View<'a>>],
     topics: &'b [String],
 ) -> Vec<FrameInput<'a, 'b>> {
     slots
@@ -213,7 +212,7 @@ fn inputs_of<'a, 'b>(
         .enumerate()
         .map(|(i, (s, v))| FrameInput {
             topic: &topics[i],
-            image: v.as_ref(),
+            image: v.as_ref().map(View::frame),
             header: &s.header,
             source_encoding: s.frame.map_or("", |f| f.image.encoding()),
             repeated: s.repeated,
@@ -239,7 +238,10 @@ impl<'c> Context<'c> {
                 Some(Ok(_)) => true,
                 Some(Err(e)) => {
                     if !s.repeated {
-                        reject(shared, log, topics, i, ("invalid image: ", &e.to_string()));
+                        if let Invalid::Decode(d) = &e {
+                            shared.stats.undecodable(d.kind());
+                        }
+                        reject(shared, log, topics, i, (e.kind(), &e.to_string()));
                     }
                     false
                 }
@@ -332,6 +334,29 @@ impl<'c> Context<'c> {
             Err(crate::Error::Image(e)) => {
                 // A single camera's frame that the configuration refuses (its roi).
                 reject(shared, log, topics, 0, ("invalid image: ", &e.to_string()));
+                return Outcome::Nothing;
+            }
+            Err(crate::Error::Decode(e)) => {
+                // A compressed frame whose headers were fine but whose data did not decode
+                // (corrupt entropy-coded data): rejected; with a batch, the set's other
+                // new frames go with it (the decoder does not say which slot), counted
+                // failed with the reason.
+                shared.stats.undecodable(e.kind());
+                if topics.len() < 2 {
+                    reject(
+                        shared,
+                        log,
+                        topics,
+                        0,
+                        ("undecodable compressed image: ", &e.to_string()),
+                    );
+                } else {
+                    let why = format!("a compressed frame of the set did not decode: {e}");
+                    log.error(&shared.logger, &format!("set failed: {why}"));
+                    for _ in 0..set.new_valid {
+                        shared.stats.failed(why.clone());
+                    }
+                }
                 return Outcome::Nothing;
             }
             Err(e) => {

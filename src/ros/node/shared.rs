@@ -5,9 +5,11 @@
 //! input), which imports this module: nothing here imports them back.
 
 use super::clock::{self, NodeClock};
-use super::native::NativeImage;
+use super::native::{NativeCompressed, NativeImage};
 use super::params::NodeParams;
 use super::stats::{BackendInfo, Stats};
+use crate::backend::Frame;
+use crate::compressed::{Compressed, Limits};
 use crate::image::ImageView;
 use crate::transport::batch_sync::{Batch, CameraCounts, Item};
 use crate::transport::{DeliveryMonitor, Latest};
@@ -57,8 +59,11 @@ pub(super) struct CameraState {
 /// diagnostics task).
 #[derive(Debug, Default)]
 pub(super) struct InputState {
-    /// The image topic, fully qualified (after remapping).
+    /// The image topic, fully qualified (after remapping; a compressed input's
+    /// `<topic>/compressed`).
     pub topic: String,
+    /// A topic input's transport (`raw`, `compressed`).
+    pub transport: Option<crate::config::Transport>,
     /// The subscription's QoS and why it was chosen.
     pub qos: String,
     /// Image publishers matched in the graph.
@@ -121,11 +126,13 @@ pub(super) struct Received {
     pub at: Instant,
 }
 
-/// Where a received frame's bytes are: the C message rmw deserialized into, or the
-/// mapped buffer of a pipeline input. Both are read in place.
+/// Where a received frame's bytes are: the C message rmw deserialized into (raw or
+/// compressed), or the mapped buffer of a pipeline input. All are read in place.
 pub(super) enum Pixels {
     /// From an image topic.
     Message(NativeImage),
+    /// From a compressed image topic (`<topic>/compressed`): decoded by the backend.
+    Compressed(NativeCompressed),
     /// From a GStreamer pipeline inside the node.
     #[cfg(feature = "gstreamer")]
     Captured(Captured),
@@ -141,13 +148,65 @@ pub(super) struct Captured {
     pub header: Header,
 }
 
-impl Pixels {
-    /// The image, validated, borrowing the bytes.
-    pub(super) fn view(&self) -> Result<ImageView<'_>, crate::ImageError> {
+/// A received frame, checked, as the pipeline takes it: pixels, or a compressed frame
+/// whose headers were read (decoded by the backend).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum View<'a> {
+    /// Pixel rows.
+    Pixels(ImageView<'a>),
+    /// A compressed frame.
+    Compressed(Compressed<'a>),
+}
+
+impl<'a> View<'a> {
+    /// The backend's frame.
+    pub(super) fn frame(&self) -> Frame<'a, '_> {
         match self {
-            Pixels::Message(m) => m.view(),
+            View::Pixels(v) => Frame::Pixels(v),
+            View::Compressed(c) => Frame::Compressed(c),
+        }
+    }
+}
+
+/// Why a received frame is refused before processing.
+#[derive(Debug)]
+pub(super) enum Invalid {
+    /// A raw image whose header does not fit its data or whose encoding is unknown.
+    Image(crate::ImageError),
+    /// A compressed image that cannot be decoded (read from its headers).
+    Decode(crate::compressed::DecodeError),
+}
+
+impl Invalid {
+    /// How the log line names the refusal.
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Invalid::Image(_) => "invalid image: ",
+            Invalid::Decode(_) => "undecodable compressed image: ",
+        }
+    }
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Invalid::Image(e) => e.fmt(f),
+            Invalid::Decode(e) => e.fmt(f),
+        }
+    }
+}
+
+impl Pixels {
+    /// The frame, checked (a raw image's header against its data; a compressed one's
+    /// headers read, its size against the decode limits), borrowing the bytes.
+    pub(super) fn view(&self) -> Result<View<'_>, Invalid> {
+        match self {
+            Pixels::Message(m) => m.view().map(View::Pixels).map_err(Invalid::Image),
+            Pixels::Compressed(m) => Compressed::probe(m.format(), m.data(), &Limits::default())
+                .map(View::Compressed)
+                .map_err(Invalid::Decode),
             #[cfg(feature = "gstreamer")]
-            Pixels::Captured(c) => Ok(c.frame.view()),
+            Pixels::Captured(c) => Ok(View::Pixels(c.frame.view())),
         }
     }
 
@@ -155,6 +214,7 @@ impl Pixels {
     pub(super) fn header(&self) -> Header {
         match self {
             Pixels::Message(m) => m.header(),
+            Pixels::Compressed(m) => m.header(),
             #[cfg(feature = "gstreamer")]
             Pixels::Captured(c) => c.header.clone(),
         }
@@ -164,6 +224,7 @@ impl Pixels {
     pub(super) fn stamp_ns(&self) -> i64 {
         match self {
             Pixels::Message(m) => m.stamp_ns(),
+            Pixels::Compressed(m) => m.stamp_ns(),
             #[cfg(feature = "gstreamer")]
             Pixels::Captured(c) => {
                 i64::from(c.header.sec) * 1_000_000_000 + i64::from(c.header.nanosec)
@@ -171,10 +232,12 @@ impl Pixels {
         }
     }
 
-    /// The encoding as named in `sensor_msgs/Image`.
+    /// The encoding as it arrived: `sensor_msgs/Image`'s, or a compressed image's
+    /// `format` (published in a `TensorBatch` item's `source_encoding`).
     pub(super) fn encoding(&self) -> &str {
         match self {
             Pixels::Message(m) => m.encoding(),
+            Pixels::Compressed(m) => m.format(),
             #[cfg(feature = "gstreamer")]
             Pixels::Captured(c) => c.frame.view().encoding().name(),
         }

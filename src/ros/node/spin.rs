@@ -6,10 +6,10 @@
 //! until wrapped) and reported back before anything else starts.
 
 use super::former::Former;
-use super::input::{arrived, Input};
+use super::input::{arrived, Incoming, Input};
 use super::native::RosArgs;
 use super::shared::{lock, Shared};
-use crate::config::{InputParticipants, QosPreset};
+use crate::config::{InputParticipants, QosPreset, Transport};
 use crate::ros::participant::Deliver;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
@@ -17,8 +17,8 @@ use std::time::Instant;
 
 /// What the spin thread subscribes to.
 pub(super) struct Subscriptions {
-    /// The input image topics with their batch slots (pipeline inputs have none).
-    pub topics: Vec<(usize, String)>,
+    /// The input image topics (pipeline inputs have none).
+    pub topics: Vec<TopicInput>,
     /// `input_qos`.
     pub preset: QosPreset,
     /// `input_qos_depth`.
@@ -27,6 +27,16 @@ pub(super) struct Subscriptions {
     pub participants: InputParticipants,
     /// The command line (for the remapped input names).
     pub ros_args: Option<RosArgs>,
+}
+
+/// An input image topic.
+pub(super) struct TopicInput {
+    /// Its batch slot.
+    pub index: usize,
+    /// The image topic, relative (a compressed one's base topic).
+    pub topic: String,
+    /// `raw` or `compressed` (`<topic>/compressed`).
+    pub transport: Transport,
 }
 
 /// The spin thread, started: [`spin`] on its own thread, once it has subscribed (its
@@ -69,7 +79,7 @@ pub(super) fn spin(
         (subs.participants == InputParticipants::PerInput).then(|| {
             let (former, shared) = (former.clone(), shared.clone());
             Box::new(move |msg: r2r::NativeMsg<r2r::sensor_msgs::msg::Image>| {
-                let r = arrived(&shared, i, msg, Instant::now());
+                let r = arrived(&shared, i, Incoming::Raw(msg), Instant::now());
                 let mut former = lock(&former);
                 former.push(i, r, &shared);
                 // A deadline set by an earlier push (latest's batch_timeout_ms) is checked
@@ -79,15 +89,17 @@ pub(super) fn spin(
         })
     };
     let mut inputs = Vec::with_capacity(subs.topics.len());
-    for (i, topic) in &subs.topics {
-        let i = *i;
+    for t in &subs.topics {
+        let (i, topic) = (t.index, &t.topic);
+        // Compressed frames are small: the node's participant takes them.
+        let own = if t.transport == Transport::Raw { deliver(i) } else { None };
         match Input::new(
             &mut node,
             subs.ros_args.as_ref(),
-            (i, topic),
+            (i, topic, t.transport),
             (subs.preset, subs.depth),
             &shared,
-            deliver(i),
+            own,
         ) {
             Ok(input) => inputs.push(input),
             Err(e) => {

@@ -36,6 +36,9 @@ pub struct Stats {
     window: Mutex<Window>,
     /// What the input looks like (topic, QoS, delivery), set before each report.
     pub input: Mutex<InputReport>,
+    /// Of `rejected` and `failed`: compressed frames that did not decode, by cause
+    /// (`DecodeError::kind`).
+    undecodable: Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 /// The input part of the status: key/values, and a warning when frames are lost before
@@ -121,6 +124,18 @@ impl Stats {
     pub fn rejected(&self, reason: String) {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         self.lock().last_rejection = Some(reason);
+    }
+
+    /// A compressed frame did not decode, for `cause` (counted rejected or failed too).
+    pub fn undecodable(&self, cause: &'static str) {
+        *self.undecodable.lock().unwrap_or_else(|p| p.into_inner()).entry(cause).or_default() += 1;
+    }
+
+    /// The compressed frames that did not decode, by cause: `truncated: 2, corrupt: 1`
+    /// (empty when none).
+    pub fn undecodable_by_cause(&self) -> String {
+        let causes = self.undecodable.lock().unwrap_or_else(|p| p.into_inner());
+        causes.iter().map(|(k, n)| format!("{k}: {n}")).collect::<Vec<_>>().join(", ")
     }
 
     /// A frame was lost to a backend or publish error.
@@ -225,6 +240,7 @@ impl Stats {
             kv("Sets overlapped", now.overlapped.to_string()),
             kv("Frames dropped (no free shared block)", now.dropped_no_block.to_string()),
             kv("Last rejection reason", window.last_rejection.clone().unwrap_or_default()),
+            kv("Compressed frames undecodable (by cause)", self.undecodable_by_cause()),
             kv("Latency p50 (ms)", percentile(&lat, 50.0)),
             kv("Latency p99 (ms)", percentile(&lat, 99.0)),
             kv("Backend", backend.name.clone()),
