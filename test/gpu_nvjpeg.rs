@@ -12,8 +12,10 @@
 //!   byte for byte to the 4 single decodes, 20 times over (a race would move bytes); a
 //!   mixed batch (colour, grey, progressive, 4:2:2) likewise;
 //! - damaged JPEGs (truncated, header bytes flipped, entropy bytes flipped, a few bytes):
-//!   an error or pixels, never a crash, and the good JPEG after each (alone and in a
-//!   batch) decodes to the same bytes as before.
+//!   an error or pixels, never a crash (nvJPEG refuses what it cannot parse; the backend's
+//!   header check, `Compressed::probe`, refuses the rest but flipped entropy bytes before
+//!   nvJPEG sees them), and the good JPEG after each (alone and in a batch) decodes to the
+//!   same bytes as before.
 //!
 //! Cases: the photographs of test/data encoded here by the `image` crate (baseline 4:4:4
 //! at quality 50/80/95, and grey), plus every `*.jpg` in `--cases DIR` (OpenCV and Pillow
@@ -29,11 +31,16 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::Arc;
+use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::nvjpeg::{
     ChromaUpsampling, DecodeItem, NvJpeg, NvJpegOptions, Route,
 };
-use vision_preproc::compressed::{decode, Limits};
-use vision_preproc::Encoding;
+use vision_preproc::backend::cuda::CudaBackend;
+use vision_preproc::backend::{Backend, BatchSlot, BatchWork, Frame, FrameWork, PreprocessOp};
+use vision_preproc::compressed::{decode, Compressed, Limits};
+use vision_preproc::config::MemoryMode;
+use vision_preproc::pipeline::{preprocess_op, Geometry};
+use vision_preproc::{Config, Encoding, ImageView};
 
 const TOLERANCES: &str = include_str!("tolerances.json");
 const PHOTOS: [(&str, &[u8]); 5] = [
@@ -467,18 +474,37 @@ fn main() -> ExitCode {
                      (alone: {good_again}, in a batch: {batch_again})"
                 ));
             }
-            let must_fail = matches!(
-                *what,
-                "truncated to 10 bytes"
-                    | "empty"
-                    | "header bytes flipped"
-                    | "frame header says 0x0"
-            );
+            // nvJPEG itself refuses these; the others it may decode to pixels (it skips
+            // bytes up to the next marker, fills a cut scan), so the backend checks every
+            // header first (`Compressed::probe`, as the CPU decoder does), which refuses
+            // each damaged JPEG here but the flipped entropy bytes.
+            let must_fail =
+                matches!(*what, "truncated to 10 bytes" | "empty" | "frame header says 0x0");
             if must_fail && alone.is_ok() {
                 failures.push(format!("damaged ({what}): decoded without an error"));
             }
+            let probe = Compressed::probe("jpeg", bad, &Limits::default());
+            if (*what == "entropy bytes flipped") == probe.is_err() {
+                failures.push(format!("damaged ({what}): the header check says {probe:?}"));
+            }
         }
     }
+
+    // 4. The CUDA backend on compressed frames.
+    let by_name = |n: &str| cases.iter().position(|c| c.name == n);
+    let backend_cases: Vec<usize> = [
+        "cv2_astronaut_q80_420",
+        "cv2_chelsea_q90_422",
+        "cv2_coffee_q90_444",
+        "cv2_rocket_q90_progressive",
+        "cv2_camera_q80_grey",
+        "mosaic_1080p_q90",
+        "chelsea_image-crate_q80",
+    ]
+    .iter()
+    .filter_map(|n| by_name(n))
+    .collect();
+    backend_parity(&mut nv, &stream, &cases, &backend_cases, tol, &mut failures, quick);
 
     println!("\ncounts: {:?}", nv.counts());
     for f in &failures {
@@ -489,5 +515,212 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// The float32 elements of a tensor.
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+/// The operation of the default configuration (640x480 letterbox, float32) for `frame`.
+fn op_for(frame: Frame<'_, '_>) -> PreprocessOp {
+    let cfg = Config::default();
+    let g = Geometry::resolve(&cfg, frame.width(), frame.height()).expect("geometry");
+    let mut op = preprocess_op(&cfg, &g);
+    op.params.set_source(frame);
+    op
+}
+
+/// The CUDA backend on compressed frames, in both memory modes: (a) equal bit for bit to
+/// the same backend on the pixels nvJPEG gives alone (the decode lands where the upload
+/// would have put them, in the layout the kernel reads), (b) within `jpeg_gpu_decode`
+/// (in output units: levels x the largest |scale|, + float32_abs) of the CPU backend on
+/// the same compressed frames; decode_us > 0; a batch of 4 cameras and a mixed batch
+/// (JPEG, progressive JPEG, a PNG the backend decodes on the host, raw pixels) equal to
+/// their single frames.
+fn backend_parity(
+    nv: &mut NvJpeg,
+    stream: &Arc<CudaStream>,
+    cases: &[Case],
+    ids: &[usize],
+    tol: &serde_json::Value,
+    failures: &mut Vec<String>,
+    quick: bool,
+) {
+    let all: serde_json::Value = serde_json::from_str(TOLERANCES).expect("tolerances.json");
+    let f32_abs = all["float32_abs"].as_f64().expect("float32_abs");
+    let probes: Vec<(usize, Compressed)> = ids
+        .iter()
+        .filter_map(|&i| {
+            Compressed::probe("jpeg", &cases[i].jpeg, &Limits::default()).ok().map(|c| (i, c))
+        })
+        .collect();
+    if probes.len() != ids.len() {
+        failures.push(format!("backend: {} of {} cases probe", probes.len(), ids.len()));
+    }
+    // Each case's pixels as nvJPEG gives them alone (tight rows).
+    let mut alone: Vec<Vec<u8>> = Vec::new();
+    for (i, c) in &probes {
+        let e = expected(&cases[*i]).expect("CPU decode");
+        match decode_set(nv, stream, &[(&cases[*i].jpeg, &e)]) {
+            Ok((px, ..)) => alone.push(px[0].clone()),
+            Err(err) => {
+                failures.push(format!("backend: {}: nvJPEG alone: {err}", cases[*i].name));
+                return;
+            }
+        }
+        assert_eq!(c.step() as usize * c.height() as usize, alone.last().map_or(0, Vec::len));
+    }
+    let png = {
+        let img = image::load_from_memory(PHOTOS[1].1).expect("photograph");
+        let mut out = Vec::new();
+        img.write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png).expect("png");
+        out
+    };
+    let png = Compressed::probe("png", &png, &Limits::default()).expect("png probe");
+    let raw = image::load_from_memory(PHOTOS[0].1).expect("photograph").to_rgb8();
+    let raw = ImageView::with_encoding(
+        raw.width(),
+        raw.height(),
+        raw.width() * 3,
+        Encoding::Rgb8,
+        false,
+        raw.as_raw(),
+    )
+    .expect("raw view");
+    let mut cpu = CpuBackend::new();
+    for mode in [MemoryMode::Upload, MemoryMode::Mapped] {
+        let mut gpu = match CudaBackend::new(0, mode) {
+            Ok(b) => b,
+            Err(e) => {
+                failures.push(format!("backend ({mode:?}): opening: {e}"));
+                continue;
+            }
+        };
+        gpu.set_poison_outputs(true);
+        println!("\nbackend ({mode:?}): {}", gpu.device_description());
+        let mut singles: Vec<Vec<u8>> = Vec::new();
+        for ((i, c), px) in probes.iter().zip(&alone) {
+            let name = &cases[*i].name;
+            let op = op_for(Frame::Compressed(c));
+            let (mut out, mut via_pixels, mut reference) = (Vec::new(), Vec::new(), Vec::new());
+            let view =
+                ImageView::with_encoding(c.width(), c.height(), c.step(), c.encoding(), false, px)
+                    .expect("decoded view");
+            let times = match (
+                gpu.process(FrameWork::new(c, &op, None), &mut out),
+                gpu.process(FrameWork::new(&view, &op, None), &mut via_pixels),
+                cpu.process(FrameWork::new(c, &op, None), &mut reference),
+            ) {
+                (Ok(t), Ok(_), Ok(_)) => t,
+                (a, b, c) => {
+                    failures.push(format!(
+                        "backend ({mode:?}) {name}: {:?} / {:?} / {:?}",
+                        a.err(),
+                        b.err(),
+                        c.err()
+                    ));
+                    continue;
+                }
+            };
+            let levels = tol[class(&cases[*i].jpeg).as_str()]["max_abs"].as_f64().unwrap_or(0.0);
+            let scale = op.params.scale.iter().fold(0.0f64, |m, s| m.max(f64::from(s.abs())));
+            let bound = levels * scale + f32_abs;
+            let (g, r) = (floats(&out), floats(&reference));
+            let max = g.iter().zip(&r).fold(0.0f64, |m, (a, b)| m.max(f64::from((a - b).abs())));
+            let nan = g.iter().any(|v| !v.is_finite());
+            let exact = out == via_pixels;
+            println!(
+                "backend ({mode:?}) {name:<30} exact vs nvJPEG pixels: {exact}; max |cuda - cpu| \
+                 {max:.3e} (bound {bound:.3e}); decode_us {:.0}, upload_us {:.0}, preprocess_us {:.0}",
+                times.decode_us, times.upload_us, times.preprocess_us
+            );
+            if !exact || nan || max > bound || times.decode_us <= 0.0 {
+                failures.push(format!(
+                    "backend ({mode:?}) {name}: exact {exact}, NaN {nan}, max {max:.3e} > {bound:.3e} \
+                     or decode_us {}",
+                    times.decode_us
+                ));
+            }
+            singles.push(out);
+        }
+        // A batch of 4 cameras (the first four cases), then a mixed one.
+        let mut batches: Vec<(&str, Vec<(Frame, usize)>)> = Vec::new();
+        if probes.len() >= 4 {
+            batches.push((
+                "4 cameras",
+                (0..4).map(|k| (Frame::Compressed(&probes[k].1), k)).collect(),
+            ));
+            batches.push((
+                "mixed",
+                vec![
+                    (Frame::Compressed(&probes[3].1), 3),
+                    (Frame::Compressed(&png), usize::MAX),
+                    (Frame::Pixels(&raw), usize::MAX),
+                    (Frame::Compressed(&probes[0].1), 0),
+                ],
+            ));
+        }
+        let repeats = if quick { 1 } else { 5 };
+        // The largest tolerance of any class (the batches mix them).
+        let worst_levels = ["colour_420", "colour_422", "colour_444", "grey"]
+            .iter()
+            .filter_map(|k| tol[*k]["max_abs"].as_f64())
+            .fold(0.0, f64::max);
+        for (label, frames) in &batches {
+            let ops: Vec<PreprocessOp> = frames.iter().map(|(f, _)| op_for(*f)).collect();
+            let slots: Vec<BatchSlot> =
+                frames.iter().zip(&ops).map(|((f, _), op)| BatchSlot::frame(*f, op)).collect();
+            for run in 0..repeats {
+                let mut out = Vec::new();
+                let mut cpu_out = Vec::new();
+                let len: usize = ops.iter().map(|o| o.params.tensor_desc().byte_len()).sum();
+                out.resize(len, 0);
+                cpu_out.resize(len, 0);
+                let r = gpu.process_batch_into(BatchWork::new(&slots, None), &mut out);
+                let rc = cpu.process_batch_into(BatchWork::new(&slots, None), &mut cpu_out);
+                match (r, rc) {
+                    (Ok(t), Ok(_)) => {
+                        let item = len / frames.len();
+                        let mut ok = true;
+                        for (k, (_, single)) in frames.iter().enumerate() {
+                            let got = &out[k * item..(k + 1) * item];
+                            if *single != usize::MAX && got != singles[*single].as_slice() {
+                                ok = false;
+                            }
+                        }
+                        let max = floats(&out)
+                            .iter()
+                            .zip(floats(&cpu_out))
+                            .fold(0.0f64, |m, (a, b)| m.max(f64::from((a - b).abs())));
+                        if run == 0 {
+                            println!(
+                                "backend ({mode:?}) batch {label}: JPEG items equal to their single frames: {ok}; max |cuda - cpu| {max:.3e}; decode_us {:.0}",
+                                t.decode_us
+                            );
+                        }
+                        let scale = ops
+                            .iter()
+                            .flat_map(|o| o.params.scale)
+                            .fold(0.0f64, |m, s| m.max(f64::from(s.abs())));
+                        let bound = worst_levels * scale + f32_abs;
+                        if !ok || max > bound || t.decode_us <= 0.0 {
+                            failures.push(format!("backend ({mode:?}) batch {label}, run {run}: equal {ok}, max {max:.3e}, decode_us {}", t.decode_us));
+                        }
+                    }
+                    (a, b) => failures.push(format!(
+                        "backend ({mode:?}) batch {label}: {:?} / {:?}",
+                        a.err(),
+                        b.err()
+                    )),
+                }
+            }
+        }
+        for (key, value) in gpu.diagnostics() {
+            if key.starts_with("Compressed") {
+                println!("backend ({mode:?}) {key}: {value}");
+            }
+        }
     }
 }

@@ -3,7 +3,8 @@
 # staged gpu_nvjpeg.tar.xz beside this script):
 #   bash <stage>/gpu_nvjpeg_remote.sh [all|test|bench]
 # test: test/gpu_nvjpeg.rs over every case (parity with the CPU decoder, batches, damaged
-# JPEGs), then again under compute-sanitizer memcheck (--quick); bench: `bench-decode` on
+# JPEGs, the CUDA backend on compressed frames against the CPU backend), `info`, a
+# gpu_parity sample, then gpu_nvjpeg again under compute-sanitizer memcheck (--quick); bench: `bench-decode` on
 # the 1080p q90 frame (1 and 4 cameras, twice: the noise) and the 720p 4:2:2 one. Logs to
 # $OUT (or /tmp/vp_out); the sanitizer run last (the slowest). BENCH_RUNS (default 2),
 # BENCH_ITERS (100), TEST_TIMEOUT, SANITIZER_TIMEOUT. Never changes GPU clocks or settings.
@@ -27,7 +28,16 @@ if [[ "$MODE" == all || "$MODE" == test ]]; then
     section "gpu_nvjpeg: every case against the CPU decoder, batches, damaged JPEGs"
     timeout "${TEST_TIMEOUT:-150}" "$D/gpu_nvjpeg" --cases "$D/cases" >"$OUT/gpu_nvjpeg.log" 2>&1
     rc=$?; echo "gpu_nvjpeg exit $rc"; [[ $rc == 0 ]] || status=1
-    grep -vE '^(cv2|pil|mosaic|astronaut|chelsea|coffee|rocket|camera)_' "$OUT/gpu_nvjpeg.log" | cut -c1-260
+    grep -vE '^(cv2|pil|mosaic|astronaut|chelsea|coffee|rocket|camera)_' "$OUT/gpu_nvjpeg.log" | cut -c1-300
+fi
+if [[ "$MODE" == all || "$MODE" == test ]]; then
+    section "vision_preproc info (which decoder the CUDA backend uses)"
+    "$D/vision_preproc" info 2>&1 | grep -vE '^(Fast DDS|GStreamer)' || status=1
+    section "gpu_parity every ${PARITY_STRIDE:-9}th case (the raw-frame paths through the changed steps)"
+    timeout "${PARITY_TIMEOUT:-90}" "$D/gpu_parity" --stride "${PARITY_STRIDE:-9}" >"$OUT/gpu_parity.log" 2>&1
+    rc=$?; echo "gpu_parity exit $rc"; [[ $rc == 0 ]] || status=1
+    grep -v '^ok ' "$OUT/gpu_parity.log" | cut -c1-220 | tail -8
+    echo "cases ok: $(grep -c '^ok ' "$OUT/gpu_parity.log")"
 fi
 if [[ "$MODE" == all || "$MODE" == bench ]]; then
     for run in $(seq "${BENCH_RUNS:-2}"); do

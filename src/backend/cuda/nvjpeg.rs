@@ -582,6 +582,20 @@ impl NvJpeg {
         Ok(DecodeReport { routes })
     }
 
+    /// Whether nvJPEG reads `jpeg`'s header as `width` x `height` with 1 (`grey`) or 3
+    /// components: host work only (microseconds), for choosing where a frame is decoded.
+    pub fn accepts(&self, jpeg: &[u8], width: u32, height: u32, grey: bool) -> bool {
+        self.check_header(0, jpeg, width, height, grey).is_ok()
+    }
+
+    /// The library's version and the decoder JPEGs go to, in a few words (`nvJPEG 13.0.1,
+    /// hardware decoder`), for a device description.
+    pub fn summary(&self) -> String {
+        let (major, minor, patch) = self.version;
+        let decoder = if self.hardware.is_some() { "hardware decoder" } else { "hybrid backend" };
+        format!("nvJPEG {major}.{minor}.{patch}, {decoder}")
+    }
+
     /// The item's own fields, then nvJPEG's reading of its header against them.
     fn check_item(&self, i: usize, item: &DecodeItem<'_>) -> Result<()> {
         let row = item.width as usize * item.bytes_per_pixel();
@@ -595,6 +609,19 @@ impl NvJpeg {
                 ),
             ));
         }
+        self.check_header(i, item.jpeg, item.width, item.height, item.grey)
+    }
+
+    /// nvJPEG's reading of a JPEG's header (item `i`) against the size and kind the
+    /// caller's header check found.
+    fn check_header(
+        &self,
+        i: usize,
+        jpeg: &[u8],
+        width: u32,
+        height: u32,
+        grey: bool,
+    ) -> Result<()> {
         let (mut components, mut subsampling) = (0, 0);
         let (mut widths, mut heights) = ([0; MAX_COMPONENT], [0; MAX_COMPONENT]);
         // SAFETY: the JPEG's bytes for the call; out pointers valid, the arrays hold
@@ -602,18 +629,18 @@ impl NvJpeg {
         let s = unsafe {
             (self.api.image_info)(
                 self.hybrid.handle,
-                item.jpeg.as_ptr(),
-                item.jpeg.len(),
+                jpeg.as_ptr(),
+                jpeg.len(),
                 &mut components,
                 &mut subsampling,
                 widths.as_mut_ptr(),
                 heights.as_mut_ptr(),
             )
         };
-        check(s, || format!("nvjpegGetImageInfo (item {i}, {} bytes)", item.jpeg.len()))?;
-        let expected_components = if item.grey { 1 } else { 3 };
+        check(s, || format!("nvjpegGetImageInfo (item {i}, {} bytes)", jpeg.len()))?;
+        let expected_components = if grey { 1 } else { 3 };
         if (widths[0], heights[0], components)
-            != (item.width as c_int, item.height as c_int, expected_components)
+            != (width as c_int, height as c_int, expected_components)
         {
             return Err(Error::Decode(DecodeError::Corrupt {
                 codec: Codec::Jpeg,
@@ -626,8 +653,8 @@ impl NvJpeg {
                         .ok()
                         .and_then(|s| SUBSAMPLING_NAMES.get(s))
                         .unwrap_or(&"unknown chroma subsampling"),
-                    item.width,
-                    item.height
+                    width,
+                    height
                 ),
             }));
         }
