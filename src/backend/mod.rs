@@ -310,7 +310,7 @@ pub(crate) const HOST_DECODERS: &str = "zune-jpeg for JPEG, png for PNG";
 /// A frame as a backend receives it: its pixels, or a compressed frame (JPEG, PNG) whose
 /// headers were checked ([`Compressed::probe`]) and which the backend decodes where its
 /// kernels run (the CPU backend on the host; the CUDA backend on the device where it has
-/// a decoder for it, else on the host: [`with_host_pixels_except`]).
+/// a decoder for it, else on the host: `with_host_pixels_except`).
 #[derive(Debug, Clone, Copy)]
 pub enum Frame<'a, 'b> {
     /// Pixel rows.
