@@ -208,6 +208,15 @@ pub enum CudaError {
         /// Driver error.
         message: String,
     },
+    /// An nvJPEG call failed (the CUDA backend's JPEG decoder, `backend/cuda/nvjpeg.rs`)
+    /// for a reason other than the JPEG's data (that is [`DecodeError::Corrupt`]).
+    #[error("{call}: {status}")]
+    NvJpeg {
+        /// The nvJPEG function and what it was doing (e.g. `nvjpegDecodeBatched (4 JPEGs)`).
+        call: String,
+        /// Its status, by name (`NVJPEG_STATUS_EXECUTION_FAILED`).
+        status: String,
+    },
     /// Any other driver call.
     #[error("{call}: {message}")]
     Driver {

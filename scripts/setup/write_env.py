@@ -39,6 +39,7 @@ def main() -> int:
     vendored = sorted(str(p) for p in site.glob("ros_*.libs"))
     nvrtc = site / "nvidia" / "cuda_nvrtc" / "lib"
     nvtx = site / "nvidia" / "nvtx" / "lib" / "libnvToolsExt.so.1"
+    nvjpeg = site / "nvidia" / "nvjpeg" / "lib" / "libnvjpeg.so.12"
     ld = [str(prefix / "lib"), str(venv / "lib"), *vendored, str(nvrtc)]
     path = f"{venv}/bin"
     if distro not in R2R_DISTROS:
@@ -86,6 +87,10 @@ export IDL_PACKAGE_FILTER="std_msgs;builtin_interfaces;sensor_msgs;geometry_msgs
 export VISION_PREPROC_NVRTC_DIR="{nvrtc}"
 # The NVTX library loaded when a profiler asks for ranges (src/nvtx.rs; test/nvtx.rs).
 export VISION_PREPROC_NVTX_LIBRARY="{nvtx}"
+# nvJPEG of the CUDA 12 line (the nvidia-nvjpeg-cu12 wheel): the CI check loads it and
+# resolves every function the CUDA backend calls (src/backend/cuda/nvjpeg.rs); the backend
+# itself loads the system's libnvjpeg (VISION_PREPROC_NVJPEG_LIBRARY overrides that).
+export VISION_PREPROC_NVJPEG_WHEEL="{nvjpeg}"
 """)
     return 0
 

@@ -310,7 +310,7 @@ pub(crate) const HOST_DECODERS: &str = "zune-jpeg for JPEG, png for PNG";
 /// A frame as a backend receives it: its pixels, or a compressed frame (JPEG, PNG) whose
 /// headers were checked ([`Compressed::probe`]) and which the backend decodes where its
 /// kernels run (the CPU backend on the host; the CUDA backend on the device where it has
-/// a decoder for it, else on the host: [`with_host_pixels`]).
+/// a decoder for it, else on the host: `with_host_pixels_except`).
 #[derive(Debug, Clone, Copy)]
 pub enum Frame<'a, 'b> {
     /// Pixel rows.
@@ -338,16 +338,6 @@ impl<'a, 'b> Frame<'a, 'b> {
             Frame::Pixels(v) => Some(v),
             Frame::Compressed(_) => None,
         }
-    }
-
-    /// The pixel rows, or an error for a compressed frame (for the paths of a backend
-    /// that take pixels only: their callers decode first, [`with_host_pixels`]).
-    pub(crate) fn require_pixels(&self) -> Result<&'b ImageView<'a>> {
-        self.pixels().ok_or_else(|| {
-            Error::Operation(
-                "a compressed frame where pixels were expected: decode it first".into(),
-            )
-        })
     }
 
     /// Width in pixels.
@@ -417,31 +407,51 @@ impl HostPixels<'_, '_> {
     }
 }
 
-/// Run `f` on `job` with every compressed frame decoded on the host first (the CPU
-/// decoder), and how long the decoding took (us): for a backend that has no decoder of
-/// its own for a frame. A decode error is the job's.
-pub(crate) fn with_host_pixels<R>(
-    job: Job<'_, '_>,
-    f: impl FnOnce(Job<'_, '_>) -> Result<R>,
-) -> Result<(R, f32)> {
-    let frames: Vec<Option<Frame<'_, '_>>> = match job {
+/// The frames of `job`: the frame, or each slot's (`None`: a padded slot).
+pub(crate) fn job_frames<'a, 'b>(job: &Job<'a, 'b>) -> Vec<Option<Frame<'a, 'b>>> {
+    match job {
         Job::Frame(w) => vec![Some(w.image)],
         Job::Batch(w) => w.slots.iter().map(|s| s.image).collect(),
-    };
-    if !frames.iter().flatten().any(|f| matches!(f, Frame::Compressed(_))) {
+    }
+}
+
+/// Run `f` on `job` with its compressed frames decoded on the host first (the CPU
+/// decoder), and how long the decoding took (us): for a backend that has no decoder of
+/// its own for a frame. The compressed frames whose entry in `keep` (by the index of
+/// [`job_frames`]) is `true` stay compressed: the backend decodes those itself. A decode
+/// error is the job's.
+pub(crate) fn with_host_pixels_except<R>(
+    job: Job<'_, '_>,
+    keep: &[bool],
+    f: impl FnOnce(Job<'_, '_>) -> Result<R>,
+) -> Result<(R, f32)> {
+    let frames = job_frames(&job);
+    let kept = |i: usize| keep.get(i).copied().unwrap_or(false);
+    if !frames.iter().enumerate().any(|(i, f)| matches!(f, Some(Frame::Compressed(_))) && !kept(i))
+    {
         return Ok((f(job)?, 0.0));
     }
     let start = std::time::Instant::now();
     let pixels = frames
-        .into_iter()
-        .map(|f| f.map(HostPixels::of).transpose())
+        .iter()
+        .enumerate()
+        .map(|(i, f)| match f {
+            Some(Frame::Compressed(_)) if kept(i) => Ok(None),
+            Some(f) => HostPixels::of(*f).map(Some),
+            None => Ok(None),
+        })
         .collect::<Result<Vec<_>>>()?;
     let views: Vec<Option<ImageView<'_>>> =
         pixels.iter().map(|p| p.as_ref().map(HostPixels::view)).collect();
     let decode_us = start.elapsed().as_secs_f32() * 1e6;
+    // Each frame: its host pixels, or itself (kept compressed; a padded slot stays None).
+    let frame = |i: usize| match (&views[i], frames[i]) {
+        (Some(v), _) => Some(Frame::Pixels(v)),
+        (None, kept) => kept,
+    };
     let r = match job {
         Job::Frame(w) => {
-            let Some(Some(image)) = views.first() else {
+            let Some(image) = frame(0) else {
                 return Err(Error::Operation("a frame job without its frame".into()));
             };
             f(Job::Frame(FrameWork::new(image, w.op, w.conv)))?
@@ -450,8 +460,8 @@ pub(crate) fn with_host_pixels<R>(
             let slots: Vec<BatchSlot<'_, '_>> = w
                 .slots
                 .iter()
-                .zip(&views)
-                .map(|(s, v)| BatchSlot { image: v.as_ref().map(Frame::Pixels), op: s.op })
+                .enumerate()
+                .map(|(i, s)| BatchSlot { image: frame(i), op: s.op })
                 .collect();
             f(Job::Batch(BatchWork::new(&slots, w.conv)))?
         }

@@ -10,9 +10,10 @@
 
 use super::kernels::RESIZE_NORMALIZE_BATCH;
 use super::launch::{self, BatchItemDesc, MAX_BATCH_SLOTS};
-use super::steps::{Entry, InFlight, Tables, Target};
+use super::steps::{decode_jpegs, Entry, InFlight, Source, Tables, Target};
 use super::{resident_blocks, CudaBackend};
 use crate::backend::{BatchSlot, Conv2dOp, StageTimes};
+use crate::compressed::Compressed;
 use crate::config::{DType, Layout};
 use crate::error::{CudaError, Error, Result};
 use crate::image::Encoding;
@@ -63,7 +64,7 @@ impl BatchState {
 pub(super) fn check(slots: &[BatchSlot<'_, '_>], conv: Option<&Conv2dOp>) -> Result<()> {
     crate::backend::check_batch_shape(slots)?;
     for s in slots {
-        s.image.map(|f| f.require_pixels()).transpose()?;
+        s.image.map(Source::of).transpose()?;
     }
     if slots.len() > MAX_BATCH_SLOTS {
         return Err(Error::Operation(format!(
@@ -131,9 +132,15 @@ impl CudaBackend {
     /// (queued work may still use the buffers or the caller's `out`) and forget every
     /// queued batch.
     pub(crate) fn abandon_on_error<T>(&mut self, result: Result<T>) -> Result<T> {
-        if matches!(&result, Err(e) if !matches!(e, Error::Operation(_) | Error::Misuse { .. })) {
-            self.gpu.synchronize();
-            self.batch.abandon();
+        match &result {
+            Err(Error::Operation(_) | Error::Misuse { .. }) | Ok(_) => {}
+            // A JPEG that nvJPEG refused while the batch was being queued: the batches
+            // queued before it stay; what this one queued is waited for.
+            Err(Error::Decode(_)) => self.gpu.synchronize(),
+            Err(_) => {
+                self.gpu.synchronize();
+                self.batch.abandon();
+            }
         }
         result
     }
@@ -172,10 +179,10 @@ impl CudaBackend {
             .map(|(s, t)| s.image.map_or(Ok(0), |_| t.ensure(&self.gpu.stream, s.op).map(|t| t.0)))
             .collect::<Result<_, _>>()?;
         let t = Instant::now();
-        let (gpu, e) = (&mut self.gpu, &mut self.batch.ring[r]);
+        let (gpu, e, jpeg) = (&mut self.gpu, &mut self.batch.ring[r], &mut self.jpeg);
         e.inputs.resize_with(n.max(e.inputs.len()), Default::default);
-        let frames: Vec<Option<&[u8]>> =
-            slots.iter().map(|s| s.image.and_then(|f| f.pixels()).map(|i| i.data())).collect();
+        let frames: Vec<Option<Source<'_>>> =
+            slots.iter().map(|s| s.image.map(Source::of).transpose()).collect::<Result<_>>()?;
         // SAFETY: the entry is free: its previous batch completed (finished, or abandoned
         // after waiting for both streams); `target` is the caller's promise.
         let dst = unsafe {
@@ -188,26 +195,43 @@ impl CudaBackend {
         // and the padded slots' final values straight into the tensor.
         let scratch = conv.map(|_| gpu.conv_input(desc.len() * n)).transpose()?;
 
-        // Upload: the frames, then the slot table that points at them.
+        // Decode: every JPEG slot in one nvJPEG call. Then upload: the frames, then the
+        // slot table that points at them.
         let upload = nvtx::stage(Stage::Upload);
+        let jpegs: Vec<(usize, &Compressed<'_>)> = (frames.iter().enumerate())
+            .filter_map(|(i, f)| match f {
+                Some(Source::Jpeg(c)) => Some((i, *c)),
+                _ => None,
+            })
+            .collect();
+        let mut decoded: Vec<Option<CUdeviceptr>> = vec![None; n];
+        if !jpegs.is_empty() {
+            // SAFETY: as above; the entry is not reused before its last event.
+            let dsts = unsafe { decode_jpegs(jpeg.gpu()?, e, &up, &jpegs) }?;
+            for (&(i, _), d) in jpegs.iter().zip(dsts) {
+                decoded[i] = Some(d);
+            }
+        }
         e.begin_upload(&up)?;
         let mut rows = Vec::with_capacity(n);
         let mut skip = 0u32;
         for (i, (slot, maps)) in slots.iter().zip(maps).enumerate() {
             let mut row = BatchItemDesc { p: slot.op.params, reserved: 0, src: 0, maps, dst: 0 };
             row.dst = dst.tensor + (i * item_len) as u64;
-            match (slot.image, scratch) {
+            match (frames[i], scratch) {
                 // Padded: empty content rectangle (every pixel pad[c]), nothing read.
                 (None, _) => {
                     (row.p.content_w, row.p.content_h) = (0, 0);
                     row.p.encoding = Encoding::ALL[0] as u32;
                     skip |= 1 << i;
                 }
-                (Some(image), scratch) => {
+                (Some(source), scratch) => {
                     let what = format!("the frame of slot {i}");
-                    let len = image.require_pixels()?.data().len();
-                    // SAFETY: as above; the entry is not reused before its last event.
-                    row.src = unsafe { e.inputs[i].upload(len, &up, &what)? };
+                    row.src = match decoded[i] {
+                        Some(d) => d,
+                        // SAFETY: as above; the entry is not reused before its last event.
+                        None => unsafe { e.inputs[i].upload(source.bytes().len(), &up, &what)? },
+                    };
                     if let Some(s) = scratch {
                         (row.p.layout, row.p.dtype) = (Layout::Nchw, DType::Float32);
                         row.dst = s + (i * desc.len() * 4) as u64;
@@ -219,7 +243,7 @@ impl CudaBackend {
         let bytes = BatchItemDesc::as_bytes(&rows);
         // SAFETY: as above.
         let table = unsafe {
-            gpu.stage(std::slice::from_mut(&mut e.table), &[Some(bytes)])?;
+            gpu.stage(std::slice::from_mut(&mut e.table), &[Some(Source::Pixels(bytes))])?;
             e.table.upload(bytes.len(), &up, "the batch table")?
         };
         e.end_upload(&up, &gpu.stream)?;
@@ -237,7 +261,9 @@ impl CudaBackend {
         let fused = || launch_kernel!(self.gpu.stream, f, RESIZE_NORMALIZE_BATCH, cfg, &table);
         self.launch_and_download(&self.batch.ring[r], fused, conv, dst, len)?;
         let direct = target.is_some_and(|t| t.direct());
-        self.batch.ring[r].in_flight = Some(InFlight { len, host_us, direct, encoding: None });
+        let decoded = !jpegs.is_empty();
+        self.batch.ring[r].in_flight =
+            Some(InFlight { len, host_us, direct, encoding: None, decoded });
         self.batch.queue.push_back(r);
         Ok(())
     }

@@ -7,9 +7,9 @@
 //! the compute stream, which waits for each frame's upload event.
 
 use super::launch;
-use super::steps::{Entry, InFlight, Tables, Target};
+use super::steps::{decode_jpegs, Entry, InFlight, Source, Tables, Target};
 use super::{resident_blocks, CudaBackend, FusedPath};
-use crate::backend::{Conv2dOp, PreprocessOp, StageTimes};
+use crate::backend::{Conv2dOp, Frame, PreprocessOp, StageTimes};
 use crate::config::{DType, Layout};
 use crate::error::{CudaError, Error, Result};
 use crate::image::{Encoding, ImageView};
@@ -50,11 +50,12 @@ impl FrameState {
 
 /// The checks of a frame before anything is queued: caller errors, never device ones.
 pub(super) fn check(
-    image: &ImageView<'_>,
+    image: Frame<'_, '_>,
     op: &PreprocessOp,
     conv: Option<&Conv2dOp>,
 ) -> Result<()> {
     op.check(image)?;
+    Source::of(image)?;
     conv.map_or(Ok(()), Conv2dOp::check)
 }
 
@@ -70,9 +71,9 @@ impl CudaBackend {
         op: &PreprocessOp,
         conv: Option<&Conv2dOp>,
     ) -> Result<usize> {
-        check(image, op, conv)?;
+        check(image.into(), op, conv)?;
         self.gpu.bind()?;
-        let result = self.frame_submit(image, op, conv, None);
+        let result = self.frame_submit(image.into(), op, conv, None);
         if result.is_err() {
             self.gpu.synchronize();
         }
@@ -100,7 +101,7 @@ impl CudaBackend {
     /// the entry's output. Returns the entry.
     pub(crate) fn frame_submit(
         &mut self,
-        image: &ImageView<'_>,
+        image: Frame<'_, '_>,
         op: &PreprocessOp,
         conv: Option<&Conv2dOp>,
         target: Option<Target>,
@@ -115,29 +116,37 @@ impl CudaBackend {
         }
         let overlap = self.frame.ring.iter().any(|e| e.in_flight.is_some());
         let up = self.gpu.upload_stream(overlap);
-        let (p, enc, data) = (op.params, image.encoding(), image.data());
+        let (p, enc, source) = (op.params, image.encoding(), Source::of(image)?);
         let (desc, len) = (p.tensor_desc(), p.tensor_desc().byte_len());
 
         // Stage.
         let stage_in = nvtx::stage(Stage::StageIn);
         let (maps, changed) = self.frame.tables.ensure(&self.gpu.stream, op)?;
         let t = Instant::now();
-        let (gpu, e) = (&mut self.gpu, &mut self.frame.ring[s]);
+        let (gpu, e, jpeg) = (&mut self.gpu, &mut self.frame.ring[s], &mut self.jpeg);
         // SAFETY: the entry's previous frame completed (waited for above or by finish;
         // after a failed one both streams were waited for), and no other frame uses its
         // buffers; `target` is the caller's promise.
         let dst = unsafe {
-            gpu.stage(&mut e.inputs, &[Some(data)])?;
+            gpu.stage(&mut e.inputs, &[Some(source)])?;
             gpu.destination(&mut e.output, target, len)?
         };
         let host_us = t.elapsed().as_secs_f32() * 1e6;
         drop(stage_in);
 
-        // Upload.
+        // Decode (a JPEG) -> upload (pixels).
         let upload = nvtx::stage(Stage::Upload);
+        let decoded = match source {
+            // SAFETY: as above; the entry is not reused before its last event completes.
+            Source::Jpeg(c) => Some(unsafe { decode_jpegs(jpeg.gpu()?, e, &up, &[(0, c)]) }?[0]),
+            Source::Pixels(_) => None,
+        };
         e.begin_upload(&up)?;
-        // SAFETY: as above; the entry is not reused before its last event completes.
-        let src = unsafe { e.inputs[0].upload(data.len(), &up, "the frame")? };
+        let src = match decoded {
+            Some(d) => d,
+            // SAFETY: as above.
+            None => unsafe { e.inputs[0].upload(source.bytes().len(), &up, "the frame")? },
+        };
         e.end_upload(&up, &gpu.stream)?;
         drop(upload);
 
@@ -159,7 +168,9 @@ impl CudaBackend {
         };
         self.launch_and_download(&self.frame.ring[s], fused, conv, dst, len)?;
         let direct = target.is_some_and(|t| t.direct());
-        self.frame.ring[s].in_flight = Some(InFlight { len, host_us, direct, encoding: Some(enc) });
+        let decoded = decoded.is_some();
+        self.frame.ring[s].in_flight =
+            Some(InFlight { len, host_us, direct, encoding: Some(enc), decoded });
         Ok(s)
     }
 

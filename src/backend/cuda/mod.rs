@@ -42,6 +42,7 @@ mod frame;
 pub mod kernels;
 pub mod launch;
 pub mod memory;
+pub mod nvjpeg;
 mod steps;
 pub(crate) mod vmm;
 
@@ -50,8 +51,9 @@ pub use device::{resident_blocks, DeviceInfo};
 pub use launch::MAX_BATCH_SLOTS;
 
 use crate::backend::{
-    Backend, BatchWork, Conv2dOp, FrameWork, Job, Out, PreprocessParams, Queued, StageTimes,
+    Backend, BatchWork, Conv2dOp, Frame, FrameWork, Job, Out, PreprocessParams, Queued, StageTimes,
 };
+use crate::compressed::{Codec, Compressed};
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Error, Result};
 use crate::image::Encoding;
@@ -115,6 +117,46 @@ pub struct CudaBackend {
     batch: batch::BatchState,
     /// Submissions of [`Backend::submit_into`] in flight, oldest first.
     queue: std::collections::VecDeque<Submission>,
+    /// Where JPEG frames are decoded: nvJPEG on the device, or the host when it is not
+    /// available.
+    jpeg: JpegDecoder,
+}
+
+/// Where the backend decodes JPEG frames.
+pub(crate) enum JpegDecoder {
+    /// nvJPEG, into the device buffer the fused kernel reads (`steps.rs`, decode).
+    Gpu(Box<nvjpeg::NvJpeg>),
+    /// On the host, as PNG (the CPU decoder, then staged and uploaded): nvJPEG could not
+    /// be opened, and why.
+    Host(String),
+}
+
+impl JpegDecoder {
+    /// nvJPEG, `Misuse` when it is not available (the frame should have been decoded on
+    /// the host: [`JpegDecoder::takes`] said no).
+    pub(crate) fn gpu(&mut self) -> Result<&mut nvjpeg::NvJpeg> {
+        match self {
+            JpegDecoder::Gpu(nv) => Ok(nv),
+            JpegDecoder::Host(why) => Err(Error::misuse(
+                "decoding a JPEG on the device",
+                format!("nvJPEG is not available ({why}): the frame is decoded on the host"),
+            )),
+        }
+    }
+
+    /// Whether `c` is decoded on the device: a JPEG with its Huffman tables whose header
+    /// nvJPEG reads as the header check did (else the host decodes it, or refuses it with
+    /// the CPU decoder's reason).
+    fn takes(&self, c: &Compressed<'_>) -> bool {
+        match self {
+            JpegDecoder::Gpu(nv) => {
+                c.codec() == Codec::Jpeg
+                    && nvjpeg::has_huffman_tables(c.data())
+                    && nv.accepts(c.data(), c.width(), c.height(), c.encoding() == Encoding::Mono8)
+            }
+            JpegDecoder::Host(_) => false,
+        }
+    }
 }
 
 /// A [`Backend::submit_into`] in flight: its ring entry and where its tensors go.
@@ -203,6 +245,11 @@ impl CudaBackend {
                 format!("{} cannot map host memory; use upload or auto", device.name),
             ));
         }
+        // nvJPEG (optional: without it JPEG frames are decoded on the host).
+        let jpeg = match nvjpeg::NvJpeg::open(&ctx) {
+            Ok(nv) => JpegDecoder::Gpu(Box::new(nv)),
+            Err(e) => JpegDecoder::Host(e.to_string()),
+        };
         let kernels = kernels::load_backend(
             &ctx,
             &device.arch,
@@ -219,6 +266,7 @@ impl CudaBackend {
             conv_constants: None,
             fused_path,
             queue: std::collections::VecDeque::new(),
+            jpeg,
         })
     }
 
@@ -342,6 +390,32 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// Where compressed frames are decoded, and the JPEG frames nvJPEG decoded so far by
+    /// each of its decoders (`/diagnostics`, `vision_preproc info`).
+    fn decoders(&self) -> String {
+        let host = crate::backend::HOST_DECODERS;
+        match &self.jpeg {
+            JpegDecoder::Gpu(nv) => {
+                let c = nv.counts();
+                let hybrid: Vec<String> =
+                    c.hybrid.iter().map(|(why, n)| format!("{n} {}", why.describe())).collect();
+                format!(
+                    "JPEG on the GPU: {} (decoded: {} by the hardware decoder{}{}); PNG, and a \
+                     JPEG whose header nvJPEG does not read, on the host ({host}), then staged \
+                     and uploaded like raw frames",
+                    nv.describe(),
+                    c.hardware,
+                    if hybrid.is_empty() { "" } else { "; " },
+                    hybrid.join("; ")
+                )
+            }
+            JpegDecoder::Host(why) => format!(
+                "on the host ({host}), then staged and uploaded like raw frames; no JPEG \
+                 decoding on the GPU: {why}"
+            ),
+        }
+    }
+
     /// `job` submitted and finished with nothing else in flight (`process_into`,
     /// `process_batch_into`): the synchronous form of the one path.
     fn run_alone(&mut self, job: Job<'_, '_>, out: &mut [u8]) -> Result<StageTimes> {
@@ -367,7 +441,7 @@ impl CudaBackend {
         match job {
             Job::Frame(FrameWork { image, op, conv }) => {
                 crate::backend::check_out_len(op, len)?;
-                frame::check(image.require_pixels()?, op, conv)?;
+                frame::check(image, op, conv)?;
             }
             Job::Batch(BatchWork { slots, conv }) => {
                 crate::backend::check_batch_len(slots, len)?;
@@ -384,9 +458,9 @@ impl CudaBackend {
         // the submission is finished or abandoned (the contract).
         let target = self.gpu.target(out);
         let frame = match job {
-            Job::Frame(FrameWork { image, op, conv }) => image
-                .require_pixels()
-                .and_then(|image| self.frame_submit(image, op, conv, target).map(Some)),
+            Job::Frame(FrameWork { image, op, conv }) => {
+                self.frame_submit(image, op, conv, target).map(Some)
+            }
             Job::Batch(BatchWork { slots, conv }) => {
                 self.batch_submit(slots, conv, target).map(|()| None)
             }
@@ -415,6 +489,12 @@ impl CudaBackend {
         });
         let frame = match frame {
             Ok(f) => f,
+            // A JPEG that nvJPEG refused (a bad frame, not a device failure): the
+            // submissions in flight stay; what this one queued is waited for.
+            Err(e @ Error::Decode(_)) => {
+                self.gpu.synchronize();
+                return Err(e);
+            }
             Err(e) => {
                 self.abandon_all();
                 return Err(e);
@@ -438,7 +518,7 @@ impl Backend for CudaBackend {
     fn device_description(&self) -> String {
         let d = &self.device;
         format!(
-            "{} ({}, {} SMs, {}, driver {}.{}, NVRTC {}.{}, memory_mode {})",
+            "{} ({}, {} SMs, {}, driver {}.{}, NVRTC {}.{}, memory_mode {}, JPEG: {})",
             d.name,
             d.arch,
             d.multiprocessors,
@@ -447,7 +527,11 @@ impl Backend for CudaBackend {
             (d.driver_version % 1000) / 10,
             d.nvrtc_version.0,
             d.nvrtc_version.1,
-            self.gpu.mode_name()
+            self.gpu.mode_name(),
+            match &self.jpeg {
+                JpegDecoder::Gpu(nv) => nv.summary(),
+                JpegDecoder::Host(_) => "on the host (nvJPEG unavailable)".to_string(),
+            }
         )
     }
 
@@ -472,13 +556,7 @@ impl Backend for CudaBackend {
                     .collect::<Vec<_>>()
                     .join("; "),
             ),
-            (
-                crate::backend::DECODER_KEY.to_string(),
-                format!(
-                    "on the host ({}), then staged and uploaded like raw frames",
-                    crate::backend::HOST_DECODERS
-                ),
-            ),
+            (crate::backend::DECODER_KEY.to_string(), self.decoders()),
         ]
     }
 
@@ -507,12 +585,20 @@ impl Backend for CudaBackend {
     /// block: with a download to its host copy, if any), else through the entry's
     /// pinned output and one CPU copy at [`Backend::finish_oldest`].
     unsafe fn submit_to(&mut self, job: Job<'_, '_>, out: Out) -> Result<Queued> {
-        // Compressed frames are decoded on the host (the CPU decoder), then staged and
-        // uploaded as pixels; the time is the submission's `decode_us`.
-        let (queued, decode_us) = crate::backend::with_host_pixels(job, |job| {
-            // SAFETY: the caller's promise, passed on.
-            unsafe { self.submit_pixels(job, out) }
-        })?;
+        // JPEG frames whose header nvJPEG reads are staged compressed and decoded on the
+        // device (steps.rs); other compressed frames (PNG, or every one when nvJPEG is not
+        // available) are decoded on the host (the CPU decoder), then staged and uploaded
+        // as pixels. The host decoding's time is the submission's `decode_us` (with the
+        // device decoding's, from its events, at the finish).
+        let on_device: Vec<bool> = crate::backend::job_frames(&job)
+            .iter()
+            .map(|f| matches!(f, Some(Frame::Compressed(c)) if self.jpeg.takes(c)))
+            .collect();
+        let (queued, decode_us) =
+            crate::backend::with_host_pixels_except(job, &on_device, |job| {
+                // SAFETY: the caller's promise, passed on.
+                unsafe { self.submit_pixels(job, out) }
+            })?;
         if let Some(last) = self.queue.back_mut() {
             last.decode_us = decode_us;
         }
@@ -543,7 +629,7 @@ impl Backend for CudaBackend {
         match result {
             Ok(times) => {
                 self.frame.direct_frames += u64::from(sub.direct && sub.frame.is_some());
-                Ok(StageTimes { decode_us: sub.decode_us, ..times })
+                Ok(StageTimes { decode_us: sub.decode_us + times.decode_us, ..times })
             }
             Err(e) => {
                 self.abandon_all();

@@ -1,8 +1,11 @@
 //! The steps of a submission, shared by the single frame (`frame.rs`) and the batch
 //! (`batch.rs`): **stage** (the sampling tables to the device when they change; each
-//! frame into its ring entry's pinned buffer, the one CPU copy) -> **upload** (on the copy
-//! stream when another submission is in flight, else on the compute stream; nothing in
-//! `mapped` mode) -> **launch** (the path's fused kernel, then conv2d) -> **download**
+//! frame into its ring entry's pinned buffer, the one CPU copy; a JPEG frame's compressed
+//! bytes) -> **decode** (JPEG frames only: nvJPEG, all of the submission's in one call,
+//! into the device buffer the kernels read, on the upload's stream, inside the `upload`
+//! NVTX range; `StageTimes::decode_us`) -> **upload** (on the copy stream when another
+//! submission is in flight, else on the compute stream; nothing in `mapped` mode) ->
+//! **launch** (the path's fused kernel, then conv2d) -> **download**
 //! (into the caller's pinned memory or the entry's own; nothing when the kernels wrote it
 //! in place), with a timing event between the steps; then **finish** (wait, stage times,
 //! the copy out). A ring entry is staged into only once its previous submission completed.
@@ -13,8 +16,10 @@ use super::driver::drv_err;
 use super::kernels::{resize_normalize_entry, RESIZE_NORMALIZE_BATCH};
 use super::launch::{self, Conv2dParams};
 use super::memory::{DeviceBuffer, PinnedBuffer, PinnedKind, SRC_SLACK};
+use super::nvjpeg::{DecodeItem, NvJpeg};
 use super::{launch_kernel, CudaBackend};
-use crate::backend::{AxisMap, Conv2dOp, Out, PreprocessOp, PreprocessParams, StageTimes};
+use crate::backend::{AxisMap, Conv2dOp, Frame, Out, PreprocessOp, PreprocessParams, StageTimes};
+use crate::compressed::{Codec, Compressed};
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Error, Result};
 use crate::image::Encoding;
@@ -26,13 +31,17 @@ use std::time::Instant;
 
 /// Timing events of one submission: the upload's start and end (on the upload's stream),
 /// the kernels' start (on the compute stream, after waiting for the upload), after the
-/// fused kernel, after conv2d, after the download. The last one means done.
-const EVENTS: usize = 6;
+/// fused kernel, after conv2d, the JPEG decode's start and end (on the upload's stream,
+/// before the upload; only when the submission has JPEG frames), after the download. The
+/// last one means done.
+const EVENTS: usize = 8;
 const UPLOAD_START: usize = 0;
 const UPLOADED: usize = 1;
 const KERNELS_START: usize = 2;
 const PREPROCESSED: usize = 3;
 const CONVOLVED: usize = 4;
+const DECODE_START: usize = 5;
+const DECODED: usize = 6;
 const DONE: usize = EVENTS - 1;
 
 /// Frames at least this large are copied into the pinned staging buffer by several
@@ -235,24 +244,32 @@ impl Gpu {
 
     /// Stage: each frame (`None`: a padded slot, nothing) into its pinned buffer, grown
     /// to the frame plus [`SRC_SLACK`] when needed (write-combined in `upload` mode,
-    /// mapped in `mapped` mode): the one CPU copy of a frame. All frames at once, each in
-    /// [`STAGING_THREADS`] pieces when large: one after the other would leave most of
-    /// the host's memory bandwidth unused, as N single-camera processes would not.
+    /// mapped in `mapped` mode): the one CPU copy of a frame. A JPEG's compressed bytes go
+    /// to the slot's cached pinned buffer instead (nvJPEG reads them on the host, which
+    /// write-combined memory makes slow). All frames at once, each in [`STAGING_THREADS`]
+    /// pieces when large: one after the other would leave most of the host's memory
+    /// bandwidth unused, as N single-camera processes would not.
     ///
     /// # Safety
     /// No GPU work that uses these buffers may be pending (their ring entry is free).
     pub(super) unsafe fn stage(
         &self,
         into: &mut [Staging],
-        frames: &[Option<&[u8]>],
+        frames: &[Option<Source<'_>>],
     ) -> Result<()> {
-        let kind = self.pinned_kind(PinnedKind::Upload);
         let mut copies: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(frames.len());
         for (staging, frame) in into.iter_mut().zip(frames) {
-            let Some(data) = *frame else { continue };
-            let buf = reserve(&self.ctx, &mut staging.host, data.len() + SRC_SLACK, kind)?;
+            let Some(source) = *frame else { continue };
+            let data = source.bytes();
+            let (slot, kind) = match source {
+                Source::Pixels(_) => (&mut staging.host, self.pinned_kind(PinnedKind::Upload)),
+                Source::Jpeg(_) => {
+                    (&mut staging.compressed, self.pinned_kind(PinnedKind::Download))
+                }
+            };
+            let buf = reserve(&self.ctx, slot, data.len() + SRC_SLACK, kind)?;
             // SAFETY: no GPU work uses the buffer (the precondition); each staging has its
-            // own buffer, so the slices do not overlap.
+            // own buffers, so the slices do not overlap.
             copies.push((unsafe { &mut buf.host_mut()[..data.len()] }, data));
         }
         if let [(dst, src)] = &mut copies[..] {
@@ -372,15 +389,112 @@ fn parallel_copy(dst: &mut [u8], src: &[u8]) {
         .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
+/// A frame as the steps take it: pixel rows, staged and uploaded; or a JPEG, whose
+/// compressed bytes are staged (pinned, alive until the submission completes) and decoded
+/// on the device by nvJPEG into the buffer the kernels read, in both memory modes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Source<'s> {
+    /// Pixel rows (an `ImageView`'s bytes).
+    Pixels(&'s [u8]),
+    /// A probed JPEG (decoded to tight rows of its `step`).
+    Jpeg(&'s Compressed<'s>),
+}
+
+impl<'s> Source<'s> {
+    /// `frame` as a source: pixels, or a JPEG for the device decoder. Any other compressed
+    /// frame (PNG) is the caller's to decode on the host first.
+    pub(crate) fn of<'a: 's>(frame: Frame<'a, 's>) -> Result<Source<'s>> {
+        match frame {
+            Frame::Pixels(v) => Ok(Source::Pixels(v.data())),
+            Frame::Compressed(c) if c.codec() == Codec::Jpeg => Ok(Source::Jpeg(c)),
+            Frame::Compressed(c) => Err(Error::misuse(
+                "staging a frame",
+                format!(
+                    "a {} frame reached the device steps: decode it on the host first",
+                    c.codec()
+                ),
+            )),
+        }
+    }
+
+    /// The bytes staged: the pixels, or the compressed JPEG.
+    pub(crate) fn bytes(&self) -> &'s [u8] {
+        match *self {
+            Source::Pixels(d) => d,
+            Source::Jpeg(c) => c.data(),
+        }
+    }
+}
+
+/// Decode: the JPEG frames `jpegs` (slot index in `e.inputs`, frame) of entry `e`, whose
+/// compressed bytes are staged, in ONE nvJPEG call into each slot's device buffer (tight
+/// rows plus [`SRC_SLACK`]), on `up`, between the entry's decode events. Returns each
+/// one's device address, in order.
+///
+/// # Safety
+/// The entry is free (no GPU work of an earlier submission uses its buffers) and stays so
+/// until this submission completes.
+pub(crate) unsafe fn decode_jpegs(
+    nv: &mut NvJpeg,
+    e: &mut Entry,
+    up: &Arc<CudaStream>,
+    jpegs: &[(usize, &Compressed<'_>)],
+) -> Result<Vec<CUdeviceptr>> {
+    e.record(DECODE_START, up)?;
+    let mut dsts = Vec::with_capacity(jpegs.len());
+    for &(i, c) in jpegs {
+        let len = c.step() as usize * c.height() as usize;
+        let what = format!("the decoded JPEG of slot {i}");
+        dsts.push(e.inputs[i].dev.ensure(up, len + SRC_SLACK, &what)?);
+    }
+    let items = jpegs
+        .iter()
+        .zip(&dsts)
+        .map(|(&(i, c), &dst)| {
+            Ok(DecodeItem {
+                // SAFETY: staged bytes no GPU work writes; they stay untouched until the
+                // submission completes (the precondition).
+                jpeg: unsafe { e.inputs[i].staged(c.data().len()) }?,
+                width: c.width(),
+                height: c.height(),
+                grey: c.encoding() == Encoding::Mono8,
+                dst,
+                pitch: c.step() as usize,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // SAFETY: each destination holds step * height (+ slack) bytes of this entry's device
+    // memory and the JPEGs are this entry's pinned staging, both untouched until the
+    // submission completes (the precondition); `up` is a stream of nvJPEG's context.
+    unsafe { nv.decode_batch(up, &items) }?;
+    e.record(DECODED, up)?;
+    Ok(dsts)
+}
+
 /// One frame's buffers in a ring entry (or the batch's slot table): pinned host memory
-/// the CPU stages into, and its copy on the device (`upload` mode).
+/// the CPU stages into, and its copy on the device (`upload` mode; a decoded JPEG in
+/// both modes).
 #[derive(Default)]
 pub(crate) struct Staging {
     host: Option<PinnedBuffer>,
+    /// A JPEG's compressed bytes (cached pinned memory: nvJPEG reads them on the host).
+    compressed: Option<PinnedBuffer>,
     dev: DeviceBuffer,
 }
 
 impl Staging {
+    /// The first `len` staged bytes of a JPEG.
+    ///
+    /// # Safety
+    /// No GPU work writes the staging buffer while the slice is used.
+    pub(crate) unsafe fn staged(&self, len: usize) -> Result<&[u8]> {
+        match &self.compressed {
+            // SAFETY: no GPU write is pending (the precondition).
+            Some(h) if h.len() >= len => Ok(unsafe { &h.host()[..len] }),
+            _ => Err(Error::misuse("decoding a JPEG", "it was not staged: stage it first")),
+        }
+    }
+
     /// Upload the first `len` staged bytes on `up` and return the address the kernels
     /// read: the device copy (`len` + [`SRC_SLACK`] bytes), or in `mapped` mode the
     /// pinned buffer itself. `what` names it in errors.
@@ -487,6 +601,8 @@ pub(crate) struct InFlight {
     /// The frame's encoding (its fused kernel), `None` for a batch: for the message of a
     /// failed submission.
     pub encoding: Option<Encoding>,
+    /// JPEG frames were decoded on the device (the decode events were recorded).
+    pub decoded: bool,
 }
 
 impl Entry {
@@ -499,7 +615,16 @@ impl Entry {
             inputs: (0..inputs).map(|_| Staging::default()).collect(),
             table: Staging::default(),
             output: None,
-            events: [event()?, event()?, event()?, event()?, event()?, event()?],
+            events: [
+                event()?,
+                event()?,
+                event()?,
+                event()?,
+                event()?,
+                event()?,
+                event()?,
+                event()?,
+            ],
             in_flight: None,
         })
     }
@@ -565,6 +690,10 @@ impl Entry {
             self.events[a].elapsed_ms(&self.events[b]).map_err(|e| drv_err("cuEventElapsedTime", e))
         };
         let up = ms(UPLOAD_START, UPLOADED)?;
+        // From the decode's start event, recorded before nvJPEG's host work, to its end on
+        // the device: the host part and the device part (the upload's stream is idle when
+        // a submission starts).
+        let decode = if f.decoded { ms(DECODE_START, DECODED)? } else { 0.0 };
         let (pre, conv, down) =
             (ms(KERNELS_START, PREPROCESSED)?, ms(PREPROCESSED, CONVOLVED)?, ms(CONVOLVED, DONE)?);
         let t = Instant::now();
@@ -573,11 +702,11 @@ impl Entry {
             parallel_copy(out, &unsafe { self.output_bytes() }?[..f.len]);
         }
         let times = StageTimes {
+            decode_us: decode * 1e3,
             upload_us: f.host_us + up * 1e3,
             preprocess_us: pre * 1e3,
             conv_us: conv * 1e3,
             download_us: down * 1e3 + t.elapsed().as_secs_f32() * 1e6,
-            ..StageTimes::default()
         };
         Ok((times, f))
     }

@@ -60,6 +60,10 @@ enum Command {
     #[cfg(feature = "bench")]
     #[command(hide = true)]
     ConvFile(conv_file::ConvFileArgs),
+    /// (benchmark) JPEG decode per frame, 1 and N cameras: the CPU decoder against nvJPEG.
+    #[cfg(feature = "bench")]
+    #[command(hide = true)]
+    BenchDecode(bench::decode::BenchDecodeArgs),
     /// (tests) One compressed image payload (JPEG/PNG) decoded to raw pixels.
     #[cfg(feature = "bench")]
     #[command(hide = true)]
@@ -133,6 +137,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::BenchCpu(args) => bench_cpu::run(args)?,
         #[cfg(feature = "bench")]
         Command::BenchBatch(args) => bench_batch::run(args)?,
+        #[cfg(feature = "bench")]
+        Command::BenchDecode(args) => bench::decode::run(args)?,
         #[cfg(feature = "bench")]
         Command::ConvFile(args) => conv_file::run(args)?,
         #[cfg(feature = "bench")]

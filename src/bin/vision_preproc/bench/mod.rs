@@ -13,6 +13,7 @@
 //! `fused_kernel`, `conv_launch`, ...), launched with `launch_kernel!`.
 
 mod baselines;
+pub mod decode;
 mod figures;
 mod report;
 mod startup;

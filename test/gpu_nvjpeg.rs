@@ -1,0 +1,726 @@
+//! nvJPEG on the GPU (`backend/cuda/nvjpeg.rs`) against the CPU specification's decoder
+//! (`compressed::decode`: zune-jpeg), on real photographs encoded as JPEG:
+//!
+//! - every case decoded alone, into a poisoned destination with a padded row pitch: per
+//!   class of chroma subsampling (4:2:0, 4:2:2, 4:4:4, grey) the largest |GPU - CPU| of any
+//!   sample and the share of samples off by more than 1, within `jpeg_gpu_decode` of
+//!   test/tolerances.json (for the product's decoder, chroma interpolated; the same figures
+//!   for nvJPEG's default replicated chroma are printed beside them, not checked); the
+//!   padding bytes untouched; which decoder took each (the hardware one, or the hybrid
+//!   backend and why);
+//! - a batch of 4 cameras (different photographs and sizes) in ONE `decode_batch`, equal
+//!   byte for byte to the 4 single decodes, 20 times over (a race would move bytes); a
+//!   mixed batch (colour, grey, progressive, 4:2:2) likewise;
+//! - damaged JPEGs (truncated, header bytes flipped, entropy bytes flipped, a few bytes):
+//!   an error or pixels, never a crash (nvJPEG refuses what it cannot parse; the backend's
+//!   header check, `Compressed::probe`, refuses the rest but flipped entropy bytes before
+//!   nvJPEG sees them), and the good JPEG after each (alone and in a batch) decodes to the
+//!   same bytes as before.
+//!
+//! Cases: the photographs of test/data encoded here by the `image` crate (baseline 4:4:4
+//! at quality 50/80/95, and grey), plus every `*.jpg` in `--cases DIR` (OpenCV and Pillow
+//! encodes of the same photographs: 4:2:0 at several qualities, 4:2:2, 4:4:4, progressive;
+//! scripts/device/make_jpeg_cases.py writes them, scripts/device/gpu_nvjpeg_stage.sh
+//! stages them). The class of each case is read from its frame header.
+//!
+//! A `harness = false` target: without a GPU it prints "no GPU: GPU tests NOT run (not
+//! counted as passed)" and exits 0; on a GPU it exits 1 if anything differs or fails.
+//! `--quick` (under compute-sanitizer): the backend's decoder only, fewer repetitions.
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use vision_preproc::backend::cpu::CpuBackend;
+use vision_preproc::backend::cuda::nvjpeg::{
+    ChromaUpsampling, DecodeItem, NvJpeg, NvJpegOptions, Route,
+};
+use vision_preproc::backend::cuda::CudaBackend;
+use vision_preproc::backend::{Backend, BatchSlot, BatchWork, Frame, FrameWork, PreprocessOp};
+use vision_preproc::compressed::{decode, Compressed, Limits};
+use vision_preproc::config::MemoryMode;
+use vision_preproc::pipeline::{preprocess_op, Geometry};
+use vision_preproc::{Config, Encoding, ImageView};
+
+const TOLERANCES: &str = include_str!("tolerances.json");
+const PHOTOS: [(&str, &[u8]); 5] = [
+    ("astronaut", include_bytes!("data/astronaut.png")),
+    ("chelsea", include_bytes!("data/chelsea.png")),
+    ("coffee", include_bytes!("data/coffee.png")),
+    ("rocket", include_bytes!("data/rocket.jpg")),
+    ("camera", include_bytes!("data/camera.png")),
+];
+/// Destination bytes before a decode: anything not written stays this.
+const POISON: u8 = 0xA5;
+/// Extra bytes per row of every destination: the decoder must honour the pitch.
+const PITCH_PAD: usize = 64;
+
+/// One JPEG to test.
+struct Case {
+    name: String,
+    jpeg: Vec<u8>,
+}
+
+/// The CPU decode of a case.
+struct Expected {
+    width: u32,
+    height: u32,
+    grey: bool,
+    pixels: Vec<u8>,
+}
+
+fn expected(case: &Case) -> Result<Expected, String> {
+    let d = decode("jpeg", &case.jpeg, &Limits::default()).map_err(|e| e.to_string())?;
+    let v = d.view();
+    let grey = match v.encoding() {
+        Encoding::Mono8 => true,
+        Encoding::Rgb8 => false,
+        e => return Err(format!("CPU decode gave {e:?}")),
+    };
+    Ok(Expected { width: v.width(), height: v.height(), grey, pixels: v.data().to_vec() })
+}
+
+/// The chroma subsampling class of a JPEG, from its frame header (component 0's sampling
+/// factors; the chroma components are 1x1 in every file here).
+fn class(jpeg: &[u8]) -> String {
+    let mut pos = 2;
+    while pos + 4 <= jpeg.len() {
+        if jpeg[pos] != 0xFF {
+            return "unknown".into();
+        }
+        let marker = jpeg[pos + 1];
+        let len = usize::from(u16::from_be_bytes([jpeg[pos + 2], jpeg[pos + 3]]));
+        if matches!(marker, 0xC0..=0xC2) {
+            let seg = &jpeg[pos + 4..(pos + 2 + len).min(jpeg.len())];
+            if seg.len() < 8 {
+                return "unknown".into();
+            }
+            if seg[5] == 1 {
+                return "grey".into();
+            }
+            return match (seg[7] >> 4, seg[7] & 15) {
+                (1, 1) => "colour_444",
+                (2, 1) => "colour_422",
+                (2, 2) => "colour_420",
+                _ => "unknown",
+            }
+            .into();
+        }
+        pos += 2 + len;
+    }
+    "unknown".into()
+}
+
+/// Largest |a - b| and the count of samples with |a - b| > 1.
+fn diff(a: &[u8], b: &[u8]) -> (u8, usize) {
+    a.iter().zip(b).fold((0, 0), |(m, n), (&x, &y)| {
+        let d = x.abs_diff(y);
+        (m.max(d), n + usize::from(d > 1))
+    })
+}
+
+/// A poisoned device destination for `e` with padded rows.
+struct Dst {
+    buf: CudaSlice<u8>,
+    pitch: usize,
+    row: usize,
+    height: usize,
+}
+
+impl Dst {
+    fn new(stream: &Arc<CudaStream>, e: &Expected) -> Dst {
+        let row = e.width as usize * if e.grey { 1 } else { 3 };
+        let pitch = row + PITCH_PAD;
+        let height = e.height as usize;
+        let buf = stream.clone_htod(&vec![POISON; pitch * height]).expect("device alloc");
+        Dst { buf, pitch, row, height }
+    }
+
+    fn item<'a>(&self, stream: &CudaStream, jpeg: &'a [u8], e: &Expected) -> DecodeItem<'a> {
+        let (ptr, _sync) = self.buf.device_ptr(stream);
+        DecodeItem {
+            jpeg,
+            width: e.width,
+            height: e.height,
+            grey: e.grey,
+            dst: ptr,
+            pitch: self.pitch,
+        }
+    }
+
+    /// The rows without padding, and whether every padding byte is still the poison.
+    fn read(&self, stream: &Arc<CudaStream>) -> (Vec<u8>, bool) {
+        let all = stream.clone_dtoh(&self.buf).expect("download");
+        let mut pixels = Vec::with_capacity(self.row * self.height);
+        let mut pad_ok = true;
+        for r in 0..self.height {
+            let line = &all[r * self.pitch..(r + 1) * self.pitch];
+            pixels.extend_from_slice(&line[..self.row]);
+            pad_ok &= line[self.row..].iter().all(|&b| b == POISON);
+        }
+        (pixels, pad_ok)
+    }
+}
+
+/// The pixels of each item of a set, the route of each, and whether every padding byte
+/// stayed poisoned; or the error.
+type Decoded = Result<(Vec<Vec<u8>>, Vec<Route>, bool), String>;
+
+/// Decode `cases` (with their CPU decodes) in one `decode_batch` into fresh poisoned
+/// destinations; the pixels of each, or the error.
+fn decode_set(nv: &mut NvJpeg, stream: &Arc<CudaStream>, cases: &[(&[u8], &Expected)]) -> Decoded {
+    let dsts: Vec<Dst> = cases.iter().map(|(_, e)| Dst::new(stream, e)).collect();
+    let items: Vec<DecodeItem> =
+        cases.iter().zip(&dsts).map(|((j, e), d)| d.item(stream, j, e)).collect();
+    // SAFETY: every destination holds pitch * height bytes and the JPEGs live until the
+    // stream is synchronized below, before either is touched or dropped.
+    let report = unsafe { nv.decode_batch(stream, &items) };
+    stream.synchronize().map_err(|e| format!("stream: {e:?}"))?;
+    let report = report.map_err(|e| e.to_string())?;
+    let mut pads = true;
+    let pixels = dsts
+        .iter()
+        .map(|d| {
+            let (p, ok) = d.read(stream);
+            pads &= ok;
+            p
+        })
+        .collect();
+    Ok((pixels, report.routes, pads))
+}
+
+fn encode_image_crate(rgb: &image::DynamicImage, quality: u8, grey: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut enc = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, quality);
+    if grey {
+        enc.encode_image(&rgb.to_luma8()).expect("jpeg encode");
+    } else {
+        enc.encode_image(&rgb.to_rgb8()).expect("jpeg encode");
+    }
+    out
+}
+
+fn gpu_present() -> bool {
+    // SAFETY: only tries to dlopen libcuda.
+    let lib = unsafe { cudarc::driver::sys::is_culib_present() };
+    lib && cudarc::driver::result::init().is_ok()
+        && cudarc::driver::result::device::get_count().is_ok_and(|n| n > 0)
+}
+
+#[derive(Default)]
+struct Worst {
+    max_abs: u8,
+    share: f64,
+    cases: usize,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let arg =
+        |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let quick = args.iter().any(|a| a == "--quick");
+    if !gpu_present() {
+        println!("no GPU: GPU tests NOT run (not counted as passed)");
+        return ExitCode::SUCCESS;
+    }
+    let tol: serde_json::Value = serde_json::from_str(TOLERANCES).expect("tolerances.json");
+    let tol = &tol["jpeg_gpu_decode"];
+    let mut failures: Vec<String> = Vec::new();
+
+    // The cases.
+    let mut cases = Vec::new();
+    for (name, bytes) in PHOTOS {
+        let img = image::load_from_memory(bytes).expect("photograph");
+        let grey_photo = name == "camera";
+        for q in [50u8, 80, 95] {
+            cases.push(Case {
+                name: format!("{name}_image-crate_q{q}{}", if grey_photo { "_grey" } else { "" }),
+                jpeg: encode_image_crate(&img, q, grey_photo),
+            });
+        }
+        if !grey_photo {
+            cases.push(Case {
+                name: format!("{name}_image-crate_q80_grey"),
+                jpeg: encode_image_crate(&img, 80, true),
+            });
+        }
+    }
+    if let Some(dir) = arg("--cases") {
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("--cases {dir}: {e}"))
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "jpg"))
+            .collect();
+        files.sort();
+        for f in files {
+            let name = f.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            cases.push(Case { name, jpeg: std::fs::read(&f).expect("case file") });
+        }
+    }
+
+    let ctx = CudaContext::new(0).expect("CUDA context");
+    let stream = ctx.new_stream().expect("stream");
+    let mut nv = match NvJpeg::open(&ctx) {
+        Ok(n) => n,
+        Err(e) => {
+            println!("FAIL: NvJpeg::open: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let replicated = NvJpeg::open_with(
+        &ctx,
+        NvJpegOptions { upsampling: ChromaUpsampling::Replicated, ..Default::default() },
+    );
+    let hybrid_only =
+        NvJpeg::open_with(&ctx, NvJpegOptions { hardware: false, ..Default::default() });
+    println!("gpu_nvjpeg: {} cases on {}", cases.len(), ctx.name().unwrap_or_default());
+    println!("decoder: {}", nv.describe());
+    let mut others: Vec<(&str, NvJpeg)> = Vec::new();
+    // --quick (under compute-sanitizer): the backend's decoder only (its hybrid backend
+    // still decodes the progressive cases and the mixed batch's).
+    let extra =
+        if quick { vec![] } else { vec![("replicated", replicated), ("hybrid-only", hybrid_only)] };
+    for (label, n) in extra {
+        match n {
+            Ok(n) => {
+                println!("also ({label}): {}", n.describe());
+                others.push((label, n));
+            }
+            Err(e) => failures.push(format!("opening the {label} decoder: {e}")),
+        }
+    }
+
+    // 1. Every case alone, against the CPU decoder.
+    let mut expect: Vec<Option<Expected>> = Vec::new();
+    let mut worst: BTreeMap<(String, String), Worst> = BTreeMap::new();
+    for case in &cases {
+        let e = match expected(case) {
+            Ok(e) => e,
+            Err(err) => {
+                failures.push(format!("{}: CPU decode: {err}", case.name));
+                expect.push(None);
+                continue;
+            }
+        };
+        let class = class(&case.jpeg);
+        let samples = e.pixels.len();
+        let mut line = format!("{:<40} {:>9} {}x{}", case.name, class, e.width, e.height);
+        let decoders = std::iter::once(("interpolated", &mut nv))
+            .chain(others.iter_mut().map(|(l, n)| (*l, n)));
+        for (label, dec) in decoders {
+            match decode_set(dec, &stream, &[(&case.jpeg, &e)]) {
+                Ok((px, routes, pads)) => {
+                    let (m, over) = diff(&px[0], &e.pixels);
+                    let share = over as f64 / samples as f64;
+                    line += &format!("  {label}: {:?} max {m} >1 {:.3}%", routes[0], share * 100.0);
+                    let w = worst.entry((label.to_string(), class.clone())).or_default();
+                    (w.max_abs, w.share, w.cases) =
+                        (w.max_abs.max(m), w.share.max(share), w.cases + 1);
+                    if !pads {
+                        failures
+                            .push(format!("{} ({label}): a padding byte was written", case.name));
+                    }
+                    if label == "interpolated" {
+                        let t = &tol[class.as_str()];
+                        let (tm, ts) = (t["max_abs"].as_u64(), t["share_over_1"].as_f64());
+                        match (tm, ts) {
+                            (Some(tm), Some(ts)) if u64::from(m) <= tm && share <= ts => {}
+                            (Some(tm), Some(ts)) => failures.push(format!(
+                                "{} ({class}): max |GPU - CPU| {m} (tolerance {tm}), share > 1 \
+                                 {share:.5} (tolerance {ts})",
+                                case.name
+                            )),
+                            _ => failures
+                                .push(format!("tolerances.json: jpeg_gpu_decode.{class} missing")),
+                        }
+                    }
+                }
+                Err(err) => failures.push(format!("{} ({label}): {err}", case.name)),
+            }
+        }
+        println!("{line}");
+        expect.push(Some(e));
+    }
+    println!(
+        "\nworst per decoder and class (max |GPU - CPU|, largest share of samples off by > 1):"
+    );
+    for ((label, class), w) in &worst {
+        println!(
+            "  {label:<13} {class:<11} max_abs {:>3}  share_over_1 {:.5}  ({} cases)",
+            w.max_abs, w.share, w.cases
+        );
+    }
+
+    // 2. A batch of 4 cameras, and a mixed batch, against the single decodes.
+    let index = |prefix: &str| {
+        cases.iter().position(|c| c.name.starts_with(prefix)).filter(|&i| expect[i].is_some())
+    };
+    let singles = |nv: &mut NvJpeg, ids: &[usize]| -> Result<Vec<Vec<u8>>, String> {
+        ids.iter()
+            .map(|&i| {
+                let e = expect[i].as_ref().ok_or("no CPU decode")?;
+                decode_set(nv, &stream, &[(&cases[i].jpeg, e)]).map(|(p, ..)| p[0].clone())
+            })
+            .collect()
+    };
+    // 4 cameras: OpenCV's 4:2:0 (what cameras and image_transport send) when the cases
+    // directory is there, else the image crate's encodes.
+    let pick = |names: [&str; 4]| names.iter().filter_map(|p| index(p)).collect::<Vec<usize>>();
+    let mut four = pick([
+        "cv2_astronaut_q80_420",
+        "cv2_chelsea_q80_420",
+        "cv2_coffee_q80_420",
+        "cv2_rocket_q80_420",
+    ]);
+    if four.len() < 4 {
+        four = pick([
+            "astronaut_image-crate_q80",
+            "chelsea_image-crate_q80",
+            "coffee_image-crate_q80",
+            "rocket_image-crate_q80",
+        ]);
+    }
+    let mixed: Vec<usize> = [
+        "cv2_astronaut_q90_420",
+        "camera_image-crate_q80_grey",
+        "cv2_coffee_q90_progressive",
+        "cv2_chelsea_q90_422",
+    ]
+    .iter()
+    .filter_map(|p| index(p))
+    .collect();
+    let repeats = if quick { 2 } else { 20 };
+    for (label, ids) in [("4 cameras", &four), ("mixed", &mixed)] {
+        if ids.len() < 4 {
+            if label == "4 cameras" || arg("--cases").is_some() {
+                failures.push(format!("batch {label}: only {} of its 4 cases exist", ids.len()));
+            }
+            continue;
+        }
+        let single = match singles(&mut nv, ids) {
+            Ok(s) => s,
+            Err(e) => {
+                failures.push(format!("batch {label}: single decodes: {e}"));
+                continue;
+            }
+        };
+        let set: Vec<(&[u8], &Expected)> = ids
+            .iter()
+            .filter_map(|&i| expect[i].as_ref().map(|e| (cases[i].jpeg.as_slice(), e)))
+            .collect();
+        let mut ok = 0;
+        for r in 0..repeats {
+            match decode_set(&mut nv, &stream, &set) {
+                Ok((px, routes, pads)) => {
+                    if r == 0 {
+                        println!("batch {label}: routes {routes:?}");
+                    }
+                    let same = px == single && pads;
+                    ok += usize::from(same);
+                    if !same {
+                        failures.push(format!(
+                            "batch {label}, run {r}: differs from the single decodes"
+                        ));
+                    }
+                }
+                Err(e) => failures.push(format!("batch {label}, run {r}: {e}")),
+            }
+        }
+        println!("batch {label}: {ok}/{repeats} runs equal to the 4 single decodes byte for byte");
+    }
+
+    // 3. Damaged JPEGs, then the good one again.
+    if let Some(&g) = four.first() {
+        let (good, ge) = (&cases[g].jpeg, expect[g].as_ref().expect("checked above"));
+        let reference = decode_set(&mut nv, &stream, &[(good, ge)]).map(|(p, ..)| p[0].clone());
+        let mut damaged: Vec<(&str, Vec<u8>)> = vec![
+            ("truncated to half", good[..good.len() / 2].to_vec()),
+            ("truncated to 10 bytes", good[..10].to_vec()),
+            ("empty", Vec::new()),
+        ];
+        let mut header = good.clone();
+        for b in &mut header[2..40] {
+            *b ^= 0x5A;
+        }
+        damaged.push(("header bytes flipped", header));
+        let mut entropy = good.clone();
+        let n = entropy.len();
+        for k in 0..64 {
+            entropy[n / 3 + k * (n / 200)] ^= 0xFF;
+        }
+        damaged.push(("entropy bytes flipped", entropy));
+        let mut sof = good.clone();
+        if let Some(p) = sof.windows(2).position(|w| w == [0xFF, 0xC0]) {
+            sof[p + 5..p + 9].copy_from_slice(&[0, 0, 0, 0]); // height 0, width 0
+            damaged.push(("frame header says 0x0", sof));
+        }
+        for (what, bad) in &damaged {
+            let alone = decode_set(&mut nv, &stream, &[(bad, ge)]);
+            let batch = decode_set(&mut nv, &stream, &[(good, ge), (bad, ge), (good, ge)]);
+            let again = decode_set(&mut nv, &stream, &[(good, ge)]).map(|(p, ..)| p[0].clone());
+            let again_batch = decode_set(&mut nv, &stream, &[(good, ge), (good, ge)]);
+            let outcome = |r: &Decoded| match r {
+                Ok(_) => "decoded (pixels)".to_string(),
+                Err(e) => format!("error: {e}"),
+            };
+            println!("damaged, {what}: alone {}; in a batch {}", outcome(&alone), outcome(&batch));
+            let good_again = again.as_ref().ok() == reference.as_ref().ok() && reference.is_ok();
+            let batch_again = again_batch
+                .as_ref()
+                .is_ok_and(|(p, ..)| reference.as_ref().is_ok_and(|r| p.iter().all(|x| x == r)));
+            if !good_again || !batch_again {
+                failures.push(format!(
+                    "after the damaged JPEG ({what}) the good one decodes differently or fails \
+                     (alone: {good_again}, in a batch: {batch_again})"
+                ));
+            }
+            // nvJPEG itself refuses these; the others it may decode to pixels (it skips
+            // bytes up to the next marker, fills a cut scan), so the backend checks every
+            // header first (`Compressed::probe`, as the CPU decoder does), which refuses
+            // each damaged JPEG here but the flipped entropy bytes.
+            let must_fail =
+                matches!(*what, "truncated to 10 bytes" | "empty" | "frame header says 0x0");
+            if must_fail && alone.is_ok() {
+                failures.push(format!("damaged ({what}): decoded without an error"));
+            }
+            let probe = Compressed::probe("jpeg", bad, &Limits::default());
+            if (*what == "entropy bytes flipped") == probe.is_err() {
+                failures.push(format!("damaged ({what}): the header check says {probe:?}"));
+            }
+        }
+    }
+
+    // 4. The CUDA backend on compressed frames.
+    let by_name = |n: &str| cases.iter().position(|c| c.name == n);
+    let backend_cases: Vec<usize> = [
+        "cv2_astronaut_q80_420",
+        "cv2_chelsea_q90_422",
+        "cv2_coffee_q90_444",
+        "cv2_rocket_q90_progressive",
+        "cv2_camera_q80_grey",
+        "mosaic_1080p_q90",
+        "chelsea_image-crate_q80",
+    ]
+    .iter()
+    .filter_map(|n| by_name(n))
+    .collect();
+    backend_parity(&mut nv, &stream, &cases, &backend_cases, tol, &mut failures, quick);
+
+    println!("\ncounts: {:?}", nv.counts());
+    for f in &failures {
+        println!("FAIL: {f}");
+    }
+    println!("gpu_nvjpeg summary: {} cases, {} failures", cases.len(), failures.len());
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The float32 elements of a tensor.
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+/// The operation of the default configuration (640x480 letterbox, float32) for `frame`.
+fn op_for(frame: Frame<'_, '_>) -> PreprocessOp {
+    let cfg = Config::default();
+    let g = Geometry::resolve(&cfg, frame.width(), frame.height()).expect("geometry");
+    let mut op = preprocess_op(&cfg, &g);
+    op.params.set_source(frame);
+    op
+}
+
+/// The CUDA backend on compressed frames, in both memory modes: (a) equal bit for bit to
+/// the same backend on the pixels nvJPEG gives alone (the decode lands where the upload
+/// would have put them, in the layout the kernel reads), (b) within `jpeg_gpu_decode`
+/// (in output units: levels x the largest |scale|, + float32_abs) of the CPU backend on
+/// the same compressed frames; decode_us > 0; a batch of 4 cameras and a mixed batch
+/// (JPEG, progressive JPEG, a PNG the backend decodes on the host, raw pixels) equal to
+/// their single frames.
+fn backend_parity(
+    nv: &mut NvJpeg,
+    stream: &Arc<CudaStream>,
+    cases: &[Case],
+    ids: &[usize],
+    tol: &serde_json::Value,
+    failures: &mut Vec<String>,
+    quick: bool,
+) {
+    let all: serde_json::Value = serde_json::from_str(TOLERANCES).expect("tolerances.json");
+    let f32_abs = all["float32_abs"].as_f64().expect("float32_abs");
+    let probes: Vec<(usize, Compressed)> = ids
+        .iter()
+        .filter_map(|&i| {
+            Compressed::probe("jpeg", &cases[i].jpeg, &Limits::default()).ok().map(|c| (i, c))
+        })
+        .collect();
+    if probes.len() != ids.len() {
+        failures.push(format!("backend: {} of {} cases probe", probes.len(), ids.len()));
+    }
+    // Each case's pixels as nvJPEG gives them alone (tight rows).
+    let mut alone: Vec<Vec<u8>> = Vec::new();
+    for (i, c) in &probes {
+        let e = expected(&cases[*i]).expect("CPU decode");
+        match decode_set(nv, stream, &[(&cases[*i].jpeg, &e)]) {
+            Ok((px, ..)) => alone.push(px[0].clone()),
+            Err(err) => {
+                failures.push(format!("backend: {}: nvJPEG alone: {err}", cases[*i].name));
+                return;
+            }
+        }
+        assert_eq!(c.step() as usize * c.height() as usize, alone.last().map_or(0, Vec::len));
+    }
+    let png = {
+        let img = image::load_from_memory(PHOTOS[1].1).expect("photograph");
+        let mut out = Vec::new();
+        img.write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png).expect("png");
+        out
+    };
+    let png = Compressed::probe("png", &png, &Limits::default()).expect("png probe");
+    let raw = image::load_from_memory(PHOTOS[0].1).expect("photograph").to_rgb8();
+    let raw = ImageView::with_encoding(
+        raw.width(),
+        raw.height(),
+        raw.width() * 3,
+        Encoding::Rgb8,
+        false,
+        raw.as_raw(),
+    )
+    .expect("raw view");
+    let mut cpu = CpuBackend::new();
+    for mode in [MemoryMode::Upload, MemoryMode::Mapped] {
+        let mut gpu = match CudaBackend::new(0, mode) {
+            Ok(b) => b,
+            Err(e) => {
+                failures.push(format!("backend ({mode:?}): opening: {e}"));
+                continue;
+            }
+        };
+        gpu.set_poison_outputs(true);
+        println!("\nbackend ({mode:?}): {}", gpu.device_description());
+        let mut singles: Vec<Vec<u8>> = Vec::new();
+        for ((i, c), px) in probes.iter().zip(&alone) {
+            let name = &cases[*i].name;
+            let op = op_for(Frame::Compressed(c));
+            let (mut out, mut via_pixels, mut reference) = (Vec::new(), Vec::new(), Vec::new());
+            let view =
+                ImageView::with_encoding(c.width(), c.height(), c.step(), c.encoding(), false, px)
+                    .expect("decoded view");
+            let times = match (
+                gpu.process(FrameWork::new(c, &op, None), &mut out),
+                gpu.process(FrameWork::new(&view, &op, None), &mut via_pixels),
+                cpu.process(FrameWork::new(c, &op, None), &mut reference),
+            ) {
+                (Ok(t), Ok(_), Ok(_)) => t,
+                (a, b, c) => {
+                    failures.push(format!(
+                        "backend ({mode:?}) {name}: {:?} / {:?} / {:?}",
+                        a.err(),
+                        b.err(),
+                        c.err()
+                    ));
+                    continue;
+                }
+            };
+            let levels = tol[class(&cases[*i].jpeg).as_str()]["max_abs"].as_f64().unwrap_or(0.0);
+            let scale = op.params.scale.iter().fold(0.0f64, |m, s| m.max(f64::from(s.abs())));
+            let bound = levels * scale + f32_abs;
+            let (g, r) = (floats(&out), floats(&reference));
+            let max = g.iter().zip(&r).fold(0.0f64, |m, (a, b)| m.max(f64::from((a - b).abs())));
+            let nan = g.iter().any(|v| !v.is_finite());
+            let exact = out == via_pixels;
+            println!(
+                "backend ({mode:?}) {name:<30} exact vs nvJPEG pixels: {exact}; max |cuda - cpu| \
+                 {max:.3e} (bound {bound:.3e}); decode_us {:.0}, upload_us {:.0}, preprocess_us {:.0}",
+                times.decode_us, times.upload_us, times.preprocess_us
+            );
+            if !exact || nan || max > bound || times.decode_us <= 0.0 {
+                failures.push(format!(
+                    "backend ({mode:?}) {name}: exact {exact}, NaN {nan}, max {max:.3e} > {bound:.3e} \
+                     or decode_us {}",
+                    times.decode_us
+                ));
+            }
+            singles.push(out);
+        }
+        // A batch of 4 cameras (the first four cases), then a mixed one.
+        let mut batches: Vec<(&str, Vec<(Frame, usize)>)> = Vec::new();
+        if probes.len() >= 4 {
+            batches.push((
+                "4 cameras",
+                (0..4).map(|k| (Frame::Compressed(&probes[k].1), k)).collect(),
+            ));
+            batches.push((
+                "mixed",
+                vec![
+                    (Frame::Compressed(&probes[3].1), 3),
+                    (Frame::Compressed(&png), usize::MAX),
+                    (Frame::Pixels(&raw), usize::MAX),
+                    (Frame::Compressed(&probes[0].1), 0),
+                ],
+            ));
+        }
+        let repeats = if quick { 1 } else { 5 };
+        // The largest tolerance of any class (the batches mix them).
+        let worst_levels = ["colour_420", "colour_422", "colour_444", "grey"]
+            .iter()
+            .filter_map(|k| tol[*k]["max_abs"].as_f64())
+            .fold(0.0, f64::max);
+        for (label, frames) in &batches {
+            let ops: Vec<PreprocessOp> = frames.iter().map(|(f, _)| op_for(*f)).collect();
+            let slots: Vec<BatchSlot> =
+                frames.iter().zip(&ops).map(|((f, _), op)| BatchSlot::frame(*f, op)).collect();
+            for run in 0..repeats {
+                let mut out = Vec::new();
+                let mut cpu_out = Vec::new();
+                let len: usize = ops.iter().map(|o| o.params.tensor_desc().byte_len()).sum();
+                out.resize(len, 0);
+                cpu_out.resize(len, 0);
+                let r = gpu.process_batch_into(BatchWork::new(&slots, None), &mut out);
+                let rc = cpu.process_batch_into(BatchWork::new(&slots, None), &mut cpu_out);
+                match (r, rc) {
+                    (Ok(t), Ok(_)) => {
+                        let item = len / frames.len();
+                        let mut ok = true;
+                        for (k, (_, single)) in frames.iter().enumerate() {
+                            let got = &out[k * item..(k + 1) * item];
+                            if *single != usize::MAX && got != singles[*single].as_slice() {
+                                ok = false;
+                            }
+                        }
+                        let max = floats(&out)
+                            .iter()
+                            .zip(floats(&cpu_out))
+                            .fold(0.0f64, |m, (a, b)| m.max(f64::from((a - b).abs())));
+                        if run == 0 {
+                            println!(
+                                "backend ({mode:?}) batch {label}: JPEG items equal to their single frames: {ok}; max |cuda - cpu| {max:.3e}; decode_us {:.0}",
+                                t.decode_us
+                            );
+                        }
+                        let scale = ops
+                            .iter()
+                            .flat_map(|o| o.params.scale)
+                            .fold(0.0f64, |m, s| m.max(f64::from(s.abs())));
+                        let bound = worst_levels * scale + f32_abs;
+                        if !ok || max > bound || t.decode_us <= 0.0 {
+                            failures.push(format!("backend ({mode:?}) batch {label}, run {run}: equal {ok}, max {max:.3e}, decode_us {}", t.decode_us));
+                        }
+                    }
+                    (a, b) => failures.push(format!(
+                        "backend ({mode:?}) batch {label}: {:?} / {:?}",
+                        a.err(),
+                        b.err()
+                    )),
+                }
+            }
+        }
+        for (key, value) in gpu.diagnostics() {
+            if key.starts_with("Compressed") {
+                println!("backend ({mode:?}) {key}: {value}");
+            }
+        }
+    }
+}
