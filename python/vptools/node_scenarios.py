@@ -80,6 +80,9 @@ INPUTS2 = "inputs:=[cam0/image, cam1/image]"
 GST_GROUPS = (("BGR", "RGB", "BGRx", "BGRA", "RGBx", "RGBA", "GRAY8", "GRAY16_LE", "GRAY16_BE"),
               ("YUY2", "UYVY", "NV12", "NV21", "rggb", "bggr", "gbrg", "grbg"))
 #: `camera`'s backends: (label, node parameters).
+#: `compressed`'s bag in node_bags.tar.xz: bgr8_1920x1080's frames as JPEG q90 4:2:0
+#: (sensor_msgs/CompressedImage, scripts/device/gpu_node_bags.py).
+JPEG_BAG = "jpeg90_1920x1080"
 GST_MODES = (("cuda_upload", ("-p", "backend:=cuda", "-p", "memory_mode:=upload")),
              ("cuda_mapped", ("-p", "backend:=cuda", "-p", "memory_mode:=mapped")),
              ("cpu", ("-p", "backend:=cpu")))
@@ -125,6 +128,7 @@ class Knobs:
     latency_sizes: tuple[str, ...] = ("1280x720", "1920x1080")
     cudaref_modes: tuple[str, ...] = CUDAREF_DEFAULT
     camera_parts: tuple[str, ...] = ("parity", "sanitizer", "bench", "max")
+    compressed_parts: tuple[str, ...] = ("parity", "sanitizer", "bench")
     cudaref_slow_s: int = 20
     cudaref_batch_args: tuple[str, ...] = ()
     cudaref_batch_play: tuple[str, ...] = ()
@@ -174,6 +178,7 @@ def knobs_from(env: Mapping[str, str], backend: str = "cuda") -> Knobs:
     k.latency_sizes = sizes
     k.cudaref_modes = _words(env, "CUDAREF_MODES", CUDAREF_DEFAULT, CUDAREF_MODES, "mode")
     k.camera_parts = _words(env, "CAMERA_PARTS", k.camera_parts, k.camera_parts, "part")
+    k.compressed_parts = _words(env, "COMPRESSED_PARTS", k.compressed_parts, k.compressed_parts, "part")
     k.cudaref_slow_s = _int(env, "CUDAREF_SLOW_S", 20)
     k.cudaref_batch_args = tuple(shlex.split(env.get("CUDAREF_BATCH_ARGS", "")))
     k.cudaref_batch_play = tuple(shlex.split(env.get("CUDAREF_BATCH_PLAY", "")))
@@ -723,6 +728,10 @@ class Run:
         if mode == "gst_ref":
             # bench_handoff.py's path (b): the camera inside the node, live, 1080p at 30 Hz.
             args += ["-p", f'inputs:=["{gst_source("BGR", 1920, 1080, "30/1")}"]']
+        if mode == "jpeg_ref":
+            # bench_handoff.py's path (c): the same frames as JPEG q90 over DDS.
+            bag = self.bags / JPEG_BAG
+            args += ["-p", "image_transport:=compressed"]
         binary, fault = self.node_bin, ""
         if mode == "prev_ref":
             binary = PREV_DIR / "bin" / "vision_preproc_node"
@@ -774,7 +783,7 @@ class Run:
                                     self.out / f"{tag}.consumer.log", env=self.py312_env()))
         elif mode in ("tensor", "tensor_ref"):
             waits.append(self.consumer(f"{mode}_{trial}", mode, 13))
-        elif mode == "gst_ref":
+        elif mode in ("gst_ref", "jpeg_ref"):
             waits.append(self.consumer(f"{mode}_{trial}", "tensor_ref", 13))
         elif mode == "prev_ref":
             waits.append(self.consumer(f"{mode}_{trial}", "tensor_ref", 13))
@@ -1102,6 +1111,74 @@ def camera(run: Run) -> None:
             run.gst_max(i)
 
 
+@scenario
+def compressed(run: Run) -> None:
+    """Compressed inputs (`image_transport: compressed`; node_bags.tar.xz's JPEG_BAG, the
+    1080p photographs as JPEG q90 4:2:0, from `play`), in one call:
+      parity: one node per mode of GST_MODES (CUDA upload and CUDA mapped: nvJPEG; CPU: the
+        CPU decoder), 64x48 + gaussian 5 conv2d, the bag's 8 frames played once and every
+        tensor recorded (OUT/compressed_<mode>: compare them here,
+        scripts/device/compare_compressed.py, within jpeg_gpu_decode)
+      sanitizer: the CUDA node under compute-sanitizer memcheck, the bag looped 20 s
+      bench: bench_handoff.py's (s), (a) and (c) with the PyTorch consumer, 2 rounds:
+        raw over DDS -> tensor + .cuda(), -> tensor_ref, JPEG over DDS -> tensor_ref
+    COMPRESSED_PARTS: a subset of those three, in that order."""
+    parts = run.k.compressed_parts
+    if not run.untar(run.stage / "py312.tar.xz", ROS_DIR):
+        raise SystemExit(f"gpu_node_remote: cannot unpack {run.stage / 'py312.tar.xz'} (the consumers)")
+    bag = run.bags / JPEG_BAG
+    with run.tee("compressed"):
+        run.warm_up()
+        for label, mode_args in GST_MODES if "parity" in parts else ():
+            tag, ns = f"compressed_{label}", f"/jc{label[:4]}{label[-1]}"
+            node = run.node(["-r", f"__ns:={ns}", *run.small(), *mode_args, "-p", "image_transport:=compressed"],
+                            WORK / f"node_{tag}.log")
+            rec = run.spawn([run.cli, "record", run.out / tag, "--tensor-topic", f"{ns}/tensor",
+                             "--timing-topic", f"{ns}/timing", "--count", 8, "--duration", 40],
+                            WORK / f"rec_{tag}.log")
+            time.sleep(3)  # the recorder matched to the node's tensor before the first frame
+            run.wait(run.player(bag, tag, "--image-topic", f"{ns}/image", "--wait-subscribers", 1))
+            run.wait(rec)
+            rc = run.stop_node(node)
+            nlog = WORK / f"node_{tag}.log"
+            print(f"{tag}: {nl(lines_of(WORK / f'rec_{tag}.log')[-2:])}; node exit {rc}; "
+                  f"{nl(grep('stopped:.*', nlog, only=True))}")
+            shutil.copy(nlog, run.out)
+            for line in grep(r"WARN|ERROR|FATAL|backend|JPEG|rejected", nlog)[:6]:
+                print(f"  {line[:260]}")
+        if "sanitizer" in parts:
+            tag = "compressed_sanitizer"
+            node = run.node(["-r", "__ns:=/jcs", "-p", "backend:=cuda", *run.small(),
+                             "-p", "image_transport:=compressed"], WORK / f"node_{tag}.log",
+                            prefix=("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20"))
+            play = run.player(bag, tag, "--image-topic", "/jcs/image", "--loop", "--duration", 20,
+                              "--wait-subscribers", 1)
+            run.wait(play)
+            stop_by_namespace("__ns:=/jcs")
+            rc = run.wait(node)[0]
+            nlog = WORK / f"node_{tag}.log"
+            print(f"{tag}: exit {rc}; {nl(grep('stopped:.*', nlog, only=True))}; "
+                  f"{nl(grep('ERROR SUMMARY.*', nlog))}")
+            shutil.copy(nlog, run.out)
+        if "bench" in parts:
+            for i in run.k.n(2):
+                run.cudaref_run("tensor", i)
+                run.cudaref_run("tensor_ref", i)
+                run.cudaref_run("jpeg_ref", i)
+
+
+def stop_by_namespace(ns_arg: str) -> None:
+    """SIGTERM the node started with `-r <ns_arg>`, wherever compute-sanitizer put it in
+    its process tree (its direct children are not always the node)."""
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if ns_arg.encode() in cmdline and cmdline[0].endswith(b"vision_preproc_node"):
+            os.kill(int(pid), signal.SIGTERM)
+
+
 def camera_sanitizer(run: Run) -> None:
     """camera's sanitizer part: the YUV/Bayer group's node under compute-sanitizer memcheck."""
     tag = "camera_sanitizer"
@@ -1110,15 +1187,7 @@ def camera_sanitizer(run: Run) -> None:
                     WORK / f"node_{tag}.log",
                     prefix=("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20"))
     time.sleep(25)
-    # The node, wherever compute-sanitizer put it in its process tree (its direct
-    # children are not always the node): by its namespace argument.
-    for pid in os.listdir("/proc"):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"__ns:=/gcs" in cmdline and cmdline[0].endswith(b"vision_preproc_node"):
-            os.kill(int(pid), signal.SIGTERM)
+    stop_by_namespace("__ns:=/gcs")
     rc = run.wait(node)[0]
     nlog = WORK / f"node_{tag}.log"
     print(f"{tag}: exit {rc}; {nl(grep('stopped:.*', nlog, only=True))}; {nl(grep('ERROR SUMMARY.*', nlog))}")

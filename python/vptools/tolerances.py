@@ -21,6 +21,8 @@ AGE_US_ABS: float = _T["age_us_abs"]
 #: Our JPEG decode (zune-jpeg) against OpenCV's (libjpeg-turbo), 8-bit levels, per class
 #: (`colour_420`, `colour_422`, `colour_444`, `grey`): {"max_abs", "share_over_1"}.
 JPEG_DECODE: dict[str, dict[str, float]] = _T["jpeg_decode"]
+#: nvJPEG's decode (the CUDA backend) against our CPU decoder, the same classes and keys.
+JPEG_GPU_DECODE: dict[str, dict[str, float]] = _T["jpeg_gpu_decode"]
 
 #: The NumPy type of each output dtype (`output_dtype`; little-endian, as messages carry it).
 NUMPY_DTYPE = {"float32": "<f4", "float16": "<f2"}
