@@ -79,3 +79,8 @@ pub mod vmm {
         }
     }
 }
+
+/// Without the `cuda` feature there is no CUDA backend, so no JPEG decoder of its own.
+pub fn jpeg_decoder() -> String {
+    "no CUDA backend in this build (cargo feature `cuda`)".to_string()
+}

@@ -305,7 +305,7 @@ pub enum Queued {
 /// are decoded (`/diagnostics`, `vision_preproc info`).
 pub(crate) const DECODER_KEY: &str = "Compressed frames decoded";
 /// The CPU decoders ([`Compressed::decode`]).
-pub(crate) const HOST_DECODERS: &str = "zune-jpeg for JPEG, png for PNG";
+pub const HOST_DECODERS: &str = "zune-jpeg for JPEG, png for PNG";
 
 /// A frame as a backend receives it: its pixels, or a compressed frame (JPEG, PNG) whose
 /// headers were checked ([`Compressed::probe`]) and which the backend decodes where its

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,8 @@ def pytest_configure(config: pytest.Config) -> None:
 #: its workers in collection order, so the longest one collected last (test_transport.py,
 #: alphabetically) ran alone at the end (the 3 workers: 100 s where the files' sum is
 #: 218 s). Seconds measured on the 2-core machine, 2026-12-03: launch 56 on a fresh clone
-#: (it builds the colcon workspace, 41 s), handoff 51 (with its 20-s slow consumer),
+#: (it built the colcon workspace, 41 s; since 2026-12-06 ~5 s: the interface package is not
+#: built again), handoff 51 (with its 20-s slow consumer),
 #: transport 50, node 36, batch 25; every other file under 18.
 LONG_FILES_FIRST = ("test_launch.py", "test_handoff.py", "test_transport.py", "test_node.py", "test_batch.py")
 
@@ -111,34 +113,47 @@ def colcon_install() -> Path:
         return install
 
 
+#: colcon's own package selection for `--base-paths . msgs --packages-up-to vision_preproc`
+#: (the packages and their order, as `colcon build` would take them; this colcon has no
+#: `list` verb).
+COLCON_SELECTION = """
+import argparse, sys
+from colcon_core.package_selection import add_arguments, get_packages
+parser = argparse.ArgumentParser()
+add_arguments(parser)
+args = parser.parse_args(["--base-paths", ".", "msgs", "--packages-up-to", "vision_preproc"])
+print(" ".join(d.descriptor.name for d in get_packages(args) if d.selected))
+"""
+
+
 def build_colcon_workspace() -> Path:
     """Build the workspace with colcon as the README says, into COLCON_WS, and return the
-    install base. Two colcon builds from the repository root, which together do what the
-    README's `colcon build --base-paths . msgs --cargo-args --release` does:
+    install base. What the README's `colcon build --base-paths . msgs --cargo-args
+    --release` does, in two steps:
 
-    1. `--base-paths . msgs --packages-up-to vision_preproc --packages-skip vision_preproc`:
-       colcon finds both packages from the README's base paths, vision_preproc depends on
-       vision_preproc_msgs (else up-to would select nothing to build), and builds the
-       interface package as the README command does (ament_cmake, default options, its own
-       install prefix).
+    1. colcon's package selection of `--base-paths . msgs --packages-up-to vision_preproc`
+       (colcon_core, as `colcon build` runs it, COLCON_SELECTION): colcon finds both
+       packages from the README's base paths, vision_preproc depends on
+       vision_preproc_msgs (up-to selects it) and the interface package comes first. The
+       interface package itself is built with colcon from the same msgs/ by
+       scripts/setup/setup.sh (into .ros/install, every test's environment); building it a
+       second time here cost ~45 s of the 2-core machine in the middle of the DDS tests.
     2. `--cargo-args --release` (base path `.`): the node package with colcon-ros-cargo
-       (cargo-ament-build), against the interface package of the environment
-       (.ros/install, which scripts/setup/setup.sh builds with colcon from the same msgs/); it
-       installs the binaries under lib/vision_preproc/ and launch/, config/ under
-       share/vision_preproc/.
+       (cargo-ament-build), against that interface package (.ros/install); it installs the
+       binaries under lib/vision_preproc/ and launch/, config/ under share/vision_preproc/.
 
-    The one difference from the single README command: there, the node package compiles
-    against step 1's copy of the interface package, so AMENT_PREFIX_PATH and
-    CMAKE_PREFIX_PATH start with its prefix, which makes cargo rebuild r2r and this crate
-    (build scripts that watch those variables; about 3 minutes on 2 cores). Built in the
-    environment target/release was built in, step 2 reuses all of target/release
-    (seed_cargo_target) and compiles nothing."""
+    Built in the environment target/release was built in, step 2 reuses all of
+    target/release (seed_cargo_target) and compiles nothing. (The README's single command
+    compiles the node against its own fresh copy of the interface package, whose prefix
+    then starts AMENT_PREFIX_PATH and CMAKE_PREFIX_PATH: cargo rebuilds r2r and this crate,
+    about 3 minutes on 2 cores.)"""
     release = seed_cargo_target()
-    colcon_build("--base-paths", ".", "msgs", "--packages-up-to", "vision_preproc", "--packages-skip",
-                 "vision_preproc")
+    r = subprocess.run([sys.executable, "-c", COLCON_SELECTION], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, f"colcon's package selection failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    assert r.stdout.split() == ["vision_preproc_msgs", "vision_preproc"], \
+        f"colcon does not select vision_preproc_msgs before vision_preproc: {r.stdout!r} {r.stderr[-1000:]}"
     install = COLCON_WS / "install"
-    assert (install / "vision_preproc_msgs" / "share" / "vision_preproc_msgs" / "package.xml").exists(), \
-        "colcon did not build vision_preproc_msgs as a dependency of vision_preproc"
     try:
         colcon_build("--base-paths", ".", "--cargo-args", "--release")
     except AssertionError as e:

@@ -48,6 +48,21 @@ pub(crate) mod vmm;
 
 pub(crate) use batch::BATCH_RING;
 pub use device::{resident_blocks, DeviceInfo};
+
+/// Which JPEG decoder the CUDA backend would use on this machine, without a GPU: nvJPEG
+/// when its library loads (its version and file), else the host decoder (`info`).
+pub fn jpeg_decoder() -> String {
+    match nvjpeg::probe_library(None) {
+        Ok((name, (major, minor, patch))) => format!(
+            "nvJPEG {major}.{minor}.{patch} ({name}): JPEG frames decoded on the GPU \
+             (its hardware decoder where the GPU has one); PNG on the host"
+        ),
+        Err(e) => format!(
+            "on the host ({}), then uploaded: nvJPEG is not usable here ({e})",
+            crate::backend::HOST_DECODERS
+        ),
+    }
+}
 pub use launch::MAX_BATCH_SLOTS;
 
 use crate::backend::{

@@ -118,6 +118,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if let Some(reason) = fallback {
                 println!("no GPU backend: {reason}");
             }
+            println!(
+                "compressed frames: cpu backend: on the CPU ({}); cuda backend: {}",
+                vision_preproc::backend::HOST_DECODERS,
+                vision_preproc::backend::cuda::jpeg_decoder()
+            );
             println!("NVTX ranges: {}", vision_preproc::nvtx::status());
             let (fastdds, profile) = vision_preproc::ros::fastdds_status();
             println!("Fast DDS: {fastdds}");
