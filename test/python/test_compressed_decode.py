@@ -18,6 +18,7 @@ JPEG (likewise).
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
 from pathlib import Path
 
@@ -190,3 +191,17 @@ def measure(binary: Path) -> None:
 
 if __name__ == "__main__":
     measure(Path(sys.argv[1]) if len(sys.argv) > 1 else BIN)
+
+
+def test_info_names_each_backends_decoder() -> None:
+    """`vision_preproc info` (the product) says where each backend decodes compressed
+    frames: the CPU backend with the CPU decoders; the CUDA backend with nvJPEG when its
+    library loads here, else on the host (this machine has no libnvjpeg of its own)."""
+    from vptools import ROOT
+    out = subprocess.run([str(ROOT / "target" / "release" / "vision_preproc"), "info"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    line = next((x for x in out.stdout.splitlines() if x.startswith("compressed frames:")), "")
+    assert "cpu backend: on the CPU (zune-jpeg for JPEG, png for PNG)" in line, out.stdout
+    cuda = line.split("cuda backend: ", 1)[-1]
+    assert cuda.startswith("nvJPEG ") or cuda.startswith("on the host (zune-jpeg"), line

@@ -57,10 +57,17 @@ pub fn jpeg_decoder() -> String {
             "nvJPEG {major}.{minor}.{patch} ({name}): JPEG frames decoded on the GPU \
              (its hardware decoder where the GPU has one); PNG on the host"
         ),
-        Err(e) => format!(
-            "on the host ({}), then uploaded: nvJPEG is not usable here ({e})",
-            crate::backend::HOST_DECODERS
-        ),
+        Err(e) => {
+            let e = e.to_string();
+            let why = if e.contains("cannot open shared object file") {
+                "no libnvjpeg here (VISION_PREPROC_NVJPEG_LIBRARY, libnvjpeg.so.13, .so.12, .so \
+                 and /usr/local/cuda/lib64 tried)"
+                    .to_string()
+            } else {
+                e
+            };
+            format!("on the host ({}), then uploaded: {why}", crate::backend::HOST_DECODERS)
+        }
     }
 }
 pub use launch::MAX_BATCH_SLOTS;
