@@ -62,6 +62,78 @@ fn time(args: &BenchDecodeArgs, mut one: impl FnMut() -> Result<f64>) -> Result<
     Ok(t)
 }
 
+/// The GPU side of the benchmark: a context, a stream, one device buffer per camera and the
+/// two nvJPEG decoders.
+struct Gpu {
+    stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    _bufs: Vec<CudaSlice<u8>>,
+    ptrs: Vec<u64>,
+    decoders: Vec<(&'static str, NvJpeg)>,
+}
+
+impl Gpu {
+    /// Open device `args.device`, its buffers for `max_n` cameras and both decoders, and
+    /// check the decoded `jpeg` against the CPU decoder's `cpu` once.
+    fn open(
+        args: &BenchDecodeArgs,
+        jpeg: &[u8],
+        cpu: &vision_preproc::compressed::Decoded,
+        max_n: usize,
+    ) -> Result<Gpu> {
+        let v = cpu.view();
+        let grey = v.encoding() == Encoding::Mono8;
+        let (width, height, row) = (v.width(), v.height(), v.step() as usize);
+        let ctx = CudaContext::new(args.device).context("creating the CUDA context")?;
+        let stream = ctx.new_stream().context("creating a stream")?;
+        println!("GPU: {}", ctx.name().unwrap_or_default());
+        let bufs: Vec<CudaSlice<u8>> = (0..max_n)
+            .map(|_| stream.alloc_zeros::<u8>(row * height as usize))
+            .collect::<Result<_, _>>()
+            .context("device buffers")?;
+        let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(&stream).0).collect();
+        let mut decoders: Vec<(&'static str, NvJpeg)> = Vec::new();
+        for (label, options) in [
+            ("nvJPEG (backend's)", NvJpegOptions::default()),
+            ("nvJPEG hybrid only", NvJpegOptions { hardware: false, ..Default::default() }),
+        ] {
+            let nv =
+                NvJpeg::open_with(&ctx, options).with_context(|| format!("opening {label}"))?;
+            println!("{label}: {}", nv.describe());
+            decoders.push((label, nv));
+        }
+
+        // The decoded frame against the CPU's, once (the same JPEG, the same device buffer).
+        {
+            let (_, nv) = &mut decoders[0];
+            let item = DecodeItem { jpeg, width, height, grey, dst: ptrs[0], pitch: row };
+            // SAFETY: the buffer holds row * height bytes and `jpeg` lives until the stream is
+            // synchronized below.
+            let r = unsafe { nv.decode_batch(&stream, &[item]) };
+            stream.synchronize().context("synchronizing")?;
+            let r = r.context("nvJPEG decode")?;
+            let px = stream.clone_dtoh(&bufs[0]).context("download")?;
+            let (max, over) = px.iter().zip(v.data()).fold((0u8, 0usize), |(m, n), (a, b)| {
+                (m.max(a.abs_diff(*b)), n + usize::from(a.abs_diff(*b) > 1))
+            });
+            println!(
+                "check: {:?}; |nvJPEG - CPU| max {max}, {:.3}% of samples off by more than 1",
+                r.routes,
+                100.0 * over as f64 / px.len() as f64
+            );
+        }
+        Ok(Gpu { stream, _bufs: bufs, ptrs, decoders })
+    }
+
+    /// Each decoder with what it decodes with: (label, decoder, stream, device buffers).
+    fn decoders(
+        &mut self,
+    ) -> impl Iterator<Item = (&'static str, &mut NvJpeg, &cudarc::driver::CudaStream, &[u64])>
+    {
+        let (stream, ptrs) = (&*self.stream, &self.ptrs[..]);
+        self.decoders.iter_mut().map(move |(label, nv)| (*label, nv, stream, ptrs))
+    }
+}
+
 /// Run `bench-decode`.
 pub fn run(args: BenchDecodeArgs) -> Result<()> {
     let jpeg =
@@ -84,44 +156,14 @@ pub fn run(args: BenchDecodeArgs) -> Result<()> {
     if max_n == 0 {
         bail!("--cameras: counts of at least 1");
     }
-    let ctx = CudaContext::new(args.device).context("creating the CUDA context")?;
-    let stream = ctx.new_stream().context("creating a stream")?;
-    println!("GPU: {}", ctx.name().unwrap_or_default());
-    let bufs: Vec<CudaSlice<u8>> = (0..max_n)
-        .map(|_| stream.alloc_zeros::<u8>(row * height as usize))
-        .collect::<Result<_, _>>()
-        .context("device buffers")?;
-    let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(&stream).0).collect();
-    let mut decoders = Vec::new();
-    for (label, options) in [
-        ("nvJPEG (backend's)", NvJpegOptions::default()),
-        ("nvJPEG hybrid only", NvJpegOptions { hardware: false, ..Default::default() }),
-    ] {
-        let nv = NvJpeg::open_with(&ctx, options).with_context(|| format!("opening {label}"))?;
-        println!("{label}: {}", nv.describe());
-        decoders.push((label, nv));
-    }
-
-    // The decoded frame against the CPU's, once (the same JPEG, the same device buffer).
-    {
-        let (_, nv) = &mut decoders[0];
-        let item = DecodeItem { jpeg: &jpeg, width, height, grey, dst: ptrs[0], pitch: row };
-        // SAFETY: the buffer holds row * height bytes and `jpeg` lives until the stream is
-        // synchronized below.
-        let r = unsafe { nv.decode_batch(&stream, &[item]) };
-        stream.synchronize().context("synchronizing")?;
-        let r = r.context("nvJPEG decode")?;
-        let px = stream.clone_dtoh(&bufs[0]).context("download")?;
-        let (max, over) = px.iter().zip(v.data()).fold((0u8, 0usize), |(m, n), (a, b)| {
-            (m.max(a.abs_diff(*b)), n + usize::from(a.abs_diff(*b) > 1))
-        });
-        println!(
-            "check: {:?}; |nvJPEG - CPU| max {max}, {:.3}% of samples off by more than 1",
-            r.routes,
-            100.0 * over as f64 / px.len() as f64
-        );
-    }
-
+    // Without a GPU (no libcuda: cudarc would panic on its first call) the CPU rows alone.
+    // SAFETY: only tries to dlopen libcuda; no symbol is called.
+    let mut gpu = if unsafe { cudarc::driver::sys::is_culib_present() } {
+        Some(Gpu::open(&args, &jpeg, &cpu, max_n)?)
+    } else {
+        println!("GPU: none (libcuda.so could not be loaded): the CPU decoder's rows alone");
+        None
+    };
     println!(
         "\n{:<22} {:>7} {:>12} {:>12} {:>14} {:>14}",
         "decoder", "cameras", "set p50 ms", "set p99 ms", "per frame p50", "host call p50"
@@ -146,7 +188,7 @@ pub fn run(args: BenchDecodeArgs) -> Result<()> {
             })?;
             rows.push(("CPU, rayon pool".into(), pool));
         }
-        for (label, nv) in &mut decoders {
+        for (label, nv, stream, ptrs) in gpu.iter_mut().flat_map(Gpu::decoders) {
             let items: Vec<DecodeItem> = ptrs[..n]
                 .iter()
                 .map(|&dst| DecodeItem { jpeg: &jpeg, width, height, grey, dst, pitch: row })
@@ -155,7 +197,7 @@ pub fn run(args: BenchDecodeArgs) -> Result<()> {
                 let start = Instant::now();
                 // SAFETY: each buffer holds row * height bytes, one per item, and nothing
                 // else uses them; `jpeg` lives until the stream is synchronized below.
-                let r = unsafe { nv.decode_batch(&stream, &items) };
+                let r = unsafe { nv.decode_batch(stream, &items) };
                 let host = start.elapsed().as_secs_f64() * 1e3;
                 stream.synchronize().context("synchronizing")?;
                 r.context("nvJPEG decode")?;
@@ -181,7 +223,7 @@ pub fn run(args: BenchDecodeArgs) -> Result<()> {
             );
         }
     }
-    for (label, nv) in &decoders {
+    for (label, nv, ..) in gpu.iter_mut().flat_map(Gpu::decoders) {
         println!("{label}: decoded {:?}", nv.counts());
     }
     if let (Some(&(1, one)), Some(&(n, many))) =
