@@ -1124,7 +1124,7 @@ def compressed(run: Run) -> None:
         raw over DDS -> tensor + .cuda(), -> tensor_ref, JPEG over DDS -> tensor_ref
     COMPRESSED_PARTS: a subset of those three, in that order."""
     parts = run.k.compressed_parts
-    if not run.untar(run.stage / "py312.tar.xz", ROS_DIR):
+    if "bench" in parts and not run.untar(run.stage / "py312.tar.xz", ROS_DIR):
         raise SystemExit(f"gpu_node_remote: cannot unpack {run.stage / 'py312.tar.xz'} (the consumers)")
     bag = run.bags / JPEG_BAG
     with run.tee("compressed"):
