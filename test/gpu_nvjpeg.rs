@@ -43,13 +43,9 @@ use vision_preproc::pipeline::{preprocess_op, Geometry};
 use vision_preproc::{Config, Encoding, ImageView};
 
 const TOLERANCES: &str = include_str!("tolerances.json");
-const PHOTOS: [(&str, &[u8]); 5] = [
-    ("astronaut", include_bytes!("data/astronaut.png")),
-    ("chelsea", include_bytes!("data/chelsea.png")),
-    ("coffee", include_bytes!("data/coffee.png")),
-    ("rocket", include_bytes!("data/rocket.jpg")),
-    ("camera", include_bytes!("data/camera.png")),
-];
+#[path = "common/photos.rs"]
+mod photos;
+use photos::PHOTOS;
 /// Destination bytes before a decode: anything not written stays this.
 const POISON: u8 = 0xA5;
 /// Extra bytes per row of every destination: the decoder must honour the pitch.

@@ -33,13 +33,9 @@ use vision_preproc::rng::SplitMix64 as Rng;
 use vision_preproc::{Config, Encoding, ImageView};
 
 const TOLERANCES: &str = include_str!("tolerances.json");
-const PHOTOS: [(&str, &[u8]); 5] = [
-    ("astronaut", include_bytes!("data/astronaut.png")),
-    ("chelsea", include_bytes!("data/chelsea.png")),
-    ("coffee", include_bytes!("data/coffee.png")),
-    ("rocket", include_bytes!("data/rocket.jpg")),
-    ("camera", include_bytes!("data/camera.png")),
-];
+#[path = "common/photos.rs"]
+mod photos;
+use photos::PHOTOS;
 
 struct Tol {
     f32_abs: f64,

@@ -1091,13 +1091,7 @@ def camera(run: Run) -> None:
                                  "--timing-topic", f"{ns}/timing", "--count", 4, "--duration", 40],
                                 WORK / f"rec_{tag}.log")
                 run.wait(rec)
-                rc = run.stop_node(node)
-                nlog = WORK / f"node_{tag}.log"
-                print(f"{tag}: {nl(lines_of(WORK / f'rec_{tag}.log')[-1:])}; node exit {rc}; "
-                      f"{nl(grep('stopped:.*', nlog, only=True))}")
-                shutil.copy(nlog, run.out)
-                for line in grep(r"WARN|ERROR|FATAL|backend|frames read", nlog)[:6]:
-                    print(f"  {line[:260]}")
+                stop_recorded(run, tag, node, 1, r"WARN|ERROR|FATAL|backend|frames read")
         if "sanitizer" in parts:
             camera_sanitizer(run)
         if "bench" in parts:
@@ -1139,13 +1133,7 @@ def compressed(run: Run) -> None:
             time.sleep(3)  # the recorder matched to the node's tensor before the first frame
             run.wait(run.player(bag, tag, "--image-topic", f"{ns}/image", "--wait-subscribers", 1))
             run.wait(rec)
-            rc = run.stop_node(node)
-            nlog = WORK / f"node_{tag}.log"
-            print(f"{tag}: {nl(lines_of(WORK / f'rec_{tag}.log')[-2:])}; node exit {rc}; "
-                  f"{nl(grep('stopped:.*', nlog, only=True))}")
-            shutil.copy(nlog, run.out)
-            for line in grep(r"WARN|ERROR|FATAL|backend|JPEG|rejected", nlog)[:6]:
-                print(f"  {line[:260]}")
+            stop_recorded(run, tag, node, 2, r"WARN|ERROR|FATAL|backend|JPEG|rejected")
         if "sanitizer" in parts:
             tag = "compressed_sanitizer"
             node = run.node(["-r", "__ns:=/jcs", "-p", "backend:=cuda", *run.small(),
@@ -1165,6 +1153,18 @@ def compressed(run: Run) -> None:
                 run.cudaref_run("tensor", i)
                 run.cudaref_run("tensor_ref", i)
                 run.cudaref_run("jpeg_ref", i)
+
+
+def stop_recorded(run: Run, tag: str, node, rec_lines: int, pattern: str) -> None:
+    """Stop a parity node whose recorder finished, print the recorder's last `rec_lines`
+    lines, the node's exit and books and its log lines matching `pattern`; keep its log."""
+    rc = run.stop_node(node)
+    nlog = WORK / f"node_{tag}.log"
+    print(f"{tag}: {nl(lines_of(WORK / f'rec_{tag}.log')[-rec_lines:])}; node exit {rc}; "
+          f"{nl(grep('stopped:.*', nlog, only=True))}")
+    shutil.copy(nlog, run.out)
+    for line in grep(pattern, nlog)[:6]:
+        print(f"  {line[:260]}")
 
 
 def stop_by_namespace(ns_arg: str) -> None:
