@@ -569,9 +569,11 @@ fn checked_jpeg_header(
     check_size(h.width, h.height, limits)?;
     // The end-of-image marker after the first scan: no 0xFF 0xD9 can occur inside
     // entropy-coded data (a 0xFF there is followed by 0x00 or a RSTn), so without one the
-    // data was cut. (zune-jpeg and libjpeg would fill the missing rows with grey.)
+    // data was cut. (zune-jpeg and libjpeg would fill the missing rows with grey.) Looked
+    // for from the end, where it is: the probe runs on every frame, more than once, and a
+    // forward search would read the whole scan each time.
     let scan = h.first_scan.unwrap_or(data.len());
-    if !data[scan.min(data.len())..].windows(2).any(|w| w == [0xFF, 0xD9]) {
+    if !data[scan.min(data.len())..].windows(2).rev().any(|w| w == [0xFF, 0xD9]) {
         return Err(DecodeError::Truncated {
             codec: Codec::Jpeg,
             detail: "no end-of-image marker (FF D9) after the scan data".into(),
