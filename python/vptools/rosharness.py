@@ -199,6 +199,16 @@ class Peer:
         rclpy.shutdown(context=self.context)
 
 
+def status_values(status) -> dict[str, str]:
+    """A diagnostic_msgs/DiagnosticStatus's key/values as a dict."""
+    return {v.key: v.value for v in status.values}
+
+
+def frame_counts(status) -> dict[str, int]:
+    """The node's frame counters of a status (its keys starting with `Frames`)."""
+    return {k: int(v) for k, v in status_values(status).items() if k.startswith("Frames")}
+
+
 def call(peer: Peer, srv_type, name: str, request, timeout: float = 10.0, attempts: int = 3):
     """Call service `name` of type `srv_type` from the peer and return the reply (every
     wait with a timeout). A request whose reply does not come within `timeout` is sent

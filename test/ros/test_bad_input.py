@@ -25,6 +25,8 @@ from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 
 from vptools.rosharness import RELIABLE, NodeProcess, Peer, tensor_array
+from vptools.rosharness import frame_counts as counts
+from vptools.rosharness import status_values as kv
 from sensor_msgs.msg import Image
 
 from vptools import oracle
@@ -58,14 +60,6 @@ def msg_of(f: Frame, stamp: int) -> Image:
 def raw_msg(width: int, height: int, step: int, encoding: str, data: bytes, stamp: int) -> Image:
     """A message with exactly these header fields (nothing derived from the data)."""
     return msg_of(Frame(data, encoding, width, height, step), stamp)
-
-
-def kv(status: DiagnosticStatus) -> dict[str, str]:
-    return {v.key: v.value for v in status.values}
-
-
-def counts(status: DiagnosticStatus) -> dict[str, int]:
-    return {k: int(v) for k, v in kv(status).items() if k.startswith("Frames")}
 
 
 def int_array_param(name: str, values: list[int]) -> Parameter:

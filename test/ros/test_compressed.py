@@ -32,6 +32,8 @@ from vptools import oracle
 from vptools.compressed import (BIN, Image, cv_jpeg, photo, pil_jpeg, run_decoder, with_declared_size,
                                 without_huffman_tables)
 from vptools.rosharness import RELIABLE, NodeProcess, Peer, stamp_ns, tensor_array
+from vptools.rosharness import frame_counts as counts
+from vptools.rosharness import status_values as kv
 from vptools.tolerances import assert_close
 
 NS = "/compressed_in"
@@ -103,14 +105,6 @@ def compressed_msg(fmt: str, payload: bytes, stamp: int) -> CompressedImage:
     m.header.frame_id = "mjpeg_camera"
     m.format, m.data = fmt, payload
     return m
-
-
-def kv(status: DiagnosticStatus) -> dict[str, str]:
-    return {v.key: v.value for v in status.values}
-
-
-def counts(status: DiagnosticStatus) -> dict[str, int]:
-    return {k: int(v) for k, v in kv(status).items() if k.startswith("Frames")}
 
 
 class Camera:
