@@ -25,14 +25,8 @@ FEATURES=(--release --no-default-features --features cuda,bench,fault-injection,
 cargo build "${FEATURES[@]}" --bin vision_preproc
 cargo test "${FEATURES[@]}" --test nvrtc_compile
 # The GPU test binaries (harness = false) without running them.
-test_binary() {
-    cargo test "${FEATURES[@]}" --test "$1" --no-run --message-format=json 2>/dev/null \
-        | python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
-        print(m["executable"])' "$1"
-}
+# shellcheck source=scripts/device/test_binary.sh
+source "$ROOT/scripts/device/test_binary.sh"
 PARITY="$(test_binary gpu_parity)"
 FAULT="$(test_binary gpu_fault)"
 mkdir -p "$STAGE"

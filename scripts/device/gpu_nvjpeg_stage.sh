@@ -23,14 +23,8 @@ fi
 # Own target dir: a no-ROS build must not overwrite the ROS build in target/release.
 FEATURES=(--release --no-default-features --features cuda,bench,fault-injection,bundled-sqlite --target-dir "${GPU_TARGET_DIR:-target/gpu}")
 cargo build "${FEATURES[@]}" --bin vision_preproc
-test_binary() {
-    cargo test "${FEATURES[@]}" --test "$1" --no-run --message-format=json 2>/dev/null \
-        | python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
-        print(m["executable"])' "$1"
-}
+# shellcheck source=scripts/device/test_binary.sh
+source "$ROOT/scripts/device/test_binary.sh"
 TEST="$(test_binary gpu_nvjpeg)"
 PARITY="$(test_binary gpu_parity)"
 rm -rf "$STAGE" && mkdir -p "$STAGE/pack/cases"
