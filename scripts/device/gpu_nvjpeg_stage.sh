@@ -32,7 +32,7 @@ cp "${GPU_TARGET_DIR:-target/gpu}/release/vision_preproc" "$STAGE/pack/vision_pr
 cp "$TEST" "$STAGE/pack/gpu_nvjpeg"
 cp "$PARITY" "$STAGE/pack/gpu_parity"
 strip --strip-debug "$STAGE/pack/vision_preproc" "$STAGE/pack/gpu_nvjpeg" "$STAGE/pack/gpu_parity" 2>/dev/null || true
-python3 scripts/device/make_jpeg_cases.py "$STAGE/pack/cases"
+PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" python3 scripts/device/make_jpeg_cases.py "$STAGE/pack/cases"
 cp scripts/device/gpu_nvjpeg_remote.sh "$STAGE/pack/"
 git rev-parse HEAD >"$STAGE/pack/COMMIT"
 tar cJf "$STAGE/gpu_nvjpeg.tar.xz" -C "$STAGE/pack" .

@@ -20,30 +20,16 @@ import cv2
 import numpy as np
 from PIL import Image
 
+from vptools.compressed import cv_jpeg
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "test" / "data"
 COLOUR = ["astronaut", "chelsea", "coffee", "rocket"]
-SAMPLING = {
-    "420": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
-    "422": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
-    "444": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444,
-}
-
-
 def load(name: str) -> np.ndarray:
     path = DATA / (f"{name}.jpg" if name == "rocket" else f"{name}.png")
     img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
     assert img is not None, path
     return img
-
-
-def cv2_jpeg(img: np.ndarray, quality: int, sampling: str = "420", progressive: bool = False) -> bytes:
-    params = [cv2.IMWRITE_JPEG_QUALITY, quality, cv2.IMWRITE_JPEG_PROGRESSIVE, int(progressive)]
-    if img.ndim == 3:
-        params += [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, SAMPLING[sampling]]
-    ok, buf = cv2.imencode(".jpg", img, params)
-    assert ok
-    return buf.tobytes()
 
 
 def mosaic(width: int, height: int) -> np.ndarray:
@@ -72,18 +58,18 @@ def main() -> int:
     for name in COLOUR:
         img = load(name)
         for q in (50, 80, 90, 95):
-            files[f"cv2_{name}_q{q}_420"] = cv2_jpeg(img, q)
-        files[f"cv2_{name}_q90_422"] = cv2_jpeg(img, 90, "422")
-        files[f"cv2_{name}_q90_444"] = cv2_jpeg(img, 90, "444")
-        files[f"cv2_{name}_q90_progressive"] = cv2_jpeg(img, 90, progressive=True)
+            files[f"cv2_{name}_q{q}_420"] = cv_jpeg(img, q, "420", False)
+        files[f"cv2_{name}_q90_422"] = cv_jpeg(img, 90, "422", False)
+        files[f"cv2_{name}_q90_444"] = cv_jpeg(img, 90, "444", False)
+        files[f"cv2_{name}_q90_progressive"] = cv_jpeg(img, 90, "420", True)
         buf = io.BytesIO()
         Image.fromarray(cv2.cvtColor(img, cv2.COLOR_BGR2RGB)).save(buf, "JPEG", quality=85)
         files[f"pil_{name}_q85_420"] = buf.getvalue()
-    files["cv2_camera_q80_grey"] = cv2_jpeg(load("camera"), 80)
+    files["cv2_camera_q80_grey"] = cv_jpeg(load("camera"), 80, "420", False)
     frame = mosaic(1920, 1080)
-    files["mosaic_1080p_q90"] = cv2_jpeg(frame, 90)
-    files["mosaic_1080p_q80"] = cv2_jpeg(frame, 80)
-    files["mosaic_720p_q80_422"] = cv2_jpeg(cv2.resize(frame[:, 240:1680], (1280, 720), interpolation=cv2.INTER_AREA), 80, "422")
+    files["mosaic_1080p_q90"] = cv_jpeg(frame, 90, "420", False)
+    files["mosaic_1080p_q80"] = cv_jpeg(frame, 80, "420", False)
+    files["mosaic_720p_q80_422"] = cv_jpeg(cv2.resize(frame[:, 240:1680], (1280, 720), interpolation=cv2.INTER_AREA), 80, "422", False)
     for name, data in files.items():
         (out / f"{name}.jpg").write_bytes(data)
     print(f"{len(files)} JPEG cases in {out} ({sum(map(len, files.values())) // 1024} KiB); "
