@@ -1034,6 +1034,18 @@ impl Config {
             .unwrap_or(self.image_transport)
     }
 
+    /// How many topic inputs take compressed frames (`image_transport`,
+    /// `input_transports`): the most compressed frames a set can have.
+    pub(crate) fn compressed_inputs(&self) -> usize {
+        let sources = self.input_sources();
+        (0..sources.len())
+            .filter(|&i| {
+                matches!(sources[i], InputSource::Topic(_))
+                    && self.input_transport(i) == Transport::Compressed
+            })
+            .count()
+    }
+
     /// How many inputs the node has (1 with `inputs: []`).
     pub(crate) fn input_count(&self) -> usize {
         self.inputs.len().max(1)
@@ -1468,6 +1480,12 @@ mod tests {
             (Transport::Compressed, Transport::Raw)
         );
         assert_eq!(Config::default().input_transport(0), Transport::Raw);
+        // The most compressed frames of a set: the topic inputs that take them, never a
+        // pipeline's.
+        assert_eq!((all.compressed_inputs(), mixed.compressed_inputs()), (2, 1));
+        assert_eq!(Config::default().compressed_inputs(), 0);
+        let single = Config { image_transport: Transport::Compressed, ..Config::default() };
+        assert_eq!(single.compressed_inputs(), 1);
         let e = c(Transport::Raw, &["jpeg", "", ""]).validate().unwrap_err().to_string();
         assert!(e.contains("input_transports") && e.contains("\"compressed\""), "{e}");
         let e = c(Transport::Raw, &["", "", "raw"]).validate().unwrap_err().to_string();

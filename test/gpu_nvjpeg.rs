@@ -33,7 +33,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::nvjpeg::{
-    ChromaUpsampling, DecodeItem, NvJpeg, NvJpegOptions, Route,
+    ChromaUpsampling, DecodeCounts, DecodeItem, NvJpeg, NvJpegOptions, Route,
 };
 use vision_preproc::backend::cuda::CudaBackend;
 use vision_preproc::backend::{Backend, BatchSlot, BatchWork, Frame, FrameWork, PreprocessOp};
@@ -271,6 +271,15 @@ fn main() -> ExitCode {
         NvJpeg::open_with(&ctx, NvJpegOptions { hardware: false, ..Default::default() });
     println!("gpu_nvjpeg: {} cases on {}", cases.len(), ctx.name().unwrap_or_default());
     println!("decoder: {}", nv.describe());
+    // What the node does at start for 4 compressed cameras: every case and batch below
+    // then decodes on states the warm-up made, and the warm-up is no decoded frame.
+    match nv.warm_up(&stream, 4) {
+        Ok(()) if nv.counts() == &DecodeCounts::default() => {
+            println!("warm_up(4): {}", nv.summary())
+        }
+        Ok(()) => failures.push(format!("warm_up counted frames: {:?}", nv.counts())),
+        Err(e) => failures.push(format!("warm_up(4): {e}")),
+    }
     let mut others: Vec<(&str, NvJpeg)> = Vec::new();
     // --quick (under compute-sanitizer): the backend's decoder only (its hybrid backend
     // still decodes the progressive cases and the mixed batch's).

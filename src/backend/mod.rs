@@ -120,6 +120,14 @@ pub trait Backend: Send {
         1
     }
 
+    /// Get ready to decode sets of up to `frames` compressed frames (a node's compressed
+    /// inputs) before the first one comes, so that it is not slower than the next; by
+    /// default there is nothing to get ready (the CPU decoder has no state).
+    fn prepare_decoding(&mut self, frames: usize) -> Result<()> {
+        let _ = frames;
+        Ok(())
+    }
+
     /// The pipelined form of [`Backend::process_into`] / [`Backend::process_batch_into`]:
     /// check `job` and queue its work, its tensor(s) going to `out`
     /// ([`Out::Device`]: device memory of [`Backend::shared_blocks`], refused by a backend

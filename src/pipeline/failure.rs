@@ -144,7 +144,9 @@ fn default_opener(config: &Config) -> Result<Box<dyn Backend>> {
     match config.backend {
         BackendChoice::Cpu => Ok(Box::new(backend::cpu::CpuBackend::new())),
         BackendChoice::Cuda | BackendChoice::Auto => {
-            backend::cuda::CudaBackend::open(config.device_id, config.memory_mode)
+            let mut b = backend::cuda::CudaBackend::open(config.device_id, config.memory_mode)?;
+            b.prepare_decoding(config.compressed_inputs())?;
+            Ok(b)
         }
     }
 }

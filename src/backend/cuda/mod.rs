@@ -601,6 +601,15 @@ impl Backend for CudaBackend {
         frame::RING.min(BATCH_RING)
     }
 
+    /// nvJPEG's hardware decoder readied for sets of 1 to `frames` JPEGs
+    /// ([`nvjpeg::NvJpeg::warm_up`]); nothing when JPEGs are decoded on the host.
+    fn prepare_decoding(&mut self, frames: usize) -> Result<()> {
+        match &mut self.jpeg {
+            JpegDecoder::Gpu(nv) => nv.warm_up(&self.gpu.stream, frames),
+            JpegDecoder::Host(_) => Ok(()),
+        }
+    }
+
     /// The frame (`frame.rs`) or the batch (`batch.rs`) staged, uploaded (on the copy
     /// stream when another submission is in flight) and queued; the tensors straight
     /// into `out` when it is pinned memory of this context or device memory (a shared

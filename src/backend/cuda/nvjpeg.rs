@@ -332,6 +332,8 @@ struct Hardware {
     /// Engines and cores per engine (`nvjpegGetHardwareDecoderInfo`), when it answers.
     engines: Option<(u32, u32)>,
     upsampling: ChromaUpsampling,
+    /// [`NvJpeg::warm_up`]'s largest set and how long it took, once it ran.
+    warmed: Option<(usize, std::time::Duration)>,
 }
 
 /// The hybrid backend: one handle and state.
@@ -389,6 +391,18 @@ fn load_from(candidates: &[String]) -> Result<(Api, String), String> {
         }
     }
     Err(errors.join("; "))
+}
+
+/// The JPEG [`NvJpeg::warm_up`] decodes and its side: 64x64 colour (the `image` crate's
+/// baseline encoder), a gradient.
+fn warm_up_jpeg() -> Result<(Vec<u8>, u32)> {
+    const SIDE: u32 = 64;
+    let pixels: Vec<u8> = (0..SIDE * SIDE * 3).map(|i| ((i % 251) as u8).wrapping_mul(7)).collect();
+    let mut jpeg = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
+        .encode(&pixels, SIDE, SIDE, image::ExtendedColorType::Rgb8)
+        .map_err(|e| Error::misuse("nvJPEG's warm-up JPEG", e.to_string()))?;
+    Ok((jpeg, SIDE))
 }
 
 /// Whether a JPEG defines Huffman tables (a DHT segment) before its first scan. MJPEG
@@ -505,8 +519,14 @@ impl NvJpeg {
                 // SAFETY: a live handle and valid out pointers.
                 let info = unsafe { (nv.api.hardware_info)(handle, &mut engines, &mut cores) };
                 let engines = (info == STATUS_SUCCESS).then_some((engines, cores));
-                nv.hardware =
-                    Some(Hardware { handle, stream, states: Vec::new(), engines, upsampling });
+                nv.hardware = Some(Hardware {
+                    handle,
+                    stream,
+                    states: Vec::new(),
+                    engines,
+                    upsampling,
+                    warmed: None,
+                });
             }
             Err(s) => {
                 nv.no_hardware =
@@ -612,8 +632,58 @@ impl NvJpeg {
     /// hardware decoder`), for a device description.
     pub fn summary(&self) -> String {
         let (major, minor, patch) = self.version;
-        let decoder = if self.hardware.is_some() { "hardware decoder" } else { "hybrid backend" };
+        let decoder = match &self.hardware {
+            Some(Hardware { warmed: Some((n, took)), .. }) => format!(
+                "hardware decoder, ready for sets of {} ({:.0} ms)",
+                if *n == 1 { "1".to_string() } else { format!("1 to {n}") },
+                took.as_secs_f64() * 1e3
+            ),
+            Some(_) => "hardware decoder".to_string(),
+            None => "hybrid backend".to_string(),
+        };
         format!("nvJPEG {major}.{minor}.{patch}, {decoder}")
+    }
+
+    /// Ready the hardware decoder for sets of 1 to `max_set` colour JPEGs before the first
+    /// frame comes: the state of each set size created and initialized, and a small JPEG
+    /// decoded through it (nvJPEG sets up its buffers at a state's first decode), on
+    /// `stream`, waited for. Without it the first set of each size waits ~100 ms for this
+    /// (an H100), and a camera's frames queued behind it are dropped. Not counted as
+    /// decoded frames. Nothing to do without a hardware decoder (the hybrid backend's one
+    /// state is ready at [`NvJpeg::open`]) or with `max_set` 0.
+    pub fn warm_up(&mut self, stream: &Arc<CudaStream>, max_set: usize) -> Result<()> {
+        if self.hardware.is_none() || max_set == 0 {
+            return Ok(());
+        }
+        let start = std::time::Instant::now();
+        let (jpeg, side) = warm_up_jpeg()?;
+        let pitch = side as usize * 3;
+        let frame = pitch * side as usize;
+        let mut dst = super::memory::DeviceBuffer::default();
+        let base = dst.ensure(stream, frame * max_set, "nvJPEG's warm-up")?;
+        let counts = self.counts.clone();
+        for n in 1..=max_set {
+            let items: Vec<DecodeItem> = (0..n)
+                .map(|i| DecodeItem {
+                    jpeg: &jpeg,
+                    width: side,
+                    height: side,
+                    grey: false,
+                    dst: base + (i * frame) as CUdeviceptr,
+                    pitch,
+                })
+                .collect();
+            // SAFETY: `dst` holds `max_set` frames of pitch * side bytes that nothing else
+            // uses, and it and `jpeg` live until the stream is synchronized just below.
+            let decoded = unsafe { self.decode_batch(stream, &items) };
+            stream.synchronize().map_err(|e| drv_err("waiting for nvJPEG's warm-up", e))?;
+            decoded?;
+        }
+        self.counts = counts;
+        if let Some(hw) = &mut self.hardware {
+            hw.warmed = Some((max_set, start.elapsed()));
+        }
+        Ok(())
     }
 
     /// The item's own fields, then nvJPEG's reading of its header against them.

@@ -9,7 +9,8 @@
 //! from the first call until its pixels are complete (nvJPEG: the stream synchronized),
 //! p50/p99, and per frame (the set's time / N); for nvJPEG also the time the calling
 //! thread spends inside `decode_batch` (host work: parsing, the hybrid backend's Huffman
-//! decode). The last line is the target of issue 35: nvJPEG's N-camera set over its
+//! decode). Before the table, each set size's first set on a decoder just opened, without
+//! and after `NvJpeg::warm_up` (what the node does at start). The last line is the target of issue 35: nvJPEG's N-camera set over its
 //! 1-camera set (<= 2).
 
 use anyhow::{bail, Context, Result};
@@ -124,6 +125,36 @@ impl Gpu {
         Ok(Gpu { stream, _bufs: bufs, ptrs, decoders })
     }
 
+    /// The first set of `n` on a decoder just opened (the backend's options): without
+    /// and after [`NvJpeg::warm_up`] for sets of up to `n`, each on a fresh decoder.
+    /// Prints the warm-up's time and each first set's (until its pixels are complete).
+    fn first_sets<'j>(&self, n: usize, item: &dyn Fn(u64) -> DecodeItem<'j>) -> Result<()> {
+        let items: Vec<DecodeItem> = self.ptrs[..n].iter().map(|&p| item(p)).collect();
+        let mut line = format!("first set of {n}:");
+        for warm in [false, true] {
+            let mut nv = NvJpeg::open(self.stream.context()).context("opening nvJPEG")?;
+            if warm {
+                let start = Instant::now();
+                nv.warm_up(&self.stream, n).context("nvJPEG warm-up")?;
+                line +=
+                    &format!(" warm_up({n}) {:.1} ms, then", start.elapsed().as_secs_f64() * 1e3);
+            }
+            let start = Instant::now();
+            // SAFETY: each buffer holds row * height bytes, one per item, and nothing
+            // else uses them; the JPEG lives until the stream is synchronized below.
+            let r = unsafe { nv.decode_batch(&self.stream, &items) };
+            self.stream.synchronize().context("synchronizing")?;
+            r.context("nvJPEG decode")?;
+            line += &format!(
+                " {} {:.2} ms;",
+                if warm { "first set" } else { "cold" },
+                start.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        println!("{line}");
+        Ok(())
+    }
+
     /// Each decoder with what it decodes with: (label, decoder, stream, device buffers).
     fn decoders(
         &mut self,
@@ -164,6 +195,18 @@ pub fn run(args: BenchDecodeArgs) -> Result<()> {
         println!("GPU: none (libcuda.so could not be loaded): the CPU decoder's rows alone");
         None
     };
+    if let Some(gpu) = &gpu {
+        for &n in &args.cameras {
+            gpu.first_sets(n, &|dst| DecodeItem {
+                jpeg: &jpeg,
+                width,
+                height,
+                grey,
+                dst,
+                pitch: row,
+            })?;
+        }
+    }
     println!(
         "\n{:<22} {:>7} {:>12} {:>12} {:>14} {:>14}",
         "decoder", "cameras", "set p50 ms", "set p99 ms", "per frame p50", "host call p50"
