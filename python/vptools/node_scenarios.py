@@ -1114,8 +1114,9 @@ def compressed(run: Run) -> None:
         tensor recorded (OUT/compressed_<mode>: compare them here,
         scripts/device/compare_compressed.py, within jpeg_gpu_decode)
       sanitizer: the CUDA node under compute-sanitizer memcheck, the bag looped 20 s
-      bench: bench_handoff.py's (s), (a) and (c) with the PyTorch consumer, 2 rounds:
-        raw over DDS -> tensor + .cuda(), -> tensor_ref, JPEG over DDS -> tensor_ref
+      bench: bench_handoff.py's (s), (a), (b) and (c) with the PyTorch consumer, 2 rounds:
+        raw over DDS -> tensor + .cuda(), -> tensor_ref, the camera inside the node (the
+        in-process source) -> tensor_ref, JPEG over DDS -> tensor_ref
     COMPRESSED_PARTS: a subset of those three, in that order."""
     parts = run.k.compressed_parts
     if "bench" in parts and not run.untar(run.stage / "py312.tar.xz", ROS_DIR):
@@ -1152,6 +1153,7 @@ def compressed(run: Run) -> None:
             for i in run.k.n(2):
                 run.cudaref_run("tensor", i)
                 run.cudaref_run("tensor_ref", i)
+                run.cudaref_run("gst_ref", i)
                 run.cudaref_run("jpeg_ref", i)
 
 
