@@ -172,7 +172,8 @@ def test_a_batch_of_a_raw_and_a_compressed_camera(tmp_path: Path, decoder: Path)
     """A node's configuration with two inputs, the second `compressed`: replay reads
     `/cam1/image_raw/compressed` for it and batches it with the raw camera; each item
     equals the oracle. Without inputs the bag has two image topics: the error lists both
-    with their types, and `--topic` picks the compressed one alone."""
+    with their types, and `--topic` picks the compressed one alone, as does a configuration
+    with that one input and `image_transport: compressed`."""
     raw = photo_frame("bgr8", "chelsea.png", size=(151, 100))
     jpeg = Payload("rgb8; jpeg compressed bgr8", cv_jpeg(photo("astronaut.png"), 90, "420", False))
     t0 = 1_700_000_000_000_000_000
@@ -201,3 +202,9 @@ def test_a_batch_of_a_raw_and_a_compressed_camera(tmp_path: Path, decoder: Path)
     assert "/cam0/image_raw (sensor_msgs/msg/Image)" in p.stderr, p.stderr
     p, summary = replay(tmp_path / "in", tmp_path / "c", "--topic", "/cam1/image_raw/compressed")
     assert summary["published"] == 4, p.stdout
+    # One configured camera: the bag's topic of that input with its transport.
+    for inp, transport, topic in [("cam1/image_raw", "compressed", "/cam1/image_raw/compressed (compressed)"),
+                                  ("/cam0/image_raw", "raw", "/cam0/image_raw, backend")]:
+        p, summary = replay(tmp_path / "in", tmp_path / f"d{transport}", "--set", f"inputs=[{inp}]",
+                            "--set", f"image_transport={transport}")
+        assert f"topic {topic}" in p.stdout and summary["published"] == 4, p.stdout

@@ -32,8 +32,9 @@ pub struct ReplayArgs {
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// Image topic to process: sensor_msgs/msg/Image, or sensor_msgs/msg/CompressedImage
-    /// (JPEG, PNG: decoded by the backend). Default: the bag's only image topic of either
-    /// type. Give it two or more times (or a configuration with 2+ `inputs`, as bag topic
+    /// (JPEG, PNG: decoded by the backend). Default: the configuration's input with its
+    /// transport (`/<input>`, or `/<input>/compressed`) when the bag has that topic, else
+    /// the bag's only image topic of either type. Give it two or more times (or a configuration with 2+ `inputs`, as bag topic
     /// names; an input whose transport is `compressed` is `<input>/compressed`) to batch
     /// those cameras into one TensorBatch per batch, with the configuration's
     /// `batch_policy` (stamps from the headers, arrival = the bag's receive time).
@@ -628,21 +629,30 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             .with_context(|| format!("--backend {b}: use auto, cuda or cpu"))?;
     }
     let bag = Bag::open(&args.input)?;
+    // Input i as a recording of the node's topics names it: `/<input>`, or
+    // `/<input>/compressed` when its transport is `compressed`.
+    let recorded = |i: usize| {
+        let input = cfg.inputs.get(i).map_or("image", String::as_str);
+        let t = format!("/{}", input.trim_start_matches('/'));
+        match cfg.input_transport(i) {
+            Transport::Raw => t,
+            Transport::Compressed => format!("{}/compressed", t.trim_end_matches('/')),
+        }
+    };
     let names: Vec<String> = if args.topic.len() >= 2 {
         args.topic.clone()
     } else if args.topic.is_empty() && cfg.is_batch() {
-        // The node's inputs, as a recording of its topics names them.
-        (0..cfg.inputs.len())
-            .map(|i| {
-                let t = format!("/{}", cfg.inputs[i].trim_start_matches('/'));
-                match cfg.input_transport(i) {
-                    Transport::Raw => t,
-                    Transport::Compressed => format!("{}/compressed", t.trim_end_matches('/')),
-                }
-            })
-            .collect()
+        (0..cfg.inputs.len()).map(recorded).collect()
+    } else if let Some(t) = args.topic.first() {
+        vec![bag.image_topic(Some(t))?.name]
     } else {
-        vec![bag.image_topic(args.topic.first().map(String::as_str))?.name]
+        // One camera: the configured input with its transport where the bag has it (a
+        // dataset may hold `image_raw` and `image_raw/compressed`), else the bag's only
+        // image topic.
+        match bag.image_topic(Some(&recorded(0))) {
+            Ok(info) => vec![info.name],
+            Err(_) => vec![bag.image_topic(None)?.name],
+        }
     };
     let inputs = names
         .into_iter()
