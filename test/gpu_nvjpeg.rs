@@ -523,6 +523,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// `jpeg` without its DHT segments (what MJPEG cameras send).
+fn without_huffman_tables(jpeg: &[u8]) -> Vec<u8> {
+    let (mut out, mut pos) = (jpeg[..2].to_vec(), 2);
+    while jpeg[pos + 1] != 0xDA {
+        let len = 2 + usize::from(u16::from_be_bytes([jpeg[pos + 2], jpeg[pos + 3]]));
+        if jpeg[pos + 1] != 0xC4 {
+            out.extend_from_slice(&jpeg[pos..pos + len]);
+        }
+        pos += len;
+    }
+    out.extend_from_slice(&jpeg[pos..]);
+    out
+}
+
+/// The JPEG frames the backend's hardware decoder decoded so far (its diagnostics).
+fn hardware_decoded(gpu: &CudaBackend) -> Option<u64> {
+    gpu.diagnostics()
+        .into_iter()
+        .find_map(|(_, v)| v.split("decoded: ").nth(1)?.split(' ').next()?.parse().ok())
+}
+
 /// The float32 elements of a tensor.
 fn floats(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
@@ -721,6 +742,37 @@ fn backend_parity(
                     )),
                 }
             }
+        }
+        // An MJPEG camera's frame (its Huffman tables left out): decoded on the device with
+        // the standard tables put in (the image crate's encoder writes those), its tensor
+        // bit-equal to the same JPEG's with its tables.
+        let chelsea = probes.iter().position(|(i, _)| cases[*i].name == "chelsea_image-crate_q80");
+        if let Some((k, with_tables)) = chelsea.and_then(|k| singles.get(k).map(|t| (k, t))) {
+            let mjpeg = without_huffman_tables(&cases[probes[k].0].jpeg);
+            let before = hardware_decoded(&gpu);
+            let mut out = Vec::new();
+            let r = Compressed::probe("jpeg", &mjpeg, &Limits::default())
+                .map_err(|e| e.to_string())
+                .and_then(|c| {
+                    let op = op_for(Frame::Compressed(&c));
+                    gpu.process(FrameWork::new(&c, &op, None), &mut out).map_err(|e| e.to_string())
+                });
+            let after = hardware_decoded(&gpu);
+            let on_device = before.is_some() && after == before.map(|n| n + 1);
+            let equal = r.is_ok() && &out == with_tables;
+            println!(
+                "backend ({mode:?}) MJPEG frame without Huffman tables: decoded by the hardware \
+                 decoder {on_device} ({before:?} -> {after:?}); tensor equal to the JPEG's with \
+                 its tables: {equal}"
+            );
+            if !(on_device && equal) {
+                failures.push(format!(
+                    "backend ({mode:?}) MJPEG without Huffman tables: {r:?}, on the device \
+                     {on_device}, equal {equal}"
+                ));
+            }
+        } else {
+            failures.push("backend: chelsea_image-crate_q80 missing for the MJPEG check".into());
         }
         for (key, value) in gpu.diagnostics() {
             if key.starts_with("Compressed") {

@@ -230,7 +230,7 @@ impl CudaBackend {
                     row.src = match decoded[i] {
                         Some(d) => d,
                         // SAFETY: as above; the entry is not reused before its last event.
-                        None => unsafe { e.inputs[i].upload(source.bytes().len(), &up, &what)? },
+                        None => unsafe { e.inputs[i].upload(source.staged_len(), &up, &what)? },
                     };
                     if let Some(s) = scratch {
                         (row.p.layout, row.p.dtype) = (Layout::Nchw, DType::Float32);

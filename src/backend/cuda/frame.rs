@@ -145,7 +145,7 @@ impl CudaBackend {
         let src = match decoded {
             Some(d) => d,
             // SAFETY: as above.
-            None => unsafe { e.inputs[0].upload(source.bytes().len(), &up, "the frame")? },
+            None => unsafe { e.inputs[0].upload(source.staged_len(), &up, "the frame")? },
         };
         e.end_upload(&up, &gpu.stream)?;
         drop(upload);

@@ -166,15 +166,17 @@ impl JpegDecoder {
         }
     }
 
-    /// Whether `c` is decoded on the device: a JPEG with its Huffman tables whose header
-    /// nvJPEG reads as the header check did (else the host decodes it, or refuses it with
-    /// the CPU decoder's reason).
+    /// Whether `c` is decoded on the device: a JPEG whose header nvJPEG reads as the
+    /// header check did (else the host decodes it, or refuses it with the CPU decoder's
+    /// reason). An MJPEG frame without Huffman tables is read, and staged, with the
+    /// standard ones (`compressed::jpeg_pieces`).
     fn takes(&self, c: &Compressed<'_>) -> bool {
         match self {
             JpegDecoder::Gpu(nv) => {
-                c.codec() == Codec::Jpeg
-                    && nvjpeg::has_huffman_tables(c.data())
-                    && nv.accepts(c.data(), c.width(), c.height(), c.encoding() == Encoding::Mono8)
+                c.codec() == Codec::Jpeg && {
+                    let jpeg = crate::compressed::with_standard_huffman_tables(c.data());
+                    nv.accepts(&jpeg, c.width(), c.height(), c.encoding() == Encoding::Mono8)
+                }
             }
             JpegDecoder::Host(_) => false,
         }

@@ -405,26 +405,6 @@ fn warm_up_jpeg() -> Result<(Vec<u8>, u32)> {
     Ok((jpeg, SIDE))
 }
 
-/// Whether a JPEG defines Huffman tables (a DHT segment) before its first scan. MJPEG
-/// cameras may leave them out (the standard's tables are then implied, and the CPU decoder
-/// supplies them); whether nvJPEG does is not verified, so the backend decodes such a
-/// frame on the host.
-pub fn has_huffman_tables(jpeg: &[u8]) -> bool {
-    let mut pos = 2;
-    while pos + 4 <= jpeg.len() && jpeg[pos] == 0xFF {
-        match jpeg[pos + 1] {
-            // A fill byte before a marker.
-            0xFF => pos += 1,
-            0xC4 => return true,
-            0xDA => return false,
-            // TEM, RSTn: no segment.
-            0x01 | 0xD0..=0xD7 => pos += 2,
-            _ => pos += 2 + usize::from(u16::from_be_bytes([jpeg[pos + 2], jpeg[pos + 3]])),
-        }
-    }
-    false
-}
-
 /// Check that an nvJPEG library loads and has every function the backend calls, without
 /// a GPU: `path`, or what [`NvJpeg::open`] would load; its name and version.
 pub fn probe_library(path: Option<&str>) -> Result<(String, (i32, i32, i32))> {
@@ -979,32 +959,6 @@ mod tests {
             e.to_string(),
             "CUDA: nvjpegDecode (hybrid, item 2): NVJPEG_STATUS_EXECUTION_FAILED"
         );
-    }
-
-    #[test]
-    fn a_jpeg_without_huffman_tables_is_told_apart() {
-        let mut jpeg = Vec::new();
-        let img =
-            image::RgbImage::from_fn(16, 8, |x, y| image::Rgb([x as u8 * 9, y as u8 * 20, 7]));
-        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 80)
-            .encode_image(&img)
-            .unwrap();
-        assert!(has_huffman_tables(&jpeg));
-        // The same JPEG with its DHT segments cut out (an MJPEG camera's frame).
-        let mut stripped = jpeg[..2].to_vec();
-        let mut pos = 2;
-        while jpeg[pos + 1] != 0xDA {
-            let len = 2 + usize::from(u16::from_be_bytes([jpeg[pos + 2], jpeg[pos + 3]]));
-            if jpeg[pos + 1] != 0xC4 {
-                stripped.extend_from_slice(&jpeg[pos..pos + len]);
-            }
-            pos += len;
-        }
-        stripped.extend_from_slice(&jpeg[pos..]);
-        assert!(stripped.len() < jpeg.len());
-        assert!(!has_huffman_tables(&stripped));
-        assert!(!has_huffman_tables(&[0xFF, 0xD8]));
-        assert!(!has_huffman_tables(&[]));
     }
 
     #[test]

@@ -260,17 +260,29 @@ impl Gpu {
         let mut copies: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(frames.len());
         for (staging, frame) in into.iter_mut().zip(frames) {
             let Some(source) = *frame else { continue };
-            let data = source.bytes();
+            let len = source.staged_len();
             let (slot, kind) = match source {
                 Source::Pixels(_) => (&mut staging.host, self.pinned_kind(PinnedKind::Upload)),
                 Source::Jpeg(_) => {
                     (&mut staging.compressed, self.pinned_kind(PinnedKind::Download))
                 }
             };
-            let buf = reserve(&self.ctx, slot, data.len() + SRC_SLACK, kind)?;
+            let buf = reserve(&self.ctx, slot, len + SRC_SLACK, kind)?;
             // SAFETY: no GPU work uses the buffer (the precondition); each staging has its
             // own buffers, so the slices do not overlap.
-            copies.push((unsafe { &mut buf.host_mut()[..data.len()] }, data));
+            let host = unsafe { &mut buf.host_mut()[..len] };
+            match source {
+                Source::Pixels(data) => copies.push((host, data)),
+                // A JPEG is small: here, piece by piece (with the standard Huffman tables
+                // put in when it has none).
+                Source::Jpeg(c) => {
+                    let mut at = 0;
+                    for piece in crate::compressed::jpeg_pieces(c.data()) {
+                        host[at..at + piece.len()].copy_from_slice(piece);
+                        at += piece.len();
+                    }
+                }
+            }
         }
         if let [(dst, src)] = &mut copies[..] {
             // One frame: on this thread, no hand-off to the pool.
@@ -417,11 +429,14 @@ impl<'s> Source<'s> {
         }
     }
 
-    /// The bytes staged: the pixels, or the compressed JPEG.
-    pub(crate) fn bytes(&self) -> &'s [u8] {
+    /// The bytes staged: the pixels, or the compressed JPEG (with the standard Huffman
+    /// tables when it has none: `compressed::jpeg_pieces`).
+    pub(crate) fn staged_len(&self) -> usize {
         match *self {
-            Source::Pixels(d) => d,
-            Source::Jpeg(c) => c.data(),
+            Source::Pixels(d) => d.len(),
+            Source::Jpeg(c) => {
+                crate::compressed::jpeg_pieces(c.data()).iter().map(|p| p.len()).sum()
+            }
         }
     }
 }
@@ -454,7 +469,7 @@ pub(crate) unsafe fn decode_jpegs(
             Ok(DecodeItem {
                 // SAFETY: staged bytes no GPU work writes; they stay untouched until the
                 // submission completes (the precondition).
-                jpeg: unsafe { e.inputs[i].staged(c.data().len()) }?,
+                jpeg: unsafe { e.inputs[i].staged(Source::Jpeg(c).staged_len()) }?,
                 width: c.width(),
                 height: c.height(),
                 grey: c.encoding() == Encoding::Mono8,
