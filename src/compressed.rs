@@ -603,7 +603,7 @@ pub(crate) fn standard_huffman_segment() -> &'static [u8] {
 /// cameras (UVC; usb_cam passes their frames through as `jpeg`) may leave them out: the
 /// standard's (T.81 K.3) are then implied, and both backends' decoders are given a copy
 /// with them ([`with_standard_huffman_tables`]).
-pub fn has_huffman_tables(jpeg: &[u8]) -> bool {
+pub(crate) fn has_huffman_tables(jpeg: &[u8]) -> bool {
     let mut pos = 2;
     while pos + 4 <= jpeg.len() && jpeg[pos] == 0xFF {
         match jpeg[pos + 1] {
@@ -632,7 +632,7 @@ pub(crate) fn jpeg_pieces(jpeg: &[u8]) -> [&[u8]; 3] {
 }
 
 /// `jpeg` with the standard Huffman tables when it has none ([`jpeg_pieces`]).
-pub fn with_standard_huffman_tables(jpeg: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+pub(crate) fn with_standard_huffman_tables(jpeg: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     match jpeg_pieces(jpeg) {
         [whole, [], []] => std::borrow::Cow::Borrowed(whole),
         pieces => std::borrow::Cow::Owned(pieces.concat()),
