@@ -642,24 +642,29 @@ impl NvJpeg {
         let mut dst = super::memory::DeviceBuffer::default();
         let base = dst.ensure(stream, frame * max_set, "nvJPEG's warm-up")?;
         let counts = self.counts.clone();
-        for n in 1..=max_set {
-            let items: Vec<DecodeItem> = (0..n)
-                .map(|i| DecodeItem {
-                    jpeg: &jpeg,
-                    width: side,
-                    height: side,
-                    grey: false,
-                    dst: base + (i * frame) as CUdeviceptr,
-                    pitch,
-                })
-                .collect();
-            // SAFETY: `dst` holds `max_set` frames of pitch * side bytes that nothing else
-            // uses, and it and `jpeg` live until the stream is synchronized just below.
-            let decoded = unsafe { self.decode_batch(stream, &items) };
-            stream.synchronize().map_err(|e| drv_err("waiting for nvJPEG's warm-up", e))?;
-            decoded?;
-        }
+        let mut warm = || -> Result<()> {
+            for n in 1..=max_set {
+                let items: Vec<DecodeItem> = (0..n)
+                    .map(|i| DecodeItem {
+                        jpeg: &jpeg,
+                        width: side,
+                        height: side,
+                        grey: false,
+                        dst: base + (i * frame) as CUdeviceptr,
+                        pitch,
+                    })
+                    .collect();
+                // SAFETY: `dst` holds `max_set` frames of pitch * side bytes that nothing
+                // else uses, and it and `jpeg` live until the stream is synchronized below.
+                let decoded = unsafe { self.decode_batch(stream, &items) };
+                stream.synchronize().map_err(|e| drv_err("waiting for nvJPEG's warm-up", e))?;
+                decoded?;
+            }
+            Ok(())
+        };
+        let warmed = warm();
         self.counts = counts;
+        warmed?;
         if let Some(hw) = &mut self.hardware {
             hw.warmed = Some((max_set, start.elapsed()));
         }

@@ -10,8 +10,8 @@
 //! p50/p99, and per frame (the set's time / N); for nvJPEG also the time the calling
 //! thread spends inside `decode_batch` (host work: parsing, the hybrid backend's Huffman
 //! decode). Before the table, each set size's first set on a decoder just opened, without
-//! and after `NvJpeg::warm_up` (what the node does at start). The last line is the target of issue 35: nvJPEG's N-camera set over its
-//! 1-camera set (<= 2).
+//! and after `NvJpeg::warm_up` (what the node does at start). The last line is the target
+//! of issue 35: nvJPEG's N-camera set over its 1-camera set (<= 2).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
