@@ -128,7 +128,7 @@ class Knobs:
     latency_sizes: tuple[str, ...] = ("1280x720", "1920x1080")
     cudaref_modes: tuple[str, ...] = CUDAREF_DEFAULT
     camera_parts: tuple[str, ...] = ("parity", "sanitizer", "bench", "max")
-    compressed_parts: tuple[str, ...] = ("parity", "sanitizer", "bench")
+    compressed_parts: tuple[str, ...] = ("parity", "sanitizer", "bench", "batch")
     cudaref_slow_s: int = 20
     cudaref_batch_args: tuple[str, ...] = ()
     cudaref_batch_play: tuple[str, ...] = ()
@@ -1117,7 +1117,10 @@ def compressed(run: Run) -> None:
       bench: bench_handoff.py's (s), (a), (b) and (c) with the PyTorch consumer, 2 rounds:
         raw over DDS -> tensor + .cuda(), -> tensor_ref, the camera inside the node (the
         in-process source) -> tensor_ref, JPEG over DDS -> tensor_ref
-    COMPRESSED_PARTS: a subset of those three, in that order."""
+      batch: four JPEG cameras (30 Hz each, phases not aligned) batched in one node with
+        `inputs` of 4, 1080p -> 640x640, 10 s, then 15 s under compute-sanitizer memcheck
+        (CUDA): the books, the batches' decode stage, the warm-up's start-up line
+    COMPRESSED_PARTS: a subset of those four, in that order."""
     parts = run.k.compressed_parts
     if "bench" in parts and not run.untar(run.stage / "py312.tar.xz", ROS_DIR):
         raise SystemExit(f"gpu_node_remote: cannot unpack {run.stage / 'py312.tar.xz'} (the consumers)")
@@ -1155,6 +1158,46 @@ def compressed(run: Run) -> None:
                 run.cudaref_run("tensor_ref", i)
                 run.cudaref_run("gst_ref", i)
                 run.cudaref_run("jpeg_ref", i)
+        if "batch" in parts:
+            compressed_batch(run, bag)
+
+
+def compressed_batch(run: Run, bag: Path) -> None:
+    """compressed's batch part: 4 players of `bag` into one node of 4 compressed inputs, a
+    `record --batch --count-only` of its TensorBatch; plain, then under memcheck (CUDA)."""
+    memcheck = ("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20")
+    runs = [("batch", (), 10)] + ([("batch_sanitizer", memcheck, 15)] if run.k.backend != "cpu" else [])
+    for label, prefix, secs in runs:
+        tag, ns = f"compressed_{label}", "/jb"
+        nlog = WORK / f"node_{tag}.log"
+        node = run.node(["-r", f"__ns:={ns}", "--params-file", CONFIG, "-p", f"backend:={run.k.backend}",
+                         "-p", "network_image_width:=640", "-p", "network_image_height:=640", "-p", INPUTS4,
+                         "-p", "image_transport:=compressed"], nlog, prefix=prefix)
+        rec = run.spawn([run.cli, "record", "--count-only", "--batch", "--tensor-topic", f"{ns}/tensor",
+                         "--timing-topic", f"{ns}/timing", "--duration", secs + 25], WORK / f"rec_{tag}.log")
+        plays = []
+        for k in range(4):
+            plays.append(run.player(bag, f"{tag}_{k}", "--loop", "--restamp", "--duration", secs,
+                                    "--image-topic", f"{ns}/cam{k}/image", "--camera-info-topic",
+                                    f"{ns}/cam{k}/camera_info", "--wait-subscribers", 1, limit=90))
+            time.sleep(random.randrange(9) / 100)
+        run.wait(*plays)
+        time.sleep(2)
+        if prefix:
+            stop_by_namespace(f"__ns:={ns}")
+            rc = run.wait(node)[0]
+        else:
+            rc = run.stop_node(node)
+        run.term(rec)
+        run.wait(rec)
+        sent_ = [lines_of(p)[0] for p in sorted(WORK.glob(f"play_{tag}_*.log")) if lines_of(p)]
+        print(f"{tag}: players {' / '.join(sent_)}; node exit {rc}; {nl(grep('stopped:.*', nlog, only=True))}; "
+              f"{nl(grep('ERROR SUMMARY.*', nlog))}")
+        for line in grep(r"JPEG: |WARN|ERROR|undecodable", nlog)[:6]:
+            print(f"  {line[:300]}")
+        for line in lines_of(WORK / f"rec_{tag}.log")[-4:]:
+            print(f"  record: {line[:300]}")
+        shutil.copy(nlog, run.out)
 
 
 def stop_recorded(run: Run, tag: str, node, rec_lines: int, pattern: str) -> None:
