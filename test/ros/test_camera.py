@@ -325,6 +325,11 @@ RESTARTS = 100
 # Resident memory a node may grow by between its 20th and 100th restart (allocator noise;
 # a leaked pipeline holds several MiB of buffers and threads).
 RSS_GROWTH_KIB = 4096
+# How many more fds or threads the busiest of a sample set's looks may see than the
+# earlier set's busiest: a restart in progress holds a few for a moment (a fresh clone saw
+# 44 against 43, the fewest 41 both times). A leak of one per restart would be 80 more,
+# and the fewest (a pipeline waiting to restart) must not grow at all.
+TRANSIENT = 2
 
 
 def test_a_pipeline_that_ends_is_restarted_100_times_without_leaks(tmp_path: Path) -> None:
@@ -361,8 +366,9 @@ def test_a_pipeline_that_ends_is_restarted_100_times_without_leaks(tmp_path: Pat
             peer.close()
         assert node.stop() == 0, node.output()[-3000:]
     (fds0, threads0, rss0), (fds1, threads1, rss1) = early, late
-    assert fds1[0] <= fds0[0] and fds1[1] <= fds0[1], f"fds (fewest, most) {fds0} -> {fds1}"
-    assert threads1[0] <= threads0[0] and threads1[1] <= threads0[1], f"threads {threads0} -> {threads1}"
+    assert fds1[0] <= fds0[0] and fds1[1] <= fds0[1] + TRANSIENT, f"fds (fewest, most) {fds0} -> {fds1}"
+    assert threads1[0] <= threads0[0] and threads1[1] <= threads0[1] + TRANSIENT, \
+        f"threads {threads0} -> {threads1}"
     assert rss1 - rss0 <= RSS_GROWTH_KIB, f"resident {rss0} -> {rss1} KiB"
     log = (tmp_path / "node.log").read_text()
     warns = [line for line in log.splitlines() if "[WARN]" in line and "input 0 (camera_0)" in line]
