@@ -1037,11 +1037,12 @@ impl Config {
     /// How many topic inputs take compressed frames (`image_transport`,
     /// `input_transports`): the most compressed frames a set can have.
     pub(crate) fn compressed_inputs(&self) -> usize {
-        let sources = self.input_sources();
-        (0..sources.len())
-            .filter(|&i| {
-                matches!(sources[i], InputSource::Topic(_))
-                    && self.input_transport(i) == Transport::Compressed
+        self.input_sources()
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| {
+                matches!(s, InputSource::Topic(_))
+                    && self.input_transport(*i) == Transport::Compressed
             })
             .count()
     }

@@ -75,6 +75,8 @@ PROFILE = ROOT / "config" / "fastdds_large_frames.xml"
 THREAD_CPU = ROOT / "scripts" / "device" / "thread_cpu.py"
 DOMAIN = "21"
 INPUTS4 = "inputs:=[cam0/image, cam1/image, cam2/image, cam3/image]"
+#: The node under compute-sanitizer memcheck (the sanitizer parts' prefix).
+MEMCHECK = ("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20")
 INPUTS2 = "inputs:=[cam0/image, cam1/image]"
 #: `camera`'s parity: one node per group, one live 1920x1080 pipeline per format (5 Hz).
 GST_GROUPS = (("BGR", "RGB", "BGRx", "BGRA", "RGBx", "RGBA", "GRAY8", "GRAY16_LE", "GRAY16_BE"),
@@ -722,7 +724,7 @@ class Run:
                 "-p", "network_image_height:=640"]
         if mode in ("check", "rust", "ctypes"):
             args = self.small()
-        prefix = ("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20") if mode == "sanitizer" else ()
+        prefix = MEMCHECK if mode == "sanitizer" else ()
         if mode.startswith("batch_"):
             args += ["-r", "__ns:=/bb", "-p", INPUTS4, *k.cudaref_batch_args]
         if mode == "gst_ref":
@@ -1142,7 +1144,7 @@ def compressed(run: Run) -> None:
             tag = "compressed_sanitizer"
             node = run.node(["-r", "__ns:=/jcs", "-p", "backend:=cuda", *run.small(),
                              "-p", "image_transport:=compressed"], WORK / f"node_{tag}.log",
-                            prefix=("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20"))
+                            prefix=MEMCHECK)
             play = run.player(bag, tag, "--image-topic", "/jcs/image", "--loop", "--duration", 20,
                               "--wait-subscribers", 1)
             run.wait(play)
@@ -1165,8 +1167,7 @@ def compressed(run: Run) -> None:
 def compressed_batch(run: Run, bag: Path) -> None:
     """compressed's batch part: 4 players of `bag` into one node of 4 compressed inputs, a
     `record --batch --count-only` of its TensorBatch; plain, then under memcheck (CUDA)."""
-    memcheck = ("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20")
-    runs = [("batch", (), 10)] + ([("batch_sanitizer", memcheck, 15)] if run.k.backend != "cpu" else [])
+    runs = [("batch", (), 10)] + ([("batch_sanitizer", MEMCHECK, 15)] if run.k.backend != "cpu" else [])
     for label, prefix, secs in runs:
         tag, ns = f"compressed_{label}", "/jb"
         nlog = WORK / f"node_{tag}.log"
@@ -1230,7 +1231,7 @@ def camera_sanitizer(run: Run) -> None:
     inputs = "inputs:=[" + ",".join(f'"{gst_source(f, 1920, 1080)}"' for f in GST_GROUPS[1]) + "]"
     node = run.node(["-r", "__ns:=/gcs", "-p", "backend:=cuda", *run.small(), "-p", inputs],
                     WORK / f"node_{tag}.log",
-                    prefix=("compute-sanitizer", "--tool", "memcheck", "--print-limit", "20"))
+                    prefix=MEMCHECK)
     time.sleep(25)
     stop_by_namespace("__ns:=/gcs")
     rc = run.wait(node)[0]

@@ -195,16 +195,11 @@ pub fn run(args: BenchDecodeArgs) -> Result<()> {
         println!("GPU: none (libcuda.so could not be loaded): the CPU decoder's rows alone");
         None
     };
+    // Each camera's JPEG into its device buffer at `dst`.
+    let item = |dst: u64| DecodeItem { jpeg: &jpeg, width, height, grey, dst, pitch: row };
     if let Some(gpu) = &gpu {
         for &n in &args.cameras {
-            gpu.first_sets(n, &|dst| DecodeItem {
-                jpeg: &jpeg,
-                width,
-                height,
-                grey,
-                dst,
-                pitch: row,
-            })?;
+            gpu.first_sets(n, &item)?;
         }
     }
     println!(
@@ -232,10 +227,7 @@ pub fn run(args: BenchDecodeArgs) -> Result<()> {
             rows.push(("CPU, rayon pool".into(), pool));
         }
         for (label, nv, stream, ptrs) in gpu.iter_mut().flat_map(Gpu::decoders) {
-            let items: Vec<DecodeItem> = ptrs[..n]
-                .iter()
-                .map(|&dst| DecodeItem { jpeg: &jpeg, width, height, grey, dst, pitch: row })
-                .collect();
+            let items: Vec<DecodeItem> = ptrs[..n].iter().map(|&dst| item(dst)).collect();
             let t = time(&args, || {
                 let start = Instant::now();
                 // SAFETY: each buffer holds row * height bytes, one per item, and nothing
