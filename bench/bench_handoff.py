@@ -76,7 +76,8 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     node = rclpy.create_node("bench_handoff_consumer", namespace=ns)
     t0 = time.time()
     ages: dict[int, float] = {}  # stamp (ns) -> stamp -> tensor usable, ms
-    timings: dict[int, tuple[float, int, float]] = {}  # stamp -> (node-added ms, outputs, age at publish ms)
+    # stamp -> (node-added ms, outputs, age at publish ms, upload stage ms: the host staging too)
+    timings: dict[int, tuple[float, int, float, float]] = {}
     checksum = 0.0
     checks = {"data_ptr_equal": 0, "data_ptr_differ": 0, "held_stable": 0, "held_changed": 0,
               "same_bytes": 0, "different_bytes": 0, "memory_kinds": []}
@@ -152,7 +153,8 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
         sub = TensorRefSubscription(node, "tensor_ref", on_frame, qos if topic == "tensor_ref" else 10)
     node.create_subscription(
         FrameTiming, "timing",
-        lambda t: timings.__setitem__(key(t.header), (t.total_us / 1e3, t.outputs, t.age_us / 1e3)), 10)
+        lambda t: timings.__setitem__(key(t.header), (t.total_us / 1e3, t.outputs, t.age_us / 1e3,
+                                                      t.upload_us / 1e3)), 10)
     shared: list[tuple[float, dict]] = []  # (seconds since start, the node's "Shared ..." diagnostics)
     copies: list[str] = []  # the node's "Input frame copies" (a camera inside the node)
 
@@ -232,6 +234,8 @@ def summary(d: dict, path: str, r: int) -> dict:
         "node_added_p50_ms": pct([t[0] for t in tim], 50),
         "node_added_p99_ms": pct([t[0] for t in tim], 99),
         "outputs": sorted({t[1] for t in tim}),
+        # (older files have no upload stage)
+        "upload_p50_ms": pct([t[3] for t in tim], 50) if tim and len(tim[0]) > 3 else None,
     }
 
 
@@ -242,6 +246,8 @@ def phase_line(p: dict) -> str:
             f"p50 {p['published_p50_ms']:.2f} ms, published -> tensor p50 {p['after_publish_p50_ms']:.2f} ms, "
             f"p99 {p['after_publish_p99_ms']:.2f} ms); node-added p50 "
             f"{p['node_added_p50_ms']:.2f} ms, p99 {p['node_added_p99_ms']:.2f} ms; outputs {p['outputs']}")
+    if p.get("upload_p50_ms") is not None:
+        line += f"; upload stage (host staging + copy to the GPU) p50 {p['upload_p50_ms']:.3f} ms"
     if "node_rss_max_mb" in p:
         line += (f"; memory (max) node RSS {p['node_rss_max_mb']:.0f} MB, consumer RSS "
                  f"{p['consumer_rss_max_mb']:.0f} MB, node + consumer PSS {p['pss_sum_max_mb']:.0f} MB")

@@ -2,6 +2,8 @@
 //! encodings we decode, and why an image is rejected ([`ImageError`]).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Defines [`Encoding`] and everything derived from its one table: the variants and
 /// their discriminants (the kernels' `ENC_*` codes, passed to NVRTC as defines by
@@ -155,6 +157,8 @@ pub struct ImageView<'a> {
     encoding: Encoding,
     big_endian: bool,
     data: &'a [u8],
+    /// The memory `data` lies in, when its owner lends it ([`Lent`]).
+    lent: Option<&'a Lent>,
 }
 
 impl<'a> ImageView<'a> {
@@ -224,7 +228,7 @@ impl<'a> ImageView<'a> {
                 encoding,
             });
         }
-        Ok(ImageView { width, height, step, encoding, big_endian: is_bigendian, data })
+        Ok(ImageView { width, height, step, encoding, big_endian: is_bigendian, data, lent: None })
     }
 
     /// A view of parts that [`ImageView::with_encoding`] already accepted over these same
@@ -240,7 +244,19 @@ impl<'a> ImageView<'a> {
         data: &'a [u8],
     ) -> Self {
         debug_assert!(Self::with_encoding(width, height, step, encoding, big_endian, data).is_ok());
-        ImageView { width, height, step, encoding, big_endian, data }
+        ImageView { width, height, step, encoding, big_endian, data, lent: None }
+    }
+
+    /// This view, its bytes lying in `lent` (a view whose bytes lie elsewhere ignores
+    /// it: a backend reads in place only bytes inside the lent range).
+    pub(crate) fn lent_from(self, lent: &'a Lent) -> Self {
+        ImageView { lent: Some(lent), ..self }
+    }
+
+    /// The memory its bytes lie in, when its owner lends it for the submissions that read
+    /// them ([`Lent`]): a GStreamer pool's buffer.
+    pub fn lent(&self) -> Option<&'a Lent> {
+        self.lent
     }
 
     /// Width in pixels.
@@ -267,6 +283,100 @@ impl<'a> ImageView<'a> {
     pub fn data(&self) -> &'a [u8] {
         self.data
     }
+}
+
+/// Host memory a frame's bytes lie in, lent by their owner (a GStreamer pool's buffer,
+/// `capture::Frame`) to the submissions that read them, so that a GPU backend may read
+/// them where they are instead of copying them into its staging buffer: it registers the
+/// memory with the driver the first time it sees it and keeps the registration until the
+/// memory is freed ([`LentMemory::freed`]).
+///
+/// The promise, made by the unsafe [`Lent::new`]: the `len` bytes at `base` are one
+/// allocation that stays allocated until its [`LentMemory`] says it was freed (told
+/// before the memory is released), and a frame's bytes in it do not change while a
+/// submission that reads them is in flight (the pipeline keeps a set's frames until it is
+/// finished: `pipeline::InFlight`).
+#[derive(Debug, Clone)]
+pub struct Lent {
+    base: usize,
+    len: usize,
+    memory: Arc<LentMemory>,
+    reads: Arc<LentReads>,
+}
+
+impl Lent {
+    /// The `len` bytes at `base`, the allocation `memory` stands for; what backends do
+    /// with it is counted in `reads`.
+    ///
+    /// # Safety
+    /// The promise in [`Lent`]'s description.
+    pub(crate) unsafe fn new(
+        base: *const u8,
+        len: usize,
+        memory: Arc<LentMemory>,
+        reads: Arc<LentReads>,
+    ) -> Lent {
+        Lent { base: base as usize, len, memory, reads }
+    }
+
+    /// The allocation: its first byte's address and its length.
+    pub fn range(&self) -> (*const u8, usize) {
+        (self.base as *const u8, self.len)
+    }
+
+    /// The offset of `data` in the allocation, when all of `data` and `slack` bytes after
+    /// it lie inside it.
+    pub fn offset_of(&self, data: &[u8], slack: usize) -> Option<usize> {
+        let at = (data.as_ptr() as usize).checked_sub(self.base)?;
+        (at.checked_add(data.len())?.checked_add(slack)? <= self.len).then_some(at)
+    }
+
+    /// The allocation's identity and whether it was freed.
+    pub fn memory(&self) -> &Arc<LentMemory> {
+        &self.memory
+    }
+
+    /// Count a frame read in place (`Ok`), or copied into a staging buffer and why.
+    pub fn count_read(&self, read: std::result::Result<(), String>) {
+        match read {
+            Ok(()) => self.reads.in_place.fetch_add(1, Ordering::Relaxed),
+            Err(why) => {
+                *self.reads.why_staged.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                self.reads.staged.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    }
+}
+
+/// The identity of a lent allocation (compare with [`Arc::ptr_eq`]) and whether it was
+/// freed: its owner calls [`LentMemory::free`] before it releases the memory.
+#[derive(Debug, Default)]
+pub struct LentMemory {
+    freed: AtomicBool,
+}
+
+impl LentMemory {
+    /// Say that the memory is being released: registrations of it must go.
+    pub fn free(&self) {
+        self.freed.store(true, Ordering::SeqCst);
+    }
+    /// Whether [`LentMemory::free`] was called.
+    pub fn freed(&self) -> bool {
+        self.freed.load(Ordering::SeqCst)
+    }
+}
+
+/// What backends did with a source's lent frames: read in place (a GPU backend from the
+/// registered memory), or copied once into a staging buffer. A backend that reads host
+/// memory directly (the CPU backend) counts neither.
+#[derive(Debug, Default)]
+pub struct LentReads {
+    /// Frames read in place.
+    pub in_place: AtomicU64,
+    /// Frames copied into a staging buffer.
+    pub staged: AtomicU64,
+    /// Why the last of those was not read in place.
+    pub why_staged: std::sync::Mutex<Option<String>>,
 }
 
 /// Why an input image was rejected. Each variant names the `sensor_msgs/Image` field.

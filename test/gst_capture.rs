@@ -299,6 +299,54 @@ fn a_live_source_stamps_frames_on_the_monotonic_clock_now() {
     source.stop().unwrap();
 }
 
+/// A pool's buffers are lent to the backend (one block of system memory each, the frame's
+/// bytes inside it) and come back again and again (a GPU backend registers each once),
+/// each buffer's memory says when it is freed (the pipeline stopped: the registration must
+/// go), never while a frame holds it.
+#[test]
+fn a_pools_buffers_are_lent_and_say_when_they_are_freed() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use vision_preproc::image::{LentMemory, LentReads};
+    let _s = serial();
+    let description = "videotestsrc num-buffers=40 ! video/x-raw,format=BGR,width=64,height=48";
+    let mut source = CaptureSource::start(description).unwrap();
+    let reads = Arc::new(LentReads::default());
+    source.count_reads_in(reads.clone());
+    let mut memories: Vec<Arc<LentMemory>> = Vec::new();
+    let mut held = Vec::new();
+    for i in 0..40 {
+        let frame = source.next(WAIT).unwrap().expect("a frame");
+        assert!(frame.is_lent() && !frame.copied(), "frame {i}: a pool buffer in place");
+        let view = frame.view();
+        let lent = view.lent().expect("the view carries the lent memory");
+        let (_, len) = lent.range();
+        let at = lent.offset_of(view.data(), 0).expect("the frame lies in its memory");
+        assert!(at + view.data().len() <= len && view.data().len() == 64 * 3 * 48);
+        assert_eq!(lent.offset_of(view.data(), len - at - view.data().len() + 1), None);
+        if !memories.iter().any(|m| Arc::ptr_eq(m, lent.memory())) {
+            memories.push(lent.memory().clone());
+        }
+        assert!(!lent.memory().freed(), "frame {i}: its memory is alive while it is held");
+        lent.count_read(if i % 2 == 0 { Ok(()) } else { Err(format!("frame {i}")) });
+        if i == 5 {
+            held.push(frame);
+        }
+    }
+    // 40 frames from a few buffers: a fixed pool, each buffer seen many times.
+    assert!((2..=8).contains(&memories.len()), "{} memories for 40 frames", memories.len());
+    assert_eq!(reads.in_place.load(Ordering::Relaxed), 20);
+    assert_eq!(reads.staged.load(Ordering::Relaxed), 20);
+    assert_eq!(reads.why_staged.lock().unwrap().as_deref(), Some("frame 39"));
+    source.stop().unwrap();
+    // The held frame keeps its buffer, and the pool (inactive) its other buffers until
+    // that one comes back.
+    let kept = held[0].view().lent().map(|l| l.memory().clone()).expect("lent");
+    assert!(!kept.freed(), "the held frame's memory is alive after the pipeline stopped");
+    drop(held);
+    assert!(memories.iter().all(|m| m.freed()), "every buffer's memory said it was freed");
+}
+
 #[test]
 fn frames_and_sources_move_between_threads() {
     fn send<T: Send>() {}

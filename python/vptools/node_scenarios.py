@@ -1093,7 +1093,7 @@ def camera(run: Run) -> None:
                                  "--timing-topic", f"{ns}/timing", "--count", 4, "--duration", 40],
                                 WORK / f"rec_{tag}.log")
                 run.wait(rec)
-                stop_recorded(run, tag, node, 1, r"WARN|ERROR|FATAL|backend|frames read")
+                stop_recorded(run, tag, node, 1, r"WARN|ERROR|FATAL|backend|frames read|frame copies")
         if "sanitizer" in parts:
             camera_sanitizer(run)
         if "bench" in parts:
@@ -1236,7 +1236,8 @@ def camera_sanitizer(run: Run) -> None:
     stop_by_namespace("__ns:=/gcs")
     rc = run.wait(node)[0]
     nlog = WORK / f"node_{tag}.log"
-    print(f"{tag}: exit {rc}; {nl(grep('stopped:.*', nlog, only=True))}; {nl(grep('ERROR SUMMARY.*', nlog))}")
+    print(f"{tag}: exit {rc}; {nl(grep('frame copies.*', nlog, only=True))}; {nl(grep('stopped:.*', nlog, only=True))}; "
+          f"{nl(grep('ERROR SUMMARY.*', nlog))}")
     shutil.copy(nlog, run.out)
 
 

@@ -40,7 +40,8 @@ use gstreamer_app as gst_app;
 use gstreamer_video as gst_video;
 
 use crate::error::{CaptureError, Error, Result};
-use crate::image::{Encoding, ImageView};
+use crate::image::{Encoding, ImageView, Lent, LentMemory, LentReads};
+use std::sync::{Arc, OnceLock};
 
 use layout::{Plan, Planes};
 
@@ -165,6 +166,8 @@ pub struct Frame {
     big_endian: bool,
     capture_time: Option<CaptureTime>,
     sequence: u64,
+    /// The mapped buffer's memory, lent to the backend ([`lend`]).
+    lent: Option<Lent>,
 }
 
 impl Frame {
@@ -176,8 +179,17 @@ impl Frame {
         capture_time: Option<CaptureTime>,
         sequence: u64,
     ) -> std::result::Result<Frame, CaptureError> {
-        let frame =
-            Frame { bytes, width, height, step, encoding, big_endian, capture_time, sequence };
+        let frame = Frame {
+            bytes,
+            width,
+            height,
+            step,
+            encoding,
+            big_endian,
+            capture_time,
+            sequence,
+            lent: None,
+        };
         ImageView::with_encoding(width, height, step, encoding, big_endian, frame.data())
             .map_err(|e| CaptureError::Frame { message: e.to_string() })?;
         Ok(frame)
@@ -190,18 +202,29 @@ impl Frame {
         }
     }
 
-    /// The frame as an image (borrowed from the frame: no copy).
+    /// The frame as an image (borrowed from the frame: no copy), with the buffer's memory
+    /// lent when it can be ([`lend`]).
     pub fn view(&self) -> ImageView<'_> {
         // The header and these same bytes were validated in `Frame::new`; the bytes are
         // owned and never change.
-        ImageView::validated(
+        let view = ImageView::validated(
             self.width,
             self.height,
             self.step,
             self.encoding,
             self.big_endian,
             self.data(),
-        )
+        );
+        match &self.lent {
+            Some(lent) => view.lent_from(lent),
+            None => view,
+        }
+    }
+
+    /// Whether its bytes lie in a GStreamer buffer's memory lent to the backend, which a
+    /// GPU backend may then read in place ([`lend`]).
+    pub fn is_lent(&self) -> bool {
+        self.lent.is_some()
     }
 
     /// The buffer's capture time, when it has a PTS and the pipeline a clock.
@@ -245,6 +268,8 @@ pub struct CaptureSource {
     delivered: u64,
     stopped: bool,
     live: bool,
+    /// What backends did with this source's lent frames.
+    reads: Arc<LentReads>,
 }
 
 impl CaptureSource {
@@ -295,6 +320,7 @@ impl CaptureSource {
             delivered: 0,
             stopped: false,
             live: false,
+            reads: Arc::default(),
         };
         let started = source.pipeline.set_state(gst::State::Playing);
         let settled = started
@@ -320,6 +346,12 @@ impl CaptureSource {
             source.sink.set_drop(true);
         }
         Ok(source)
+    }
+
+    /// Count what backends do with this source's lent frames in `reads` (kept by the
+    /// caller across restarts) instead of the source's own counters.
+    pub fn count_reads_in(&mut self, reads: Arc<LentReads>) {
+        self.reads = reads;
     }
 
     /// The next frame: `Ok(Some)` as soon as one arrives, `Ok(None)` when none came
@@ -509,8 +541,10 @@ impl CaptureSource {
             .into_mapped_buffer_readable()
             .map_err(|_| bad("the buffer cannot be mapped for reading".into()))?;
         let plan = layout::plan(encoding, width, height, &planes, mapped.size()).map_err(bad)?;
+        let mut lent = None;
         let (bytes, step) = match plan {
             Plan::Borrow { start, len, step } => {
+                lent = lend(&mapped, &self.reads);
                 (Bytes::Mapped { buffer: mapped, start, len }, step)
             }
             Plan::Copy { step } => (
@@ -533,7 +567,7 @@ impl CaptureSource {
             self.delivered,
         )?;
         self.delivered += 1;
-        Ok(frame)
+        Ok(Frame { lent, ..frame })
     }
 
     /// The buffer's PTS as a time of the pipeline's clock.
@@ -658,6 +692,72 @@ fn debian_package(element: &str) -> &'static str {
         .unwrap_or("one of gstreamer1.0-plugins-base, -good, -bad, -ugly or gstreamer1.0-libav")
 }
 
+/// A mapped buffer's memory lent to the backend ([`Lent`]): one block of GStreamer's
+/// system memory (not a sub-memory of another, not a device's mapping such as V4L2's or a
+/// DMA-buf), whose identity is kept on the memory itself ([`lent_memory`]). `None` for
+/// anything else: the backend then copies the frame once, as it copies a topic's.
+fn lend(mapped: &gst::MappedBuffer<gst::buffer::Readable>, reads: &Arc<LentReads>) -> Option<Lent> {
+    let buffer = mapped.buffer();
+    if buffer.n_memory() != 1 {
+        return None;
+    }
+    let memory = buffer.peek_memory(0);
+    let sysmem =
+        std::str::from_utf8(gst::ffi::GST_ALLOCATOR_SYSMEM).ok().map(|t| t.trim_end_matches('\0'));
+    if memory.parent().is_some() || !sysmem.is_some_and(|t| memory.is_type(t)) {
+        return None;
+    }
+    // The mapping of the buffer's one memory starts `offset` bytes into its block of
+    // `maxsize` bytes (system memory maps its block in place).
+    let base = mapped.as_slice().as_ptr().wrapping_sub(memory.offset());
+    let identity = lent_memory(memory);
+    // SAFETY: system memory's block of `maxsize` bytes at `base` stays allocated until the
+    // memory is finalized, which first calls `lent_memory`'s destroy notify (it says
+    // freed); the frame keeps the buffer mapped (readable: nobody writes it) for as long
+    // as it lives, and the pipeline keeps a set's frames until the set is finished.
+    Some(unsafe { Lent::new(base, memory.maxsize(), identity, reads.clone()) })
+}
+
+/// The quark under which a memory keeps its [`LentMemory`].
+fn lent_quark() -> gst::glib::ffi::GQuark {
+    static QUARK: OnceLock<gst::glib::ffi::GQuark> = OnceLock::new();
+    *QUARK.get_or_init(|| gst::glib::Quark::from_str("vision-preproc-lent-memory").into_glib())
+}
+
+/// The identity of `memory` as a [`LentMemory`]: kept as the memory's qdata, made the
+/// first time a frame lies in it; the qdata's destroy notify (called when the memory is
+/// finalized, before its block is freed) says it was freed.
+fn lent_memory(memory: &gst::MemoryRef) -> Arc<LentMemory> {
+    let object = memory.as_ptr() as *mut gst::ffi::GstMiniObject;
+    // SAFETY: `memory` is alive (the caller's mapped buffer holds it); the qdata under our
+    // quark is only ever an `Arc<LentMemory>` turned into a raw pointer here, owned by the
+    // memory (one strong count) until `memory_freed` takes it back.
+    unsafe {
+        let kept = gst::ffi::gst_mini_object_get_qdata(object, lent_quark()) as *const LentMemory;
+        if !kept.is_null() {
+            Arc::increment_strong_count(kept);
+            return Arc::from_raw(kept);
+        }
+        let identity = Arc::new(LentMemory::default());
+        let owned = Arc::into_raw(identity.clone());
+        gst::ffi::gst_mini_object_set_qdata(
+            object,
+            lent_quark(),
+            owned as *mut std::ffi::c_void,
+            Some(memory_freed),
+        );
+        identity
+    }
+}
+
+/// The destroy notify of a memory's [`LentMemory`]: it was freed.
+unsafe extern "C" fn memory_freed(data: gst::glib::ffi::gpointer) {
+    // SAFETY: `data` is the pointer `lent_memory` made with `Arc::into_raw`, whose count
+    // the memory owned; called once, when the memory is finalized.
+    let identity = unsafe { Arc::from_raw(data as *const LentMemory) };
+    identity.free();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -684,5 +784,17 @@ mod tests {
         assert_eq!(debian_package("rgb2bayer"), "gstreamer1.0-plugins-bad");
         assert_eq!(debian_package("v4l2src"), "gstreamer1.0-plugins-good");
         assert!(debian_package("nosuchelement").starts_with("one of"));
+    }
+
+    #[test]
+    fn a_memory_says_when_it_is_freed() {
+        gst::init().unwrap();
+        let mem = gst::Memory::with_size(1000);
+        let id = lent_memory(&mem);
+        let again = lent_memory(&mem);
+        assert!(Arc::ptr_eq(&id, &again));
+        assert!(!id.freed());
+        drop(mem);
+        assert!(id.freed());
     }
 }

@@ -243,7 +243,7 @@ impl CudaBackend {
         let bytes = BatchItemDesc::as_bytes(&rows);
         // SAFETY: as above.
         let table = unsafe {
-            gpu.stage(std::slice::from_mut(&mut e.table), &[Some(Source::Pixels(bytes))])?;
+            gpu.stage(std::slice::from_mut(&mut e.table), &[Some(Source::Pixels(bytes, None))])?;
             e.table.upload(bytes.len(), &up, "the batch table")?
         };
         e.end_upload(&up, &gpu.stream)?;

@@ -139,7 +139,7 @@ impl CudaBackend {
         let decoded = match source {
             // SAFETY: as above; the entry is not reused before its last event completes.
             Source::Jpeg(c) => Some(unsafe { decode_jpegs(jpeg.gpu()?, e, &up, &[(0, c)]) }?[0]),
-            Source::Pixels(_) => None,
+            Source::Pixels(..) => None,
         };
         e.begin_upload(&up)?;
         let src = match decoded {

@@ -43,6 +43,7 @@ pub mod kernels;
 pub mod launch;
 pub mod memory;
 pub mod nvjpeg;
+mod registry;
 mod steps;
 pub(crate) mod vmm;
 
@@ -571,6 +572,17 @@ impl Backend for CudaBackend {
                 d.max_sm_clock_mhz.map_or_else(|| "unknown".to_string(), |c| format!("{c:.0}")),
             ),
             ("GPU memory mode".to_string(), self.gpu.mode_name().to_string()),
+            (
+                "GPU in-process frames".to_string(),
+                if self.gpu.registry.supported() {
+                    "read in place: a `gst:` input's buffers of system memory are registered \
+                     with the driver once (no host copy)"
+                } else {
+                    "copied once into the pinned staging buffer: this device cannot register \
+                     host memory"
+                }
+                .to_string(),
+            ),
             (
                 "GPU kernels".to_string(),
                 self.kernels

@@ -17,12 +17,13 @@ use super::kernels::{resize_normalize_entry, RESIZE_NORMALIZE_BATCH};
 use super::launch::{self, Conv2dParams};
 use super::memory::{DeviceBuffer, PinnedBuffer, PinnedKind, SRC_SLACK};
 use super::nvjpeg::{DecodeItem, NvJpeg};
+use super::registry::{InPlace, Registry};
 use super::{launch_kernel, CudaBackend};
 use crate::backend::{AxisMap, Conv2dOp, Frame, Out, PreprocessOp, PreprocessParams, StageTimes};
 use crate::compressed::{Codec, Compressed};
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Error, Result};
-use crate::image::Encoding;
+use crate::image::{Encoding, Lent};
 use crate::nvtx::{self, Stage};
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig};
@@ -68,6 +69,8 @@ pub(super) struct Gpu {
     tensor: DeviceBuffer,
     /// The fused kernel's float32 NCHW output: conv2d's input.
     scratch: DeviceBuffer,
+    /// Lent host memory registered with the driver: frames read in place.
+    pub registry: Registry,
     /// Test hook (feature `fault-injection`): poison the outputs of every submission.
     #[cfg(feature = "fault-injection")]
     pub poison: bool,
@@ -127,7 +130,11 @@ impl Gpu {
     pub(super) fn new(ctx: Arc<CudaContext>, mode: MemoryMode) -> Result<Self, CudaError> {
         let stream = ctx.new_stream().map_err(|e| drv_err("cuStreamCreate(NON_BLOCKING)", e))?;
         let copy = ctx.new_stream().map_err(|e| drv_err("cuStreamCreate(NON_BLOCKING)", e))?;
+        let register = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED;
+        // Unknown (an old driver): as not supported, frames are copied.
+        let supported = ctx.attribute(register).is_ok_and(|v| v != 0);
         Ok(Gpu {
+            registry: Registry::new(ctx.clone(), supported, mode == MemoryMode::Mapped),
             ctx,
             stream,
             copy,
@@ -244,7 +251,9 @@ impl Gpu {
 
     /// Stage: each frame (`None`: a padded slot, nothing) into its pinned buffer, grown
     /// to the frame plus [`SRC_SLACK`] when needed (write-combined in `upload` mode,
-    /// mapped in `mapped` mode): the one CPU copy of a frame. A JPEG's compressed bytes go
+    /// mapped in `mapped` mode): the one CPU copy of a frame. A frame in lent memory
+    /// that the [`Registry`] takes is not copied: it is read in place (counted in its
+    /// source's `LentReads`, as is a lent frame copied). A JPEG's compressed bytes go
     /// to the slot's cached pinned buffer instead (nvJPEG reads them on the host, which
     /// write-combined memory makes slow). All frames at once, each in [`STAGING_THREADS`]
     /// pieces when large: one after the other would leave most of the host's memory
@@ -253,16 +262,27 @@ impl Gpu {
     /// # Safety
     /// No GPU work that uses these buffers may be pending (their ring entry is free).
     pub(super) unsafe fn stage(
-        &self,
+        &mut self,
         into: &mut [Staging],
         frames: &[Option<Source<'_>>],
     ) -> Result<()> {
         let mut copies: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(frames.len());
         for (staging, frame) in into.iter_mut().zip(frames) {
+            staging.in_place = None;
             let Some(source) = *frame else { continue };
+            if let Source::Pixels(data, Some(lent)) = source {
+                match self.registry.in_place(data, lent, SRC_SLACK) {
+                    Ok(frame) => {
+                        lent.count_read(Ok(()));
+                        staging.in_place = Some(frame);
+                        continue;
+                    }
+                    Err(why) => lent.count_read(Err(why)),
+                }
+            }
             let len = source.staged_len();
             let (slot, kind) = match source {
-                Source::Pixels(_) => (&mut staging.host, self.pinned_kind(PinnedKind::Upload)),
+                Source::Pixels(..) => (&mut staging.host, self.pinned_kind(PinnedKind::Upload)),
                 Source::Jpeg(_) => {
                     (&mut staging.compressed, self.pinned_kind(PinnedKind::Download))
                 }
@@ -272,7 +292,7 @@ impl Gpu {
             // own buffers, so the slices do not overlap.
             let host = unsafe { &mut buf.host_mut()[..len] };
             match source {
-                Source::Pixels(data) => copies.push((host, data)),
+                Source::Pixels(data, _) => copies.push((host, data)),
                 // A JPEG is small: here, piece by piece (with the standard Huffman tables
                 // put in when it has none).
                 Source::Jpeg(c) => {
@@ -406,8 +426,8 @@ fn parallel_copy(dst: &mut [u8], src: &[u8]) {
 /// on the device by nvJPEG into the buffer the kernels read, in both memory modes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Source<'s> {
-    /// Pixel rows (an `ImageView`'s bytes).
-    Pixels(&'s [u8]),
+    /// Pixel rows (an `ImageView`'s bytes), and the memory they lie in when lent.
+    Pixels(&'s [u8], Option<&'s Lent>),
     /// A probed JPEG (decoded to tight rows of its `step`).
     Jpeg(&'s Compressed<'s>),
 }
@@ -417,7 +437,7 @@ impl<'s> Source<'s> {
     /// frame (PNG) is the caller's to decode on the host first.
     pub(crate) fn of<'a: 's>(frame: Frame<'a, 's>) -> Result<Source<'s>> {
         match frame {
-            Frame::Pixels(v) => Ok(Source::Pixels(v.data())),
+            Frame::Pixels(v) => Ok(Source::Pixels(v.data(), v.lent())),
             Frame::Compressed(c) if c.codec() == Codec::Jpeg => Ok(Source::Jpeg(c)),
             Frame::Compressed(c) => Err(Error::misuse(
                 "staging a frame",
@@ -433,7 +453,7 @@ impl<'s> Source<'s> {
     /// tables when it has none: `compressed::jpeg_pieces`).
     pub(crate) fn staged_len(&self) -> usize {
         match *self {
-            Source::Pixels(d) => d.len(),
+            Source::Pixels(d, _) => d.len(),
             Source::Jpeg(c) => {
                 crate::compressed::jpeg_pieces(c.data()).iter().map(|p| p.len()).sum()
             }
@@ -492,6 +512,8 @@ pub(crate) unsafe fn decode_jpegs(
 #[derive(Default)]
 pub(crate) struct Staging {
     host: Option<PinnedBuffer>,
+    /// This submission's frame, read in place from lent memory (nothing staged).
+    in_place: Option<InPlace>,
     /// A JPEG's compressed bytes (cached pinned memory: nvJPEG reads them on the host).
     compressed: Option<PinnedBuffer>,
     dev: DeviceBuffer,
@@ -510,9 +532,10 @@ impl Staging {
         }
     }
 
-    /// Upload the first `len` staged bytes on `up` and return the address the kernels
-    /// read: the device copy (`len` + [`SRC_SLACK`] bytes), or in `mapped` mode the
-    /// pinned buffer itself. `what` names it in errors.
+    /// Upload the first `len` staged bytes (or the frame read in place) on `up` and
+    /// return the address the kernels read: the device copy (`len` + [`SRC_SLACK`]
+    /// bytes), or in `mapped` mode the pinned buffer (the lent memory) itself. `what`
+    /// names it in errors.
     ///
     /// # Safety
     /// No GPU work of an earlier submission may use the device copy (the ring entry is
@@ -524,6 +547,19 @@ impl Staging {
         up: &Arc<CudaStream>,
         what: &str,
     ) -> Result<CUdeviceptr> {
+        if let Some(frame) = self.in_place {
+            if let Some(d) = frame.device {
+                return Ok(d);
+            }
+            let d = self.dev.ensure(up, len + SRC_SLACK, what)?;
+            // SAFETY: the frame's `len` bytes lie in registered memory its source lent,
+            // unchanged until this submission completes (the caller keeps the frame);
+            // `d` as below.
+            unsafe { sys::cuMemcpyHtoDAsync_v2(d, frame.host as *const _, len, up.cu_stream()) }
+                .result()
+                .map_err(|e| drv_err(format!("uploading {len} bytes of {what} in place"), e))?;
+            return Ok(d);
+        }
         let Some(host) = self.host.as_ref() else {
             return Err(Error::misuse(
                 format!("uploading {what}"),

@@ -18,6 +18,7 @@ use super::shared::{
 };
 use crate::capture::{CaptureSource, Frame};
 use crate::config::Config;
+use crate::image::LentReads;
 use crate::wire::msgs::Header;
 use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -113,6 +114,8 @@ pub(super) struct Started {
     publishers: CameraPublishers,
     /// Its first frame, taken while starting.
     first: Option<Frame>,
+    /// What the backend does with its frames (the source counts there).
+    reads: Arc<LentReads>,
 }
 
 /// Start the pipeline of `input` (a fault names the input, its element and the fix) and
@@ -125,6 +128,8 @@ pub(super) fn start(
 ) -> anyhow::Result<Started> {
     let mut source = CaptureSource::start(&input.description)
         .map_err(|e| anyhow::anyhow!("input {}: {e}", input.index))?;
+    let reads = Arc::new(LentReads::default());
+    source.count_reads_in(reads.clone());
     // A live source negotiates its caps with its first frame: wait for it, so that caps
     // that cannot be negotiated stop the node as for a source that is not live. The frame
     // is the capture thread's first.
@@ -160,7 +165,7 @@ pub(super) fn start(
             "not published (no calibration)"
         },
     );
-    Ok(Started { input, source, publishers, first })
+    Ok(Started { input, source, publishers, first, reads })
 }
 
 impl Cameras {
@@ -183,6 +188,7 @@ impl Cameras {
                 st.pipeline = Some(PipelineState {
                     running: true,
                     live: s.source.is_live(),
+                    reads: s.reads.clone(),
                     ..PipelineState::default()
                 });
             }
@@ -256,12 +262,13 @@ impl Capture {
                     break;
                 }
                 match CaptureSource::start(&self.input.description) {
-                    Ok(s) => {
+                    Ok(mut s) => {
                         let mut st = lock(&self.shared.inputs[self.input.index]);
                         if let Some(p) = st.pipeline.as_mut() {
                             p.running = true;
                             p.restarts += 1;
                             p.live = s.is_live();
+                            s.count_reads_in(p.reads.clone());
                         }
                         drop(st);
                         let line = format!(
@@ -361,6 +368,7 @@ impl Capture {
                     p.copied += 1;
                 } else {
                     p.in_place += 1;
+                    p.not_lent += u64::from(!frame.is_lent());
                 }
             }
         }

@@ -303,15 +303,7 @@ fn pipeline_report(shared: &Shared, index: usize, prefix: &str) -> Option<InputR
             format!("{prefix}Input image_raw published"),
             format!("{} (only while someone subscribes)", p.raw_published),
         ),
-        (
-            format!("{prefix}Input frame copies"),
-            format!(
-                "{} frames {}; {} first copied once into tight rows (their buffer's layout)",
-                p.in_place,
-                super::shared::pipeline_copies(&backend),
-                p.copied
-            ),
-        ),
+        (format!("{prefix}Input frame copies"), p.copies(&backend)),
     ];
     if let Some((what, ago)) = &last {
         values.push((

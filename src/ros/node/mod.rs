@@ -301,8 +301,15 @@ fn tensor_ref_topic(node: &r2r::Node, ros_args: Option<&RosArgs>) -> anyhow::Res
         .unwrap_or_else(|| format!("{}/tensor_ref", namespace.trim_end_matches('/'))))
 }
 
-/// The final log line: the node's books.
+/// The final log lines: each pipeline input's host copies (the ledger), then the node's
+/// books.
 fn log_stopped(logger: &str, shared: &Shared) {
+    let backend = shared::lock(&shared.backend).name.clone();
+    for (i, input) in shared.inputs.iter().enumerate() {
+        if let Some(p) = shared::lock(input).pipeline.as_ref() {
+            r2r::log_info!(logger, "input {i}, frame copies: {}", p.copies(&backend));
+        }
+    }
     let c = shared.stats.counts();
     r2r::log_info!(
         logger,

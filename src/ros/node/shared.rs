@@ -10,7 +10,7 @@ use super::params::NodeParams;
 use super::stats::{BackendInfo, Stats};
 use crate::backend::Frame;
 use crate::compressed::{Compressed, Limits};
-use crate::image::ImageView;
+use crate::image::{ImageView, LentReads};
 use crate::transport::batch_sync::{Batch, CameraCounts, Item};
 use crate::transport::{DeliveryMonitor, Latest};
 use crate::wire::msgs::Header;
@@ -95,18 +95,50 @@ pub(super) struct PipelineState {
     pub in_place: u64,
     /// Frames copied once into tight rows first (their buffer's layout differed).
     pub copied: u64,
+    /// Frames read in place from a buffer whose memory cannot be lent to the backend
+    /// (not one block of system memory: `capture::Frame::is_lent`).
+    pub not_lent: u64,
+    /// What the backend did with the frames in GStreamer's memory (read in place, or
+    /// copied once into its staging), kept across restarts.
+    pub reads: Arc<LentReads>,
     /// Frames published on `<camera>/image_raw` (only while someone subscribes).
     pub raw_published: u64,
 }
 
-/// How a pipeline frame's bytes reach the kernels of `backend`, as the log and
-/// `/diagnostics` say it.
+/// How a pipeline frame's bytes reach the kernels of `backend`, as the start-up log says
+/// it.
 pub(super) fn pipeline_copies(backend: &str) -> &'static str {
     if backend == "cuda" {
-        "read in place from GStreamer's buffer, one host copy into the pinned (integrated \
-         GPU: mapped) staging buffer"
+        "read in place from GStreamer's buffers; the GPU reads a buffer of system memory \
+         where it is (registered with the driver once: no host copy), any other once copied \
+         into the pinned (integrated GPU: mapped) staging buffer"
     } else {
-        "read in place from GStreamer's buffer by the CPU backend: no copy"
+        "read in place from GStreamer's buffers by the CPU backend: no copy"
+    }
+}
+
+impl PipelineState {
+    /// The host copies of this input's frames, as `/diagnostics` says them (the ledger).
+    pub(super) fn copies(&self, backend: &str) -> String {
+        let layout = format!("{} first copied once into tight rows (their layout)", self.copied);
+        let frames = self.in_place + self.copied;
+        if backend != "cuda" {
+            return format!(
+                "{frames} frames read from GStreamer's buffers by the CPU backend, no other \
+                 copy; {layout}"
+            );
+        }
+        let in_place = self.reads.in_place.load(Ordering::Relaxed);
+        let staged = self.reads.staged.load(Ordering::Relaxed);
+        let why = lock(&self.reads.why_staged).as_ref().map(|w| format!(" (the last: {w})"));
+        format!(
+            "{frames} frames from GStreamer's buffers: the GPU read {in_place} in place \
+             (registered: no host copy) and {staged} after one host copy into its pinned \
+             staging buffer{}; {} not lendable (not one block of system memory: one host \
+             copy each); {layout}; frames replaced in the keep-latest slot are in none",
+            why.unwrap_or_default(),
+            self.not_lent
+        )
     }
 }
 

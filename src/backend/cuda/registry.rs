@@ -1,0 +1,150 @@
+//! Host memory lent by a frame's source ([`crate::image::Lent`]: a GStreamer pool's
+//! buffers), registered with the driver the first time a frame lies in it
+//! (`cuMemHostRegister`; in `mapped` mode also mapped into the device) and kept registered
+//! until the source frees it: the upload then reads the frame where it is (no copy into
+//! the staging buffer), and in `mapped` mode the kernels read it in place. A pool's
+//! buffers come back again and again, so each is registered once.
+//!
+//! A frame is copied into the staging buffer as before when its memory cannot be read in
+//! place: the device cannot register host memory (`HOST_REGISTER_SUPPORTED`), the driver
+//! refused this memory (kept as refused: not tried again), [`MAX_REGISTERED`] others are
+//! registered already (a source whose buffers are not from a fixed pool), or in `mapped`
+//! mode the kernels' read-ahead ([`SRC_SLACK`](super::memory::SRC_SLACK)) would leave it.
+
+use super::driver::drv_err;
+use crate::image::{Lent, LentMemory};
+use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::CudaContext;
+use std::sync::Arc;
+
+/// Registrations kept at most (a pool has a few buffers per source; several sources
+/// share the backend).
+pub(crate) const MAX_REGISTERED: usize = 32;
+
+/// Where a frame is read in place: its host address (the upload's source) and, in
+/// `mapped` mode, its device address (the kernels' source).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InPlace {
+    pub host: usize,
+    pub device: Option<CUdeviceptr>,
+}
+
+struct Registered {
+    memory: Arc<LentMemory>,
+    base: usize,
+    /// Why the driver refused it (not tried again while the memory lives), or its device
+    /// address (0 unless `mapped`).
+    device: Result<CUdeviceptr, String>,
+}
+
+/// The registrations of one context.
+pub(crate) struct Registry {
+    ctx: Arc<CudaContext>,
+    /// The device can register host memory.
+    supported: bool,
+    /// `mapped` mode: registrations are mapped into the device and read by the kernels.
+    mapped: bool,
+    entries: Vec<Registered>,
+}
+
+impl Registry {
+    pub(crate) fn new(ctx: Arc<CudaContext>, supported: bool, mapped: bool) -> Registry {
+        Registry { ctx, supported, mapped, entries: Vec::new() }
+    }
+
+    /// Where `data` (a frame's bytes, inside `lent`) is read in place, registering its
+    /// memory the first time; else why not (copy it into the staging buffer). `slack`
+    /// bytes after it must lie in the memory too in `mapped` mode (the kernels read ahead).
+    pub(crate) fn in_place(
+        &mut self,
+        data: &[u8],
+        lent: &Lent,
+        slack: usize,
+    ) -> Result<InPlace, String> {
+        if !self.supported {
+            return Err("this device cannot register host memory".into());
+        }
+        self.forget_freed();
+        let at = lent.offset_of(data, if self.mapped { slack } else { 0 }).ok_or_else(|| {
+            format!("no room for the kernels' read-ahead ({slack} bytes) after the frame")
+        })?;
+        let device = match self.entries.iter().find(|r| Arc::ptr_eq(&r.memory, lent.memory())) {
+            Some(r) => r.device.clone(),
+            None if self.entries.len() >= MAX_REGISTERED => {
+                return Err(format!(
+                    "{MAX_REGISTERED} buffers are registered already (the source's buffers \
+                     are not from a fixed pool)"
+                ))
+            }
+            None => {
+                let (base, len) = lent.range();
+                let base = base as usize;
+                let device = self.register(base, len);
+                self.entries.push(Registered { memory: lent.memory().clone(), base, device });
+                self.entries.last().map_or(Ok(0), |r| r.device.clone())
+            }
+        }?;
+        Ok(InPlace {
+            host: data.as_ptr() as usize,
+            device: self.mapped.then_some(device + at as CUdeviceptr),
+        })
+    }
+
+    /// Whether the device can register host memory (else every frame is copied).
+    pub(crate) fn supported(&self) -> bool {
+        self.supported
+    }
+
+    /// Register `len` bytes at `base`: its device address (0 unless `mapped`).
+    fn register(&self, base: usize, len: usize) -> Result<CUdeviceptr, String> {
+        let flags = if self.mapped { sys::CU_MEMHOSTREGISTER_DEVICEMAP } else { 0 };
+        // SAFETY: `base` is `len` bytes of host memory its source lent (allocated until it
+        // says freed, when `forget_freed` unregisters it); the context is current on this
+        // thread (the backend binds it before a submission).
+        unsafe { sys::cuMemHostRegister_v2(base as *mut _, len, flags) }
+            .result()
+            .map_err(|e| drv_err(format!("cuMemHostRegister ({len} bytes)"), e).to_string())?;
+        if !self.mapped {
+            return Ok(0);
+        }
+        let mut device: CUdeviceptr = 0;
+        // SAFETY: `base` was registered with DEVICEMAP just now; `device` is a valid out
+        // pointer.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, base as *mut _, 0) };
+        if let Err(e) = r.result() {
+            // SAFETY: registered just now, by this context, used by no work yet.
+            let _ = unsafe { sys::cuMemHostUnregister(base as *mut _) };
+            return Err(drv_err("cuMemHostGetDevicePointer", e).to_string());
+        }
+        Ok(device)
+    }
+
+    /// Unregister the memories their sources freed. A freed memory is read by no work in
+    /// flight: a set's frames (which hold their memory) live until the set is finished.
+    fn forget_freed(&mut self) {
+        self.entries.retain(|r| {
+            if !r.memory.freed() {
+                return true;
+            }
+            if r.device.is_ok() {
+                // SAFETY: registered by this context (current); no work reads it (above).
+                // An error leaves nothing to do: the pages stay pinned until the process
+                // ends.
+                let _ = unsafe { sys::cuMemHostUnregister(r.base as *mut _) };
+            }
+            false
+        });
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        // The backend waited for its streams before its fields are dropped: nothing reads
+        // these memories any more.
+        let _ = self.ctx.bind_to_thread();
+        for r in self.entries.iter().filter(|r| r.device.is_ok()) {
+            // SAFETY: registered by this context, read by no work (above).
+            let _ = unsafe { sys::cuMemHostUnregister(r.base as *mut _) };
+        }
+    }
+}
