@@ -296,12 +296,15 @@ impl<'a> ImageView<'a> {
 /// before the memory is released), and a frame's bytes in it do not change while a
 /// submission that reads them is in flight (the pipeline keeps a set's frames until it is
 /// finished: `pipeline::InFlight`).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Lent {
     base: usize,
     len: usize,
     memory: Arc<LentMemory>,
     reads: Arc<LentReads>,
+    /// Its frame was counted in `reads` (a batch reads a camera's frame again while the
+    /// camera has no newer one: counted once).
+    counted: AtomicBool,
 }
 
 impl Lent {
@@ -316,7 +319,7 @@ impl Lent {
         memory: Arc<LentMemory>,
         reads: Arc<LentReads>,
     ) -> Lent {
-        Lent { base: base as usize, len, memory, reads }
+        Lent { base: base as usize, len, memory, reads, counted: AtomicBool::new(false) }
     }
 
     /// The allocation: its first byte's address and its length.
@@ -336,8 +339,12 @@ impl Lent {
         &self.memory
     }
 
-    /// Count a frame read in place (`Ok`), or copied into a staging buffer and why.
+    /// Count its frame read in place (`Ok`), or copied into a staging buffer and why: the
+    /// first read only (a frame read again is the same frame).
     pub fn count_read(&self, read: std::result::Result<(), String>) {
+        if self.counted.swap(true, Ordering::Relaxed) {
+            return;
+        }
         match read {
             Ok(()) => self.reads.in_place.fetch_add(1, Ordering::Relaxed),
             Err(why) => {

@@ -1069,8 +1069,8 @@ def camera(run: Run) -> None:
         and backend (CUDA upload, CUDA mapped, CPU), 64x48 + gaussian 5 conv2d, 4 batches
         recorded each (OUT/camera_<mode>_<group>: compare them here, test/ros/test_camera.py's
         formats; the picture is the same in every frame)
-      sanitizer: the YUV/Bayer group's node under compute-sanitizer memcheck, 25 s (its
-        start-up under the tool takes most of the first 10)
+      sanitizer: the YUV/Bayer group's node under compute-sanitizer memcheck, 25 s per CUDA
+        memory mode (its start-up under the tool takes most of the first 10)
       bench: bench_handoff.py's three paths with the PyTorch consumer, 2 rounds: (s) camera
         process -> tensor + .cuda(), (a) -> tensor_ref, (b) the camera in the node -> tensor_ref
       max: the highest single-camera rate, a source that is not live (frames as fast as they
@@ -1226,19 +1226,21 @@ def stop_by_namespace(ns_arg: str) -> None:
 
 
 def camera_sanitizer(run: Run) -> None:
-    """camera's sanitizer part: the YUV/Bayer group's node under compute-sanitizer memcheck."""
-    tag = "camera_sanitizer"
+    """camera's sanitizer part: the YUV/Bayer group's node under compute-sanitizer memcheck,
+    once per CUDA memory mode of GST_MODES (upload: the upload reads GStreamer's registered
+    buffers; mapped: the kernels do)."""
     inputs = "inputs:=[" + ",".join(f'"{gst_source(f, 1920, 1080)}"' for f in GST_GROUPS[1]) + "]"
-    node = run.node(["-r", "__ns:=/gcs", "-p", "backend:=cuda", *run.small(), "-p", inputs],
-                    WORK / f"node_{tag}.log",
-                    prefix=MEMCHECK)
-    time.sleep(25)
-    stop_by_namespace("__ns:=/gcs")
-    rc = run.wait(node)[0]
-    nlog = WORK / f"node_{tag}.log"
-    print(f"{tag}: exit {rc}; {nl(grep('frame copies.*', nlog, only=True))}; {nl(grep('stopped:.*', nlog, only=True))}; "
-          f"{nl(grep('ERROR SUMMARY.*', nlog))}")
-    shutil.copy(nlog, run.out)
+    for label, mode_args in GST_MODES[:2]:
+        tag = f"camera_sanitizer_{label}"
+        node = run.node(["-r", "__ns:=/gcs", *mode_args, *run.small(), "-p", inputs],
+                        WORK / f"node_{tag}.log", prefix=MEMCHECK)
+        time.sleep(25)
+        stop_by_namespace("__ns:=/gcs")
+        rc = run.wait(node)[0]
+        nlog = WORK / f"node_{tag}.log"
+        print(f"{tag}: exit {rc}; {nl(grep('frame copies.*', nlog, only=True))}; "
+              f"{nl(grep('stopped:.*', nlog, only=True))}; {nl(grep('ERROR SUMMARY.*', nlog))}")
+        shutil.copy(nlog, run.out)
 
 
 @scenario

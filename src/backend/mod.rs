@@ -132,7 +132,9 @@ pub trait Backend: Send {
     /// check `job` and queue its work, its tensor(s) going to `out`
     /// ([`Out::Device`]: device memory of [`Backend::shared_blocks`], refused by a backend
     /// without device memory). The job's frames are not read after the call returns
-    /// (they are staged); `out` is written until the matching [`Backend::finish_oldest`]
+    /// (they are staged), except a frame whose view is lent
+    /// ([`crate::image::ImageView::lent`]), which a GPU backend may read in place until its
+    /// submission is finished (or abandoned); `out` is written until the matching [`Backend::finish_oldest`]
     /// returns. A job that fails its checks (an operation that does not fit its frame, a
     /// wrong length) is refused with an operation error before anything is queued. The
     /// default computes the job before returning ([`Queued::Done`]); a backend with
@@ -142,7 +144,8 @@ pub trait Backend: Send {
     /// # Safety
     /// `out`'s memory must be valid for writes of its length, and neither read nor
     /// written by anyone else, until this submission's `finish_oldest` returned (Ok or
-    /// Err) or [`Backend::abandon_all`] returned.
+    /// Err) or [`Backend::abandon_all`] returned; the job's lent frames stay alive and
+    /// unchanged as long (`pipeline::InFlight` keeps a set's frames until it is finished).
     unsafe fn submit_to(&mut self, job: Job<'_, '_>, out: Out) -> Result<Queued> {
         let Out::Host { ptr, len } = out else {
             return Err(Error::Operation(format!(

@@ -106,7 +106,9 @@ pub fn status() -> String {
     match gst::ElementFactory::find("appsink") {
         Some(_) => format!(
             "{version}: `gst:` inputs run in the node; their frames are read in place from \
-             GStreamer's buffers (the CUDA backend makes one host copy into its pinned staging)"
+             GStreamer's buffers (the CUDA backend's GPU reads a buffer of system memory where \
+             it is, registered with the driver: no host copy; any other after one host copy \
+             into its pinned staging)"
         ),
         None => format!(
             "{version}, but no appsink (install gstreamer1.0-plugins-base): `gst:` inputs \

@@ -473,6 +473,9 @@ impl Pipeline {
         // of `run_again` holds) without touching it until this submission is finished or
         // abandoned; a buffer is released (and a backend replaced, device blocks released
         // first) only after `abandon_all` or `finish_oldest`: the contract of `submit_to`.
+        // A lent frame's memory (`ImageView::lent`, read in place by a GPU backend) is its
+        // set's, which `InFlight` keeps until the set is finished (`process_frames` and a
+        // run again finish it before they return).
         if !self.config.is_batch() {
             return match (images.first(), self.ops.frame_op(0)) {
                 // SAFETY: `out` as said above.

@@ -65,9 +65,15 @@ impl Registry {
             return Err("this device cannot register host memory".into());
         }
         self.forget_freed();
-        let at = lent.offset_of(data, if self.mapped { slack } else { 0 }).ok_or_else(|| {
-            format!("no room for the kernels' read-ahead ({slack} bytes) after the frame")
-        })?;
+        lent.offset_of(data, 0).ok_or("the frame does not lie in its lent memory")?;
+        let (base, len) = self.range(lent);
+        // Where the frame is in the registered range.
+        let at = data.as_ptr() as usize - base;
+        if self.mapped && at + data.len() + slack > len {
+            return Err(format!(
+                "no room for the kernels' read-ahead ({slack} bytes) after the frame"
+            ));
+        }
         let device = match self.entries.iter().find(|r| Arc::ptr_eq(&r.memory, lent.memory())) {
             Some(r) => r.device.clone(),
             None if self.entries.len() >= MAX_REGISTERED => {
@@ -77,8 +83,6 @@ impl Registry {
                 ))
             }
             None => {
-                let (base, len) = lent.range();
-                let base = base as usize;
                 let device = self.register(base, len);
                 self.entries.push(Registered { memory: lent.memory().clone(), base, device });
                 self.entries.last().map_or(Ok(0), |r| r.device.clone())
@@ -88,6 +92,23 @@ impl Registry {
             host: data.as_ptr() as usize,
             device: self.mapped.then_some(device + at as CUdeviceptr),
         })
+    }
+
+    /// The range registered for `lent`: its allocation; in `mapped` mode the whole pages
+    /// it lies in, so that the kernels' read-ahead past a frame at its end stays in
+    /// registered memory (a GStreamer buffer's block has no slack; the rest of its last
+    /// page is mapped memory of the process, only read). A neighbour allocation sharing
+    /// one of those pages that is registered already makes the driver refuse it: that
+    /// buffer is then copied.
+    fn range(&self, lent: &Lent) -> (usize, usize) {
+        let (base, len) = lent.range();
+        let (base, end) = (base as usize, base as usize + len);
+        if !self.mapped {
+            return (base, len);
+        }
+        let page = crate::handoff::memory::page_size();
+        let first = base - base % page;
+        (first, end.next_multiple_of(page) - first)
     }
 
     /// Whether the device can register host memory (else every frame is copied).
