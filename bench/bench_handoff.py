@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = False, hold_ms: float = 0.0,
-             batch: bool = False) -> None:
+             batch: bool = False, executor_kind: str = "single") -> None:
     """The consumer process: subscribe to `topic` (tensor, tensor_ref, or both: each
     block's tensor compared with the Tensor of the same stamp), record per frame (stamp ->
     tensor usable) and FrameTiming, then write JSON. `use_torch`: the tensor as a CUDA
@@ -62,7 +62,9 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     `torch.as_tensor(frame.array(), device="cuda")`, which must be the block itself:
     `data_ptr()` == the mapped address). `hold_ms`: hold each frame that long (a slow
     consumer) and check that its tensor did not change meanwhile. `batch`: the node has
-    several inputs (`TensorBatch` on tensor); a set's age is its oldest valid item's."""
+    several inputs (`TensorBatch` on tensor); a set's age is its oldest valid item's.
+    `executor_kind`: rclpy's SingleThreadedExecutor (`single`) or its EventsExecutor
+    (`events`, rclpy.experimental: the executor in C++)."""
     import rclpy
     import rclpy.executors
     from rclpy.qos import QoSProfile, ReliabilityPolicy
@@ -76,6 +78,8 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     node = rclpy.create_node("bench_handoff_consumer", namespace=ns)
     t0 = time.time()
     ages: dict[int, float] = {}  # stamp (ns) -> stamp -> tensor usable, ms
+    # stamp -> after the TensorRef went out: received, GPU work done, tensor usable (ms)
+    splits: dict[int, tuple[float, float, float]] = {}
     # stamp -> (node-added ms, outputs, age at publish ms, upload stage ms: the host staging too)
     timings: dict[int, tuple[float, int, float, float]] = {}
     checksum = 0.0
@@ -124,11 +128,19 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
 
     def on_frame(frame) -> None:
         nonlocal checksum
+        ready = time.time()
         with frame:
             t, address = value(frame)
             k = key(frame.msg.header)
             if topic != "both":
                 ages[k] = age_ms(frame.msg)
+                # After the TensorRef went out (its item's age then): received by the
+                # callback (DDS, the executor), GPU work done (the event), tensor usable (ms).
+                items = [i for i in frame.msg.items if i.valid]
+                if len(items) == 1 and k in received:
+                    out_at = stamp_s(frame.msg.header) + items[0].age_us * 1e-6
+                    splits[k] = ((received[k] - out_at) * 1e3, (ready - out_at) * 1e3,
+                                 (time.time() - out_at) * 1e3)
             if frame.msg.memory_kind not in checks["memory_kinds"]:
                 checks["memory_kinds"].append(int(frame.msg.memory_kind))
             if torch is not None:
@@ -149,8 +161,16 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     if topic in ("tensor", "both"):
         node.create_subscription(TensorBatch if batch else Tensor, "tensor", on_tensor,
                                  qos if topic == "tensor" else 10)
+    received: dict[int, float] = {}  # stamp -> when the TensorRef's callback began (time.time())
+
+    class TimedSubscription(TensorRefSubscription):
+        """Notes when each TensorRef reached the consumer's callback (before its wait)."""
+        def _on_message(self, msg) -> None:
+            received[key(msg.header)] = time.time()
+            super()._on_message(msg)
+
     if topic in ("tensor_ref", "both"):
-        sub = TensorRefSubscription(node, "tensor_ref", on_frame, qos if topic == "tensor_ref" else 10)
+        sub = TimedSubscription(node, "tensor_ref", on_frame, qos if topic == "tensor_ref" else 10)
     node.create_subscription(
         FrameTiming, "timing",
         lambda t: timings.__setitem__(key(t.header), (t.total_us / 1e3, t.outputs, t.age_us / 1e3,
@@ -174,7 +194,11 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     # One executor for the whole run (rclpy.spin_once would add and remove the node, and
     # rebuild its wait set, at every call: milliseconds of the latency measured here).
-    executor = rclpy.executors.SingleThreadedExecutor()
+    if executor_kind == "events":
+        from rclpy.experimental import EventsExecutor
+        executor = EventsExecutor()
+    else:
+        executor = rclpy.executors.SingleThreadedExecutor()
     executor.add_node(node)
     while time.time() - t0 < seconds:
         executor.spin_once(timeout_sec=0.05)
@@ -183,6 +207,7 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     out.write_text(json.dumps({"ages_ms": [ages[k] for k in sorted(ages)],
                                "timings": [timings[k] for k in sorted(timings)],
                                "after_publish_ms": [ages[k] - timings[k][2] for k in sorted(ages) if k in timings],
+                               "announced_splits_ms": [splits[k] for k in sorted(splits)],
                                "skipped": skipped, "counts": counts, "checksum": checksum, "checks": checks,
                                "shared_diagnostics": shared, "frame_copies": copies[-1:]}))
     node.destroy_node()
@@ -236,6 +261,9 @@ def summary(d: dict, path: str, r: int) -> dict:
         "outputs": sorted({t[1] for t in tim}),
         # (older files have no upload stage)
         "upload_p50_ms": pct([t[3] for t in tim], 50) if tim and len(tim[0]) > 3 else None,
+        # After the TensorRef went out: received by the callback, GPU done, usable (p50)
+        "announced_p50_ms": [pct([x[j] for x in sp], 50) for j in range(3)] if (
+            sp := d.get("announced_splits_ms", [])[len(d.get("announced_splits_ms", [])) // 5:]) else None,
     }
 
 
@@ -246,6 +274,10 @@ def phase_line(p: dict) -> str:
             f"p50 {p['published_p50_ms']:.2f} ms, published -> tensor p50 {p['after_publish_p50_ms']:.2f} ms, "
             f"p99 {p['after_publish_p99_ms']:.2f} ms); node-added p50 "
             f"{p['node_added_p50_ms']:.2f} ms, p99 {p['node_added_p99_ms']:.2f} ms; outputs {p['outputs']}")
+    if p.get("announced_p50_ms"):
+        r, g, u = p["announced_p50_ms"]
+        line += (f"; after the TensorRef went out (p50): in the consumer's callback {r:.2f} ms, GPU work "
+                 f"done {g:.2f} ms, tensor usable {u:.2f} ms")
     if p.get("upload_p50_ms") is not None:
         line += f"; upload stage (host staging + copy to the GPU) p50 {p['upload_p50_ms']:.3f} ms"
     if "node_rss_max_mb" in p:
@@ -318,6 +350,9 @@ def main() -> None:
     ap.add_argument("--paths", default="s,a", help="which of s, a, b, c to run (comma-separated; module docstring)")
     ap.add_argument("--hold-ms", type=float, default=0.0, help="the consumer holds each frame this long")
     ap.add_argument("--batch", action="store_true", help="the consumer's node has several inputs (TensorBatch)")
+    ap.add_argument("--executor", choices=["single", "events"], default="single",
+                    help="the consumer's rclpy executor: SingleThreadedExecutor or rclpy.experimental's "
+                         "EventsExecutor")
     ap.add_argument("--report", type=Path, nargs="+", help="print the phases of consumer JSON files "
                     "(named <topic>_<round>.json) and their ratio")
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -332,16 +367,16 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.consumer:
-        consumer(a.consumer, a.ns, a.seconds, a.out, a.torch, a.hold_ms, a.batch)
+        consumer(a.consumer, a.ns, a.seconds, a.out, a.torch, a.hold_ms, a.batch, a.executor)
         return
     if a.report:
         # <path or topic>_<round>.json ("batch_tensor_ref_2": the tensor_ref phase of round 2
-        # of a batch run; the GPU machine's cudaref/camera scenarios name paths s, a, b
-        # tensor, tensor_ref, gst_ref)
-        phases = [summary(json.loads(f.read_text()), REPORT_NAMES.get(f.stem.rsplit("_", 1)[0].removeprefix("batch_"),
-                                                                    f.stem.rsplit("_", 1)[0].removeprefix("batch_")),
-                          int(f.stem.rsplit("_", 1)[1]))
-                  for f in a.report]
+        # of a batch run; "events_gst_ref_1": a consumer with the EventsExecutor; the GPU
+        # machine's cudaref/camera scenarios name paths s, a, b tensor, tensor_ref, gst_ref)
+        def path_of(f: Path) -> str:
+            name = f.stem.rsplit("_", 1)[0].removeprefix("batch_").removeprefix("events_")
+            return REPORT_NAMES.get(name, name)
+        phases = [summary(json.loads(f.read_text()), path_of(f), int(f.stem.rsplit("_", 1)[1])) for f in a.report]
         for p in phases:
             print(phase_line(p))
         print_ratio(phases)

@@ -320,6 +320,8 @@ class Run:
         self.failures: list[str] = []
         self.procs: list[subprocess.Popen] = []
         self.warmed = False
+        # The rclpy executor of bench_handoff.py's consumers: single | events.
+        self.executor = "single"
         self._py312: dict | None = None
         self.gst = False
 
@@ -530,6 +532,8 @@ class Run:
         """bench/bench_handoff.py's PyTorch consumer of `topic` (tensor, tensor_ref, both)
         in the background; `binding`: its VISION_PREPROC_CUDA_BINDING (ctypes|cuda-python)."""
         env = self.py312_env(**({"VISION_PREPROC_CUDA_BINDING": binding} if binding else {}))
+        if self.executor != "single":  # (its files: <executor>_<tag>)
+            tag, args = f"{self.executor}_{tag}", (*args, "--executor", self.executor)
         return self.spawn(["python3", ROOT / "bench" / "bench_handoff.py", "--consumer", topic, "--torch", "--seconds",
                            seconds, "--ns", "/", "--out", self.out / f"{tag}.json", *args],
                           self.out / f"{tag}.consumer.log", env=env)
@@ -1072,7 +1076,9 @@ def camera(run: Run) -> None:
       sanitizer: the YUV/Bayer group's node under compute-sanitizer memcheck, 25 s per CUDA
         memory mode (its start-up under the tool takes most of the first 10)
       bench: bench_handoff.py's three paths with the PyTorch consumer, 2 rounds: (s) camera
-        process -> tensor + .cuda(), (a) -> tensor_ref, (b) the camera in the node -> tensor_ref
+        process -> tensor + .cuda(), (a) -> tensor_ref, (b) the camera in the node -> tensor_ref;
+        each round twice, the consumer on rclpy's SingleThreadedExecutor, then on its
+        EventsExecutor (files events_<path>_<round>.json)
       max: the highest single-camera rate, a source that is not live (frames as fast as they
         are taken) against PLAYERS `play --max` into the node through DDS, 6 s each, 2 trials
     CAMERA_PARTS: a subset of those four, in that order."""
@@ -1098,9 +1104,11 @@ def camera(run: Run) -> None:
             camera_sanitizer(run)
         if "bench" in parts:
             for i in run.k.n(2):
-                run.cudaref_run("tensor", i)
-                run.cudaref_run("tensor_ref", i)
-                run.cudaref_run("gst_ref", i)
+                for run.executor in ("single", "events"):
+                    run.cudaref_run("tensor", i)
+                    run.cudaref_run("tensor_ref", i)
+                    run.cudaref_run("gst_ref", i)
+            run.executor = "single"
         new = run.node_bin.parent
         for i in run.k.n(2) if "max" in parts else ():
             run.single_max("new", new, i)

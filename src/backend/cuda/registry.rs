@@ -8,8 +8,9 @@
 //! A frame is copied into the staging buffer as before when its memory cannot be read in
 //! place: the device cannot register host memory (`HOST_REGISTER_SUPPORTED`), the driver
 //! refused this memory (kept as refused: not tried again), [`MAX_REGISTERED`] others are
-//! registered already (a source whose buffers are not from a fixed pool), or in `mapped`
-//! mode the kernels' read-ahead ([`SRC_SLACK`](super::memory::SRC_SLACK)) would leave it.
+//! registered already (a source whose buffers are not from a fixed pool), or it overlaps
+//! another registration. In `mapped` mode a registration takes the kernels' read-ahead
+//! ([`SRC_SLACK`](super::memory::SRC_SLACK)) after the memory too.
 
 use super::driver::drv_err;
 use crate::image::{Lent, LentMemory};
@@ -32,6 +33,7 @@ pub(crate) struct InPlace {
 struct Registered {
     memory: Arc<LentMemory>,
     base: usize,
+    len: usize,
     /// Why the driver refused it (not tried again while the memory lives), or its device
     /// address (0 unless `mapped`).
     device: Result<CUdeviceptr, String>,
@@ -53,8 +55,8 @@ impl Registry {
     }
 
     /// Where `data` (a frame's bytes, inside `lent`) is read in place, registering its
-    /// memory the first time; else why not (copy it into the staging buffer). `slack`
-    /// bytes after it must lie in the memory too in `mapped` mode (the kernels read ahead).
+    /// memory the first time; else why not (copy it into the staging buffer). In `mapped`
+    /// mode the registration covers `slack` bytes after the memory (the kernels read ahead).
     pub(crate) fn in_place(
         &mut self,
         data: &[u8],
@@ -65,15 +67,8 @@ impl Registry {
             return Err("this device cannot register host memory".into());
         }
         self.forget_freed();
-        lent.offset_of(data, 0).ok_or("the frame does not lie in its lent memory")?;
-        let (base, len) = self.range(lent);
-        // Where the frame is in the registered range.
-        let at = data.as_ptr() as usize - base;
-        if self.mapped && at + data.len() + slack > len {
-            return Err(format!(
-                "no room for the kernels' read-ahead ({slack} bytes) after the frame"
-            ));
-        }
+        let at = lent.offset_of(data, 0).ok_or("the frame does not lie in its lent memory")?;
+        let (base, len) = self.range(lent, slack);
         let device = match self.entries.iter().find(|r| Arc::ptr_eq(&r.memory, lent.memory())) {
             Some(r) => r.device.clone(),
             None if self.entries.len() >= MAX_REGISTERED => {
@@ -83,9 +78,15 @@ impl Registry {
                 ))
             }
             None => {
-                let device = self.register(base, len);
-                self.entries.push(Registered { memory: lent.memory().clone(), base, device });
-                self.entries.last().map_or(Ok(0), |r| r.device.clone())
+                let end = base + len;
+                let overlaps = |r: &Registered| r.base < end && base < r.base + r.len;
+                let device = match self.entries.iter().find(|r| r.device.is_ok() && overlaps(r)) {
+                    Some(_) => Err("it overlaps another registered buffer".to_string()),
+                    None => self.register(base, len),
+                };
+                let memory = lent.memory().clone();
+                self.entries.push(Registered { memory, base, len, device: device.clone() });
+                device
             }
         }?;
         Ok(InPlace {
@@ -94,21 +95,15 @@ impl Registry {
         })
     }
 
-    /// The range registered for `lent`: its allocation; in `mapped` mode the whole pages
-    /// it lies in, so that the kernels' read-ahead past a frame at its end stays in
-    /// registered memory (a GStreamer buffer's block has no slack; the rest of its last
-    /// page is mapped memory of the process, only read). A neighbour allocation sharing
-    /// one of those pages that is registered already makes the driver refuse it: that
-    /// buffer is then copied.
-    fn range(&self, lent: &Lent) -> (usize, usize) {
+    /// The range registered for `lent`: its allocation, and in `mapped` mode `slack` bytes
+    /// more, so that the kernels' read-ahead past a frame at its end stays in registered
+    /// memory (a GStreamer buffer's block has none to spare: those bytes are the next
+    /// allocation's, only read; the driver refuses the range if they are not mapped, and
+    /// the frame is then copied). Whole pages would overlap a neighbour's registration (a
+    /// heap allocation shares pages): the driver refuses that.
+    fn range(&self, lent: &Lent, slack: usize) -> (usize, usize) {
         let (base, len) = lent.range();
-        let (base, end) = (base as usize, base as usize + len);
-        if !self.mapped {
-            return (base, len);
-        }
-        let page = crate::handoff::memory::page_size();
-        let first = base - base % page;
-        (first, end.next_multiple_of(page) - first)
+        (base as usize, if self.mapped { len + slack } else { len })
     }
 
     /// Whether the device can register host memory (else every frame is copied).
