@@ -179,7 +179,7 @@ def knobs_from(env: Mapping[str, str], backend: str = "cuda") -> Knobs:
                       "(node_bags.tar.xz holds 1280x720 and 1920x1080)")
     k.latency_sizes = sizes
     k.cudaref_modes = _words(env, "CUDAREF_MODES", CUDAREF_DEFAULT, CUDAREF_MODES, "mode")
-    k.camera_parts = _words(env, "CAMERA_PARTS", k.camera_parts, k.camera_parts, "part")
+    k.camera_parts = _words(env, "CAMERA_PARTS", k.camera_parts, (*k.camera_parts, "restarts"), "part")
     k.compressed_parts = _words(env, "COMPRESSED_PARTS", k.compressed_parts, k.compressed_parts, "part")
     k.cudaref_slow_s = _int(env, "CUDAREF_SLOW_S", 20)
     k.cudaref_batch_args = tuple(shlex.split(env.get("CUDAREF_BATCH_ARGS", "")))
@@ -1081,7 +1081,11 @@ def camera(run: Run) -> None:
         EventsExecutor (files events_<path>_<round>.json)
       max: the highest single-camera rate, a source that is not live (frames as fast as they
         are taken) against PLAYERS `play --max` into the node through DDS, 6 s each, 2 trials
-    CAMERA_PARTS: a subset of those four, in that order."""
+      restarts: a live 1080p pipeline that ends every 20 frames (restarted by the node each
+        time: GStreamer frees the old pool's buffers, the new pool's are registered), under
+        compute-sanitizer memcheck per CUDA memory mode, 30 s each: the restarts and the
+        ledger (every frame read in place), not in the default parts
+    CAMERA_PARTS: a subset of those, in that order."""
     if not run.gst:
         raise SystemExit("gpu_node_remote: camera needs .device/gst.tar.xz (scripts/device/gst_bundle.sh)")
     parts = run.k.camera_parts
@@ -1113,6 +1117,8 @@ def camera(run: Run) -> None:
         for i in run.k.n(2) if "max" in parts else ():
             run.single_max("new", new, i)
             run.gst_max(i)
+        if "restarts" in parts:
+            camera_restarts(run)
 
 
 @scenario
@@ -1247,6 +1253,23 @@ def camera_sanitizer(run: Run) -> None:
         rc = run.wait(node)[0]
         nlog = WORK / f"node_{tag}.log"
         print(f"{tag}: exit {rc}; {nl(grep('frame copies.*', nlog, only=True))}; "
+              f"{nl(grep('stopped:.*', nlog, only=True))}; {nl(grep('ERROR SUMMARY.*', nlog))}")
+        shutil.copy(nlog, run.out)
+
+
+def camera_restarts(run: Run) -> None:
+    """camera's restarts part (its docstring)."""
+    inputs = f'inputs:=["{gst_source("BGR", 1920, 1080, "30/1", num_buffers=20)}"]'
+    for label, mode_args in GST_MODES[:2]:
+        tag = f"camera_restarts_{label}"
+        node = run.node(["-r", "__ns:=/gcr", *mode_args, *run.small(), "-p", inputs],
+                        WORK / f"node_{tag}.log", prefix=MEMCHECK)
+        time.sleep(30)
+        stop_by_namespace("__ns:=/gcr")
+        rc = run.wait(node)[0]
+        nlog = WORK / f"node_{tag}.log"
+        restarts = len(grep("pipeline restarted", nlog))
+        print(f"{tag}: exit {rc}; {restarts} restart log lines; {nl(grep('frame copies.*', nlog, only=True))}; "
               f"{nl(grep('stopped:.*', nlog, only=True))}; {nl(grep('ERROR SUMMARY.*', nlog))}")
         shutil.copy(nlog, run.out)
 
