@@ -291,7 +291,7 @@ impl<'a> ImageView<'a> {
 /// memory with the driver the first time it sees it and keeps the registration until the
 /// memory is freed ([`LentMemory::freed`]).
 ///
-/// The promise, made by the unsafe [`Lent::new`]: the `len` bytes at `base` are one
+/// The promise, made by the unsafe `Lent::new`: the `len` bytes at `base` are one
 /// allocation that stays allocated until its [`LentMemory`] says it was freed (told
 /// before the memory is released), and a frame's bytes in it do not change while a
 /// submission that reads them is in flight (the pipeline keeps a set's frames until it is

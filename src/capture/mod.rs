@@ -205,7 +205,7 @@ impl Frame {
     }
 
     /// The frame as an image (borrowed from the frame: no copy), with the buffer's memory
-    /// lent when it can be ([`lend`]).
+    /// lent when it can be: one block of GStreamer's system memory ([`ImageView::lent`]).
     pub fn view(&self) -> ImageView<'_> {
         // The header and these same bytes were validated in `Frame::new`; the bytes are
         // owned and never change.
@@ -224,7 +224,7 @@ impl Frame {
     }
 
     /// Whether its bytes lie in a GStreamer buffer's memory lent to the backend, which a
-    /// GPU backend may then read in place ([`lend`]).
+    /// GPU backend may then read in place: one block of GStreamer's system memory.
     pub fn is_lent(&self) -> bool {
         self.lent.is_some()
     }
