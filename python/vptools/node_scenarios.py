@@ -1240,32 +1240,28 @@ def stop_by_namespace(ns_arg: str) -> None:
 
 
 def camera_sanitizer(run: Run) -> None:
-    """camera's sanitizer part: the YUV/Bayer group's node under compute-sanitizer memcheck,
-    once per CUDA memory mode of GST_MODES (upload: the upload reads GStreamer's registered
-    buffers; mapped: the kernels do)."""
+    """camera's sanitizer part: the YUV/Bayer group's node."""
     inputs = "inputs:=[" + ",".join(f'"{gst_source(f, 1920, 1080)}"' for f in GST_GROUPS[1]) + "]"
-    for label, mode_args in GST_MODES[:2]:
-        tag = f"camera_sanitizer_{label}"
-        node = run.node(["-r", "__ns:=/gcs", *mode_args, *run.small(), "-p", inputs],
-                        WORK / f"node_{tag}.log", prefix=MEMCHECK)
-        time.sleep(25)
-        stop_by_namespace("__ns:=/gcs")
-        rc = run.wait(node)[0]
-        nlog = WORK / f"node_{tag}.log"
-        print(f"{tag}: exit {rc}; {nl(grep('frame copies.*', nlog, only=True))}; "
-              f"{nl(grep('stopped:.*', nlog, only=True))}; {nl(grep('ERROR SUMMARY.*', nlog))}")
-        shutil.copy(nlog, run.out)
+    camera_memcheck(run, "sanitizer", inputs, "/gcs", 25)
 
 
 def camera_restarts(run: Run) -> None:
-    """camera's restarts part (its docstring)."""
+    """camera's restarts part: a live 1080p pipeline that ends every 20 frames."""
     inputs = f'inputs:=["{gst_source("BGR", 1920, 1080, "30/1", num_buffers=20)}"]'
+    camera_memcheck(run, "restarts", inputs, "/gcr", 30)
+
+
+def camera_memcheck(run: Run, part: str, inputs: str, ns: str, seconds: int) -> None:
+    """A node of `inputs` (its `-p inputs:=` argument) under compute-sanitizer memcheck for
+    `seconds`, once per CUDA memory mode of GST_MODES (upload: the upload reads GStreamer's
+    registered buffers; mapped: the kernels do); prints its restarts (log lines, rate
+    limited), each input's ledger, its books and the tool's summary."""
     for label, mode_args in GST_MODES[:2]:
-        tag = f"camera_restarts_{label}"
-        node = run.node(["-r", "__ns:=/gcr", *mode_args, *run.small(), "-p", inputs],
+        tag = f"camera_{part}_{label}"
+        node = run.node(["-r", f"__ns:={ns}", *mode_args, *run.small(), "-p", inputs],
                         WORK / f"node_{tag}.log", prefix=MEMCHECK)
-        time.sleep(30)
-        stop_by_namespace("__ns:=/gcr")
+        time.sleep(seconds)
+        stop_by_namespace(f"__ns:={ns}")
         rc = run.wait(node)[0]
         nlog = WORK / f"node_{tag}.log"
         restarts = len(grep("pipeline restarted", nlog))

@@ -1,6 +1,7 @@
 //! The steps of a submission, shared by the single frame (`frame.rs`) and the batch
 //! (`batch.rs`): **stage** (the sampling tables to the device when they change; each
-//! frame into its ring entry's pinned buffer, the one CPU copy; a JPEG frame's compressed
+//! frame into its ring entry's pinned buffer, the one CPU copy, unless it lies in lent
+//! memory the driver registered (`registry.rs`): then nothing; a JPEG frame's compressed
 //! bytes) -> **decode** (JPEG frames only: nvJPEG, all of the submission's in one call,
 //! into the device buffer the kernels read, on the upload's stream, inside the `upload`
 //! NVTX range; `StageTimes::decode_us`) -> **upload** (on the copy stream when another
