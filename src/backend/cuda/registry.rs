@@ -66,7 +66,6 @@ impl Registry {
         if !self.supported {
             return Err("this device cannot register host memory".into());
         }
-        self.forget_freed();
         let at = lent.offset_of(data, 0).ok_or("the frame does not lie in its lent memory")?;
         let (base, len) = self.range(lent, slack);
         let device = match self.entries.iter().find(|r| Arc::ptr_eq(&r.memory, lent.memory())) {
@@ -135,9 +134,11 @@ impl Registry {
         Ok(device)
     }
 
-    /// Unregister the memories their sources freed. A freed memory is read by no work in
-    /// flight: a set's frames (which hold their memory) live until the set is finished.
-    fn forget_freed(&mut self) {
+    /// Unregister the memories their sources freed (a freed block's pages stay pinned
+    /// until then, and its address may come back as another block's): before every
+    /// submission's staging. A freed memory is read by no work in flight: a set's frames
+    /// (which hold their memory) live until the set is finished.
+    pub(crate) fn forget_freed(&mut self) {
         self.entries.retain(|r| {
             if !r.memory.freed() {
                 return true;

@@ -267,6 +267,7 @@ impl Gpu {
         into: &mut [Staging],
         frames: &[Option<Source<'_>>],
     ) -> Result<()> {
+        self.registry.forget_freed();
         let mut copies: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(frames.len());
         for (staging, frame) in into.iter_mut().zip(frames) {
             staging.in_place = None;
