@@ -265,6 +265,8 @@ fn photographs_through_multifilesrc_and_pngdec_equal_the_image_crate() {
         assert_eq!((view.width(), view.height()), (decoded.width(), decoded.height()), "{name}");
         assert_eq!(view.encoding(), encoding, "{name}");
         assert!(!frames[0].copied(), "{name}");
+        // A decoder's output is system memory too: lent (a GPU backend reads it in place).
+        assert!(frames[0].is_lent(), "{name}: pngdec's buffer is not lent");
         assert!(tight(&view) == want, "{name}: pixels differ from the image crate's");
     }
 }
