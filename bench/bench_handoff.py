@@ -245,9 +245,10 @@ def summary(d: dict, path: str, r: int) -> dict:
     latency percentiles without the first fifth (discovery, warm-up), outputs, the
     consumer's checks, the node's frame copies."""
     from vptools.soak import pct
-    ages = d["ages_ms"][len(d["ages_ms"]) // 5:]
-    tim = d["timings"][len(d["timings"]) // 5:]
-    after = d["after_publish_ms"][len(d["after_publish_ms"]) // 5:]
+    def steady(xs: list) -> list:
+        return xs[len(xs) // 5:]
+    ages, tim, after = steady(d["ages_ms"]), steady(d["timings"]), steady(d["after_publish_ms"])
+    splits = steady(d.get("announced_splits_ms", []))  # (older files have none)
     return {
         "round": r, "path": path, "topic": PATHS[path][0] if path in PATHS else path,
         "frame_copies": d.get("frame_copies", []),
@@ -262,8 +263,7 @@ def summary(d: dict, path: str, r: int) -> dict:
         # (older files have no upload stage)
         "upload_p50_ms": pct([t[3] for t in tim], 50) if tim and len(tim[0]) > 3 else None,
         # After the TensorRef went out: received by the callback, GPU done, usable (p50)
-        "announced_p50_ms": [pct([x[j] for x in sp], 50) for j in range(3)] if (
-            sp := d.get("announced_splits_ms", [])[len(d.get("announced_splits_ms", [])) // 5:]) else None,
+        "announced_p50_ms": [pct([x[j] for x in splits], 50) for j in range(3)] if splits else None,
     }
 
 
