@@ -239,6 +239,18 @@ fn work(
     Ok((sb, so, work_batch.len()))
 }
 
+/// What `run` measured, for its JSON.
+struct Figures {
+    device: String,
+    /// Stage p50s of one batch and of one frame, and the batch's sample count.
+    work: (Stages, Stages, usize),
+    /// Highest rates, frames/s: batched, separate.
+    fps: (f64, f64),
+    /// Latencies at the camera rate, ms: batched, separate.
+    latency: (Vec<f64>, Vec<f64>),
+    pipelined: Option<serde_json::Value>,
+}
+
 /// Run `bench-batch`.
 pub fn run(a: BenchBatchArgs) -> Result<()> {
     anyhow::ensure!(a.cameras >= 2, "--cameras must be at least 2");
@@ -262,14 +274,46 @@ pub fn run(a: BenchBatchArgs) -> Result<()> {
     );
 
     // 1. Work: stage times of one batch vs one frame (medians; N frames = N x one frame).
-    let (sb, so, samples) = work(&a, &mut batched, &mut single, &views, &topics)?;
-    let ((gb, go), (wb50, wo50)) = ((sb[1] + sb[2], so[1] + so[2]), (sb[4], so[4]));
+    let work = work(&a, &mut batched, &mut single, &views, &topics)?;
 
     // 2. Highest rate, back to back.
+    let fps = highest_rate(&a, &cfg, &mut batched, &views, &topics)?;
+
+    // 2b. The pipelined forms (CUDA): two batches (frames) in flight.
+    #[cfg(feature = "cuda")]
+    let piped = if batched.backend().name() == "cuda" {
+        let span = Duration::from_secs_f64(a.seconds);
+        Some(pipelined(&cfg, &views, span, fps.1)?)
+    } else {
+        None
+    };
+    #[cfg(not(feature = "cuda"))]
+    let piped: Option<serde_json::Value> = None;
+
+    // 3. Latency at the camera rate.
+    let latency = latency(&a, &cfg, &mut batched, &views, &topics)?;
+    if let Some(path) = &a.json {
+        let figures = Figures { device, work, fps, latency, pipelined: piped };
+        let doc = json(&a, batched.backend().name(), &figures);
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The highest rates back to back for `--seconds`, frames/s: the batched pipeline on this
+/// thread, the N single-camera pipelines on N threads at once (their sum). Printed.
+fn highest_rate(
+    a: &BenchBatchArgs,
+    cfg: &Config,
+    batched: &mut Pipeline,
+    views: &[ImageView<'_>],
+    topics: &[String],
+) -> Result<(f64, f64)> {
     let span = Duration::from_secs_f64(a.seconds);
     let batched_fps =
-        rate(span, || run_batch(&mut batched, &views, &topics).map(|_| ()))? * a.cameras as f64;
-    let separate_fps: f64 = per_camera(&cfg, &views, |p, v| {
+        rate(span, || run_batch(batched, views, topics).map(|_| ()))? * a.cameras as f64;
+    let separate_fps: f64 = per_camera(cfg, views, |p, v| {
         for _ in 0..9 {
             run_one(p, v)?;
         }
@@ -288,23 +332,23 @@ pub fn run(a: BenchBatchArgs) -> Result<()> {
         separate_fps,
         batched_fps / separate_fps
     );
+    Ok((batched_fps, separate_fps))
+}
 
-    // 2b. The pipelined forms (CUDA): two batches (frames) in flight.
-    #[cfg(feature = "cuda")]
-    let piped = if batched.backend().name() == "cuda" {
-        Some(pipelined(&cfg, &views, span, separate_fps)?)
-    } else {
-        None
-    };
-    #[cfg(not(feature = "cuda"))]
-    let piped: Option<serde_json::Value> = None;
-
-    // 3. Latency at the camera rate.
+/// The latency of each set at `--rate` Hz per camera for `--seconds`, ms: batched, one batch
+/// per period; separate, each camera's thread one frame per period. Printed.
+fn latency(
+    a: &BenchBatchArgs,
+    cfg: &Config,
+    batched: &mut Pipeline,
+    views: &[ImageView<'_>],
+    topics: &[String],
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let span = Duration::from_secs_f64(a.seconds);
     let period = Duration::from_secs_f64(1.0 / a.rate);
-    let lat_batch = paced(span, period, || run_batch(&mut batched, &views, &topics).map(|_| ()))?;
+    let lat_batch = paced(span, period, || run_batch(batched, views, topics).map(|_| ()))?;
     let lat_separate: Vec<f64> =
-        per_camera(&cfg, &views, |p, v| paced(span, period, || run_one(p, v).map(|_| ())))?
-            .concat();
+        per_camera(cfg, views, |p, v| paced(span, period, || run_one(p, v).map(|_| ())))?.concat();
     let (lb, ls) = (Summary::of(&lat_batch), Summary::of(&lat_separate));
     println!(
         "latency at {:.0} Hz per camera (tick -> message ready, ms): batched p50 {:.2} p99 {:.2}; \
@@ -315,28 +359,48 @@ pub fn run(a: BenchBatchArgs) -> Result<()> {
         ls.map_or(0.0, |s| s.p50),
         ls.map_or(0.0, |s| s.p99)
     );
-    if let Some(path) = &a.json {
-        let doc = serde_json::json!({
-            "backend": batched.backend().name(),
-            "device": device,
-            "cameras": a.cameras,
-            "source": format!("{}x{} bgr8", a.width, a.height),
-            "network": format!("{}x3x{}x{} letterbox float32 NCHW", a.cameras, a.net, a.net),
-            "stage_p50_us": {"order": ["upload", "preprocess", "conv", "download", "total"],
-                             "batch": sb, "one_frame": so},
-            "gpu_kernels_p50_us": {"batch": gb, "one_frame": go, "ratio": gb / go},
-            "total_p50_us": {"batch": wb50, "one_frame": wo50, "ratio": wb50 / wo50,
-                             "samples": samples},
-            "highest_rate_fps": {"batched": batched_fps, "separate": separate_fps,
-                                 "ratio": batched_fps / separate_fps, "seconds": a.seconds},
-            "latency_ms": {"rate_hz": a.rate, "batched": summary(&lat_batch),
-                           "separate": summary(&lat_separate)},
-            "pipelined": piped,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    Ok((lat_batch, lat_separate))
+}
+
+/// The `--json` document of a run on `backend`.
+fn json(a: &BenchBatchArgs, backend: &str, f: &Figures) -> serde_json::Value {
+    let ((sb, so, samples), (batched_fps, separate_fps)) = (f.work, f.fps);
+    let ((gb, go), (wb50, wo50)) = ((sb[1] + sb[2], so[1] + so[2]), (sb[4], so[4]));
+    serde_json::json!({
+        "backend": backend,
+        "device": f.device,
+        "cameras": a.cameras,
+        "source": format!("{}x{} bgr8", a.width, a.height),
+        "network": format!("{}x3x{}x{} letterbox float32 NCHW", a.cameras, a.net, a.net),
+        "stage_p50_us": {"order": ["upload", "preprocess", "conv", "download", "total"],
+                         "batch": sb, "one_frame": so},
+        "gpu_kernels_p50_us": {"batch": gb, "one_frame": go, "ratio": gb / go},
+        "total_p50_us": {"batch": wb50, "one_frame": wo50, "ratio": wb50 / wo50,
+                         "samples": samples},
+        "highest_rate_fps": {"batched": batched_fps, "separate": separate_fps,
+                             "ratio": batched_fps / separate_fps, "seconds": a.seconds},
+        "latency_ms": {"rate_hz": a.rate, "batched": summary(&f.latency.0),
+                       "separate": summary(&f.latency.1)},
+        "pipelined": f.pipelined,
+    })
+}
+
+/// Each camera's operation, its source set from its frame.
+#[cfg(feature = "cuda")]
+fn batch_ops(
+    cfg: &Config,
+    views: &[ImageView<'_>],
+) -> Result<Vec<vision_preproc::backend::PreprocessOp>> {
+    use vision_preproc::pipeline::{preprocess_op, Geometry};
+    views
+        .iter()
+        .map(|v| {
+            let g = Geometry::resolve(cfg, v.width(), v.height())?;
+            let mut op = preprocess_op(cfg, &g);
+            op.params.set_source(v);
+            Ok(op)
+        })
+        .collect()
 }
 
 /// The pipelined figures on the CUDA backend (see the module comment), printed and
@@ -349,17 +413,8 @@ fn pipelined(
     separate_fps: f64,
 ) -> Result<serde_json::Value> {
     use vision_preproc::backend::cuda::CudaBackend;
-    use vision_preproc::backend::{BatchSlot, PreprocessOp};
-    use vision_preproc::pipeline::{preprocess_op, Geometry};
-    let ops: Vec<PreprocessOp> = views
-        .iter()
-        .map(|v| -> Result<PreprocessOp> {
-            let g = Geometry::resolve(cfg, v.width(), v.height())?;
-            let mut op = preprocess_op(cfg, &g);
-            op.params.set_source(v);
-            Ok(op)
-        })
-        .collect::<Result<_>>()?;
+    use vision_preproc::backend::BatchSlot;
+    let ops = batch_ops(cfg, views)?;
     let slots: Vec<BatchSlot<'_, '_>> =
         views.iter().zip(&ops).map(|(v, op)| BatchSlot::frame(v, op)).collect();
     let n = views.len();
@@ -387,76 +442,127 @@ fn pipelined(
     }
     let elapsed = t.elapsed().as_secs_f64();
     gpu.finish_batch_view()?;
-    let batch_fps = batches as f64 * n as f64 / elapsed;
-    let med = |f: &dyn Fn(&vision_preproc::backend::StageTimes) -> f32| -> f64 {
-        let v: Vec<f64> = times.iter().map(|t| f64::from(f(t))).collect();
-        Summary::of(&v).map_or(0.0, |s| s.p50)
-    };
-    let (up, pre, conv, down) = (
-        med(&|t| t.upload_us),
-        med(&|t| t.preprocess_us),
-        med(&|t| t.conv_us),
-        med(&|t| t.download_us),
-    );
     // The roof: the PCIe link, measured here with one copy of the batch's bytes each
     // way; batching moves the same bytes as N pipelines, so it bounds both sides.
     let (link_up, link_down) = gpu.link_rates(h2d, d2h)?;
-    let roof_fps = (link_up * 1e9 / h2d as f64).min(link_down * 1e9 / d2h as f64) * n as f64;
-    println!(
-        "pipelined batch (2 in flight, copy stream): {:.1} frames/s ({:.1} batches/s, {:.2}x the \
-         separate pipelines); stage \
-         p50 (us) upload (host staging + H2D) {up:.1}, preprocess {pre:.1}, conv {conv:.1}, \
-         download {down:.1}; bytes per batch H2D {h2d}, D2H {d2h}: {:.1} and {:.1} GB/s at \
-         this rate; PCIe link measured now {link_up:.1} GB/s H2D, {link_down:.1} GB/s D2H: \
-         at most {roof_fps:.1} frames/s for these bytes ({:.2}x the separate pipelines)",
-        batch_fps,
-        batch_fps / n as f64,
-        batch_fps / separate_fps,
-        batch_fps / n as f64 * h2d as f64 / 1e9,
-        batch_fps / n as f64 * d2h as f64 / 1e9,
-        roof_fps / separate_fps,
-    );
+    let p = Piped {
+        batch_fps: batches as f64 * n as f64 / elapsed,
+        n: n as f64,
+        stages: stage_p50s(&times),
+        bytes: (h2d, d2h),
+        link: (link_up, link_down),
+    };
+    p.print(separate_fps);
 
     // One camera: synchronous (submit, finish) vs two frames in flight.
-    let one = |piped: bool, gpu: &mut CudaBackend| -> Result<f64> {
-        let mut tensor = Vec::new();
-        for _ in 0..10 {
-            let s = gpu.submit(&views[0], &ops[0], None)?;
-            gpu.finish(s, &mut tensor)?;
-        }
-        let t = Instant::now();
-        let mut frames = 0u64;
-        let mut pending = None;
-        while t.elapsed() < span {
-            let s = gpu.submit(&views[0], &ops[0], None)?;
-            if piped {
-                if let Some(p) = pending.replace(s) {
-                    gpu.finish(p, &mut tensor)?;
-                }
-            } else {
-                gpu.finish(s, &mut tensor)?;
-            }
-            frames += 1;
-        }
-        if let Some(p) = pending {
-            gpu.finish(p, &mut tensor)?;
-        }
-        Ok(frames as f64 / t.elapsed().as_secs_f64())
-    };
-    let one_sync = one(false, &mut gpu)?;
-    let one_piped = one(true, &mut gpu)?;
+    let one_sync = one_camera(false, &mut gpu, views, &ops, span)?;
+    let one_piped = one_camera(true, &mut gpu, views, &ops, span)?;
     println!(
         "one camera: synchronous {one_sync:.1} frames/s, two frames in flight {one_piped:.1} \
          frames/s: {:.2}x",
         one_piped / one_sync
     );
-    Ok(serde_json::json!({
-        "batch_fps": batch_fps,
-        "ratio_to_separate": batch_fps / separate_fps,
-        "stage_p50_us": {"upload": up, "preprocess": pre, "conv": conv, "download": down},
-        "bytes_per_batch": {"h2d": h2d, "d2h": d2h},
-        "pcie_link_gb_s": {"h2d": link_up, "d2h": link_down},
-        "roof_fps": roof_fps,
-        "one_camera_fps": {"synchronous": one_sync, "two_in_flight": one_piped},
-    }))
+    Ok(p.json(separate_fps, one_sync, one_piped))
+}
+
+/// The pipelined batch's figures.
+#[cfg(feature = "cuda")]
+struct Piped {
+    /// Frames per second (batches x N).
+    batch_fps: f64,
+    /// Cameras.
+    n: f64,
+    /// p50 of the upload, preprocess, conv and download stages, µs.
+    stages: [f64; 4],
+    /// Bytes per batch: H2D, D2H.
+    bytes: (usize, usize),
+    /// The PCIe link's rates measured now, GB/s: H2D, D2H.
+    link: (f64, f64),
+}
+
+#[cfg(feature = "cuda")]
+impl Piped {
+    /// The rate the PCIe link allows for these bytes, frames/s.
+    fn roof_fps(&self) -> f64 {
+        let ((h2d, d2h), (up, down)) = (self.bytes, self.link);
+        (up * 1e9 / h2d as f64).min(down * 1e9 / d2h as f64) * self.n
+    }
+
+    fn print(&self, separate_fps: f64) {
+        let (batch_fps, n, [up, pre, conv, down]) = (self.batch_fps, self.n, self.stages);
+        let ((h2d, d2h), (link_up, link_down)) = (self.bytes, self.link);
+        let roof_fps = self.roof_fps();
+        println!(
+            "pipelined batch (2 in flight, copy stream): {:.1} frames/s ({:.1} batches/s, {:.2}x the \
+             separate pipelines); stage \
+             p50 (us) upload (host staging + H2D) {up:.1}, preprocess {pre:.1}, conv {conv:.1}, \
+             download {down:.1}; bytes per batch H2D {h2d}, D2H {d2h}: {:.1} and {:.1} GB/s at \
+             this rate; PCIe link measured now {link_up:.1} GB/s H2D, {link_down:.1} GB/s D2H: \
+             at most {roof_fps:.1} frames/s for these bytes ({:.2}x the separate pipelines)",
+            batch_fps,
+            batch_fps / n,
+            batch_fps / separate_fps,
+            batch_fps / n * h2d as f64 / 1e9,
+            batch_fps / n * d2h as f64 / 1e9,
+            roof_fps / separate_fps,
+        );
+    }
+
+    fn json(&self, separate_fps: f64, one_sync: f64, one_piped: f64) -> serde_json::Value {
+        let [up, pre, conv, down] = self.stages;
+        serde_json::json!({
+            "batch_fps": self.batch_fps,
+            "ratio_to_separate": self.batch_fps / separate_fps,
+            "stage_p50_us": {"upload": up, "preprocess": pre, "conv": conv, "download": down},
+            "bytes_per_batch": {"h2d": self.bytes.0, "d2h": self.bytes.1},
+            "pcie_link_gb_s": {"h2d": self.link.0, "d2h": self.link.1},
+            "roof_fps": self.roof_fps(),
+            "one_camera_fps": {"synchronous": one_sync, "two_in_flight": one_piped},
+        })
+    }
+}
+
+/// p50 of the upload, preprocess, conv and download stages of `times`, µs.
+#[cfg(feature = "cuda")]
+fn stage_p50s(times: &[vision_preproc::backend::StageTimes]) -> [f64; 4] {
+    let med = |f: &dyn Fn(&vision_preproc::backend::StageTimes) -> f32| -> f64 {
+        let v: Vec<f64> = times.iter().map(|t| f64::from(f(t))).collect();
+        Summary::of(&v).map_or(0.0, |s| s.p50)
+    };
+    [med(&|t| t.upload_us), med(&|t| t.preprocess_us), med(&|t| t.conv_us), med(&|t| t.download_us)]
+}
+
+/// One camera (`views[0]`) back to back for `span` on `gpu`: synchronous (submit, finish)
+/// or pipelined (two frames in flight), frames/s.
+#[cfg(feature = "cuda")]
+fn one_camera(
+    piped: bool,
+    gpu: &mut vision_preproc::backend::cuda::CudaBackend,
+    views: &[ImageView<'_>],
+    ops: &[vision_preproc::backend::PreprocessOp],
+    span: Duration,
+) -> Result<f64> {
+    let mut tensor = Vec::new();
+    for _ in 0..10 {
+        let s = gpu.submit(&views[0], &ops[0], None)?;
+        gpu.finish(s, &mut tensor)?;
+    }
+    let t = Instant::now();
+    let mut frames = 0u64;
+    let mut pending = None;
+    while t.elapsed() < span {
+        let s = gpu.submit(&views[0], &ops[0], None)?;
+        if piped {
+            if let Some(p) = pending.replace(s) {
+                gpu.finish(p, &mut tensor)?;
+            }
+        } else {
+            gpu.finish(s, &mut tensor)?;
+        }
+        frames += 1;
+    }
+    if let Some(p) = pending {
+        gpu.finish(p, &mut tensor)?;
+    }
+    Ok(frames as f64 / t.elapsed().as_secs_f64())
 }

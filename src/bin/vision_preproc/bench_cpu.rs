@@ -80,50 +80,57 @@ pub fn run(args: BenchCpuArgs) -> Result<()> {
         );
     }
     for sc in scenarios {
-        let mut cfg_args = args.config.clone();
-        let mut sets = sc.overrides.clone();
-        let name = if cfg_args.set.is_empty() {
-            sc.name.clone()
-        } else {
-            format!("{} [{}]", sc.name, cfg_args.set.join(", "))
-        };
-        sets.append(&mut cfg_args.set);
-        cfg_args.set = sets;
-        let cfg = cfg_args.load()?;
-        let view = sc.image.view()?;
-        let cpu = if args.no_avx2 { CpuSimd::Baseline.backend() } else { args.cpu_simd.backend() };
-        let simd = cpu.simd();
-        let mut pipeline = Pipeline::new(cfg, Box::new(cpu))?;
-        for _ in 0..args.warmup {
-            pipeline.process(&view)?;
-        }
-        let mut ms = Vec::with_capacity(args.frames);
-        for _ in 0..args.frames.max(1) {
-            let t = Instant::now();
-            pipeline.process(&view)?;
-            ms.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        let s = Summary::of(&ms).context("no timed iterations")?;
-        if args.json {
-            let samples: Vec<String> = ms.iter().map(|v| format!("{v:.4}")).collect();
-            println!(
-                "{{\"scenario\": {:?}, \"simd\": \"{:?}\", \"threads\": {}, \"frames\": {}, \"p50_ms\": {:.4}, \"p99_ms\": {:.4}, \"mean_ms\": {:.4}, \"min_ms\": {:.4}, \"samples_ms\": [{}]}}",
-                name,
-                simd,
-                rayon::current_num_threads(),
-                ms.len(),
-                s.p50,
-                s.p99,
-                s.mean,
-                s.min,
-                samples.join(", ")
-            );
-        } else {
-            println!(
-                "{:<58} {:>8.3} {:>8.3} {:>8.3} {:>8.3}  {simd:?}",
-                name, s.p50, s.p99, s.mean, s.min
-            );
-        }
+        run_scenario(&args, sc)?;
+    }
+    Ok(())
+}
+
+/// One scenario: its configuration (the scenario's overrides, then `--set`), the warm-up,
+/// the timed frames, and its line (or JSON object).
+fn run_scenario(args: &BenchCpuArgs, sc: Scenario) -> Result<()> {
+    let mut cfg_args = args.config.clone();
+    let mut sets = sc.overrides.clone();
+    let name = if cfg_args.set.is_empty() {
+        sc.name.clone()
+    } else {
+        format!("{} [{}]", sc.name, cfg_args.set.join(", "))
+    };
+    sets.append(&mut cfg_args.set);
+    cfg_args.set = sets;
+    let cfg = cfg_args.load()?;
+    let view = sc.image.view()?;
+    let cpu = if args.no_avx2 { CpuSimd::Baseline.backend() } else { args.cpu_simd.backend() };
+    let simd = cpu.simd();
+    let mut pipeline = Pipeline::new(cfg, Box::new(cpu))?;
+    for _ in 0..args.warmup {
+        pipeline.process(&view)?;
+    }
+    let mut ms = Vec::with_capacity(args.frames);
+    for _ in 0..args.frames.max(1) {
+        let t = Instant::now();
+        pipeline.process(&view)?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let s = Summary::of(&ms).context("no timed iterations")?;
+    if args.json {
+        let samples: Vec<String> = ms.iter().map(|v| format!("{v:.4}")).collect();
+        println!(
+            "{{\"scenario\": {:?}, \"simd\": \"{:?}\", \"threads\": {}, \"frames\": {}, \"p50_ms\": {:.4}, \"p99_ms\": {:.4}, \"mean_ms\": {:.4}, \"min_ms\": {:.4}, \"samples_ms\": [{}]}}",
+            name,
+            simd,
+            rayon::current_num_threads(),
+            ms.len(),
+            s.p50,
+            s.p99,
+            s.mean,
+            s.min,
+            samples.join(", ")
+        );
+    } else {
+        println!(
+            "{:<58} {:>8.3} {:>8.3} {:>8.3} {:>8.3}  {simd:?}",
+            name, s.p50, s.p99, s.mean, s.min
+        );
     }
     Ok(())
 }

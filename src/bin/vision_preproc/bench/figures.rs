@@ -65,6 +65,72 @@ fn rotation(footprint: u64, l2: i32) -> usize {
     (4 * u64::from(l2.max(0) as u32)).div_ceil(footprint.max(1)).clamp(1, 32) as usize
 }
 
+/// Case `index`'s frame of `frame_bytes` bytes: read from `--frames`'s `case<index>.raw`
+/// (which must hold exactly that many), or drawn from `rng`.
+fn case_frame(
+    opts: &BenchOptions,
+    index: usize,
+    frame_bytes: usize,
+    (sw, sh): (u32, u32),
+    rng: &mut SplitMix64,
+) -> Result<Vec<u8>> {
+    let Some(dir) = &opts.frames_dir else {
+        return Ok(rng.bytes(frame_bytes));
+    };
+    let path = dir.join(format!("case{index}.raw"));
+    let v =
+        std::fs::read(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    if v.len() != frame_bytes {
+        return Err(Error::config(
+            "frames",
+            path.display(),
+            format!(
+                "case {index} needs exactly {frame_bytes} bytes ({sw}x{sh}x3), got {}",
+                v.len()
+            ),
+        ));
+    }
+    Ok(v)
+}
+
+/// A case's rotating device frames and tensors.
+type DeviceSets = (Vec<CudaSlice<u8>>, Vec<CudaSlice<u8>>);
+
+/// `sets` rotating pairs of device buffers: a frame (with the kernels' read-ahead slack)
+/// holding `fixed`, or fresh bytes from `rng` for each set, and a tensor.
+fn device_sets(
+    bench: &Bench<'_>,
+    sets: usize,
+    (frame_bytes, out_bytes): (usize, usize),
+    fixed: Option<&[u8]>,
+    rng: &mut SplitMix64,
+) -> Result<DeviceSets> {
+    let mut srcs = Vec::new();
+    let mut dsts = Vec::new();
+    for _ in 0..sets {
+        let mut s = bench.alloc(frame_bytes + SRC_SLACK, "frames")?;
+        match fixed {
+            Some(frame) => bench.upload(&mut s, frame)?,
+            None => bench.upload(&mut s, &rng.bytes(frame_bytes))?,
+        }
+        srcs.push(s);
+        dsts.push(bench.alloc(out_bytes, "tensors")?);
+    }
+    Ok((srcs, dsts))
+}
+
+/// `n` zeroed device buffers of `bytes` bytes each, and their addresses.
+fn device_buffers(
+    bench: &Bench<'_>,
+    n: usize,
+    bytes: usize,
+    what: &str,
+) -> Result<(Vec<CudaSlice<u8>>, Vec<CUdeviceptr>)> {
+    let bufs = (0..n).map(|_| bench.alloc(bytes, what)).collect::<Result<Vec<_>, _>>()?;
+    let ptrs = bufs.iter().map(|s| ptr(s, bench.b)).collect();
+    Ok((bufs, ptrs))
+}
+
 /// Source bytes the fused kernel must read: the rows its y table touches, over the
 /// column span its x table touches.
 fn source_ledger(op: &PreprocessOp, bpp: u32) -> u64 {
@@ -129,6 +195,19 @@ pub struct Case {
 /// path (no shared-memory window).
 const DIRECT: u32 = 0;
 
+/// The backend's fused kernel for `enc` and its default launch for `p` (the direct path,
+/// as many resident blocks as the device holds).
+fn fused_launch(
+    b: &CudaBackend,
+    enc: Encoding,
+    p: &PreprocessParams,
+) -> (CudaFunction, String, LaunchConfig) {
+    let (f, name) = b.fused_kernel(enc);
+    let sms = b.device().multiprocessors;
+    let cfg = launch::resize_normalize_cfg(p, DIRECT, resident_blocks(f, DIRECT, sms));
+    (f.clone(), name.to_string(), cfg)
+}
+
 impl Case {
     /// Resolve `sc`'s operation, read or draw its frame, run it once through the backend
     /// (which uploads the tables and sizes its buffers) and allocate the rotating sets.
@@ -153,50 +232,18 @@ impl Case {
             source_ledger(&op, sc.enc.bytes_per_pixel()) + out_bytes as u64 + maps_bytes;
         let l2 = bench.b.device().l2_bytes;
         let sets = rotation(frame_bytes as u64 + out_bytes as u64, l2);
-        let frame = match &opts.frames_dir {
-            Some(dir) => {
-                let path = dir.join(format!("case{index}.raw"));
-                let v = std::fs::read(&path)
-                    .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-                if v.len() != frame_bytes {
-                    return Err(Error::config(
-                        "frames",
-                        path.display(),
-                        format!(
-                            "case {index} needs exactly {frame_bytes} bytes ({sw}x{sh}x3), got {}",
-                            v.len()
-                        ),
-                    ));
-                }
-                v
-            }
-            None => rng.bytes(frame_bytes),
-        };
+        let frame = case_frame(opts, index, frame_bytes, sc.src, rng)?;
         let conv = frame_conv_op(opts.frame_conv, &sc.cfg)?;
         let view = ImageView::with_encoding(sw, sh, step, sc.enc, false, &frame)?;
         let mut out = Vec::new();
         bench.b.process(FrameWork::new(&view, &op, None), &mut out)?;
         let maps =
             bench.b.tables_device_ptr().ok_or_else(|| drv("bench", "tables not uploaded"))?;
-        let mut srcs = Vec::new();
-        let mut dsts = Vec::new();
-        for _ in 0..sets {
-            let mut s = bench.alloc(frame_bytes + SRC_SLACK, "frames")?;
-            if opts.frames_dir.is_some() {
-                bench.upload(&mut s, &frame)?;
-            } else {
-                bench.upload(&mut s, &rng.bytes(frame_bytes))?;
-            }
-            srcs.push(s);
-            dsts.push(bench.alloc(out_bytes, "tensors")?);
-        }
+        let fixed = opts.frames_dir.is_some().then_some(&frame[..]);
+        let (srcs, dsts) = device_sets(bench, sets, (frame_bytes, out_bytes), fixed, rng)?;
         let src_p = srcs.iter().map(|s| ptr(s, bench.b)).collect();
         let dst_p = dsts.iter().map(|s| ptr(s, bench.b)).collect();
-        let (f, name) = bench.b.fused_kernel(sc.enc);
-        let (fused, fused_name) = (f.clone(), name.to_string());
-        let sms = bench.b.device().multiprocessors;
-        let fused_cfg =
-            launch::resize_normalize_cfg(&p, DIRECT, resident_blocks(&fused, DIRECT, sms));
+        let (fused, fused_name, fused_cfg) = fused_launch(bench.b, sc.enc, &p);
         Ok(Case {
             name: sc.name,
             index,
@@ -486,8 +533,6 @@ pub fn gpu_frame(bench: &mut Bench<'_>, case: &Case, host: &HostBuffers) -> Resu
     let (frame_bytes, out_bytes) = (case.frame_bytes, case.out_bytes);
     let (uh, dh) = (host.up.host_ptr(), host.down.host_ptr());
     let cu_stream = bench.b.stream().cu_stream();
-    let stream = bench.b.stream().clone();
-    let conv_ledger = case.conv_ledger();
     let upload = |s: CUdeviceptr| -> Result<(), CudaError> {
         // SAFETY: uh holds frame_bytes bytes and every device frame of the case at least
         // as many; both outlive the synchronize at the end of `time`.
@@ -503,65 +548,7 @@ pub fn gpu_frame(bench: &mut Bench<'_>, case: &Case, host: &HostBuffers) -> Resu
             .map_err(|e| drv("download", e))
     };
     if let Some(c) = &case.conv {
-        bench.b.ensure_conv_constants(c)?;
-        let mut scratch = Vec::with_capacity(case.sets);
-        for _ in 0..case.sets {
-            scratch.push(bench.alloc(out_bytes, "conv2d input")?);
-        }
-        let scr_p: Vec<CUdeviceptr> = scratch.iter().map(|s| ptr(s, bench.b)).collect();
-        let (cp, fc, cname) = bench.b.conv_launch(&case.p, c);
-        let fc = fc.clone();
-        let ccfg = launch::conv_tiled_cfg(case.p.dst_width, case.p.dst_height);
-        let fi = kernel_info(&case.fused, &case.fused_name, &case.fused_cfg)?;
-        let ci = kernel_info(&fc, &cname, &ccfg)?;
-        // Conv2d alone, then fused + conv2d, then the whole GPU frame.
-        let t = bench.time(bench.iters, |i| {
-            let (sc, d) = (scr_p[i % case.sets], case.dst_p[i % case.sets]);
-            launch_kernel!(stream, &fc, cname, ccfg, &cp, &sc, &d)
-        })?;
-        let what = format!("conv2d {}x{} gaussian", c.size, c.size);
-        bench.push(
-            &case.name,
-            &what,
-            "events",
-            t,
-            conv_ledger,
-            &[kernel_info(&fc, &cname, &ccfg)?],
-        );
-        let t = bench.time(bench.iters, |i| {
-            let (s, sc, d) =
-                (case.src_p[i % case.sets], scr_p[i % case.sets], case.dst_p[i % case.sets]);
-            case.launch_fused(bench.b, s, sc)?;
-            launch_kernel!(stream, &fc, cname, ccfg, &cp, &sc, &d)
-        })?;
-        let infos = [
-            kernel_info(&case.fused, &case.fused_name, &case.fused_cfg)?,
-            kernel_info(&fc, &cname, &ccfg)?,
-        ];
-        bench.push(
-            &case.name,
-            "fused + conv2d (device only)",
-            "events",
-            t,
-            case.fused_ledger + conv_ledger,
-            &infos,
-        );
-        let t = bench.time(bench.iters, |i| {
-            let (s, sc, d) =
-                (case.src_p[i % case.sets], scr_p[i % case.sets], case.dst_p[i % case.sets]);
-            upload(s)?;
-            case.launch_fused(bench.b, s, sc)?;
-            launch_kernel!(stream, &fc, cname, ccfg, &cp, &sc, &d)?;
-            download(d)
-        })?;
-        bench.push(
-            &case.name,
-            "GPU frame (upload + fused + conv2d + download)",
-            "events",
-            t,
-            2 * frame_bytes as u64 + case.fused_ledger + conv_ledger + 2 * out_bytes as u64,
-            &[fi, ci],
-        );
+        gpu_frame_conv(bench, case, c, &upload, &download)?;
     }
     let t = bench.time(bench.iters, |i| {
         let (s, d) = (case.src_p[i % case.sets], case.dst_p[i % case.sets]);
@@ -576,6 +563,67 @@ pub fn gpu_frame(bench: &mut Bench<'_>, case: &Case, host: &HostBuffers) -> Resu
         t,
         2 * frame_bytes as u64 + case.fused_ledger + 2 * out_bytes as u64,
         &[],
+    );
+    Ok(())
+}
+
+/// The GPU frame's figures with `case`'s conv2d `c`: conv2d alone, fused + conv2d, and the
+/// whole frame (`upload` and `download` move one set's frame and tensor).
+fn gpu_frame_conv(
+    bench: &mut Bench<'_>,
+    case: &Case,
+    c: &Conv2dOp,
+    upload: &dyn Fn(CUdeviceptr) -> Result<(), CudaError>,
+    download: &dyn Fn(CUdeviceptr) -> Result<(), CudaError>,
+) -> Result<()> {
+    let (frame_bytes, out_bytes) = (case.frame_bytes, case.out_bytes);
+    let stream = bench.b.stream().clone();
+    let conv_ledger = case.conv_ledger();
+    bench.b.ensure_conv_constants(c)?;
+    // The conv2d's input: one scratch tensor per set (kept alive here, used through `scr_p`).
+    let (_scratch, scr_p) = device_buffers(bench, case.sets, out_bytes, "conv2d input")?;
+    let (cp, fc, cname) = bench.b.conv_launch(&case.p, c);
+    let fc = fc.clone();
+    let ccfg = launch::conv_tiled_cfg(case.p.dst_width, case.p.dst_height);
+    let fi = kernel_info(&case.fused, &case.fused_name, &case.fused_cfg)?;
+    let ci = kernel_info(&fc, &cname, &ccfg)?;
+    // Conv2d alone, then fused + conv2d, then the whole GPU frame.
+    let t = bench.time(bench.iters, |i| {
+        let (sc, d) = (scr_p[i % case.sets], case.dst_p[i % case.sets]);
+        launch_kernel!(stream, &fc, cname, ccfg, &cp, &sc, &d)
+    })?;
+    let what = format!("conv2d {}x{} gaussian", c.size, c.size);
+    bench.push(&case.name, &what, "events", t, conv_ledger, std::slice::from_ref(&ci));
+    let t = bench.time(bench.iters, |i| {
+        let (s, sc, d) =
+            (case.src_p[i % case.sets], scr_p[i % case.sets], case.dst_p[i % case.sets]);
+        case.launch_fused(bench.b, s, sc)?;
+        launch_kernel!(stream, &fc, cname, ccfg, &cp, &sc, &d)
+    })?;
+    let infos = [fi.clone(), ci.clone()];
+    bench.push(
+        &case.name,
+        "fused + conv2d (device only)",
+        "events",
+        t,
+        case.fused_ledger + conv_ledger,
+        &infos,
+    );
+    let t = bench.time(bench.iters, |i| {
+        let (s, sc, d) =
+            (case.src_p[i % case.sets], scr_p[i % case.sets], case.dst_p[i % case.sets]);
+        upload(s)?;
+        case.launch_fused(bench.b, s, sc)?;
+        launch_kernel!(stream, &fc, cname, ccfg, &cp, &sc, &d)?;
+        download(d)
+    })?;
+    bench.push(
+        &case.name,
+        "GPU frame (upload + fused + conv2d + download)",
+        "events",
+        t,
+        2 * frame_bytes as u64 + case.fused_ledger + conv_ledger + 2 * out_bytes as u64,
+        &[fi, ci],
     );
     Ok(())
 }
@@ -677,19 +725,23 @@ pub fn conv2d(
     k: u32,
     rng: &mut SplitMix64,
 ) -> Result<()> {
-    let (w, h, c) = CONV_IMAGE;
-    let plane_bytes = (w * h * c) as usize * 4;
-    let ledger = 2 * plane_bytes as u64;
-    let case = "conv2d 1920x1080x3 float32, reflect101";
-    let stream = bench.b.stream().clone();
-    let (in_p, out_p, sets) = (&planes.in_p, &planes.out_p, planes.sets);
     let n = (k * k) as usize;
     let weights: Vec<f32> = rng.bytes(n).iter().map(|&b| f32::from(b) / 255.0 - 0.5).collect();
     let op =
         Conv2dOp { size: k, weights: weights.clone(), separable: None, border: Border::Reflect101 };
     bench.b.ensure_conv_constants(&op)?;
     bl.set_naive_weights(bench.b, &weights)?;
-    let cp = Conv2dParams {
+    conv2d_tiled_naive(bench, bl, planes, k)?;
+    conv2d_separable(bench, planes, k)
+}
+
+/// The conv2d figures' case name.
+const CONV_CASE: &str = "conv2d 1920x1080x3 float32, reflect101";
+
+/// The parameters of a `k`x`k` conv2d over [`CONV_IMAGE`].
+fn conv_params(k: u32) -> Conv2dParams {
+    let (w, h, c) = CONV_IMAGE;
+    Conv2dParams {
         width: w,
         height: h,
         channels: c,
@@ -698,7 +750,23 @@ pub fn conv2d(
         layout: Layout::Nchw,
         dtype: DType::Float32,
         skip: 0,
-    };
+    }
+}
+
+/// The tiled and the naive conv2d with the weights set, timed, and a note comparing them
+/// (times and the largest difference of their outputs).
+fn conv2d_tiled_naive(
+    bench: &mut Bench<'_>,
+    bl: &Baselines,
+    planes: &ConvPlanes,
+    k: u32,
+) -> Result<()> {
+    let (w, h, c) = CONV_IMAGE;
+    let plane_bytes = (w * h * c) as usize * 4;
+    let ledger = 2 * plane_bytes as u64;
+    let stream = bench.b.stream().clone();
+    let (in_p, out_p, sets) = (&planes.in_p, &planes.out_p, planes.sets);
+    let cp = conv_params(k);
     let (ft, tname) = bench.b.conv_kernel(k, false);
     let ft = ft.clone();
     let tcfg = launch::conv_tiled_cfg(w, h);
@@ -706,7 +774,7 @@ pub fn conv2d(
         launch_kernel!(stream, &ft, tname, tcfg, &cp, &in_p[i % sets], &out_p[i % sets])
     })?;
     let ti = kernel_info(&ft, &tname, &tcfg)?;
-    let tiled = bench.push(case, &format!("tiled {k}x{k}"), "events", t, ledger, &[ti]);
+    let tiled = bench.push(CONV_CASE, &format!("tiled {k}x{k}"), "events", t, ledger, &[ti]);
     let ncfg = conv_naive_cfg(w, h, c);
     let t = bench.time(bench.iters, |i| {
         launch_kernel!(
@@ -720,7 +788,7 @@ pub fn conv2d(
         )
     })?;
     let ni = kernel_info(&bl.conv_naive, "conv2d_naive", &ncfg)?;
-    let naive = bench.push(case, &format!("naive {k}x{k}"), "events", t, ledger, &[ni]);
+    let naive = bench.push(CONV_CASE, &format!("naive {k}x{k}"), "events", t, ledger, &[ni]);
     // Sanity: tiled and naive agree.
     let mut a = vec![0u8; plane_bytes];
     let mut bb = vec![0u8; plane_bytes];
@@ -731,11 +799,21 @@ pub fn conv2d(
     bench.download(&planes.outs[last], &mut bb)?;
     let max = max_abs_diff_f32(&a, &bb);
     bench.notes.push(format!("conv2d {k}x{k}: tiled {:.1} us vs naive {:.1} us (p50) = {:.2}x; tiled vs naive max |diff| {max:.2e}", tiled.p50, naive.p50, naive.p50 / tiled.p50));
-    // Separable path (Gaussian-like outer product), for information.
+    Ok(())
+}
+
+/// The separable conv2d (a Gaussian-like outer product), for information.
+fn conv2d_separable(bench: &mut Bench<'_>, planes: &ConvPlanes, k: u32) -> Result<()> {
+    let (w, h, c) = CONV_IMAGE;
+    let ledger = 2 * ((w * h * c) as usize * 4) as u64;
+    let stream = bench.b.stream().clone();
+    let (in_p, out_p, sets) = (&planes.in_p, &planes.out_p, planes.sets);
+    let cp = conv_params(k);
+    let tcfg = launch::conv_tiled_cfg(w, h);
     let col: Vec<f32> = (0..k).map(|i| 1.0 + i.min(k - 1 - i) as f32).collect();
     let sum: f32 = col.iter().sum();
     let col: Vec<f32> = col.iter().map(|v| v / sum).collect();
-    let mut wts = vec![0.0f32; n];
+    let mut wts = vec![0.0f32; (k * k) as usize];
     for r in 0..k as usize {
         for cc in 0..k as usize {
             wts[r * k as usize + cc] = col[r] * col[cc];
@@ -754,6 +832,6 @@ pub fn conv2d(
         launch_kernel!(stream, &fs, sname, tcfg, &cp, &in_p[i % sets], &out_p[i % sets])
     })?;
     let si = kernel_info(&fs, &sname, &tcfg)?;
-    bench.push(case, &format!("separable {k}x{k}"), "events", t, ledger, &[si]);
+    bench.push(CONV_CASE, &format!("separable {k}x{k}"), "events", t, ledger, &[si]);
     Ok(())
 }

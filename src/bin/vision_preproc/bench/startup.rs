@@ -3,7 +3,7 @@
 use super::timing::drv;
 use std::time::Instant;
 use vision_preproc::backend::cuda::CudaBackend;
-use vision_preproc::backend::{Backend, FrameWork};
+use vision_preproc::backend::{Backend, FrameWork, PreprocessOp};
 use vision_preproc::config::{Config, MemoryMode};
 use vision_preproc::error::{CudaError, Result};
 use vision_preproc::pipeline::{preprocess_op, Geometry};
@@ -58,13 +58,9 @@ pub fn startup(
     let open_ms = t1.elapsed().as_secs_f64() * 1e3;
     ctx.bind_to_thread().map_err(|e| drv("cuCtxSetCurrent", e))?;
     let used_open = device_used()?;
-    let cfg = Config::default();
     let frame = SplitMix64::new(3).bytes((w * h * 3) as usize);
     let view = ImageView::with_encoding(w, h, w * 3, Encoding::Rgb8, false, &frame)?;
-    let g = Geometry::resolve(&cfg, w, h)?;
-    let mut op = preprocess_op(&cfg, &g);
-    op.params.src_step = w * 3;
-    op.params.encoding = Encoding::Rgb8 as u32;
+    let op = default_op(w, h)?;
     let mut out = Vec::new();
     let t2 = Instant::now();
     b.process(FrameWork::new(&view, &op, None), &mut out)?;
@@ -75,23 +71,15 @@ pub fn startup(
     let used_frame = device_used()?;
     let (rss, hwm) = rss_kb();
     // Steady state: 100 more frames of the same size.
-    for _ in 0..100 {
-        b.process(FrameWork::new(&view, &op, None), &mut out)?;
-    }
-    ctx.bind_to_thread().map_err(|e| drv("cuCtxSetCurrent", e))?;
-    let used_steady = device_used()?;
-    let (rss_steady, hwm_steady) = rss_kb();
-    let loads = b.load_reports();
+    let (used_steady, (rss_steady, hwm_steady)) = steady_state(&mut b, &ctx, &view, &op)?;
+    let (kernels, cached, embedded) = kernel_loads(&b);
     let mut report = serde_json::json!({
         "frame": format!("{w}x{h} rgb8 -> 640x480 letterbox NCHW float32"),
         "context_ms": context_ms,
         "open_ms": open_ms,
-        "kernels": loads.iter().map(|l| serde_json::json!({
-            "file": l.file, "origin": l.origin.name(), "compile_ms": l.compile_ms,
-            "why_not_embedded": l.why_not_embedded,
-        })).collect::<Vec<_>>(),
-        "cached": loads.iter().all(|l| l.origin == vision_preproc::backend::cuda::kernels::Origin::Cache),
-        "embedded": loads.iter().all(|l| l.origin == vision_preproc::backend::cuda::kernels::Origin::EmbeddedCubin),
+        "kernels": kernels,
+        "cached": cached,
+        "embedded": embedded,
         "first_frame_ms": frame_ms,
         "context_to_first_tensor_ms": first_tensor_ms,
         "rss_kb": rss,
@@ -107,4 +95,49 @@ pub fn startup(
     // The backend and its context are still alive here (they are dropped on return).
     on_ready(&report);
     Ok(report)
+}
+
+/// 100 more frames of `view` through `op` on `b`, then the device memory in use and the
+/// process's resident and peak resident set, as [`startup`] reports them.
+fn steady_state(
+    b: &mut CudaBackend,
+    ctx: &cudarc::driver::CudaContext,
+    view: &ImageView<'_>,
+    op: &PreprocessOp,
+) -> Result<(u64, (u64, u64))> {
+    let mut out = Vec::new();
+    for _ in 0..100 {
+        b.process(FrameWork::new(view, op, None), &mut out)?;
+    }
+    ctx.bind_to_thread().map_err(|e| drv("cuCtxSetCurrent", e))?;
+    Ok((device_used()?, rss_kb()))
+}
+
+/// The default configuration's operation for a `w` x `h` rgb8 frame.
+fn default_op(w: u32, h: u32) -> Result<PreprocessOp> {
+    let cfg = Config::default();
+    let g = Geometry::resolve(&cfg, w, h)?;
+    let mut op = preprocess_op(&cfg, &g);
+    op.params.src_step = w * 3;
+    op.params.encoding = Encoding::Rgb8 as u32;
+    Ok(op)
+}
+
+/// Where the backend's kernel modules came from: one object per module, whether all came
+/// from the cache, whether all were the embedded CUBINs.
+fn kernel_loads(b: &CudaBackend) -> (Vec<serde_json::Value>, bool, bool) {
+    use vision_preproc::backend::cuda::kernels::Origin;
+    let loads = b.load_reports();
+    let kernels = loads
+        .iter()
+        .map(|l| {
+            serde_json::json!({
+                "file": l.file, "origin": l.origin.name(), "compile_ms": l.compile_ms,
+                "why_not_embedded": l.why_not_embedded,
+            })
+        })
+        .collect();
+    let cached = loads.iter().all(|l| l.origin == Origin::Cache);
+    let embedded = loads.iter().all(|l| l.origin == Origin::EmbeddedCubin);
+    (kernels, cached, embedded)
 }

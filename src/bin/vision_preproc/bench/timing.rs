@@ -58,6 +58,7 @@ pub struct Figure {
 }
 
 /// A kernel's resources for the table.
+#[derive(Clone)]
 pub struct KernelInfo {
     name: String,
     blocks: u32,
