@@ -19,6 +19,14 @@ NCHW float32, backend cpu) and measures:
                           segments) of the node, sampled every 0.2 s for --hold seconds
                           while it processes the 30 Hz stream
 
+Side by side: `--node LABEL=PATH` (repeatable) runs each binary in turn, alternated
+trial by trial (cold, then warm, for each binary), against the same camera and subscriber:
+on a loaded machine only ratios within one run mean anything. Each trial also reads the
+node's log lines (rcutils wall-clock stamps, relative to the exec): `no publisher yet`
+(participant up, input_qos auto waiting for the camera's publisher), `(subscribed)` (the
+publisher seen, the subscription made), so that discovery of the camera, the subscription
+and delivery can be told apart.
+
 Cold vs warm: the CPU backend has no kernel cache, so "cold" means the node's files are
 not in the page cache: before a cold trial, every file the node maps (its executable and
 the shared libraries from /proc/<pid>/maps of an earlier trial) is dropped with
@@ -29,7 +37,7 @@ nodes run) stay cached: that is what a node starting on a running ROS system see
 else on the machine for a moment). Each repeat is: cold trial, then --warm warm trials.
 
 Usage: python3 bench/bench_startup.py [--repeats 5] [--warm 2] [--hold 5]
-       [--out docs/evidence/startup.json] [--drop-caches]
+       [--out docs/evidence/startup.json] [--drop-caches] [--node LABEL=PATH ...]
 """
 
 from __future__ import annotations
@@ -62,6 +70,20 @@ from bench_node import bag_for, interrupt, proc_sample, save  # noqa: E402  (thi
 BIN = ROOT / "target" / "release"
 NODE = BIN / "vision_preproc_node"
 LOG_TIME = re.compile(r"\[INFO\] \[(\d+\.\d+)\] \[[^\]]*\]: backend ")
+#: The node's log lines that split its start-up (the first of each counts): name -> pattern.
+MILESTONES = {
+    "to_no_publisher_s": re.compile(r"\[INFO\] \[(\d+\.\d+)\] \[[^\]]*\]: input_qos auto: \S*/image: no publisher"),
+    "to_subscribed_s": re.compile(r"\[INFO\] \[(\d+\.\d+)\] \[[^\]]*\]: input_qos auto: \S*/image .*\(subscribed\)"),
+}
+
+
+def milestones(log_lines: list[str], wall0_ns: int) -> dict[str, float]:
+    """Seconds from the exec to each of [`MILESTONES`] (NaN when the log has no such line)."""
+    out = {}
+    for key, pattern in MILESTONES.items():
+        hit = next((m for m in map(pattern.search, log_lines) if m), None)
+        out[key] = float(hit.group(1)) - wall0_ns / 1e9 if hit else float("nan")
+    return out
 
 
 def mapped_files(pid: int) -> set[str]:
@@ -100,17 +122,20 @@ def evict(files: list[str], drop_all: bool) -> None:
 
 
 def table(results: list[dict]) -> list[str]:
-    """Markdown rows: cold and warm trials, median [min-max]. "node-side" estimates when the
-    node published its first tensor: the first FrameTiming this subscriber received has
-    sequence k, so the node had published k tensors, one per 33 ms frame, before it."""
+    """Markdown rows: cold and warm trials of each binary, median [min-max]. "node-side"
+    estimates when the node published its first tensor: the first FrameTiming this
+    subscriber received has sequence k, so the node had published k tensors, one per 33 ms
+    frame, before it."""
     for r in results:
         seq = r.get("first_timing_sequence")
         r["node_side_s"] = (r["first_tensor_s"] - seq / 30.0) if seq is not None else float("nan")
-    rows = ["| trials | n | start -> first tensor received s | node-side (est.) s | -> backend log s | "
-            "first tensor's sequence | VmRSS MB | RssAnon MB | RssFile MB | RssShmem MB |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-    for kind in ("cold", "warm"):
-        rs = [r for r in results if r["kind"] == kind]
+    rows = ["| binary | trials | n | start -> first tensor received s | node-side (est.) s | -> backend log s | "
+            "-> no publisher yet s | -> subscribed s | first tensor's sequence | VmRSS MB | RssAnon MB | "
+            "RssFile MB | RssShmem MB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    labels = list(dict.fromkeys(r.get("label", "node") for r in results))
+    for label, kind in ((lb, k) for lb in labels for k in ("cold", "warm")):
+        rs = [r for r in results if r["kind"] == kind and r.get("label", "node") == label]
         if not rs:
             continue
 
@@ -120,8 +145,9 @@ def table(results: list[dict]) -> list[str]:
             return f"{f.format(np.median(v))} [{f.format(min(v))}-{f.format(max(v))}]" if v else "-"
 
         seqs = ", ".join(str(r.get("first_timing_sequence")) for r in rs)
-        rows.append(f"| {kind} | {len(rs)} | {c('first_tensor_s')} | {c('node_side_s')} | {c('to_backend_log_s')} | "
-                    f"{seqs} | {c('rss_mb_max', '{:.0f}', 'VmRSS')} | {c('rss_mb_max', '{:.0f}', 'RssAnon')} | "
+        rows.append(f"| {label} | {kind} | {len(rs)} | {c('first_tensor_s')} | {c('node_side_s')} | "
+                    f"{c('to_backend_log_s')} | {c('to_no_publisher_s')} | {c('to_subscribed_s')} | {seqs} | "
+                    f"{c('rss_mb_max', '{:.0f}', 'VmRSS')} | {c('rss_mb_max', '{:.0f}', 'RssAnon')} | "
                     f"{c('rss_mb_max', '{:.0f}', 'RssFile')} | {c('rss_mb_max', '{:.0f}', 'RssShmem')} |")
     return rows
 
@@ -134,9 +160,14 @@ def main() -> int:
     ap.add_argument("--drop-caches", action="store_true", help="drop the whole page cache before cold trials")
     ap.add_argument("--size", default="1920x1080", help="camera frames WxH (bgr8)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "evidence" / "startup.json"))
+    ap.add_argument("--node", action="append", default=[], metavar="LABEL=PATH",
+                    help="a node binary to run (repeat to compare binaries, alternated trial by trial); "
+                         f"default: node={NODE}")
     args = ap.parse_args()
-    if not NODE.exists():
-        raise SystemExit(f"{NODE} is missing: cargo build --release --bins")
+    nodes = [tuple(n.split("=", 1)) if "=" in n else (Path(n).name, n) for n in args.node] or [("node", str(NODE))]
+    for _, path in nodes:
+        if not Path(path).exists():
+            raise SystemExit(f"{path} is missing: cargo build --release --bins")
     ns = "/startup"
     rclpy.init()
     peer = rclpy.create_node("bench_startup_peer", namespace=ns)
@@ -157,17 +188,22 @@ def main() -> int:
     stop = threading.Event()
     spinner = threading.Thread(target=lambda: [rclpy.spin_once(peer, timeout_sec=0.02) for _ in iter(stop.is_set, True)])
     spinner.start()
-    trials = args.repeats * (1 + args.warm) + 1
+    trials = (args.repeats * (1 + args.warm) + 1) * len(nodes)
     player = subprocess.Popen([str(BIN / "vision_preproc"), "play", str(bag_for(*map(int, args.size.split("x")), ROOT / "bench" / ".cache")),
                                "--loop", "--restamp", "--image-topic", f"{ns}/image", "--camera-info-topic",
                                f"{ns}/camera_info", "--duration", str(trials * (args.hold + 15))],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    files = {str(NODE)}
+    files = {path for _, path in nodes}
     results = []
     try:
         time.sleep(2.0)
-        plan = ["prime"] + (["cold"] + ["warm"] * args.warm) * args.repeats
-        for i, kind in enumerate(plan):
+        # Each binary primed, then per repeat its cold and warm trials, the binaries in
+        # turn (the first of each repeat alternating).
+        plan = [("prime", n) for n in nodes]
+        for rep in range(args.repeats):
+            order = nodes[rep % len(nodes):] + nodes[:rep % len(nodes)]
+            plan += [(kind, n) for kind in ["cold"] + ["warm"] * args.warm for n in order]
+        for i, (kind, (label, path)) in enumerate(plan):
             before = after = None
             if kind == "cold":
                 flist = sorted(files)
@@ -179,7 +215,7 @@ def main() -> int:
             first_timing.clear()
             wall0 = time.time_ns()
             t0 = time.monotonic()
-            node = subprocess.Popen([str(NODE), "--ros-args", "-r", f"__ns:={ns}", "-p", "backend:=cpu"],
+            node = subprocess.Popen([path, "--ros-args", "-r", f"__ns:={ns}", "-p", "backend:=cpu"],
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             log_lines: list[str] = []
             reader = threading.Thread(target=lambda: log_lines.extend(iter(node.stdout.readline, "")))
@@ -204,14 +240,14 @@ def main() -> int:
                 if m:
                     log_s = float(m.group(1)) - wall0 / 1e9
                     break
-            r = {"trial": i, "kind": kind, "load": load, "first_tensor_s": t_first, "to_backend_log_s": log_s,
+            r = {"trial": i, "label": label, "binary": path, "kind": kind, "load": load, "first_tensor_s": t_first, "to_backend_log_s": log_s,
                  "to_first_frame_stamp_s": stamp_s, "frame_to_tensor_s": t_first - stamp_s if first else float("nan"),
                  "first_timing_sequence": first_timing[0][0] if first_timing else None,
                  "first_timing_stamp_s": (first_timing[0][1] - wall0) / 1e9 if first_timing else None,
                  "cache_mb_before_evict": before, "cache_mb_after_evict": after,
                  "rss_mb_max": {k: max((x.get(k, float("nan")) for x in rss), default=float("nan"))
                                 for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem", "Pss", "Pss_Shmem")},
-                 "rss_mb_end": rss[-1] if rss else {}}
+                 "rss_mb_end": rss[-1] if rss else {}, **milestones(log_lines, wall0)}
             results.append(r)
             print(json.dumps(r), flush=True)
             time.sleep(1.0)

@@ -21,6 +21,12 @@ use std::time::{Duration, Instant};
 
 /// How often `input_qos: auto` looks at the publishers again.
 pub(super) const QOS_CHECK_PERIOD: Duration = Duration::from_millis(250);
+/// How often it looks while the image topic has had no publisher yet: at every spin (the
+/// spin thread's wait is at most 20 ms), so that the node subscribes within a spin of
+/// the camera's discovery, not up to [`QOS_CHECK_PERIOD`] later (the start-up figures in
+/// docs/BENCHMARKS.md, *Start-up*). The query reads the middleware's graph cache in
+/// this process: no message is sent.
+const FIRST_PUBLISHER_CHECK_PERIOD: Duration = Duration::ZERO;
 
 type Images = Box<dyn Stream<Item = Incoming> + Unpin>;
 
@@ -264,15 +270,18 @@ impl Input {
         out
     }
 
-    /// Every [`QOS_CHECK_PERIOD`]: count the image publishers and, with `auto`, choose
-    /// the QoS again from what they offer; a subscription whose answer changed is
-    /// recreated (and the change logged).
+    /// Every [`QOS_CHECK_PERIOD`] (with `auto`, every spin until the image topic's first
+    /// publisher is seen: [`FIRST_PUBLISHER_CHECK_PERIOD`]): count the image publishers
+    /// and, with `auto`, choose the QoS again from what they offer; a subscription whose
+    /// answer changed is recreated (and the change logged).
     pub(super) fn adapt(&mut self, node: &mut r2r::Node, shared: &Shared) -> r2r::Result<()> {
         let now = Instant::now();
         if now < self.next_check {
             return Ok(());
         }
-        self.next_check = now + QOS_CHECK_PERIOD;
+        let waiting = self.preset == QosPreset::Auto && self.image.chosen.is_none();
+        self.next_check =
+            now + if waiting { FIRST_PUBLISHER_CHECK_PERIOD } else { QOS_CHECK_PERIOD };
         let image_offers = offers(node, &self.image.resolved);
         let state = &shared.inputs[self.index];
         lock(state).publishers = image_offers.len();
