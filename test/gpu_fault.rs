@@ -26,7 +26,8 @@ use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::{CudaBackend, MAX_BATCH_SLOTS};
 use vision_preproc::backend::{
-    read_elements, Backend, BatchSlot, BatchWork, FrameWork, HostBuffer, PreprocessOp, StageTimes,
+    read_elements, Backend, BatchSlot, BatchWork, FrameWork, HostBuffer, Job, PreprocessOp, Queued,
+    StageTimes,
 };
 use vision_preproc::config::{
     BackendChoice, ConvConfig, ConvKernel, DType, GpuFailurePolicy, MemoryMode,
@@ -213,6 +214,14 @@ fn sticky(seed: u64) -> Result<String, String> {
 
 /// `r` must be the operation error (a caller's mistake), not a device error: returns its
 /// message.
+/// `job` submitted into `out` ([`Backend::submit_into`]). The caller keeps `out` until
+/// the submission is finished (or abandons it first).
+fn submit(b: &mut CudaBackend, job: Job<'_, '_>, out: &mut [u8]) -> vision_preproc::Result<Queued> {
+    // SAFETY: `out` outlives the submission: the callers finish (or abandon) it before
+    // `out` is dropped; a refused job queues nothing.
+    unsafe { b.submit_into(job, out.as_mut_ptr(), out.len()) }
+}
+
 fn operation_error<T>(r: vision_preproc::Result<T>, what: &str) -> Result<String, String> {
     match r {
         Err(Error::Operation(m)) => Ok(m),
@@ -287,7 +296,8 @@ fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
             b.process_into(FrameWork::new(&view, &op, conv.as_ref()), dst),
             &what("process_into (pinned)"),
         )?;
-        operation_error(b.submit(&view, &op, None), &what("submit"))?;
+        let frame = Job::Frame(FrameWork::new(&view, &op, None));
+        operation_error(submit(&mut b, frame, &mut heap), &what("submit_into"))?;
         let slots = [BatchSlot::frame(&view, &good), BatchSlot::frame(&view, &op)];
         let mb = operation_error(
             b.process_batch_into(BatchWork::new(&slots, conv.as_ref()), &mut batch),
@@ -299,20 +309,25 @@ fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
                 what("process_batch_into")
             ));
         }
-        operation_error(b.submit_batch(&slots, conv.as_ref()), &what("submit_batch"))?;
-        if b.batches_in_flight() != 0 {
-            return Err(format!("{}: a refused batch is in flight", what("submit_batch")));
+        let job = Job::Batch(BatchWork::new(&slots, conv.as_ref()));
+        operation_error(submit(&mut b, job, &mut batch), &what("submit_into (batch)"))?;
+        if b.in_flight() != 0 {
+            return Err(format!("{}: a refused batch is in flight", what("submit_into (batch)")));
         }
         lines.push(format!("  wrong {name}: {m}"));
     }
-    // A finish_batch buffer of the wrong length is refused; the batch stays queued.
+    // A batch into a buffer of the wrong length is refused; the batch in flight stays.
     let slots = [BatchSlot::frame(&view, &good); 2];
-    b.submit_batch(&slots, None).map_err(|e| format!("submit_batch: {e}"))?;
-    operation_error(b.finish_batch(&mut batch[..len]), "finish_batch into half the bytes")?;
-    if b.batches_in_flight() != 1 {
-        return Err("finish_batch with a wrong buffer dropped the batch".into());
+    let job = || Job::Batch(BatchWork::new(&slots, None));
+    submit(&mut b, job(), &mut batch).map_err(|e| format!("submit_into (batch): {e}"))?;
+    let mut half = vec![0u8; len];
+    let refused = operation_error(submit(&mut b, job(), &mut half), "a batch into half the bytes");
+    if b.in_flight() != 1 {
+        b.abandon_all();
+        return Err("a batch into a wrong buffer dropped the batch in flight".into());
     }
-    b.finish_batch(&mut batch).map_err(|e| format!("finish_batch after the refusal: {e}"))?;
+    refused?;
+    b.finish_oldest().map_err(|e| format!("finish_oldest after the refusal: {e}"))?;
     let many = vec![BatchSlot::frame(&view, &good); MAX_BATCH_SLOTS + 1];
     let mut out = vec![0u8; many.len() * len];
     let m = operation_error(
