@@ -352,9 +352,10 @@ impl Entry {
 /// submission k+1 while the GPU still works on submission k.
 pub(crate) const RING: usize = 2;
 
-/// The ring of entries, frames and batches alike, taken in turn. One policy: the next
-/// entry is refused while its submission is in flight (finish the oldest first); an
-/// abandoned entry is free once both streams were waited for ([`Ring::abandon`]).
+/// The ring of entries, frames and batches alike, taken in turn. One policy: a
+/// submission takes the next free entry (its previous submission finished, or abandoned
+/// once both streams were waited for: [`Ring::abandon`]), and is refused (`Misuse`) when
+/// every entry is in flight (finish the oldest first).
 pub(super) struct Ring {
     entries: Vec<Entry>,
     next: usize,
@@ -366,17 +367,19 @@ impl Ring {
         Ok(Ring { entries, next: 0 })
     }
 
-    /// The next entry, free: its previous submission finished or abandoned; `Misuse`
-    /// while it is still in flight ([`RING`] submissions are).
+    /// The next free entry, from the one after the last taken; `Misuse` when every entry
+    /// is in flight.
     pub(super) fn take(&mut self) -> Result<usize> {
-        let r = self.next;
-        if self.entries[r].in_flight.is_some() {
+        let n = self.entries.len();
+        let free =
+            (0..n).map(|k| (self.next + k) % n).find(|&r| self.entries[r].in_flight.is_none());
+        let Some(r) = free else {
             return Err(Error::misuse(
                 "submit_to",
-                format!("{RING} submissions already in flight: finish_oldest one first"),
+                format!("{n} submissions already in flight: finish_oldest one first"),
             ));
-        }
-        self.next = (r + 1) % RING;
+        };
+        self.next = (r + 1) % n;
         Ok(r)
     }
 
@@ -395,5 +398,22 @@ impl Ring {
         for e in &mut self.entries {
             e.in_flight = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A JPEG that was not staged: a misuse of the steps (they stage before they decode),
+    /// never a device failure; reachable without a GPU.
+    #[test]
+    fn decoding_what_was_not_staged_is_a_misuse() {
+        let staging = Staging::default();
+        // SAFETY: no GPU work exists (nothing was staged).
+        let e = unsafe { staging.staged(16) }.unwrap_err();
+        assert!(matches!(e, Error::Misuse { .. }), "{e:?}");
+        assert!(!e.is_device_failure());
+        assert_eq!(e.to_string(), "decoding a JPEG: it was not staged: stage it first");
     }
 }

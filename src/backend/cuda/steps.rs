@@ -607,3 +607,23 @@ impl Drop for Gpu {
         self.ctx.record_err(self.stream.synchronize());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressed::Limits;
+
+    /// A PNG reaching the device steps (they stage pixels and JPEGs; the host decodes a
+    /// PNG first): a misuse of the steps, never a device failure; reachable without a GPU.
+    #[test]
+    fn a_png_at_the_device_steps_is_a_misuse() {
+        let img = image::DynamicImage::ImageRgb8(image::RgbImage::new(4, 2));
+        let mut png = Vec::new();
+        img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
+        let c = Compressed::probe("png", &png, &Limits::default()).unwrap();
+        let e = Source::of(Frame::from(&c)).unwrap_err();
+        assert!(matches!(e, Error::Misuse { .. }), "{e:?}");
+        assert!(!e.is_device_failure());
+        assert!(e.to_string().contains("decode it on the host first"), "{e}");
+    }
+}

@@ -294,3 +294,21 @@ impl JpegDecoder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decoding on the device when nvJPEG did not open: a misuse (the frame should have
+    /// been decoded on the host), never a device failure; reachable without a GPU.
+    #[test]
+    fn the_device_decoder_without_nvjpeg_is_a_misuse() {
+        let mut host = JpegDecoder::Host("no libnvjpeg here".into());
+        let e = host.gpu().err().map(|e| (e.is_device_failure(), e.to_string()));
+        let why = "decoding a JPEG on the device: nvJPEG is not available (no libnvjpeg here): \
+                   the frame is decoded on the host";
+        assert_eq!(e, Some((false, why.to_string())));
+        assert!(matches!(host.gpu(), Err(crate::Error::Misuse { .. })));
+        assert!(host.describe().contains("no JPEG decoding on the GPU: no libnvjpeg here"));
+    }
+}
