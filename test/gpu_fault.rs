@@ -543,13 +543,42 @@ fn child(args: &[String]) -> ExitCode {
     }
 }
 
+/// Every check's case name (what `--child`, `--list` and `--filter` take) and what it
+/// checks; the scenarios as the probe's answer `reopen_works` makes them.
+fn cases(reopen_works: bool) -> Vec<(String, String)> {
+    let mut all = vec![
+        ("wrong-op".to_string(), "operations that do not fit their frame are refused".into()),
+        ("sticky".to_string(), "a sticky fault fails every later call".into()),
+        ("probe".to_string(), "whether a context reopens after a sticky fault".into()),
+    ];
+    for (k, sc) in scenarios(reopen_works).iter().enumerate() {
+        all.push((format!("scenario-{k}"), sc.name.to_string()));
+    }
+    all.push(("healthy".to_string(), "the policy never acts without a fault".into()));
+    all
+}
+
 /// Every check in its own process: after a sticky fault, CUDA documents that "the
 /// process must be terminated and relaunched", so one check's fault must not decide the
-/// next one's start.
+/// next one's start. `--list`: the case names (no GPU needed); `--filter SUBSTR`: only
+/// the cases whose name or description contains it (the probe runs whenever a scenario
+/// does: it decides what they expect).
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--child") {
         return child(&args[i + 1..]);
+    }
+    let filter = (args.iter().position(|a| a == "--filter"))
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_default();
+    let selected =
+        |(name, what): &(String, String)| name.contains(&filter) || what.contains(&filter);
+    if args.iter().any(|a| a == "--list") {
+        for (name, what) in cases(true).iter().filter(|c| selected(c)) {
+            println!("{name}: {what}");
+        }
+        return ExitCode::SUCCESS;
     }
     if !gpu_present() {
         println!("no GPU: GPU fault drill NOT run (not counted as passed)");
@@ -574,6 +603,7 @@ fn main() -> ExitCode {
     };
     let (mut passed, mut failed) = (0, 0);
     let mut run = |args: &[&str]| -> String {
+        let name = args[0];
         let out = std::process::Command::new(&exe)
             .arg("--child")
             .args(args)
@@ -588,7 +618,10 @@ fn main() -> ExitCode {
                     passed += 1;
                 } else {
                     failed += 1;
-                    println!("     (exit status {})", o.status);
+                    println!(
+                        "FAIL case {name} (exit status {}): rerun it alone with --filter {name}",
+                        o.status
+                    );
                 }
                 text
             }
@@ -599,15 +632,26 @@ fn main() -> ExitCode {
             }
         }
     };
-    run(&["wrong-op"]);
-    run(&["sticky"]);
-    let probe = run(&["probe"]);
-    let reopen_works = probe.contains(REOPEN_WORKS);
-    let arg = if reopen_works { "reopen-works" } else { "reopen-fails" };
-    for k in 0..scenarios(reopen_works).len() {
-        run(&[&format!("scenario-{k}"), arg]);
+    let chosen: Vec<String> =
+        cases(true).into_iter().filter(|c| selected(c)).map(|(name, _)| name).collect();
+    let scenario = |n: &String| n.starts_with("scenario-");
+    let mut reopen_works = true;
+    for name in &cases(true) {
+        let name = &name.0;
+        let probe_needed = name == "probe" && chosen.iter().any(scenario);
+        if !chosen.contains(name) && !probe_needed {
+            continue;
+        }
+        if scenario(name) {
+            let arg = if reopen_works { "reopen-works" } else { "reopen-fails" };
+            run(&[name, arg]);
+        } else {
+            let out = run(&[name]);
+            if name == "probe" {
+                reopen_works = out.contains(REOPEN_WORKS);
+            }
+        }
     }
-    run(&["healthy"]);
     println!("gpu_fault summary: {passed} passed, {failed} FAILED");
     if failed > 0 {
         ExitCode::FAILURE
