@@ -208,7 +208,7 @@ pub enum CudaError {
         /// Driver error.
         message: String,
     },
-    /// An nvJPEG call failed (the CUDA backend's JPEG decoder, `backend/cuda/nvjpeg.rs`)
+    /// An nvJPEG call failed (the CUDA backend's JPEG decoder, `backend/cuda/nvjpeg/`)
     /// for a reason other than the JPEG's data (that is [`DecodeError::Corrupt`]).
     #[error("{call}: {status}")]
     NvJpeg {

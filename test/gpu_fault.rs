@@ -258,9 +258,10 @@ impl Backend for WrongOp {
 }
 
 /// A frame whose operation does not fit it is the caller's mistake on the GPU as on the
-/// CPU: `process_into` (heap and pinned destination), `submit`, `process_batch_into` and
-/// `submit_batch` (one slot wrong, or more slots than one launch takes) return the
-/// operation error, not `Error::Cuda`, queue nothing, and the backend goes on. Through a
+/// CPU: `process_into` (heap and pinned destination), `submit_into` of the frame,
+/// `process_batch_into` and `submit_into` of the batch (one slot wrong, or more slots
+/// than one launch takes) return the operation error, not `Error::Cuda`, queue nothing,
+/// and the backend goes on. Through a
 /// pipeline with `gpu_failure_policy: exit` the frame's error is that operation error
 /// (no policy starts) and the next frame runs on the GPU.
 fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {

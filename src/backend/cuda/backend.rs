@@ -467,7 +467,8 @@ impl Backend for CudaBackend {
     }
 
     /// nvJPEG's hardware decoder readied for sets of 1 to `frames` JPEGs
-    /// ([`nvjpeg::NvJpeg::warm_up`]); nothing when JPEGs are decoded on the host.
+    /// ([`NvJpeg::warm_up`](super::nvjpeg::NvJpeg::warm_up)); nothing when JPEGs are
+    /// decoded on the host.
     fn prepare_decoding(&mut self, frames: usize) -> Result<()> {
         match &mut self.jpeg {
             JpegDecoder::Gpu(nv) => nv.warm_up(&self.gpu.stream, frames),

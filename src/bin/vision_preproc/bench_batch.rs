@@ -10,8 +10,8 @@
 //!   separate, N threads each one frame per period; wall time from the period's tick to
 //!   the serialized message ready to publish (no DDS).
 //!
-//! On the CUDA backend two more, on the backend itself (`CudaBackend::submit_batch` /
-//! `submit`, two in flight, the copy stream uploading batch k+1 while batch k computes
+//! On the CUDA backend two more, on the backend itself (`Backend::submit_into` of a
+//! batch or a frame, then `finish_oldest`, two in flight, the copy stream uploading batch k+1 while batch k computes
 //! and downloads): the highest rate of the pipelined batch, and of one camera pipelined
 //! against one camera synchronous; with the byte ledger (H2D and D2H bytes per batch)
 //! and the rate the PCIe link allows for those bytes, measured in the same run

@@ -185,7 +185,8 @@ pub(super) fn load_from(candidates: &[String]) -> Result<(Api, String), String> 
 }
 
 /// Check that an nvJPEG library loads and has every function the backend calls, without
-/// a GPU: `path`, or what [`NvJpeg::open`] would load; its name and version.
+/// a GPU: `path`, or what [`NvJpeg::open`](super::NvJpeg::open) would load; its name and
+/// version.
 pub fn probe_library(path: Option<&str>) -> Result<(String, (i32, i32, i32))> {
     let (api, name) = match path {
         Some(p) => load_from(&[p.to_string()]),
