@@ -36,6 +36,10 @@
 //! out of order (nothing in flight, the ring full) is `Error::Misuse`; a capability the
 //! device lacks is `CudaError::Unsupported`; only what the driver reports is a device
 //! failure (`Error::Cuda`), which the pipeline's `gpu_failure_policy` acts on.
+//!
+//! [`Backend::submit_into`]: crate::backend::Backend::submit_into
+//! [`Backend::finish_oldest`]: crate::backend::Backend::finish_oldest
+//! [`Backend::alloc_host`]: crate::backend::Backend::alloc_host
 
 mod backend;
 mod batch;
@@ -80,9 +84,11 @@ pub fn jpeg_decoder() -> String {
         }
     }
 }
+
 /// Launch `f` on `stream` with the given arguments, mapping failures to
-/// [`CudaError::Launch`] with the kernel name and shape. Exported for harnesses that
-/// launch the backend's kernels themselves (the CLI's benchmark).
+/// [`CudaError::Launch`](crate::error::CudaError::Launch) with the kernel name and
+/// shape. Exported for harnesses that launch the backend's kernels themselves (the CLI's
+/// benchmark).
 #[macro_export]
 macro_rules! launch_kernel {
     ($stream:expr, $f:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{

@@ -47,6 +47,9 @@
 //! `INCOMPLETE_BITSTREAM`) or whose size disagrees with its header is a bad frame,
 //! [`DecodeError::Corrupt`], never a device failure; any other status is
 //! [`CudaError::NvJpeg`] naming the call and the status.
+//!
+//! [`DecodeError::Corrupt`]: crate::compressed::DecodeError::Corrupt
+//! [`CudaError::NvJpeg`]: crate::error::CudaError::NvJpeg
 
 mod api;
 mod decoder;
