@@ -175,7 +175,7 @@ impl Error {
     /// fallback, exit). A misuse, an operation that does not fit its frame, an invalid
     /// image or an I/O error is never one.
     pub fn is_device_failure(&self) -> bool {
-        matches!(self, Error::Cuda(_))
+        matches!(self, Error::Cuda(c) if !matches!(c, CudaError::Unsupported { .. }))
     }
 }
 
@@ -208,7 +208,7 @@ pub enum CudaError {
         /// Driver error.
         message: String,
     },
-    /// An nvJPEG call failed (the CUDA backend's JPEG decoder, `backend/cuda/nvjpeg.rs`)
+    /// An nvJPEG call failed (the CUDA backend's JPEG decoder, `backend/cuda/nvjpeg/`)
     /// for a reason other than the JPEG's data (that is [`DecodeError::Corrupt`]).
     #[error("{call}: {status}")]
     NvJpeg {
@@ -218,13 +218,37 @@ pub enum CudaError {
         status: String,
     },
     /// Any other driver call.
-    #[error("{call}: {message}")]
+    #[error("{call}: {source}")]
     Driver {
         /// What was being done (e.g. "allocating 12 MB of pinned memory").
         call: String,
-        /// Driver error.
-        message: String,
+        /// The driver's error: cudarc's `DriverError` (downcast to read its `CUresult`),
+        /// or, where the driver broke its own contract (success and a null pointer), what
+        /// it did.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A capability this device or driver does not have (virtual memory management for
+    /// shared device blocks, exporting memory as file descriptors): the feature is not
+    /// used. Never a device failure ([`Error::is_device_failure`]).
+    #[error("{feature} not supported: {why}")]
+    Unsupported {
+        /// The feature that needs it (e.g. "shared device blocks").
+        feature: String,
+        /// What the device lacks (names the CUDA attribute).
+        why: String,
+    },
+}
+
+impl CudaError {
+    /// A failed driver call `call` and the driver's error (or a description of what the
+    /// driver did wrong), kept as the typed source.
+    pub fn driver(
+        call: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        CudaError::Driver { call: call.into(), source: source.into() }
+    }
 }
 
 /// Why a GStreamer input cannot start or stopped delivering (`capture/`); each message
@@ -323,10 +347,7 @@ mod tests {
         assert_eq!(handoff.to_string(), "binding /tmp/x.sock: Address in use");
         let ros = Error::Ros { context: "play".into(), message: "no subscriber on /image".into() };
         assert_eq!(ros.to_string(), "ROS: play: no subscriber on /image");
-        let device = Error::Cuda(CudaError::Driver {
-            call: "cuEventRecord".into(),
-            message: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
-        });
+        let device = Error::Cuda(CudaError::driver("cuEventRecord", "CUDA_ERROR_ILLEGAL_ADDRESS"));
         assert_eq!(device.to_string(), "CUDA: cuEventRecord: CUDA_ERROR_ILLEGAL_ADDRESS");
         assert!(device.is_device_failure());
         let op = Error::Operation("set_source: encoding 3 is not the frame's 2".into());
@@ -342,5 +363,23 @@ mod tests {
         for e in [misuse, handoff, ros, op, capture, decode, Error::CudaNotCompiled] {
             assert!(!e.is_device_failure(), "{e:?}");
         }
+    }
+
+    #[test]
+    fn a_missing_capability_is_not_a_device_failure_and_a_driver_error_keeps_its_source() {
+        let missing = Error::Cuda(CudaError::Unsupported {
+            feature: "shared device blocks".into(),
+            why: "the device has no virtual memory management (CUDA attribute 102)".into(),
+        });
+        assert_eq!(
+            missing.to_string(),
+            "CUDA: shared device blocks not supported: the device has no virtual memory \
+             management (CUDA attribute 102)"
+        );
+        assert!(!missing.is_device_failure());
+        let driver = CudaError::driver("cuMemAllocHost", "returned success and a null pointer");
+        let source = std::error::Error::source(&driver).map(|s| s.to_string());
+        assert_eq!(source.as_deref(), Some("returned success and a null pointer"));
+        assert!(Error::Cuda(driver).is_device_failure());
     }
 }

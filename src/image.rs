@@ -339,15 +339,19 @@ impl Lent {
         &self.memory
     }
 
-    /// Count its frame read in place (`Ok`), or copied into a staging buffer and why: the
-    /// first read only (a frame read again is the same frame).
-    pub fn count_read(&self, read: std::result::Result<(), String>) {
+    /// Count its frame read in place (`Ok`), or copied into a staging buffer and why (the
+    /// reason's short stable name, counted by name, and its message): the first read only
+    /// (a frame read again is the same frame).
+    pub fn count_read(&self, read: std::result::Result<(), (&'static str, String)>) {
         if self.counted.swap(true, Ordering::Relaxed) {
             return;
         }
         match read {
             Ok(()) => self.reads.in_place.fetch_add(1, Ordering::Relaxed),
-            Err(why) => {
+            Err((kind, why)) => {
+                let mut by = self.reads.staged_by.lock().unwrap_or_else(|p| p.into_inner());
+                *by.entry(kind).or_default() += 1;
+                drop(by);
                 *self.reads.why_staged.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
                 self.reads.staged.fetch_add(1, Ordering::Relaxed)
             }
@@ -384,6 +388,9 @@ pub struct LentReads {
     pub staged: AtomicU64,
     /// Why the last of those was not read in place.
     pub why_staged: std::sync::Mutex<Option<String>>,
+    /// Those frames by the short name of why they were not read in place (the CUDA
+    /// backend's `NotInPlace::kind`: `unsupported`, `too_many`, `refused`, ...).
+    pub staged_by: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 /// Why an input image was rejected. Each variant names the `sensor_msgs/Image` field.

@@ -26,7 +26,8 @@ use std::time::Instant;
 use vision_preproc::backend::cpu::CpuBackend;
 use vision_preproc::backend::cuda::{CudaBackend, MAX_BATCH_SLOTS};
 use vision_preproc::backend::{
-    read_elements, Backend, BatchSlot, BatchWork, FrameWork, HostBuffer, PreprocessOp, StageTimes,
+    read_elements, Backend, BatchSlot, BatchWork, FrameWork, HostBuffer, Job, PreprocessOp, Queued,
+    StageTimes,
 };
 use vision_preproc::config::{
     BackendChoice, ConvConfig, ConvKernel, DType, GpuFailurePolicy, MemoryMode,
@@ -213,6 +214,14 @@ fn sticky(seed: u64) -> Result<String, String> {
 
 /// `r` must be the operation error (a caller's mistake), not a device error: returns its
 /// message.
+/// `job` submitted into `out` ([`Backend::submit_into`]). The caller keeps `out` until
+/// the submission is finished (or abandons it first).
+fn submit(b: &mut CudaBackend, job: Job<'_, '_>, out: &mut [u8]) -> vision_preproc::Result<Queued> {
+    // SAFETY: `out` outlives the submission: the callers finish (or abandon) it before
+    // `out` is dropped; a refused job queues nothing.
+    unsafe { b.submit_into(job, out.as_mut_ptr(), out.len()) }
+}
+
 fn operation_error<T>(r: vision_preproc::Result<T>, what: &str) -> Result<String, String> {
     match r {
         Err(Error::Operation(m)) => Ok(m),
@@ -249,9 +258,10 @@ impl Backend for WrongOp {
 }
 
 /// A frame whose operation does not fit it is the caller's mistake on the GPU as on the
-/// CPU: `process_into` (heap and pinned destination), `submit`, `process_batch_into` and
-/// `submit_batch` (one slot wrong, or more slots than one launch takes) return the
-/// operation error, not `Error::Cuda`, queue nothing, and the backend goes on. Through a
+/// CPU: `process_into` (heap and pinned destination), `submit_into` of the frame,
+/// `process_batch_into` and `submit_into` of the batch (one slot wrong, or more slots
+/// than one launch takes) return the operation error, not `Error::Cuda`, queue nothing,
+/// and the backend goes on. Through a
 /// pipeline with `gpu_failure_policy: exit` the frame's error is that operation error
 /// (no policy starts) and the next frame runs on the GPU.
 fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
@@ -287,7 +297,8 @@ fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
             b.process_into(FrameWork::new(&view, &op, conv.as_ref()), dst),
             &what("process_into (pinned)"),
         )?;
-        operation_error(b.submit(&view, &op, None), &what("submit"))?;
+        let frame = Job::Frame(FrameWork::new(&view, &op, None));
+        operation_error(submit(&mut b, frame, &mut heap), &what("submit_into"))?;
         let slots = [BatchSlot::frame(&view, &good), BatchSlot::frame(&view, &op)];
         let mb = operation_error(
             b.process_batch_into(BatchWork::new(&slots, conv.as_ref()), &mut batch),
@@ -299,20 +310,25 @@ fn wrong_op(seed: u64, tol: f64) -> Result<String, String> {
                 what("process_batch_into")
             ));
         }
-        operation_error(b.submit_batch(&slots, conv.as_ref()), &what("submit_batch"))?;
-        if b.batches_in_flight() != 0 {
-            return Err(format!("{}: a refused batch is in flight", what("submit_batch")));
+        let job = Job::Batch(BatchWork::new(&slots, conv.as_ref()));
+        operation_error(submit(&mut b, job, &mut batch), &what("submit_into (batch)"))?;
+        if b.in_flight() != 0 {
+            return Err(format!("{}: a refused batch is in flight", what("submit_into (batch)")));
         }
         lines.push(format!("  wrong {name}: {m}"));
     }
-    // A finish_batch buffer of the wrong length is refused; the batch stays queued.
+    // A batch into a buffer of the wrong length is refused; the batch in flight stays.
     let slots = [BatchSlot::frame(&view, &good); 2];
-    b.submit_batch(&slots, None).map_err(|e| format!("submit_batch: {e}"))?;
-    operation_error(b.finish_batch(&mut batch[..len]), "finish_batch into half the bytes")?;
-    if b.batches_in_flight() != 1 {
-        return Err("finish_batch with a wrong buffer dropped the batch".into());
+    let job = || Job::Batch(BatchWork::new(&slots, None));
+    submit(&mut b, job(), &mut batch).map_err(|e| format!("submit_into (batch): {e}"))?;
+    let mut half = vec![0u8; len];
+    let refused = operation_error(submit(&mut b, job(), &mut half), "a batch into half the bytes");
+    if b.in_flight() != 1 {
+        b.abandon_all();
+        return Err("a batch into a wrong buffer dropped the batch in flight".into());
     }
-    b.finish_batch(&mut batch).map_err(|e| format!("finish_batch after the refusal: {e}"))?;
+    refused?;
+    b.finish_oldest().map_err(|e| format!("finish_oldest after the refusal: {e}"))?;
     let many = vec![BatchSlot::frame(&view, &good); MAX_BATCH_SLOTS + 1];
     let mut out = vec![0u8; many.len() * len];
     let m = operation_error(
@@ -528,13 +544,42 @@ fn child(args: &[String]) -> ExitCode {
     }
 }
 
+/// Every check's case name (what `--child`, `--list` and `--filter` take) and what it
+/// checks; the scenarios as the probe's answer `reopen_works` makes them.
+fn cases(reopen_works: bool) -> Vec<(String, String)> {
+    let mut all = vec![
+        ("wrong-op".to_string(), "operations that do not fit their frame are refused".into()),
+        ("sticky".to_string(), "a sticky fault fails every later call".into()),
+        ("probe".to_string(), "whether a context reopens after a sticky fault".into()),
+    ];
+    for (k, sc) in scenarios(reopen_works).iter().enumerate() {
+        all.push((format!("scenario-{k}"), sc.name.to_string()));
+    }
+    all.push(("healthy".to_string(), "the policy never acts without a fault".into()));
+    all
+}
+
 /// Every check in its own process: after a sticky fault, CUDA documents that "the
 /// process must be terminated and relaunched", so one check's fault must not decide the
-/// next one's start.
+/// next one's start. `--list`: the case names (no GPU needed); `--filter SUBSTR`: only
+/// the cases whose name or description contains it (the probe runs whenever a scenario
+/// does: it decides what they expect).
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--child") {
         return child(&args[i + 1..]);
+    }
+    let filter = (args.iter().position(|a| a == "--filter"))
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_default();
+    let selected =
+        |(name, what): &(String, String)| name.contains(&filter) || what.contains(&filter);
+    if args.iter().any(|a| a == "--list") {
+        for (name, what) in cases(true).iter().filter(|c| selected(c)) {
+            println!("{name}: {what}");
+        }
+        return ExitCode::SUCCESS;
     }
     if !gpu_present() {
         println!("no GPU: GPU fault drill NOT run (not counted as passed)");
@@ -559,6 +604,7 @@ fn main() -> ExitCode {
     };
     let (mut passed, mut failed) = (0, 0);
     let mut run = |args: &[&str]| -> String {
+        let name = args[0];
         let out = std::process::Command::new(&exe)
             .arg("--child")
             .args(args)
@@ -573,7 +619,10 @@ fn main() -> ExitCode {
                     passed += 1;
                 } else {
                     failed += 1;
-                    println!("     (exit status {})", o.status);
+                    println!(
+                        "FAIL case {name} (exit status {}): rerun it alone with --filter {name}",
+                        o.status
+                    );
                 }
                 text
             }
@@ -584,15 +633,26 @@ fn main() -> ExitCode {
             }
         }
     };
-    run(&["wrong-op"]);
-    run(&["sticky"]);
-    let probe = run(&["probe"]);
-    let reopen_works = probe.contains(REOPEN_WORKS);
-    let arg = if reopen_works { "reopen-works" } else { "reopen-fails" };
-    for k in 0..scenarios(reopen_works).len() {
-        run(&[&format!("scenario-{k}"), arg]);
+    let chosen: Vec<String> =
+        cases(true).into_iter().filter(|c| selected(c)).map(|(name, _)| name).collect();
+    let scenario = |n: &String| n.starts_with("scenario-");
+    let mut reopen_works = true;
+    for name in &cases(true) {
+        let name = &name.0;
+        let probe_needed = name == "probe" && chosen.iter().any(scenario);
+        if !chosen.contains(name) && !probe_needed {
+            continue;
+        }
+        if scenario(name) {
+            let arg = if reopen_works { "reopen-works" } else { "reopen-fails" };
+            run(&[name, arg]);
+        } else {
+            let out = run(&[name]);
+            if name == "probe" {
+                reopen_works = out.contains(REOPEN_WORKS);
+            }
+        }
     }
-    run(&["healthy"]);
     println!("gpu_fault summary: {passed} passed, {failed} FAILED");
     if failed > 0 {
         ExitCode::FAILURE

@@ -1,4 +1,4 @@
-//! nvJPEG on the GPU (`backend/cuda/nvjpeg.rs`) against the CPU specification's decoder
+//! nvJPEG on the GPU (`backend/cuda/nvjpeg/`) against the CPU specification's decoder
 //! (`compressed::decode`: zune-jpeg), on real photographs encoded as JPEG:
 //!
 //! - every case decoded alone, into a poisoned destination with a padded row pitch: per

@@ -746,7 +746,8 @@ fn main() -> ExitCode {
         // of two sizes and encodings (new sampling tables between them), the first into a
         // heap buffer (copy out), the second into pinned memory (direct); then a third
         // submission refused while two are in flight.
-        if stride == 1 && filter.is_empty() {
+        // (`--filter "frames in flight"` runs it alone.)
+        if stride == 1 && (filter.is_empty() || "two frames in flight".contains(filter.as_str())) {
             let cfg = base_cfg(96, 72);
             let fa = random_frame(&mut rng, Encoding::Bgr8, 160, 120, 0, false);
             let fb = random_frame(&mut rng, Encoding::Yuyv, 98, 64, 6, false);
@@ -1048,8 +1049,8 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            // 7. Two batches in flight (submit_batch, submit_batch, a third refused,
-            // finish_batch, finish_batch): batch B's staging and upload on the copy stream
+            // 7. Two batches in flight (submit_into, submit_into, a third refused,
+            // finish_oldest, finish_oldest): batch B's staging and upload on the copy stream
             // while batch A computes; each equals the CPU's batch, in order.
             let name = format!("[{mode:?} {path:?}] two batches in flight (pipelined)");
             let res = (|| -> Result<(), String> {
@@ -1080,42 +1081,58 @@ fn main() -> ExitCode {
                         .map_err(|e| format!("CPU: {e}"))?;
                     want.push(w);
                 }
-                for (slots, conv) in batches.iter().zip(convs_of) {
-                    gpu.submit_batch(slots, conv).map_err(|e| format!("CUDA submit: {e}"))?;
-                }
-                if gpu.batches_in_flight() != 2 {
-                    return Err(format!("{} batches in flight, not 2", gpu.batches_in_flight()));
-                }
-                let third = gpu.submit_batch(&batches[0], None);
-                match third {
-                    Ok(()) => return Err("a third batch in flight was accepted".into()),
-                    // A misuse of the ring, never a device failure: refused before anything
-                    // is queued, the two batches in flight stay (and finish below).
-                    Err(e)
-                        if e.is_device_failure()
-                            || !matches!(e, vision_preproc::Error::Misuse { .. }) =>
-                    {
-                        return Err(format!("the third batch's refusal is not a misuse: {e:?}"))
+                // The first into pageable memory (through the entry's output and the copy
+                // at the finish), the second into pinned memory (downloaded there directly).
+                let (len0, len1) = (want[0].len(), want[1].len());
+                let mut got0 = vec![0xA5u8; len0];
+                let mut got1 = gpu.alloc_host(len1).map_err(|e| format!("alloc_host: {e}"))?;
+                let outs = [(got0.as_mut_ptr(), len0), (got1.as_mut_slice().as_mut_ptr(), len1)];
+                let ring = (|| -> Result<(), String> {
+                    for ((slots, conv), (ptr, len)) in batches.iter().zip(convs_of).zip(outs) {
+                        let job = Job::Batch(BatchWork::new(slots, conv));
+                        // SAFETY: got0 and got1 outlive both batches: finished below, or
+                        // abandoned (both streams waited for) when this fails.
+                        unsafe { gpu.submit_into(job, ptr, len) }
+                            .map_err(|e| format!("CUDA submit: {e}"))?;
                     }
-                    Err(_) if gpu.batches_in_flight() != 2 => {
-                        return Err(format!(
-                            "the refusal left {} batches in flight, not 2",
-                            gpu.batches_in_flight()
-                        ))
+                    if gpu.in_flight() != 2 {
+                        return Err(format!("{} batches in flight, not 2", gpu.in_flight()));
                     }
-                    Err(_) => {}
+                    let mut spare = vec![0u8; len0];
+                    let job = Job::Batch(BatchWork::new(&batches[0], None));
+                    // SAFETY: refused (nothing queued), or abandoned at once below.
+                    match unsafe { gpu.submit_into(job, spare.as_mut_ptr(), len0) } {
+                        Ok(_) => {
+                            gpu.abandon_all();
+                            return Err("a third batch in flight was accepted".into());
+                        }
+                        // A misuse of the ring, never a device failure: refused before
+                        // anything is queued, the two batches in flight stay (and finish).
+                        Err(e)
+                            if e.is_device_failure()
+                                || !matches!(e, vision_preproc::Error::Misuse { .. }) =>
+                        {
+                            return Err(format!("the third batch's refusal is not a misuse: {e:?}"))
+                        }
+                        Err(_) if gpu.in_flight() != 2 => {
+                            return Err(format!(
+                                "the refusal left {} batches in flight, not 2",
+                                gpu.in_flight()
+                            ))
+                        }
+                        Err(_) => {}
+                    }
+                    for _ in 0..2 {
+                        gpu.finish_oldest().map_err(|e| format!("CUDA finish: {e}"))?;
+                    }
+                    Ok(())
+                })();
+                if ring.is_err() {
+                    gpu.abandon_all();
                 }
-                for (k, (w, cfg)) in want.iter().zip([&a, &c]).enumerate() {
-                    // The first through the copy into `got`, the second read in place.
-                    let got = if k == 0 {
-                        let mut got = vec![0xA5u8; w.len()];
-                        gpu.finish_batch(&mut got).map_err(|e| format!("CUDA finish: {e}"))?;
-                        got
-                    } else {
-                        let (_, view) =
-                            gpu.finish_batch_view().map_err(|e| format!("CUDA finish: {e}"))?;
-                        view.to_vec()
-                    };
+                ring?;
+                let gots = [got0, got1.as_slice().to_vec()];
+                for (k, ((w, cfg), got)) in want.iter().zip([&a, &c]).zip(gots).enumerate() {
                     if got.len() != w.len() {
                         return Err(format!("batch {k}: {} bytes, not {}", got.len(), w.len()));
                     }
@@ -1128,7 +1145,7 @@ fn main() -> ExitCode {
                             .map_err(|e| format!("batch {k} slot {i}: {e}"))?;
                     }
                 }
-                if gpu.batches_in_flight() != 0 {
+                if gpu.in_flight() != 0 {
                     return Err("batches left in flight".into());
                 }
                 Ok(())

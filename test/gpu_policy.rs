@@ -52,10 +52,7 @@ impl FakeGpu {
         }
     }
     fn error(&self, what: &str) -> Error {
-        Error::Cuda(CudaError::Driver {
-            call: what.to_string(),
-            message: "CUDA_ERROR_ILLEGAL_ADDRESS (fake)".into(),
-        })
+        Error::Cuda(CudaError::driver(what, "CUDA_ERROR_ILLEGAL_ADDRESS (fake)"))
     }
 }
 

@@ -330,7 +330,7 @@ fn a_pools_buffers_are_lent_and_say_when_they_are_freed() {
             memories.push(lent.memory().clone());
         }
         assert!(!lent.memory().freed(), "frame {i}: its memory is alive while it is held");
-        lent.count_read(if i % 2 == 0 { Ok(()) } else { Err(format!("frame {i}")) });
+        lent.count_read(if i % 2 == 0 { Ok(()) } else { Err(("test", format!("frame {i}"))) });
         if i == 5 {
             held.push(frame);
         }
@@ -340,6 +340,7 @@ fn a_pools_buffers_are_lent_and_say_when_they_are_freed() {
     assert_eq!(reads.in_place.load(Ordering::Relaxed), 20);
     assert_eq!(reads.staged.load(Ordering::Relaxed), 20);
     assert_eq!(reads.why_staged.lock().unwrap().as_deref(), Some("frame 39"));
+    assert_eq!(reads.staged_by.lock().unwrap().get("test"), Some(&20));
     source.stop().unwrap();
     // The held frame keeps its buffer, and the pool (inactive) its other buffers until
     // that one comes back.

@@ -227,10 +227,10 @@ pub trait Backend: Send {
     /// can be exercised without a GPU.
     #[cfg(feature = "fault-injection")]
     fn inject_fault(&mut self, kind: FaultKind) -> Error {
-        Error::Cuda(CudaError::Driver {
-            call: format!("injected {kind:?} fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only)"),
-            message: format!("simulated on the {} backend, which has no device", self.name()),
-        })
+        Error::Cuda(CudaError::driver(
+            format!("injected {kind:?} fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only)"),
+            format!("simulated on the {} backend, which has no device", self.name()),
+        ))
     }
 }
 

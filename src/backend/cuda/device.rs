@@ -2,7 +2,8 @@
 //! measures of it: the occupancy of the fused kernel, the PCIe link's rates.
 
 use super::driver::drv_err;
-use super::{kernels, launch, CudaBackend};
+use super::steps::Gpu;
+use super::{kernels, launch};
 use crate::error::{CudaError, Result};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaFunction};
@@ -79,34 +80,32 @@ pub fn resident_blocks(f: &CudaFunction, row_words: u32, multiprocessors: i32) -
     }
 }
 
-impl CudaBackend {
-    /// PCIe rates (GB/s) of one `h2d`-byte upload and one `d2h`-byte download between
-    /// pinned host memory and the device, event-timed on the compute stream (median of
-    /// 7): the roof of anything that moves those bytes (`vision_preproc bench-batch`).
-    pub fn link_rates(&self, h2d: usize, d2h: usize) -> Result<(f64, f64)> {
-        use sys::CUevent_flags::CU_EVENT_DEFAULT;
-        let e = |err: cudarc::driver::DriverError| drv_err("measuring the PCIe link", err);
-        self.gpu.ctx.bind_to_thread().map_err(e)?;
-        let stream = &self.gpu.stream;
-        // SAFETY: u8 has no invalid bit patterns; the buffers are only copied from and
-        // into, never read as values.
-        let host_up = unsafe { self.gpu.ctx.alloc_pinned::<u8>(h2d) }.map_err(e)?;
-        // SAFETY: as above.
-        let mut host_down = unsafe { self.gpu.ctx.alloc_pinned::<u8>(d2h) }.map_err(e)?;
-        let mut dev_up = stream.alloc_zeros::<u8>(h2d).map_err(e)?;
-        let dev_down = stream.alloc_zeros::<u8>(d2h).map_err(e)?;
-        let (mut ups, mut downs) = (Vec::new(), Vec::new());
-        for _ in 0..7 {
-            let a = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
-            stream.memcpy_htod(&host_up, &mut dev_up).map_err(e)?;
-            let b = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
-            stream.memcpy_dtoh(&dev_down, &mut host_down).map_err(e)?;
-            let c = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
-            c.synchronize().map_err(e)?;
-            ups.push(h2d as f64 / (f64::from(a.elapsed_ms(&b).map_err(e)?) * 1e6));
-            downs.push(d2h as f64 / (f64::from(b.elapsed_ms(&c).map_err(e)?) * 1e6));
-        }
-        let p50 = |v: &[f64]| crate::percentile::Summary::of(v).map_or(0.0, |s| s.p50);
-        Ok((p50(&ups), p50(&downs)))
+/// PCIe rates (GB/s) of one `h2d`-byte upload and one `d2h`-byte download between
+/// pinned host memory and the device, event-timed on the compute stream (median of 7):
+/// the roof of anything that moves those bytes (`vision_preproc bench-batch`).
+pub(super) fn link_rates(gpu: &Gpu, h2d: usize, d2h: usize) -> Result<(f64, f64)> {
+    use sys::CUevent_flags::CU_EVENT_DEFAULT;
+    let e = |err: cudarc::driver::DriverError| drv_err("measuring the PCIe link", err);
+    gpu.ctx.bind_to_thread().map_err(e)?;
+    let stream = &gpu.stream;
+    // SAFETY: u8 has no invalid bit patterns; the buffers are only copied from and
+    // into, never read as values.
+    let host_up = unsafe { gpu.ctx.alloc_pinned::<u8>(h2d) }.map_err(e)?;
+    // SAFETY: as above.
+    let mut host_down = unsafe { gpu.ctx.alloc_pinned::<u8>(d2h) }.map_err(e)?;
+    let mut dev_up = stream.alloc_zeros::<u8>(h2d).map_err(e)?;
+    let dev_down = stream.alloc_zeros::<u8>(d2h).map_err(e)?;
+    let (mut ups, mut downs) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        let a = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
+        stream.memcpy_htod(&host_up, &mut dev_up).map_err(e)?;
+        let b = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
+        stream.memcpy_dtoh(&dev_down, &mut host_down).map_err(e)?;
+        let c = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(e)?;
+        c.synchronize().map_err(e)?;
+        ups.push(h2d as f64 / (f64::from(a.elapsed_ms(&b).map_err(e)?) * 1e6));
+        downs.push(d2h as f64 / (f64::from(b.elapsed_ms(&c).map_err(e)?) * 1e6));
     }
+    let p50 = |v: &[f64]| crate::percentile::Summary::of(v).map_or(0.0, |s| s.p50);
+    Ok((p50(&ups), p50(&downs)))
 }

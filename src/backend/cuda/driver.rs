@@ -8,5 +8,5 @@ use crate::error::CudaError;
 /// A failed driver call `call`: a device failure ([`crate::Error::is_device_failure`]),
 /// which starts `gpu_failure_policy`.
 pub(crate) fn drv_err(call: impl Into<String>, e: cudarc::driver::DriverError) -> CudaError {
-    CudaError::Driver { call: call.into(), message: format!("{e:?}") }
+    CudaError::driver(call, e)
 }

@@ -2,19 +2,14 @@
 //! device faults for `Backend::inject_fault`, and poisoned outputs.
 
 use super::driver::drv_err;
-use super::{launch, launch_kernel, CudaBackend};
+use super::kernel_set::BackendKernels;
+use super::launch;
+use super::steps::Gpu;
 use crate::backend::FaultKind;
 use crate::config::{Border, DType, Layout};
 use crate::error::{CudaError, Error, Result};
+use crate::launch_kernel;
 use cudarc::driver::sys::{self, CUdeviceptr};
-
-impl CudaBackend {
-    /// Fill every output and scratch buffer with NaN bytes (0xFF) before each frame, so
-    /// an element the kernels fail to write shows up as NaN.
-    pub fn set_poison_outputs(&mut self, on: bool) {
-        self.gpu.poison = on;
-    }
-}
 
 /// Fill `len` bytes at `ptr` with 0xFF (NaN as float32 and float16) on the stream.
 pub(super) fn memset(ptr: CUdeviceptr, len: usize, stream: sys::CUstream) -> Result<(), CudaError> {
@@ -28,8 +23,8 @@ pub(super) fn memset(ptr: CUdeviceptr, len: usize, stream: sys::CUstream) -> Res
 /// not waited for: the device traps when it gets there (an illegal address; the context
 /// is lost from then on). Queued inside a submission after its kernels (and before its
 /// shared block's event), it is `FaultKind::InFlight`: the submission's finish fails.
-pub(super) fn queue_illegal_address(b: &CudaBackend) -> Result<(), CudaError> {
-    let (f, _) = b.conv_kernel(3, false);
+pub(super) fn queue_illegal_address(gpu: &Gpu, k: &BackendKernels) -> Result<(), CudaError> {
+    let (f, _) = k.conv_kernel(3, false);
     let cp = launch::Conv2dParams {
         width: 64,
         height: 64,
@@ -44,7 +39,7 @@ pub(super) fn queue_illegal_address(b: &CudaBackend) -> Result<(), CudaError> {
     // (The macro's SAFETY note covers the argument list; the null pointers are the
     // point: the device traps the access, no host memory is involved.)
     launch_kernel!(
-        b.gpu.stream,
+        gpu.stream,
         f,
         "conv2d_tiled_k3",
         launch::conv_tiled_cfg(64, 64),
@@ -59,10 +54,10 @@ pub(super) fn queue_illegal_address(b: &CudaBackend) -> Result<(), CudaError> {
 /// address, after which every call on this context fails, as after a real kernel
 /// fault. `Transient`: a 1 PiB device allocation, which fails with out-of-memory
 /// and leaves the context usable.
-pub(super) fn inject(b: &mut CudaBackend, kind: FaultKind) -> Error {
+pub(super) fn inject(gpu: &Gpu, k: &BackendKernels, kind: FaultKind) -> Error {
     let call = format!("injected {kind:?} fault (VISION_PREPROC_INJECT_CUDA_FAULT, test only)");
     let fault = || -> Result<(), CudaError> {
-        b.gpu.bind()?;
+        gpu.bind()?;
         if kind == FaultKind::Transient {
             let bytes = 1usize << 50;
             // SAFETY: a plain allocation call; on success the memory is freed at once.
@@ -73,9 +68,8 @@ pub(super) fn inject(b: &mut CudaBackend, kind: FaultKind) -> Error {
                 .map_err(|e| drv_err("cuMemFree", e))?;
             return Ok(());
         }
-        queue_illegal_address(b)?;
-        b.gpu
-            .stream
+        queue_illegal_address(gpu, k)?;
+        gpu.stream
             .synchronize()
             .map_err(|e| drv_err(format!("{call}: conv2d_tiled_k3 on a null pointer"), e))
     };

@@ -8,6 +8,17 @@ use crate::config::{Border, DType, Layout};
 use crate::image::Encoding;
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
+/// How the fused kernel reads packed encodings (rgb8 ... bgr16, yuyv, uyvy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedPath {
+    /// Straight from global memory through L1 (the default: measured faster on the H200,
+    /// docs/GPU.md).
+    Direct,
+    /// Through a shared-memory copy of each tile's source window (cp.async), when the
+    /// window fits; compiled with `-DRN_STAGED=1`.
+    Staged,
+}
+
 /// Output pixels per thread of the fused kernel (adjacent in a row; one 16-byte store
 /// per channel for float32 NCHW). `RN_PX` in `resize_normalize.cu`.
 pub(crate) const RN_PX: u32 = 4;

@@ -61,10 +61,8 @@ impl PinnedBuffer {
         let raw = unsafe { cudarc::driver::result::malloc_host(len, flags) }
             .map_err(|e| drv(what(), e))?;
         // Success with a null pointer: the driver broke its own contract.
-        let ptr = NonNull::new(raw as *mut u8).ok_or_else(|| CudaError::Driver {
-            call: what(),
-            message: "returned success and a null pointer".into(),
-        })?;
+        let ptr = NonNull::new(raw as *mut u8)
+            .ok_or_else(|| CudaError::driver(what(), "returned success and a null pointer"))?;
         let mut buf = PinnedBuffer { ptr, len, device_ptr: None, ctx: ctx.clone() };
         // SAFETY: ptr points to `len` freshly allocated bytes nobody else uses yet.
         unsafe { std::ptr::write_bytes(buf.ptr.as_ptr(), 0, len) };

@@ -30,13 +30,59 @@ pub(crate) struct InPlace {
     pub device: Option<CUdeviceptr>,
 }
 
+/// Why a lent frame is not read in place (it is copied into the staging buffer): counted
+/// by [`NotInPlace::kind`] in `/diagnostics` (the input's host copies).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NotInPlace {
+    /// The device cannot register host memory (`HOST_REGISTER_SUPPORTED`): a missing
+    /// capability.
+    Unsupported,
+    /// The frame's bytes do not lie in the memory its source lent.
+    OutsideLent,
+    /// [`MAX_REGISTERED`] other buffers are registered already.
+    TooMany,
+    /// The memory overlaps another registered buffer.
+    Overlaps,
+    /// The driver refused to register (or map) the memory: its error.
+    Refused(String),
+}
+
+impl NotInPlace {
+    /// A short, stable name of the reason (`/diagnostics` counts frames by it).
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            NotInPlace::Unsupported => "unsupported",
+            NotInPlace::OutsideLent => "outside_lent",
+            NotInPlace::TooMany => "too_many",
+            NotInPlace::Overlaps => "overlaps",
+            NotInPlace::Refused(_) => "refused",
+        }
+    }
+}
+
+impl std::fmt::Display for NotInPlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotInPlace::Unsupported => f.write_str("this device cannot register host memory"),
+            NotInPlace::OutsideLent => f.write_str("the frame does not lie in its lent memory"),
+            NotInPlace::TooMany => write!(
+                f,
+                "{MAX_REGISTERED} buffers are registered already (the source's buffers are not \
+                 from a fixed pool)"
+            ),
+            NotInPlace::Overlaps => f.write_str("it overlaps another registered buffer"),
+            NotInPlace::Refused(why) => f.write_str(why),
+        }
+    }
+}
+
 struct Registered {
     memory: Arc<LentMemory>,
     base: usize,
     len: usize,
     /// Why the driver refused it (not tried again while the memory lives), or its device
     /// address (0 unless `mapped`).
-    device: Result<CUdeviceptr, String>,
+    device: Result<CUdeviceptr, NotInPlace>,
 }
 
 /// The registrations of one context.
@@ -62,25 +108,20 @@ impl Registry {
         data: &[u8],
         lent: &Lent,
         slack: usize,
-    ) -> Result<InPlace, String> {
+    ) -> Result<InPlace, NotInPlace> {
         if !self.supported {
-            return Err("this device cannot register host memory".into());
+            return Err(NotInPlace::Unsupported);
         }
-        let at = lent.offset_of(data, 0).ok_or("the frame does not lie in its lent memory")?;
+        let at = lent.offset_of(data, 0).ok_or(NotInPlace::OutsideLent)?;
         let (base, len) = self.range(lent, slack);
         let device = match self.entries.iter().find(|r| Arc::ptr_eq(&r.memory, lent.memory())) {
             Some(r) => r.device.clone(),
-            None if self.entries.len() >= MAX_REGISTERED => {
-                return Err(format!(
-                    "{MAX_REGISTERED} buffers are registered already (the source's buffers \
-                     are not from a fixed pool)"
-                ))
-            }
+            None if self.entries.len() >= MAX_REGISTERED => return Err(NotInPlace::TooMany),
             None => {
                 let end = base + len;
                 let overlaps = |r: &Registered| r.base < end && base < r.base + r.len;
                 let device = match self.entries.iter().find(|r| r.device.is_ok() && overlaps(r)) {
-                    Some(_) => Err("it overlaps another registered buffer".to_string()),
+                    Some(_) => Err(NotInPlace::Overlaps),
                     None => self.register(base, len),
                 };
                 let memory = lent.memory().clone();
@@ -111,14 +152,14 @@ impl Registry {
     }
 
     /// Register `len` bytes at `base`: its device address (0 unless `mapped`).
-    fn register(&self, base: usize, len: usize) -> Result<CUdeviceptr, String> {
+    fn register(&self, base: usize, len: usize) -> Result<CUdeviceptr, NotInPlace> {
         let flags = if self.mapped { sys::CU_MEMHOSTREGISTER_DEVICEMAP } else { 0 };
         // SAFETY: `base` is `len` bytes of host memory its source lent (allocated until it
         // says freed, when `forget_freed` unregisters it); the context is current on this
         // thread (the backend binds it before a submission).
         unsafe { sys::cuMemHostRegister_v2(base as *mut _, len, flags) }
             .result()
-            .map_err(|e| drv_err(format!("cuMemHostRegister ({len} bytes)"), e).to_string())?;
+            .map_err(|e| refused(format!("cuMemHostRegister ({len} bytes)"), e))?;
         if !self.mapped {
             return Ok(0);
         }
@@ -129,7 +170,7 @@ impl Registry {
         if let Err(e) = r.result() {
             // SAFETY: registered just now, by this context, used by no work yet.
             let _ = unsafe { sys::cuMemHostUnregister(base as *mut _) };
-            return Err(drv_err("cuMemHostGetDevicePointer", e).to_string());
+            return Err(refused("cuMemHostGetDevicePointer", e));
         }
         Ok(device)
     }
@@ -154,6 +195,11 @@ impl Registry {
     }
 }
 
+/// The driver's refusal of `call`.
+fn refused(call: impl Into<String>, e: cudarc::driver::DriverError) -> NotInPlace {
+    NotInPlace::Refused(drv_err(call, e).to_string())
+}
+
 impl Drop for Registry {
     fn drop(&mut self) {
         // The backend waited for its streams before its fields are dropped: nothing reads
@@ -162,6 +208,26 @@ impl Drop for Registry {
         for r in self.entries.iter().filter(|r| r.device.is_ok()) {
             // SAFETY: registered by this context, read by no work (above).
             let _ = unsafe { sys::cuMemHostUnregister(r.base as *mut _) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_reason_has_a_stable_name_and_says_why() {
+        let reasons = [
+            (NotInPlace::Unsupported, "unsupported", "this device cannot register host memory"),
+            (NotInPlace::OutsideLent, "outside_lent", "the frame does not lie in its lent memory"),
+            (NotInPlace::TooMany, "too_many", "32 buffers are registered already"),
+            (NotInPlace::Overlaps, "overlaps", "it overlaps another registered buffer"),
+            (NotInPlace::Refused("cuMemHostRegister: x".into()), "refused", "cuMemHostRegister"),
+        ];
+        for (reason, kind, says) in reasons {
+            assert_eq!(reason.kind(), kind);
+            assert!(reason.to_string().starts_with(says), "{reason}");
         }
     }
 }

@@ -14,37 +14,22 @@
 //! `download`: `crate::nvtx`), each kernel launch inside its own stage's only.
 
 use super::driver::drv_err;
-use super::kernels::{resize_normalize_entry, RESIZE_NORMALIZE_BATCH};
-use super::launch::{self, Conv2dParams};
+use super::entry::{decode_jpegs, Entry, InFlight, Staging, CONVOLVED, DONE, PREPROCESSED};
+use super::kernel_set::ConvStep;
 use super::memory::{DeviceBuffer, PinnedBuffer, PinnedKind, SRC_SLACK};
-use super::nvjpeg::{DecodeItem, NvJpeg};
-use super::registry::{InPlace, Registry};
-use super::{launch_kernel, CudaBackend};
-use crate::backend::{AxisMap, Conv2dOp, Frame, Out, PreprocessOp, PreprocessParams, StageTimes};
+use super::nvjpeg::JpegDecoder;
+use super::registry::Registry;
+use crate::backend::{Frame, Out};
 use crate::compressed::{Codec, Compressed};
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Error, Result};
 use crate::image::{Encoding, Lent};
+use crate::launch_kernel;
 use crate::nvtx::{self, Stage};
 use cudarc::driver::sys::{self, CUdeviceptr};
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig};
+use cudarc::driver::{CudaContext, CudaStream};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Timing events of one submission: the upload's start and end (on the upload's stream),
-/// the kernels' start (on the compute stream, after waiting for the upload), after the
-/// fused kernel, after conv2d, the JPEG decode's start and end (on the upload's stream,
-/// before the upload; only when the submission has JPEG frames), after the download. The
-/// last one means done.
-const EVENTS: usize = 8;
-const UPLOAD_START: usize = 0;
-const UPLOADED: usize = 1;
-const KERNELS_START: usize = 2;
-const PREPROCESSED: usize = 3;
-const CONVOLVED: usize = 4;
-const DECODE_START: usize = 5;
-const DECODED: usize = 6;
-const DONE: usize = EVENTS - 1;
 
 /// Frames at least this large are copied into the pinned staging buffer by several
 /// threads: one core writes write-combined memory at a fraction of what the memory
@@ -279,7 +264,7 @@ impl Gpu {
                         staging.in_place = Some(frame);
                         continue;
                     }
-                    Err(why) => lent.count_read(Err(why)),
+                    Err(why) => lent.count_read(Err((why.kind(), why.to_string()))),
                 }
             }
             let len = source.staged_len();
@@ -409,7 +394,7 @@ fn reserve<'a>(
 
 /// `dst = src` (equal lengths), in [`STAGING_THREADS`] pieces when large: the copies
 /// into and out of pinned memory.
-fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+pub(super) fn parallel_copy(dst: &mut [u8], src: &[u8]) {
     use rayon::prelude::*;
     let threads = STAGING_THREADS.min(rayon::current_num_threads());
     if src.len() < PARALLEL_STAGING_MIN || threads < 2 {
@@ -463,370 +448,182 @@ impl<'s> Source<'s> {
     }
 }
 
-/// Decode: the JPEG frames `jpegs` (slot index in `e.inputs`, frame) of entry `e`, whose
-/// compressed bytes are staged, in ONE nvJPEG call into each slot's device buffer (tight
-/// rows plus [`SRC_SLACK`]), on `up`, between the entry's decode events. Returns each
-/// one's device address, in order.
+/// What a frame and a batch do differently in a submission (`frame.rs`, `batch.rs`):
+/// their sampling tables, what else the fused kernel reads, the fused kernel and its
+/// launch, conv2d's launch. [`submit_entry`] runs everything else.
+pub(super) trait Launch {
+    /// Stage step: the frames' sampling tables on the device (on the compute stream,
+    /// before the upload).
+    fn tables(&mut self, stream: &Arc<CudaStream>) -> Result<()>;
+
+    /// Upload step, after the frames: anything else the fused kernel reads (the batch's
+    /// slot table), staged into `e` and uploaded on `up`.
+    ///
+    /// # Safety
+    /// As [`submit_entry`].
+    unsafe fn upload(
+        &mut self,
+        gpu: &mut Gpu,
+        e: &mut Entry,
+        up: &Arc<CudaStream>,
+        on: &OnDevice,
+    ) -> Result<()> {
+        let _ = (gpu, e, up, on);
+        Ok(())
+    }
+
+    /// Launch step: the fused kernel on `stream`.
+    fn fused(&self, stream: &Arc<CudaStream>, on: &OnDevice) -> Result<()>;
+
+    /// The conv2d step, when configured (its input is `on.scratch`).
+    fn conv(&self, on: &OnDevice) -> Option<ConvStep<'_>>;
+}
+
+/// Where a submission's data lies on the device after its upload.
+pub(super) struct OnDevice {
+    /// Each frame's pixels as the kernels read them (`None`: a padded slot).
+    pub frames: Vec<Option<CUdeviceptr>>,
+    /// The tensor(s) the kernels write.
+    pub tensor: CUdeviceptr,
+    /// conv2d's input, when configured: the fused kernel's float32 NCHW output.
+    pub scratch: Option<CUdeviceptr>,
+}
+
+/// One checked submission: its frames (`None`: a padded slot), where its `len` bytes of
+/// tensor(s) go (the caller's memory, else the entry's output), conv2d's input elements
+/// when configured, and the frame's encoding (`None`: a batch).
+pub(super) struct Work<'a, 's> {
+    pub frames: &'a [Option<Source<'s>>],
+    pub target: Option<Target>,
+    pub len: usize,
+    pub conv_input: Option<usize>,
+    pub encoding: Option<Encoding>,
+}
+
+/// Stage -> decode -> upload -> launch -> download of one checked submission `w` on ring
+/// entry `e`, a frame or a batch alike (`launch` says what differs); on the copy stream
+/// when `overlap` (another submission is in flight). Leaves the entry in flight.
 ///
 /// # Safety
-/// The entry is free (no GPU work of an earlier submission uses its buffers) and stays so
-/// until this submission completes.
-pub(crate) unsafe fn decode_jpegs(
-    nv: &mut NvJpeg,
+/// The entry is free (its previous submission completed, or was abandoned after both
+/// streams were waited for) and no other submission uses its buffers; `w.target` is the
+/// caller's memory, alive and untouched until the entry completes.
+pub(super) unsafe fn submit_entry(
+    gpu: &mut Gpu,
     e: &mut Entry,
-    up: &Arc<CudaStream>,
-    jpegs: &[(usize, &Compressed<'_>)],
-) -> Result<Vec<CUdeviceptr>> {
-    e.record(DECODE_START, up)?;
-    let mut dsts = Vec::with_capacity(jpegs.len());
-    for &(i, c) in jpegs {
-        let len = c.step() as usize * c.height() as usize;
-        let what = format!("the decoded JPEG of slot {i}");
-        dsts.push(e.inputs[i].dev.ensure(up, len + SRC_SLACK, &what)?);
-    }
-    let items = jpegs
-        .iter()
-        .zip(&dsts)
-        .map(|(&(i, c), &dst)| {
-            Ok(DecodeItem {
-                // SAFETY: staged bytes no GPU work writes; they stay untouched until the
-                // submission completes (the precondition).
-                jpeg: unsafe { e.inputs[i].staged(Source::Jpeg(c).staged_len()) }?,
-                width: c.width(),
-                height: c.height(),
-                grey: c.encoding() == Encoding::Mono8,
-                dst,
-                pitch: c.step() as usize,
-            })
+    jpeg: &mut JpegDecoder,
+    overlap: bool,
+    w: Work<'_, '_>,
+    launch: &mut dyn Launch,
+) -> Result<()> {
+    let up = gpu.upload_stream(overlap);
+    // Stage: the tables, then every frame at once.
+    let stage_in = nvtx::stage(Stage::StageIn);
+    launch.tables(&gpu.stream)?;
+    let t = Instant::now();
+    e.inputs.resize_with(w.frames.len().max(e.inputs.len()), Default::default);
+    // SAFETY: the entry is free (the precondition); `target` is the caller's promise.
+    let dst = unsafe {
+        gpu.stage(&mut e.inputs, w.frames)?;
+        gpu.destination(&mut e.output, w.target, w.len)?
+    };
+    let host_us = t.elapsed().as_secs_f32() * 1e6;
+    drop(stage_in);
+    let scratch = w.conv_input.map(|n| gpu.conv_input(n)).transpose()?;
+
+    // Decode: every JPEG in one nvJPEG call. Then upload: the other frames, then what
+    // else the kernels read.
+    let upload = nvtx::stage(Stage::Upload);
+    let jpegs: Vec<(usize, &Compressed<'_>)> = (w.frames.iter().enumerate())
+        .filter_map(|(i, f)| match f {
+            Some(Source::Jpeg(c)) => Some((i, *c)),
+            _ => None,
         })
-        .collect::<Result<Vec<_>>>()?;
-    // SAFETY: each destination holds step * height (+ slack) bytes of this entry's device
-    // memory and the JPEGs are this entry's pinned staging, both untouched until the
-    // submission completes (the precondition); `up` is a stream of nvJPEG's context.
-    unsafe { nv.decode_batch(up, &items) }?;
-    e.record(DECODED, up)?;
-    Ok(dsts)
-}
-
-/// One frame's buffers in a ring entry (or the batch's slot table): pinned host memory
-/// the CPU stages into, and its copy on the device (`upload` mode; a decoded JPEG in
-/// both modes).
-#[derive(Default)]
-pub(crate) struct Staging {
-    host: Option<PinnedBuffer>,
-    /// This submission's frame, read in place from lent memory (nothing staged).
-    in_place: Option<InPlace>,
-    /// A JPEG's compressed bytes (cached pinned memory: nvJPEG reads them on the host).
-    compressed: Option<PinnedBuffer>,
-    dev: DeviceBuffer,
-}
-
-impl Staging {
-    /// The first `len` staged bytes of a JPEG.
-    ///
-    /// # Safety
-    /// No GPU work writes the staging buffer while the slice is used.
-    pub(crate) unsafe fn staged(&self, len: usize) -> Result<&[u8]> {
-        match &self.compressed {
-            // SAFETY: no GPU write is pending (the precondition).
-            Some(h) if h.len() >= len => Ok(unsafe { &h.host()[..len] }),
-            _ => Err(Error::misuse("decoding a JPEG", "it was not staged: stage it first")),
+        .collect();
+    let mut frames: Vec<Option<CUdeviceptr>> = vec![None; w.frames.len()];
+    if !jpegs.is_empty() {
+        // SAFETY: as above; the entry is not reused before its last event.
+        let dsts = unsafe { decode_jpegs(jpeg.gpu()?, e, &up, &jpegs) }?;
+        for (&(i, _), d) in jpegs.iter().zip(dsts) {
+            frames[i] = Some(d);
         }
     }
-
-    /// Upload the first `len` staged bytes (or the frame read in place) on `up` and
-    /// return the address the kernels read: the device copy (`len` + [`SRC_SLACK`]
-    /// bytes), or in `mapped` mode the pinned buffer (the lent memory) itself. `what`
-    /// names it in errors.
-    ///
-    /// # Safety
-    /// No GPU work of an earlier submission may use the device copy (the ring entry is
-    /// free), and the staged bytes stay alive and untouched until this submission
-    /// completes.
-    pub(crate) unsafe fn upload(
-        &mut self,
-        len: usize,
-        up: &Arc<CudaStream>,
-        what: &str,
-    ) -> Result<CUdeviceptr> {
-        if let Some(frame) = self.in_place {
-            if let Some(d) = frame.device {
-                return Ok(d);
-            }
-            let d = self.dev.ensure(up, len + SRC_SLACK, what)?;
-            // SAFETY: the frame's `len` bytes lie in registered memory its source lent,
-            // unchanged until this submission completes (the caller keeps the frame);
-            // `d` as below.
-            unsafe { sys::cuMemcpyHtoDAsync_v2(d, frame.host as *const _, len, up.cu_stream()) }
-                .result()
-                .map_err(|e| drv_err(format!("uploading {len} bytes of {what} in place"), e))?;
-            return Ok(d);
-        }
-        let Some(host) = self.host.as_ref() else {
-            return Err(Error::misuse(
-                format!("uploading {what}"),
-                "nothing was staged: stage it first",
-            ));
+    e.begin_upload(&up)?;
+    for (i, source) in w.frames.iter().enumerate() {
+        let Some(source) = source.filter(|_| frames[i].is_none()) else { continue };
+        let what = match w.encoding {
+            Some(_) => "the frame".to_string(),
+            None => format!("the frame of slot {i}"),
         };
-        if let Some(d) = host.device_ptr() {
-            return Ok(d);
-        }
-        let d = self.dev.ensure(up, len + SRC_SLACK, what)?;
-        // SAFETY: the pinned source holds `len` staged bytes and stays alive and
-        // untouched until the submission completes; `d` has at least `len` bytes and no
-        // earlier GPU work uses it (the precondition).
-        unsafe { sys::cuMemcpyHtoDAsync_v2(d, host.host_ptr().cast(), len, up.cu_stream()) }
-            .result()
-            .map_err(|e| drv_err(format!("uploading {len} bytes of {what}"), e))?;
-        Ok(d)
+        // SAFETY: as above; the entry is not reused before its last event.
+        frames[i] = Some(unsafe { e.inputs[i].upload(source.staged_len(), &up, &what)? });
+    }
+    let on = OnDevice { frames, tensor: dst.tensor, scratch };
+    // SAFETY: as above.
+    unsafe { launch.upload(gpu, e, &up, &on)? };
+    e.end_upload(&up, &gpu.stream)?;
+    drop(upload);
+
+    launch_and_download(gpu, e, launch, &on, dst, w.len)?;
+    let direct = w.target.is_some_and(|t| t.direct());
+    let decoded = !jpegs.is_empty();
+    e.in_flight = Some(InFlight { len: w.len, host_us, direct, encoding: w.encoding, decoded });
+    Ok(())
+}
+
+/// Launch -> download on entry `e`: the fused kernel, conv2d when configured, the
+/// download of `len` bytes to `dst`, with the events between them.
+fn launch_and_download(
+    gpu: &Gpu,
+    e: &Entry,
+    launch: &dyn Launch,
+    on: &OnDevice,
+    dst: Destination,
+    len: usize,
+) -> Result<()> {
+    let stream = &gpu.stream;
+    // Each launch inside its stage's range and no other: Nsight Compute's NVTX filter
+    // (`--nvtx-include "preprocess/"`) then selects exactly that stage's kernels.
+    nvtx::stage(Stage::Preprocess).scope(|| launch.fused(stream, on))?;
+    e.record(PREPROCESSED, stream)?;
+    if let Some(c) = launch.conv(on) {
+        let _range = nvtx::stage(Stage::Conv);
+        launch_kernel!(stream, c.f, c.name, c.cfg, &c.params, &c.src, &dst.tensor)?;
+    }
+    e.record(CONVOLVED, stream)?;
+    let _range = nvtx::stage(Stage::Download);
+    gpu.download(dst, len)?;
+    e.record(DONE, stream)?;
+    Ok(())
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // The pinned ring may still be read or written by queued work: wait for it before
+        // the backend's parts (and their memory) are dropped. `Gpu` is the backend's first
+        // field, so this runs before any other part is dropped.
+        let _ = self.bind();
+        self.ctx.record_err(self.copy.synchronize());
+        self.ctx.record_err(self.stream.synchronize());
     }
 }
 
-/// One submission's sampling tables on the device (x then y: i0 | i1 | w1 bits, the
-/// kernels' layout), uploaded on the compute stream (in order with the kernels that read
-/// the old ones) only when they change: once per frame size.
-#[derive(Default)]
-pub(super) struct Tables {
-    dev: DeviceBuffer,
-    of: Option<(AxisMap, AxisMap)>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressed::Limits;
 
-impl Tables {
-    /// The device address of `op`'s tables, and whether they were uploaded now. `op`
-    /// has passed [`PreprocessOp::check`] for its frame: the kernels trust the tables.
-    pub(super) fn ensure(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        op: &PreprocessOp,
-    ) -> Result<(CUdeviceptr, bool)> {
-        if let (Some((x, y)), Some(d)) = (&self.of, self.dev.ptr(stream)) {
-            if *x == op.x_map && *y == op.y_map {
-                return Ok((d, false));
-            }
-        }
-        let mut words: Vec<u8> = Vec::with_capacity(12 * (op.x_map.i0.len() + op.y_map.i0.len()));
-        for m in [&op.x_map, &op.y_map] {
-            words.extend(m.i0.iter().flat_map(|v| v.to_le_bytes()));
-            words.extend(m.i1.iter().flat_map(|v| v.to_le_bytes()));
-            words.extend(m.w1.iter().flat_map(|v| v.to_le_bytes()));
-        }
-        let d = self.dev.ensure(stream, words.len(), "sampling tables")?;
-        // SAFETY: d has at least words.len() bytes; the source is pageable, so the call
-        // returns only after the bytes have been staged and `words` may then be dropped.
-        unsafe {
-            sys::cuMemcpyHtoDAsync_v2(d, words.as_ptr().cast(), words.len(), stream.cu_stream())
-        }
-        .result()
-        .map_err(|e| drv_err("uploading the sampling tables", e))?;
-        self.of = Some((op.x_map.clone(), op.y_map.clone()));
-        Ok((d, true))
-    }
-
-    /// The device address of the last tables, if any.
-    pub(super) fn ptr(&self, stream: &CudaStream) -> Option<CUdeviceptr> {
-        self.dev.ptr(stream)
-    }
-}
-
-/// A ring entry: the buffers and timing events of one frame (the frame path: one input)
-/// or one batch in flight.
-pub(crate) struct Entry {
-    /// Per frame (batch slot): its staging buffers.
-    pub inputs: Vec<Staging>,
-    /// The batch's slot table (unused by the frame path).
-    pub table: Staging,
-    /// The tensor(s) in host memory when they do not go to the caller's (see
-    /// [`Gpu::destination`]).
-    pub output: Option<PinnedBuffer>,
-    /// See [`EVENTS`].
-    events: [CudaEvent; EVENTS],
-    pub in_flight: Option<InFlight>,
-}
-
-/// What is known of a submission in flight.
-pub(crate) struct InFlight {
-    /// Bytes of the tensor(s).
-    pub len: usize,
-    /// Host time of the stage step, microseconds.
-    pub host_us: f32,
-    /// The tensor(s) went straight to the caller's pinned memory, not to the entry's.
-    pub direct: bool,
-    /// The frame's encoding (its fused kernel), `None` for a batch: for the message of a
-    /// failed submission.
-    pub encoding: Option<Encoding>,
-    /// JPEG frames were decoded on the device (the decode events were recorded).
-    pub decoded: bool,
-}
-
-impl Entry {
-    pub(crate) fn new(ctx: &Arc<CudaContext>, inputs: usize) -> Result<Self, CudaError> {
-        let event = || {
-            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| drv_err("cuEventCreate(timing)", e))
-        };
-        Ok(Entry {
-            inputs: (0..inputs).map(|_| Staging::default()).collect(),
-            table: Staging::default(),
-            output: None,
-            events: [
-                event()?,
-                event()?,
-                event()?,
-                event()?,
-                event()?,
-                event()?,
-                event()?,
-                event()?,
-            ],
-            in_flight: None,
-        })
-    }
-
-    fn record(&self, event: usize, on: &CudaStream) -> Result<(), CudaError> {
-        self.events[event].record(on).map_err(|e| drv_err("cuEventRecord", e))
-    }
-
-    /// Start the upload step on `up`.
-    pub(crate) fn begin_upload(&self, up: &CudaStream) -> Result<(), CudaError> {
-        self.record(UPLOAD_START, up)
-    }
-
-    /// End the upload step on `up`: the compute stream waits for it when it ran on the
-    /// copy stream, then the kernels' step starts.
-    pub(crate) fn end_upload(
-        &self,
-        up: &Arc<CudaStream>,
-        compute: &Arc<CudaStream>,
-    ) -> Result<(), CudaError> {
-        self.record(UPLOADED, up)?;
-        if !Arc::ptr_eq(up, compute) {
-            compute
-                .wait(&self.events[UPLOADED])
-                .map_err(|e| drv_err("cuStreamWaitEvent(upload)", e))?;
-        }
-        self.record(KERNELS_START, compute)
-    }
-
-    /// Wait for the submission queued on this entry to complete.
-    pub(crate) fn wait(&self, what: &str) -> Result<(), CudaError> {
-        self.events[DONE].synchronize().map_err(|e| drv_err(what, e))
-    }
-
-    /// Finish: wait for the submission in flight, copy its tensor(s) into `out` (exactly
-    /// their length) unless they went to the caller's memory directly or `out` is `None`
-    /// (read in place), and return its stage times (the upload with the host staging, the
-    /// download with the copy out) with what was in flight.
-    pub(crate) fn finish(&mut self, out: Option<&mut [u8]>) -> Result<(StageTimes, InFlight)> {
-        let Some(f) = self.in_flight.take() else {
-            return Err(Error::misuse(
-                "finish",
-                "nothing in flight on this ring entry: submit first",
-            ));
-        };
-        let (what, kernel) = match f.encoding {
-            Some(enc) => ("frame", resize_normalize_entry(enc)),
-            None => ("batch", RESIZE_NORMALIZE_BATCH.to_string()),
-        };
-        let out = out.filter(|_| !f.direct);
-        if let Some(wrong) = out.as_ref().map(|o| o.len()).filter(|&n| n != f.len) {
-            let len = f.len;
-            self.in_flight = Some(f); // A caller's mistake: the submission stays queued.
-            return Err(Error::Operation(format!(
-                "the output buffer holds {wrong} bytes but the {what}'s tensors are {len}; pass \
-                 a buffer of exactly their length"
-            )));
-        }
-        // The host side of the download: the wait for the whole submission, the copy out.
-        let _range = nvtx::stage(Stage::Download);
-        self.wait(&format!("running the {what} (upload, {kernel}, conv, download)"))?;
-        let ms = |a: usize, b: usize| {
-            self.events[a].elapsed_ms(&self.events[b]).map_err(|e| drv_err("cuEventElapsedTime", e))
-        };
-        let up = ms(UPLOAD_START, UPLOADED)?;
-        // From the decode's start event, recorded before nvJPEG's host work, to its end on
-        // the device: the host part and the device part (the upload's stream is idle when
-        // a submission starts).
-        let decode = if f.decoded { ms(DECODE_START, DECODED)? } else { 0.0 };
-        let (pre, conv, down) =
-            (ms(KERNELS_START, PREPROCESSED)?, ms(PREPROCESSED, CONVOLVED)?, ms(CONVOLVED, DONE)?);
-        let t = Instant::now();
-        if let Some(out) = out {
-            // SAFETY: the submission's last event has completed: nothing writes it.
-            parallel_copy(out, &unsafe { self.output_bytes() }?[..f.len]);
-        }
-        let times = StageTimes {
-            decode_us: decode * 1e3,
-            upload_us: f.host_us + up * 1e3,
-            preprocess_us: pre * 1e3,
-            conv_us: conv * 1e3,
-            download_us: down * 1e3 + t.elapsed().as_secs_f32() * 1e6,
-        };
-        Ok((times, f))
-    }
-
-    /// The bytes of the entry's output.
-    ///
-    /// # Safety
-    /// No GPU work that writes the output may be pending.
-    pub(crate) unsafe fn output_bytes(&self) -> Result<&[u8]> {
-        let o = self
-            .output
-            .as_ref()
-            .ok_or_else(|| Error::misuse("finish", "ring entry output missing"))?;
-        // SAFETY: no GPU write is pending (the precondition).
-        Ok(unsafe { o.host() })
-    }
-}
-
-/// conv2d in a submission: the kernel, its parameters and launch, and its input.
-pub(crate) struct ConvStep<'a> {
-    f: &'a CudaFunction,
-    name: String,
-    params: Conv2dParams,
-    cfg: LaunchConfig,
-    src: CUdeviceptr,
-}
-
-impl CudaBackend {
-    /// The conv2d step over `slots` tensors of `p` (bit i of `skip`: slot i padded, left
-    /// alone), reading `src`. Its weights must be in constant memory
-    /// ([`CudaBackend::ensure_conv_constants`]).
-    pub(crate) fn conv_step(
-        &self,
-        p: &PreprocessParams,
-        conv: &Conv2dOp,
-        slots: u32,
-        skip: u32,
-        src: CUdeviceptr,
-    ) -> ConvStep<'_> {
-        let (mut params, f, name) = self.conv_launch(p, conv);
-        params.skip = skip;
-        let cfg = launch::conv_tiled_batch_cfg(p.dst_width, p.dst_height, slots);
-        ConvStep { f, name, params, cfg, src }
-    }
-
-    /// Launch -> download on entry `e`: the fused kernel (`fused` launches it), conv2d
-    /// when given, the download of `len` bytes to `dst`, with the events between them.
-    pub(crate) fn launch_and_download(
-        &self,
-        e: &Entry,
-        fused: impl FnOnce() -> Result<(), CudaError>,
-        conv: Option<ConvStep<'_>>,
-        dst: Destination,
-        len: usize,
-    ) -> Result<(), CudaError> {
-        let stream = &self.gpu.stream;
-        // Each launch inside its stage's range and no other: Nsight Compute's NVTX filter
-        // (`--nvtx-include "preprocess/"`) then selects exactly that stage's kernels.
-        nvtx::stage(Stage::Preprocess).scope(fused)?;
-        e.record(PREPROCESSED, stream)?;
-        if let Some(c) = conv {
-            let _range = nvtx::stage(Stage::Conv);
-            launch_kernel!(stream, c.f, c.name, c.cfg, &c.params, &c.src, &dst.tensor)?;
-        }
-        e.record(CONVOLVED, stream)?;
-        let _range = nvtx::stage(Stage::Download);
-        self.gpu.download(dst, len)?;
-        e.record(DONE, stream)
+    /// A PNG reaching the device steps (they stage pixels and JPEGs; the host decodes a
+    /// PNG first): a misuse of the steps, never a device failure; reachable without a GPU.
+    #[test]
+    fn a_png_at_the_device_steps_is_a_misuse() {
+        let img = image::DynamicImage::ImageRgb8(image::RgbImage::new(4, 2));
+        let mut png = Vec::new();
+        img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
+        let c = Compressed::probe("png", &png, &Limits::default()).unwrap();
+        let e = Source::of(Frame::from(&c)).unwrap_err();
+        assert!(matches!(e, Error::Misuse { .. }), "{e:?}");
+        assert!(!e.is_device_failure());
+        assert!(e.to_string().contains("decode it on the host first"), "{e}");
     }
 }

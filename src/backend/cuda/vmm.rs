@@ -105,9 +105,8 @@ impl VmmBlocks {
     ) -> Result<VmmBlocks> {
         ctx.bind_to_thread().map_err(|e| drv_err("cuCtxSetCurrent", e))?;
         if let Some(why) = unsupported(ctx) {
-            return Err(
-                CudaError::Driver { call: "shared device blocks".into(), message: why }.into()
-            );
+            let feature = "shared device blocks".into();
+            return Err(CudaError::Unsupported { feature, why }.into());
         }
         let device_id = i32::try_from(device.ordinal).unwrap_or(i32::MAX);
         let prop = properties(device_id);
@@ -223,10 +222,10 @@ impl VmmBlocks {
             })
             .and_then(|()| match fd {
                 // The driver broke its own contract (success, no descriptor): a driver failure.
-                fd if fd < 0 => Err(CudaError::Driver {
-                    call: "cuMemExportToShareableHandle".into(),
-                    message: "returned success but no file descriptor".into(),
-                }),
+                fd if fd < 0 => Err(CudaError::driver(
+                    "cuMemExportToShareableHandle",
+                    "returned success but no file descriptor",
+                )),
                 fd => Ok(fd),
             });
             let fd = match r {

@@ -10,8 +10,8 @@
 //!   separate, N threads each one frame per period; wall time from the period's tick to
 //!   the serialized message ready to publish (no DDS).
 //!
-//! On the CUDA backend two more, on the backend itself (`CudaBackend::submit_batch` /
-//! `submit`, two in flight, the copy stream uploading batch k+1 while batch k computes
+//! On the CUDA backend two more, on the backend itself (`Backend::submit_into` of a
+//! batch or a frame, then `finish_oldest`, two in flight, the copy stream uploading batch k+1 while batch k computes
 //! and downloads): the highest rate of the pipelined batch, and of one camera pipelined
 //! against one camera synchronous; with the byte ledger (H2D and D2H bytes per batch)
 //! and the rate the PCIe link allows for those bytes, measured in the same run
@@ -413,7 +413,7 @@ fn pipelined(
     separate_fps: f64,
 ) -> Result<serde_json::Value> {
     use vision_preproc::backend::cuda::CudaBackend;
-    use vision_preproc::backend::BatchSlot;
+    use vision_preproc::backend::{Backend, BatchSlot, BatchWork, Job};
     let ops = batch_ops(cfg, views)?;
     let slots: Vec<BatchSlot<'_, '_>> =
         views.iter().zip(&ops).map(|(v, op)| BatchSlot::frame(v, op)).collect();
@@ -424,24 +424,37 @@ fn pipelined(
     let mut gpu = CudaBackend::new(cfg.device_id, cfg.memory_mode)?;
     let mut times = Vec::new();
 
-    // Batches: two in flight, back to back; the tensors read where the download left
-    // them (pinned), as the synchronous path writes them into the pinned message.
+    // Batches: two in flight, back to back; the tensors downloaded straight into pinned
+    // memory of the backend (one buffer per batch in flight), as the synchronous path
+    // writes them into the pinned message.
+    let mut outs = [gpu.alloc_host(d2h)?, gpu.alloc_host(d2h)?];
+    let job = || Job::Batch(BatchWork::new(&slots, None));
+    // Each use: `outs` outlives every submission and a buffer is written again
+    // only after its batch was finished (two buffers, two in flight, finished in order).
+    let into = |o: &mut vision_preproc::backend::HostBuffer| (o.as_mut_slice().as_mut_ptr(), d2h);
     for _ in 0..10 {
-        gpu.submit_batch(&slots, None)?;
-        gpu.finish_batch_view()?;
+        let (ptr, len) = into(&mut outs[0]);
+        // SAFETY: see above (each buffer outlives its submission).
+        unsafe { gpu.submit_into(job(), ptr, len) }?;
+        gpu.finish_oldest()?;
     }
-    gpu.submit_batch(&slots, None)?;
+    let (ptr, len) = into(&mut outs[0]);
+    // SAFETY: see above (each buffer outlives its submission).
+    unsafe { gpu.submit_into(job(), ptr, len) }?;
     let t = Instant::now();
     let mut batches = 0u64;
     while t.elapsed() < span {
-        gpu.submit_batch(&slots, None)?;
-        let (times_k, tensors) = gpu.finish_batch_view()?;
+        let (ptr, len) = into(&mut outs[(batches as usize + 1) % 2]);
+        // SAFETY: see above (each buffer outlives its submission).
+        unsafe { gpu.submit_into(job(), ptr, len) }?;
+        let times_k = gpu.finish_oldest()?;
+        let tensors = outs[batches as usize % 2].as_slice();
         anyhow::ensure!(tensors.len() == d2h, "the batch's tensors have {} bytes", tensors.len());
         times.push(times_k);
         batches += 1;
     }
     let elapsed = t.elapsed().as_secs_f64();
-    gpu.finish_batch_view()?;
+    gpu.finish_oldest()?;
     // The roof: the PCIe link, measured here with one copy of the batch's bytes each
     // way; batching moves the same bytes as N pipelines, so it bounds both sides.
     let (link_up, link_down) = gpu.link_rates(h2d, d2h)?;
@@ -533,7 +546,8 @@ fn stage_p50s(times: &[vision_preproc::backend::StageTimes]) -> [f64; 4] {
 }
 
 /// One camera (`views[0]`) back to back for `span` on `gpu`: synchronous (submit, finish)
-/// or pipelined (two frames in flight), frames/s.
+/// or pipelined (two frames in flight), frames/s; each tensor copied out into (pageable)
+/// host memory at the finish.
 #[cfg(feature = "cuda")]
 fn one_camera(
     piped: bool,
@@ -542,27 +556,31 @@ fn one_camera(
     ops: &[vision_preproc::backend::PreprocessOp],
     span: Duration,
 ) -> Result<f64> {
-    let mut tensor = Vec::new();
+    use vision_preproc::backend::{Backend, FrameWork, Job};
+    let item = ops[0].params.tensor_desc().byte_len();
+    let mut tensors = [vec![0u8; item], vec![0u8; item]];
+    let job = || Job::Frame(FrameWork::new(&views[0], &ops[0], None));
+    // Each use: `tensors` outlives every submission, and a tensor is written
+    // again only after its frame was finished (two tensors, two in flight, in order).
     for _ in 0..10 {
-        let s = gpu.submit(&views[0], &ops[0], None)?;
-        gpu.finish(s, &mut tensor)?;
+        // SAFETY: see above (each buffer outlives its submission).
+        unsafe { gpu.submit_into(job(), tensors[0].as_mut_ptr(), item) }?;
+        gpu.finish_oldest()?;
     }
     let t = Instant::now();
-    let mut frames = 0u64;
-    let mut pending = None;
+    let mut frames = 0usize;
+    let mut pending = false;
     while t.elapsed() < span {
-        let s = gpu.submit(&views[0], &ops[0], None)?;
-        if piped {
-            if let Some(p) = pending.replace(s) {
-                gpu.finish(p, &mut tensor)?;
-            }
-        } else {
-            gpu.finish(s, &mut tensor)?;
+        let out = &mut tensors[frames % 2];
+        // SAFETY: see above (each buffer outlives its submission).
+        unsafe { gpu.submit_into(job(), out.as_mut_ptr(), item) }?;
+        if !piped || std::mem::replace(&mut pending, true) {
+            gpu.finish_oldest()?;
         }
         frames += 1;
     }
-    if let Some(p) = pending {
-        gpu.finish(p, &mut tensor)?;
+    if pending {
+        gpu.finish_oldest()?;
     }
     Ok(frames as f64 / t.elapsed().as_secs_f64())
 }

@@ -130,7 +130,11 @@ impl PipelineState {
         }
         let in_place = self.reads.in_place.load(Ordering::Relaxed);
         let staged = self.reads.staged.load(Ordering::Relaxed);
-        let why = lock(&self.reads.why_staged).as_ref().map(|w| format!(" (the last: {w})"));
+        let by: Vec<String> =
+            lock(&self.reads.staged_by).iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let why = lock(&self.reads.why_staged)
+            .as_ref()
+            .map(|w| format!(" (by reason: {}; the last: {w})", by.join(", ")));
         format!(
             "{frames} frames from GStreamer's buffers: the GPU read {in_place} in place \
              (registered: no host copy) and {staged} after one host copy into its pinned \

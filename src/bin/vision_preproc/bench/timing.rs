@@ -15,7 +15,7 @@ pub const ORIN_GBPS: [f64; 2] = [68.0, 31.0];
 
 /// A driver error with what was being done.
 pub fn drv(call: impl Into<String>, e: impl std::fmt::Debug) -> CudaError {
-    CudaError::Driver { call: call.into(), message: format!("{e:?}") }
+    CudaError::driver(call, format!("{e:?}"))
 }
 
 /// One timed figure.
