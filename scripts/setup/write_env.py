@@ -88,7 +88,7 @@ export VISION_PREPROC_NVRTC_DIR="{nvrtc}"
 # The NVTX library loaded when a profiler asks for ranges (src/nvtx.rs; test/nvtx.rs).
 export VISION_PREPROC_NVTX_LIBRARY="{nvtx}"
 # nvJPEG of the CUDA 12 line (the nvidia-nvjpeg-cu12 wheel): the CI check loads it and
-# resolves every function the CUDA backend calls (src/backend/cuda/nvjpeg.rs); the backend
+# resolves every function the CUDA backend calls (src/backend/cuda/nvjpeg/api.rs); the backend
 # itself loads the system's libnvjpeg (VISION_PREPROC_NVJPEG_LIBRARY overrides that).
 export VISION_PREPROC_NVJPEG_WHEEL="{nvjpeg}"
 """)
