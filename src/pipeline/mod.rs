@@ -34,7 +34,8 @@ pub(crate) use encode::{TensorBatchFields, TensorCdr, TensorFields};
 pub(crate) use failure::BackendOpener;
 use failure::Recovery;
 pub use failure::{
-    select_backend, FailureAction, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_RESET_FRAMES,
+    open_backend, select_backend, FailureAction, GpuFailure, GPU_RETRY_ATTEMPTS,
+    GPU_RETRY_RESET_FRAMES,
 };
 #[cfg(feature = "fault-injection")]
 pub use fault::{FaultKind, FaultPlan};
@@ -49,6 +50,28 @@ use ops::{images_of, kept_items, Ops};
 pub(crate) use preview::preview_items;
 pub use preview::{preview, PreviewImage};
 use std::sync::{Arc, Mutex, Weak};
+
+/// A received frame, checked, as the pipeline takes it and owns it while a set is formed:
+/// pixel rows, or a compressed frame whose headers were read (the backend decodes it).
+/// [`FrameView::frame`] lends it as the backend's [`Frame`]. (The node's inputs and
+/// `vision_preproc replay` both hold their frames this way.)
+#[derive(Debug, Clone, Copy)]
+pub enum FrameView<'a> {
+    /// Pixel rows.
+    Pixels(ImageView<'a>),
+    /// A compressed frame.
+    Compressed(crate::compressed::Compressed<'a>),
+}
+
+impl<'a> FrameView<'a> {
+    /// The backend's frame.
+    pub fn frame(&self) -> Frame<'a, '_> {
+        match self {
+            FrameView::Pixels(v) => Frame::Pixels(v),
+            FrameView::Compressed(c) => Frame::Compressed(c),
+        }
+    }
+}
 
 /// One input of a frame set ([`Pipeline::process_frames`], [`FrameSet`]): a camera's
 /// frame (or none).

@@ -8,6 +8,7 @@
 //! sent as recorded (the subscriber judges it, as it would a camera's). With `--clock`
 //! it also publishes `/clock` with the bag's time, for nodes with `use_sim_time`.
 
+use super::ros_err;
 use crate::bag::{Bag, PlayOptions, PlayStats};
 use crate::error::{Error, Result};
 use crate::wire::msgs::{
@@ -18,10 +19,6 @@ use r2r::builtin_interfaces::msg::Time;
 use r2r::rosgraph_msgs::msg::Clock;
 use r2r::QosProfile;
 use std::time::{Duration, Instant};
-
-fn ros_err(what: &str, e: r2r::Error) -> Error {
-    Error::Ros { context: what.to_string(), message: e.to_string() }
-}
 
 /// `/clock` with the bag's time (`--clock`).
 struct ClockOut {

@@ -3,17 +3,14 @@
 //! on machines without `ros2 bag record`. The bag reads like one written by `replay`, so
 //! a live run can be compared with an offline replay of the same input.
 
+use super::ros_err;
 use crate::bag::{BagWriter, RecordOptions, RecordStats};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::wire::msgs::{tensor_type, FRAME_TIMING_TYPE as TIMING_TYPE};
 use futures::{FutureExt, StreamExt};
 use r2r::QosProfile;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-fn ros_err(what: &str, e: r2r::Error) -> Error {
-    Error::Ros { context: what.to_string(), message: e.to_string() }
-}
 
 fn now_ns() -> u64 {
     let now =

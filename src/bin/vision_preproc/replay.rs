@@ -10,14 +10,13 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Instant;
-use vision_preproc::backend::Frame as BackendFrame;
 use vision_preproc::bag::{Bag, BagWriter};
 use vision_preproc::compressed::{Compressed, DecodeError, Limits};
 use vision_preproc::config::{BackendChoice, Transport};
 use vision_preproc::percentile::nearest_rank;
 use vision_preproc::pipeline::{
     frame_timing, select_backend, set_header, slot_reason, Finished, FrameInput, FrameSet,
-    InFlight, Outputs,
+    FrameView, InFlight, Outputs,
 };
 use vision_preproc::transport::batch_sync::{Batch, Item};
 use vision_preproc::wire::msgs::{tensor_type, CompressedImage, Header, Image, FRAME_TIMING_TYPE};
@@ -412,33 +411,17 @@ struct DecodedFrame {
 
 impl DecodedFrame {
     /// The frame, checked again in the bytes of its message `cdr`.
-    fn view<'a>(&'a self, cdr: &'a [u8]) -> Option<View<'a>> {
+    fn view<'a>(&'a self, cdr: &'a [u8]) -> Option<FrameView<'a>> {
         let data = cdr.get(self.data.clone())?;
         match self.layout {
             Layout::Raw { width, height, step, big_endian } => {
                 ImageView::new(width, height, step, &self.encoding, big_endian, data)
                     .ok()
-                    .map(View::Pixels)
+                    .map(FrameView::Pixels)
             }
             Layout::Compressed => Compressed::probe(&self.encoding, data, &Limits::default())
                 .ok()
-                .map(View::Compressed),
-        }
-    }
-}
-
-/// A recorded frame as the pipeline takes it: pixel rows, or a compressed frame whose
-/// headers were read (the backend decodes it).
-enum View<'a> {
-    Pixels(ImageView<'a>),
-    Compressed(Compressed<'a>),
-}
-
-impl<'a> View<'a> {
-    fn frame(&self) -> BackendFrame<'a, '_> {
-        match self {
-            View::Pixels(v) => BackendFrame::Pixels(v),
-            View::Compressed(c) => BackendFrame::Compressed(c),
+                .map(FrameView::Compressed),
         }
     }
 }
@@ -535,7 +518,7 @@ impl<'t> RecordedSet<'t> {
 
 impl FrameSet for RecordedSet<'_> {
     fn with_inputs<R>(&self, f: impl FnOnce(&[FrameInput<'_, '_>]) -> R) -> R {
-        let views: Vec<Option<View<'_>>> = self
+        let views: Vec<Option<FrameView<'_>>> = self
             .batch
             .items
             .iter()
@@ -553,7 +536,7 @@ impl FrameSet for RecordedSet<'_> {
             .enumerate()
             .map(|(i, (d, v))| FrameInput {
                 topic: &self.topics[i],
-                image: v.as_ref().map(View::frame),
+                image: v.as_ref().map(FrameView::frame),
                 header: d.as_ref().map_or(&empty, |d| &d.header),
                 source_encoding: d.as_ref().map_or("", |d| d.encoding.as_str()),
                 repeated: d.as_ref().is_some_and(|d| d.repeated),

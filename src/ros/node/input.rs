@@ -109,12 +109,13 @@ pub(super) fn arrived(shared: &Shared, index: usize, msg: Incoming, at: Instant)
         Incoming::Raw(m) => Pixels::Message(NativeImage::new(m)),
         Incoming::Compressed(m) => Pixels::Compressed(NativeCompressed::new(m)),
     };
-    let (stamp_ns, bytes) = match &image {
-        Pixels::Message(m) => (m.stamp_ns(), m.data().len()),
-        Pixels::Compressed(m) => (m.stamp_ns(), m.data().len()),
-        #[cfg(feature = "gstreamer")]
-        Pixels::Captured(_) => (image.stamp_ns(), 0),
+    let bytes = match &image {
+        Pixels::Message(m) => m.data().len(),
+        Pixels::Compressed(m) => m.data().len(),
+        Pixels::Captured(_) => 0,
     };
+    let received = Received::new(image, at);
+    let stamp_ns = received.stamp_ns;
     let mut input = lock(&shared.inputs[index]);
     input.monitor.image(at, stamp_ns, bytes);
     // Its age on the node's clock tells a live camera from a recording (not under sim
@@ -123,7 +124,7 @@ pub(super) fn arrived(shared: &Shared, index: usize, msg: Incoming, at: Instant)
         input.monitor.image_age(at, now.as_secs_f64() - stamp_ns as f64 * 1e-9);
     }
     drop(input);
-    Received { image, at }
+    received
 }
 
 impl Input {

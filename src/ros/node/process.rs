@@ -9,9 +9,10 @@
 use super::handoff::{Handoff, SetOutputs};
 use super::publish::{ages, publish_loop, Ready, ReadySlot};
 use super::shared::Formed;
-use super::shared::{lock, Invalid, Outputs, RateLimitedLog, Received, Shared, View};
+use super::shared::{lock, Invalid, Outputs, RateLimitedLog, Received, Shared};
 use crate::pipeline::{
-    self, slot_reason, Announce, Finished, FrameInput, FrameSet, GpuFailure, InFlight, Pipeline,
+    self, slot_reason, Announce, Finished, FrameInput, FrameSet, FrameView, GpuFailure, InFlight,
+    Pipeline,
 };
 use crate::transport::batch_sync::Item;
 use crate::wire::msgs::Header;
@@ -82,7 +83,7 @@ struct NodeSet<'c> {
 impl FrameSet for NodeSet<'_> {
     fn with_inputs<R>(&self, f: impl FnOnce(&[FrameInput<'_, '_>]) -> R) -> R {
         let slots = slots_of(&self.formed);
-        let views: Vec<Option<View<'_>>> = slots
+        let views: Vec<Option<FrameView<'_>>> = slots
             .iter()
             .zip(&self.valid)
             .map(|(s, &valid)| s.frame.filter(|_| valid).and_then(|f| f.image.view().ok()))
@@ -193,7 +194,7 @@ fn slots_of(formed: &Formed) -> Vec<Slot<'_>> {
             Item::Frame { frame, repeated } => Slot {
                 frame: Some(frame.data.as_ref()),
                 repeated: *repeated,
-                header: frame.data.image.header(),
+                header: frame.data.header.clone(),
             },
             Item::Stale => Slot { frame: None, repeated: false, header: Header::default() },
         })
@@ -203,7 +204,7 @@ fn slots_of(formed: &Formed) -> Vec<Slot<'_>> {
 /// The pipeline's inputs of `slots` with their `views` (`None`: no frame, or invalid).
 fn inputs_of<'a, 'b>(
     slots: &'b [Slot<'a>],
-    views: &'b [Option<View<'a>>],
+    views: &'b [Option<FrameView<'a>>],
     topics: &'b [String],
 ) -> Vec<FrameInput<'a, 'b>> {
     slots
@@ -212,9 +213,9 @@ fn inputs_of<'a, 'b>(
         .enumerate()
         .map(|(i, (s, v))| FrameInput {
             topic: &topics[i],
-            image: v.as_ref().map(View::frame),
+            image: v.as_ref().map(FrameView::frame),
             header: &s.header,
-            source_encoding: s.frame.map_or("", |f| f.image.encoding()),
+            source_encoding: s.frame.map_or("", |f| f.encoding.as_str()),
             repeated: s.repeated,
         })
         .collect()
