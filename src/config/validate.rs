@@ -117,6 +117,15 @@ impl Config {
         ] {
             NETWORK_SIZE_RANGE.check(param, i64::from(v))?;
         }
+        self.validate_roi()?;
+        self.validate_normalization()?;
+        self.validate_conv()?;
+        self.validate_outputs()?;
+        self.validate_batch()
+    }
+
+    /// `roi`: empty, or `[x, y, width, height]` inside 32 bits.
+    fn validate_roi(&self) -> Result<()> {
         if !self.roi.is_empty() {
             if self.roi.len() != 4 {
                 return Err(Error::config(
@@ -140,6 +149,11 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `pad_value`, `pixel_scale`, `output_channels`, `image_mean` and `image_stddev`.
+    fn validate_normalization(&self) -> Result<()> {
         check_per_channel("pad_value", &self.pad_value, 3)?;
         if self.pad_value.iter().any(|v| !PAD_VALUE_RANGE.contains(*v)) {
             return Err(Error::Range {
@@ -173,7 +187,12 @@ impl Config {
                 "values must be finite and non-zero",
             ));
         }
-        self.validate_conv()?;
+        Ok(())
+    }
+
+    /// The outputs: `tensor_name`, `output_qos`, the QoS depths, the shared blocks and
+    /// `debug_image_rate`.
+    fn validate_outputs(&self) -> Result<()> {
         if self.tensor_name.is_empty() {
             return Err(Error::config(
                 "tensor_name",
@@ -203,7 +222,7 @@ impl Config {
                 "use a rate in Hz >= 0 (0 disables debug_image)",
             ));
         }
-        self.validate_batch()
+        Ok(())
     }
 
     /// The `inputs` and batching checks of [`Config::validate`].
@@ -303,6 +322,11 @@ impl Config {
                 return Err(Error::config(name, format!("{v:?} (item {i})"), why));
             }
         }
+        self.validate_urls_and_frame_ids()
+    }
+
+    /// Each `camera_info_urls` entry a `file://` URL; `input_frame_ids` without spaces.
+    fn validate_urls_and_frame_ids(&self) -> Result<()> {
         for (i, url) in self.camera_info_urls.iter().enumerate() {
             if !url.is_empty() && !url.starts_with("file://") {
                 return Err(Error::config(

@@ -265,28 +265,10 @@ impl Capture {
                 if self.stopping() {
                     break;
                 }
-                match CaptureSource::start(&self.input.description) {
-                    Ok(mut s) => {
-                        let mut st = lock(&self.shared.inputs[self.input.index]);
-                        if let Some(p) = st.pipeline.as_mut() {
-                            p.running = true;
-                            p.restarts += 1;
-                            p.live = s.is_live();
-                            s.count_reads_in(p.reads.clone());
-                        }
-                        drop(st);
-                        let line = format!(
-                            "input {} ({}): pipeline restarted",
-                            self.input.index, self.input.name
-                        );
-                        self.restart_log.info(&self.shared.logger, &line);
-                        source = Some(s);
-                        last_frame = Instant::now();
-                    }
-                    Err(e) => {
-                        self.fault(&e.to_string());
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
-                    }
+                source = self.restart();
+                match source {
+                    Some(_) => last_frame = Instant::now(),
+                    None => backoff = (backoff * 2).min(BACKOFF_MAX),
                 }
                 continue;
             };
@@ -318,6 +300,30 @@ impl Capture {
         }
         if let Some(s) = source.take() {
             let _ = s.stop();
+        }
+    }
+
+    /// Start the pipeline again: counted and logged (rate-limited), or the fault.
+    fn restart(&mut self) -> Option<CaptureSource> {
+        match CaptureSource::start(&self.input.description) {
+            Ok(mut s) => {
+                let mut st = lock(&self.shared.inputs[self.input.index]);
+                if let Some(p) = st.pipeline.as_mut() {
+                    p.running = true;
+                    p.restarts += 1;
+                    p.live = s.is_live();
+                    s.count_reads_in(p.reads.clone());
+                }
+                drop(st);
+                let line =
+                    format!("input {} ({}): pipeline restarted", self.input.index, self.input.name);
+                self.restart_log.info(&self.shared.logger, &line);
+                Some(s)
+            }
+            Err(e) => {
+                self.fault(&e.to_string());
+                None
+            }
         }
     }
 

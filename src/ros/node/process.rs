@@ -332,12 +332,52 @@ impl<'c> Context<'c> {
                 shared.exit_fatal(e.to_string(), set.new_valid + unpublished);
                 return Outcome::Stop;
             }
-            Err(crate::Error::Image(e)) => {
-                // A single camera's frame that the configuration refuses (its roi).
-                reject(shared, log, topics, 0, ("invalid image: ", &e.to_string()));
+            Err(e) => {
+                self.count_failed(&set, e, log);
                 return Outcome::Nothing;
             }
-            Err(crate::Error::Decode(e)) => {
+        };
+        let slots = slots_of(&set.formed);
+        for (i, reason) in &info.rejected {
+            if !slots[*i].repeated {
+                reject(shared, log, topics, *i, ("", reason));
+            }
+        }
+        if let Some(failure) = &info.gpu_failure {
+            note_gpu_failure(sets.pipeline(), failure, shared);
+        }
+        let slots = slots
+            .iter()
+            .map(|s| ReadySlot {
+                header: s.header.clone(),
+                arrived: s.frame.map(|f| f.at),
+                repeated: s.repeated,
+            })
+            .collect();
+        let ready = Ready {
+            message,
+            slots,
+            geometries: info.geometries,
+            header: set.with_inputs(pipeline::set_header),
+            times: info.times,
+            backend: sets.pipeline().backend().name(),
+            formed_at: set.formed.at,
+            announced_at: set.announced_at,
+            new_valid: set.new_valid,
+        };
+        Outcome::Ready(Box::new(ready))
+    }
+    /// A set that failed with `e` (other than the GPU failure the node exits on): a single
+    /// camera's frame that the configuration refuses or a compressed frame that did not
+    /// decode is rejected; else its new frames are counted failed; logged.
+    fn count_failed(&self, set: &NodeSet<'c>, e: crate::Error, log: &mut RateLimitedLog) {
+        let (shared, topics) = (self.shared, self.topics);
+        match e {
+            crate::Error::Image(e) => {
+                // A single camera's frame that the configuration refuses (its roi).
+                reject(shared, log, topics, 0, ("invalid image: ", &e.to_string()));
+            }
+            crate::Error::Decode(e) => {
                 // A compressed frame whose headers were fine but whose data did not decode
                 // (corrupt entropy-coded data): rejected; with a batch, the set's other
                 // new frames go with it (the decoder does not say which slot), counted
@@ -358,44 +398,14 @@ impl<'c> Context<'c> {
                         shared.stats.failed(why.clone());
                     }
                 }
-                return Outcome::Nothing;
             }
-            Err(e) => {
+            e => {
                 log.error(&shared.logger, &format!("frame failed: {e}"));
                 for _ in 0..set.new_valid {
                     shared.stats.failed(e.to_string());
                 }
-                return Outcome::Nothing;
-            }
-        };
-        let slots = slots_of(&set.formed);
-        for (i, reason) in &info.rejected {
-            if !slots[*i].repeated {
-                reject(shared, log, topics, *i, ("", reason));
             }
         }
-        if let Some(failure) = &info.gpu_failure {
-            note_gpu_failure(sets.pipeline(), failure, shared);
-        }
-        let ready = Ready {
-            message,
-            slots: slots
-                .iter()
-                .map(|s| ReadySlot {
-                    header: s.header.clone(),
-                    arrived: s.frame.map(|f| f.at),
-                    repeated: s.repeated,
-                })
-                .collect(),
-            geometries: info.geometries,
-            header: set.with_inputs(pipeline::set_header),
-            times: info.times,
-            backend: sets.pipeline().backend().name(),
-            formed_at: set.formed.at,
-            announced_at: set.announced_at,
-            new_valid: set.new_valid,
-        };
-        Outcome::Ready(Box::new(ready))
     }
 }
 
