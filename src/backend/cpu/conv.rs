@@ -85,7 +85,17 @@ pub fn conv2d(
     scratch: &mut ConvScratch,
 ) -> Result<()> {
     op.check()?;
-    check_len(desc, data)?;
+    if data.len() != desc.len() {
+        return Err(Error::config(
+            "conv",
+            format!("a buffer of {} values", data.len()),
+            format!(
+                "the tensor {:?} has {} values (internal error: please report)",
+                desc.shape(),
+                desc.len()
+            ),
+        ));
+    }
     if data.is_empty() {
         return Ok(());
     }
@@ -127,22 +137,6 @@ pub fn conv2d(
                 full_row(&cols, dst, (src, row_len), op, &ymap[y..y + size]);
             });
         }
-    }
-    Ok(())
-}
-
-/// An error unless `data` holds the `desc` tensor's values.
-fn check_len(desc: &TensorDesc, data: &[f32]) -> Result<()> {
-    if data.len() != desc.len() {
-        return Err(Error::config(
-            "conv",
-            format!("a buffer of {} values", data.len()),
-            format!(
-                "the tensor {:?} has {} values (internal error: please report)",
-                desc.shape(),
-                desc.len()
-            ),
-        ));
     }
     Ok(())
 }
