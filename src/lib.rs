@@ -18,11 +18,12 @@
 //! of an input image). [`transport`] holds the message path's decisions without ROS
 //! types (keep-latest slot, batch synchronizer, input QoS rule, delivery monitor, Fast
 //! DDS segment size), [`wire`] the CDR of the messages and their type names, [`bag`]
-//! rosbag2 files, `capture` (feature `gstreamer`) frames from a GStreamer pipeline as
-//! image views (no ROS: the node's inputs sit above it, beside `transport`),
-//! [`compressed`] JPEG/PNG payloads of `sensor_msgs/CompressedImage` decoded on the CPU
-//! into image views (no ROS; the node does not subscribe to them yet), [`nvtx`] the profiler ranges of each frame and stage (loaded only when
-//! a tool asks). [`handoff`] is the zero-copy hand-off's pool (the node's side, used by
+//! rosbag2 files, [`capture`] (feature `gstreamer`; without it a stub that refuses
+//! `gst:` inputs) frames from a GStreamer pipeline as image views (no ROS: the node's
+//! inputs sit above it, beside `transport`), [`compressed`] JPEG/PNG payloads of
+//! `sensor_msgs/CompressedImage` decoded on the CPU into image views (no ROS; the node
+//! subscribes to them with `image_transport: compressed` or `input_transports`), [`nvtx`]
+//! the profiler ranges of each frame and stage (loaded only when a tool asks). [`handoff`] is the zero-copy hand-off's pool (the node's side, used by
 //! the pipeline and the backends' device blocks); [`consumer`], a consumer process's side
 //! in Rust, sits above it and the backends (it imports the CUDA blocks), never below:
 //! `handoff/` never imports `backend/`. `backend/` never imports r2r and `ros/` never
@@ -43,6 +44,9 @@
 pub mod backend;
 pub mod bag;
 #[cfg(feature = "gstreamer")]
+pub mod capture;
+#[cfg(not(feature = "gstreamer"))]
+#[path = "capture_stub.rs"]
 pub mod capture;
 pub mod compressed;
 pub mod config;

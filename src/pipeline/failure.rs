@@ -168,6 +168,20 @@ pub fn select_backend(cfg: &Config) -> Result<(Box<dyn Backend>, Option<String>)
     }
 }
 
+/// [`select_backend`], saying through `warn` when `backend: auto` fell back to the CPU
+/// (the node logs it as a warning, the CLI prints it); the reason is returned too (for a
+/// diagnostics note).
+pub fn open_backend(
+    cfg: &Config,
+    warn: impl FnOnce(&str),
+) -> Result<(Box<dyn Backend>, Option<String>)> {
+    let (backend, fallback) = select_backend(cfg)?;
+    if let Some(reason) = &fallback {
+        warn(&format!("backend auto: no usable GPU, using the CPU backend ({reason})"));
+    }
+    Ok((backend, fallback))
+}
+
 /// Every set in flight among `others` is abandoned (the backend waited for and forgot
 /// them after a device error): each runs again at its finish.
 pub(super) fn abandon(others: &mut dyn Others) {

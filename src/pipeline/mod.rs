@@ -34,7 +34,8 @@ pub(crate) use encode::{TensorBatchFields, TensorCdr, TensorFields};
 pub(crate) use failure::BackendOpener;
 use failure::Recovery;
 pub use failure::{
-    select_backend, FailureAction, GpuFailure, GPU_RETRY_ATTEMPTS, GPU_RETRY_RESET_FRAMES,
+    open_backend, select_backend, FailureAction, GpuFailure, GPU_RETRY_ATTEMPTS,
+    GPU_RETRY_RESET_FRAMES,
 };
 #[cfg(feature = "fault-injection")]
 pub use fault::{FaultKind, FaultPlan};
@@ -49,6 +50,28 @@ use ops::{images_of, kept_items, Ops};
 pub(crate) use preview::preview_items;
 pub use preview::{preview, PreviewImage};
 use std::sync::{Arc, Mutex, Weak};
+
+/// A received frame, checked, as the pipeline takes it and owns it while a set is formed:
+/// pixel rows, or a compressed frame whose headers were read (the backend decodes it).
+/// [`FrameView::frame`] lends it as the backend's [`Frame`]. (The node's inputs and
+/// `vision_preproc replay` both hold their frames this way.)
+#[derive(Debug, Clone, Copy)]
+pub enum FrameView<'a> {
+    /// Pixel rows.
+    Pixels(ImageView<'a>),
+    /// A compressed frame.
+    Compressed(crate::compressed::Compressed<'a>),
+}
+
+impl<'a> FrameView<'a> {
+    /// The backend's frame.
+    pub fn frame(&self) -> Frame<'a, '_> {
+        match self {
+            FrameView::Pixels(v) => Frame::Pixels(v),
+            FrameView::Compressed(c) => Frame::Compressed(c),
+        }
+    }
+}
 
 /// One input of a frame set ([`Pipeline::process_frames`], [`FrameSet`]): a camera's
 /// frame (or none).
@@ -442,30 +465,7 @@ impl Pipeline {
             }
         }
         let pad = self.ops.pad()?;
-        let out = message.prepare(self.backend.as_mut())?;
-        let (host, len) = (out.as_mut_ptr(), out.len());
-        let fill = message.fill;
-        let out = match message.block.as_mut().map(|b| b.memory()) {
-            None => backend::Out::Host { ptr: host, len },
-            Some(None) => {
-                return Err(Error::Operation("the shared block's pool was closed".into()));
-            }
-            Some(Some(m)) if m.len() < len => {
-                return Err(Error::Operation(format!(
-                    "the shared block holds {} bytes but the tensors are {len}",
-                    m.len()
-                )));
-            }
-            Some(Some(BlockMemory::Host(bytes))) => {
-                backend::Out::Host { ptr: bytes.as_mut_ptr(), len }
-            }
-            Some(Some(BlockMemory::Device(ptr, _, event))) => backend::Out::Device {
-                ptr,
-                len,
-                host: fill.then_some(host),
-                ready: event.map(|e| e.raw),
-            },
-        };
+        let out = output_of(message, self.backend.as_mut())?;
         let conv = self.ops.conv();
         // `out` is the data of `message`'s buffer and/or its block's memory (host mapping
         // or device memory, which the block's lease keeps alive and which only its lease
@@ -498,6 +498,32 @@ impl Pipeline {
             .collect();
         // SAFETY: `out` as said above.
         unsafe { self.backend.submit_to(Job::Batch(BatchWork::new(&slots, conv)), out) }
+    }
+}
+
+/// Where a submission of `message` writes its tensors: its buffer (prepared for
+/// `backend`), or its shared block's memory (host, or device with the buffer filled too
+/// when `fill`).
+fn output_of(message: &mut MessageBuf, backend: &mut dyn Backend) -> Result<backend::Out> {
+    let out = message.prepare(backend)?;
+    let (host, len) = (out.as_mut_ptr(), out.len());
+    let fill = message.fill;
+    match message.block.as_mut().map(|b| b.memory()) {
+        None => Ok(backend::Out::Host { ptr: host, len }),
+        Some(None) => Err(Error::Operation("the shared block's pool was closed".into())),
+        Some(Some(m)) if m.len() < len => Err(Error::Operation(format!(
+            "the shared block holds {} bytes but the tensors are {len}",
+            m.len()
+        ))),
+        Some(Some(BlockMemory::Host(bytes))) => {
+            Ok(backend::Out::Host { ptr: bytes.as_mut_ptr(), len })
+        }
+        Some(Some(BlockMemory::Device(ptr, _, event))) => Ok(backend::Out::Device {
+            ptr,
+            len,
+            host: fill.then_some(host),
+            ready: event.map(|e| e.raw),
+        }),
     }
 }
 

@@ -151,7 +151,7 @@ impl DdsSetup {
     /// A profile given under the name this Fast DDS does not read (Jazzy's Fast DDS 2 and
     /// `FASTDDS_DEFAULT_PROFILES_FILE`) is used all the same, under the right name, and
     /// said in the returned warning: the camera's process, started the same way, ignores it.
-    pub(super) fn configure(config: &Config) -> anyhow::Result<(DdsSetup, Option<String>)> {
+    pub(super) fn configure(config: &Config) -> crate::Result<(DdsSetup, Option<String>)> {
         let var = profile_var();
         let warning = adopt_ignored_name().map(|(other, v)| {
             format!(
@@ -175,10 +175,13 @@ impl DdsSetup {
         let file =
             std::env::temp_dir().join(format!("vision_preproc_fastdds_{}.xml", std::process::id()));
         std::fs::write(&file, dds::profile_xml(segment, udp)).map_err(|e| {
-            anyhow::anyhow!(
-                "writing the node's Fast DDS profile {}: {e}; set {var} to a profile of your \
-                 own (e.g. config/fastdds_large_frames.xml) instead",
-                file.display()
+            crate::Error::io(
+                format!(
+                    "writing the node's Fast DDS profile {} (set {var} to a profile of your \
+                     own, e.g. config/fastdds_large_frames.xml, instead)",
+                    file.display()
+                ),
+                e,
             )
         })?;
         std::env::set_var(var, &file);

@@ -12,6 +12,11 @@ mod record;
 
 use dds::use_default_dds_profile;
 
+/// A failed r2r call while `what` was being done, as the crate's error.
+fn ros_err(what: &str, e: r2r::Error) -> crate::error::Error {
+    crate::error::Error::Ros { context: what.to_string(), message: e.to_string() }
+}
+
 /// The Fast DDS this process loaded and the XML profile in force (for `info`).
 pub fn fastdds_status() -> (String, String) {
     dds::describe()

@@ -74,12 +74,6 @@ macro_rules! common_accessors {
                     frame_id: String::from_utf8_lossy(c_string(&h.frame_id)).into_owned(),
                 }
             }
-
-            /// The header stamp in ns since the epoch.
-            pub(super) fn stamp_ns(&self) -> i64 {
-                let s = &self.0.header.stamp;
-                i64::from(s.sec) * 1_000_000_000 + i64::from(s.nanosec)
-            }
         }
     };
 }

@@ -8,6 +8,7 @@
 //! sent as recorded (the subscriber judges it, as it would a camera's). With `--clock`
 //! it also publishes `/clock` with the bag's time, for nodes with `use_sim_time`.
 
+use super::ros_err;
 use crate::bag::{Bag, PlayOptions, PlayStats};
 use crate::error::{Error, Result};
 use crate::wire::msgs::{
@@ -18,10 +19,6 @@ use r2r::builtin_interfaces::msg::Time;
 use r2r::rosgraph_msgs::msg::Clock;
 use r2r::QosProfile;
 use std::time::{Duration, Instant};
-
-fn ros_err(what: &str, e: r2r::Error) -> Error {
-    Error::Ros { context: what.to_string(), message: e.to_string() }
-}
 
 /// `/clock` with the bag's time (`--clock`).
 struct ClockOut {
@@ -114,6 +111,65 @@ fn wait_for_subscribers(
     Ok(())
 }
 
+/// The player's node and its publishers of images and camera_info (`out_topic`: images,
+/// compressed ones with `compressed`).
+fn create_player(
+    opts: &PlayOptions,
+    out_topic: &str,
+    compressed: bool,
+) -> Result<(r2r::Node, (r2r::PublisherUntyped, r2r::PublisherUntyped))> {
+    super::use_default_dds_profile();
+    let ctx = r2r::Context::create().map_err(|e| ros_err("creating the ROS context", e))?;
+    let mut node = r2r::Node::create(ctx, "vision_preproc_player", "")
+        .map_err(|e| ros_err("creating the node", e))?;
+    // Camera drivers publish best effort (sensor data QoS); so does the player, unless
+    // asked to publish reliable (as `ros2 bag play` does for a reliable recording).
+    let qos = if opts.reliable { QosProfile::default() } else { QosProfile::sensor_data() };
+    let qos = qos.keep_last(5);
+    let image_type = if compressed { COMPRESSED_IMAGE_TYPE } else { IMAGE_TYPE };
+    let image_pub = node
+        .create_publisher_untyped(out_topic, image_type, qos.clone())
+        .map_err(|e| ros_err("creating the image publisher", e))?;
+    let info_pub = node
+        .create_publisher_untyped(&opts.camera_info_topic, CAMERA_INFO_TYPE, qos)
+        .map_err(|e| ros_err("creating the camera_info publisher", e))?;
+    Ok((node, (image_pub, info_pub)))
+}
+
+/// Publish bag message `m` (an image, compressed or not, per `(is_image, compressed)`;
+/// else a camera_info) on its publisher of `(image, camera_info)`, restamped now with
+/// `restamp`, and count it; one that does not decode is skipped and said.
+fn republish(
+    m: crate::bag::RawMessage,
+    (is_image, compressed): (bool, bool),
+    (image_pub, info_pub): &(r2r::PublisherUntyped, r2r::PublisherUntyped),
+    restamp: bool,
+    stats: &mut PlayStats,
+) -> Result<()> {
+    let check = if is_image && compressed {
+        BagCompressedImage::decode(&m.data).map(|_| ())
+    } else if is_image {
+        BagImage::decode(&m.data).map(|_| ())
+    } else {
+        BagCameraInfo::decode(&m.data).map(|_| ())
+    };
+    if let Err(e) = check {
+        stats.skipped.push(format!("{} at {}: {e}", m.topic, m.log_time));
+        return Ok(());
+    }
+    let (publisher, count) =
+        if is_image { (image_pub, &mut stats.images) } else { (info_pub, &mut stats.camera_infos) };
+    let mut data = m.data;
+    if restamp {
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        crate::bag::restamp(&mut data, u64::try_from(now.as_nanos()).unwrap_or(u64::MAX));
+    }
+    publisher.publish_raw(&data).map_err(|e| ros_err("publishing", e))?;
+    *count += 1;
+    Ok(())
+}
+
 /// Play the bag. Blocks until the end (or forever with `repeat`), or until SIGINT or
 /// SIGTERM (then it stops after the message being published, as at the end).
 pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
@@ -128,23 +184,10 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     let info_topic =
         topics.iter().find(|t| t.type_name == CAMERA_INFO_TYPE).map(|t| t.name.clone());
 
-    super::use_default_dds_profile();
-    let ctx = r2r::Context::create().map_err(|e| ros_err("creating the ROS context", e))?;
-    let mut node = r2r::Node::create(ctx, "vision_preproc_player", "")
-        .map_err(|e| ros_err("creating the node", e))?;
-    // Camera drivers publish best effort (sensor data QoS); so does the player, unless
-    // asked to publish reliable (as `ros2 bag play` does for a reliable recording).
-    let qos = if opts.reliable { QosProfile::default() } else { QosProfile::sensor_data() };
-    let qos = qos.keep_last(5);
-    let image_type = if compressed { COMPRESSED_IMAGE_TYPE } else { IMAGE_TYPE };
-    let image_pub = node
-        .create_publisher_untyped(&out_topic, image_type, qos.clone())
-        .map_err(|e| ros_err("creating the image publisher", e))?;
-    let info_pub = node
-        .create_publisher_untyped(&opts.camera_info_topic, CAMERA_INFO_TYPE, qos)
-        .map_err(|e| ros_err("creating the camera_info publisher", e))?;
+    let (mut node, publishers) = create_player(opts, &out_topic, compressed)?;
+    let image_pub = &publishers.0;
     let clock = ClockOut::create(&mut node, opts.clock_hz)?;
-    wait_for_subscribers(&mut node, (&image_pub, &out_topic), opts, &stopped)?;
+    wait_for_subscribers(&mut node, (image_pub, &out_topic), opts, &stopped)?;
 
     let mut stats = PlayStats { image_topic: out_topic.clone(), ..PlayStats::default() };
     let mut wanted = vec![image_topic.as_str()];
@@ -185,33 +228,8 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
             if let Some(c) = &clock {
                 c.publish(m.log_time)?;
             }
-            let is_image = m.topic == image_topic;
-            let check = if is_image && compressed {
-                BagCompressedImage::decode(&m.data).map(|_| ())
-            } else if is_image {
-                BagImage::decode(&m.data).map(|_| ())
-            } else {
-                BagCameraInfo::decode(&m.data).map(|_| ())
-            };
-            if let Err(e) = check {
-                stats.skipped.push(format!("{} at {}: {e}", m.topic, m.log_time));
-                return Ok(());
-            }
-            let (publisher, count) = if is_image {
-                (&image_pub, &mut stats.images)
-            } else {
-                (&info_pub, &mut stats.camera_infos)
-            };
-            let mut data = m.data;
-            if opts.restamp {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default();
-                crate::bag::restamp(&mut data, u64::try_from(now.as_nanos()).unwrap_or(u64::MAX));
-            }
-            publisher.publish_raw(&data).map_err(|e| ros_err("publishing", e))?;
-            *count += 1;
-            Ok(())
+            let kind = (m.topic == image_topic, compressed);
+            republish(m, kind, &publishers, opts.restamp, &mut stats)
         })?;
         stats.damage.extend(damage);
         if let Some((t0, t1)) = pass {

@@ -3,17 +3,14 @@
 //! on machines without `ros2 bag record`. The bag reads like one written by `replay`, so
 //! a live run can be compared with an offline replay of the same input.
 
+use super::ros_err;
 use crate::bag::{BagWriter, RecordOptions, RecordStats};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::wire::msgs::{tensor_type, FRAME_TIMING_TYPE as TIMING_TYPE};
 use futures::{FutureExt, StreamExt};
 use r2r::QosProfile;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-fn ros_err(what: &str, e: r2r::Error) -> Error {
-    Error::Ros { context: what.to_string(), message: e.to_string() }
-}
 
 fn now_ns() -> u64 {
     let now =
@@ -78,34 +75,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
                 if let Some((bag, tensor_idx, _)) = bag.as_mut() {
                     bag.write(*tensor_idx, t, &msg)?;
                 }
-                stats.tensors += 1;
-                let ms = |stamp: i64| (i128::from(t) - i128::from(stamp)) as f64 / 1e6;
-                if opts.batch {
-                    if let Ok(b) = crate::wire::msgs::TensorBatch::decode(&msg) {
-                        for it in b.items.iter().filter(|i| i.valid && !i.repeated) {
-                            let h = &it.header;
-                            stats
-                                .e2e_ms
-                                .push(ms(i64::from(h.sec) * 1_000_000_000 + i64::from(h.nanosec)));
-                        }
-                    }
-                } else if let Ok(stamp) = crate::wire::msgs::header_stamp_ns(&msg) {
-                    stats.e2e_ms.push(ms(stamp));
-                }
-                let (first, _) = stats.first_last_ns.unwrap_or((t, t));
-                stats.first_last_ns = Some((first, t));
+                count_tensor(&mut stats, &msg, t, opts.batch);
                 progressed = true;
             }
             if let Some(Some(msg)) = timings.next().now_or_never() {
                 if let Some((bag, _, timing_idx)) = bag.as_mut() {
                     bag.write(*timing_idx, now_ns(), &msg)?;
                 }
-                stats.timings += 1;
-                if let Ok(timing) = crate::wire::msgs::FrameTiming::decode(&msg) {
-                    stats.node_ms.push(f64::from(timing.stages_us[4]) / 1e3);
-                    let s = timing.stages_us;
-                    stats.stages_us.push([timing.decode_us, s[0], s[1], s[2], s[3]]);
-                }
+                count_timing(&mut stats, &msg);
                 progressed = true;
             }
             if let Some(Some(Ok(array))) =
@@ -124,6 +101,35 @@ pub fn record(opts: &RecordOptions) -> Result<RecordStats> {
         None => None,
     };
     Ok(stats)
+}
+
+/// Count a tensor (`TensorBatch` with `batch`) that arrived at `t` (ns): its end-to-end
+/// latency (each new valid item's for a batch) and the first and last arrival.
+fn count_tensor(stats: &mut RecordStats, msg: &[u8], t: u64, batch: bool) {
+    stats.tensors += 1;
+    let ms = |stamp: i64| (i128::from(t) - i128::from(stamp)) as f64 / 1e6;
+    if batch {
+        if let Ok(b) = crate::wire::msgs::TensorBatch::decode(msg) {
+            for it in b.items.iter().filter(|i| i.valid && !i.repeated) {
+                let h = &it.header;
+                stats.e2e_ms.push(ms(i64::from(h.sec) * 1_000_000_000 + i64::from(h.nanosec)));
+            }
+        }
+    } else if let Ok(stamp) = crate::wire::msgs::header_stamp_ns(msg) {
+        stats.e2e_ms.push(ms(stamp));
+    }
+    let (first, _) = stats.first_last_ns.unwrap_or((t, t));
+    stats.first_last_ns = Some((first, t));
+}
+
+/// Count a `FrameTiming`: the node's time and the stages of its frame.
+fn count_timing(stats: &mut RecordStats, msg: &[u8]) {
+    stats.timings += 1;
+    if let Ok(timing) = crate::wire::msgs::FrameTiming::decode(msg) {
+        stats.node_ms.push(f64::from(timing.stages_us[4]) / 1e3);
+        let s = timing.stages_us;
+        stats.stages_us.push([timing.decode_us, s[0], s[1], s[2], s[3]]);
+    }
 }
 
 /// Print each status of a `DiagnosticArray` (as r2r's JSON) whose level or message

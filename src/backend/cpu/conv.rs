@@ -134,23 +134,36 @@ pub fn conv2d(
             data.par_chunks_mut(row_len).enumerate().for_each(|(g, dst)| {
                 let (plane, y) = (g / h, g % h);
                 let src = &tmp[plane * plane_len..(plane + 1) * plane_len];
-                // The source rows of kernel rows ky = 0..size (skipping those a constant
-                // border reads as 0), with their taps: fixed arrays, no allocation.
-                let mut rows: [&[f32]; MAX_TAPS] = [&[]; MAX_TAPS];
-                let mut taps: [&[f32]; MAX_TAPS] = [&[]; MAX_TAPS];
-                let mut n = 0;
-                for (ky, &m) in ymap[y..y + size].iter().enumerate() {
-                    if m >= 0 {
-                        rows[n] = &src[m as usize * row_len..(m as usize + 1) * row_len];
-                        taps[n] = &op.weights[ky * size..(ky + 1) * size];
-                        n += 1;
-                    }
-                }
-                cols.correlate_rows(dst, &rows[..n], &taps[..n]);
+                full_row(&cols, dst, (src, row_len), op, &ymap[y..y + size]);
             });
         }
     }
     Ok(())
+}
+
+/// One output row `dst` of a full (not separable) kernel: `src` is its plane of rows of
+/// `row_len`, `ymap` the source rows of kernel rows 0..size.
+fn full_row(
+    cols: &Columns<'_>,
+    dst: &mut [f32],
+    (src, row_len): (&[f32], usize),
+    op: &Conv2dOp,
+    ymap: &[i32],
+) {
+    let size = op.size as usize;
+    // The source rows of kernel rows ky = 0..size (skipping those a constant border reads
+    // as 0), with their taps: fixed arrays, no allocation.
+    let mut rows: [&[f32]; MAX_TAPS] = [&[]; MAX_TAPS];
+    let mut taps: [&[f32]; MAX_TAPS] = [&[]; MAX_TAPS];
+    let mut n = 0;
+    for (ky, &m) in ymap.iter().enumerate() {
+        if m >= 0 {
+            rows[n] = &src[m as usize * row_len..(m as usize + 1) * row_len];
+            taps[n] = &op.weights[ky * size..(ky + 1) * size];
+            n += 1;
+        }
+    }
+    cols.correlate_rows(dst, &rows[..n], &taps[..n]);
 }
 
 /// The horizontal geometry of a row.

@@ -349,6 +349,40 @@ struct Frame<'a> {
     simd: Simd,
 }
 
+impl<'a> Frame<'a> {
+    /// What the bands of `op` need (`swap`: red and blue swapped).
+    fn of(op: &'a PreprocessOp, swap: bool, store: Store, simd: Simd) -> Self {
+        let p = &op.params;
+        let x_single = op.x_map.w1.iter().all(|&v| v == 0.0);
+        let taps = op.x_map.i0.len() * if x_single { 1 } else { 2 };
+        let x_start = op.x_map.i0.iter().chain(&op.x_map.i1).copied().min().unwrap_or(0) as usize;
+        let x_end = op.x_map.i0.iter().chain(&op.x_map.i1).copied().max().unwrap_or(0) as usize + 1;
+        let x_predecode = 2 * (x_end - x_start) <= taps;
+        let rel = |m: &[i32]| -> Vec<u32> {
+            if x_predecode {
+                m.iter().map(|&i| (i as usize - x_start) as u32).collect()
+            } else {
+                Vec::new()
+            }
+        };
+        Frame {
+            p,
+            x_map: &op.x_map,
+            y_map: &op.y_map,
+            x_single,
+            x_predecode,
+            x_start,
+            x_len: x_end - x_start,
+            rel_i0: rel(&op.x_map.i0),
+            rel_i1: rel(&op.x_map.i1),
+            src_plane: if swap { [2, 1, 0] } else { [0, 1, 2] },
+            layout: p.tensor_desc().layout,
+            store,
+            simd,
+        }
+    }
+}
+
 fn run<S: Source, const C: usize>(
     src: &S,
     op: &PreprocessOp,
@@ -361,34 +395,7 @@ fn run<S: Source, const C: usize>(
     let (w, h) = (p.dst_width as usize, p.dst_height as usize);
     let desc = p.tensor_desc();
     let es = store.size();
-    let x_single = op.x_map.w1.iter().all(|&v| v == 0.0);
-    let taps = op.x_map.i0.len() * if x_single { 1 } else { 2 };
-    let x_start = op.x_map.i0.iter().chain(&op.x_map.i1).copied().min().unwrap_or(0) as usize;
-    let x_end = op.x_map.i0.iter().chain(&op.x_map.i1).copied().max().unwrap_or(0) as usize + 1;
-    let swap = C == 3 && p.swap_rb != 0;
-    let x_predecode = 2 * (x_end - x_start) <= taps;
-    let rel = |m: &[i32]| -> Vec<u32> {
-        if x_predecode {
-            m.iter().map(|&i| (i as usize - x_start) as u32).collect()
-        } else {
-            Vec::new()
-        }
-    };
-    let frame = Frame {
-        p,
-        x_map: &op.x_map,
-        y_map: &op.y_map,
-        x_single,
-        x_predecode,
-        x_start,
-        x_len: x_end - x_start,
-        rel_i0: rel(&op.x_map.i0),
-        rel_i1: rel(&op.x_map.i1),
-        src_plane: if swap { [2, 1, 0] } else { [0, 1, 2] },
-        layout: desc.layout,
-        store,
-        simd,
-    };
+    let frame = Frame::of(op, C == 3 && p.swap_rb != 0, store, simd);
     // Bands of whole rows: several per thread so a busy core does not hold the frame up.
     let n_bands = (rayon::current_num_threads() * 4).clamp(1, h);
     let band_rows = h.div_ceil(n_bands);

@@ -127,10 +127,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let (fastdds, profile) = vision_preproc::ros::fastdds_status();
             println!("Fast DDS: {fastdds}");
             println!("Fast DDS profile: {profile}");
-            #[cfg(feature = "gstreamer")]
             println!("GStreamer: {}", vision_preproc::capture::status());
-            #[cfg(not(feature = "gstreamer"))]
-            println!("GStreamer: not in this build (cargo feature `gstreamer`): no `gst:` inputs");
         }
         Command::RunFile(args) => run_file::run(args)?,
         Command::Replay(args) => replay::run(args)?,

@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use vision_preproc::percentile::nearest_rank;
-use vision_preproc::ros::{record, RecordOptions};
+use vision_preproc::ros::{record, RecordOptions, RecordStats};
 
 /// Arguments of `record`.
 #[derive(Args, Debug)]
@@ -50,6 +50,15 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     nearest_rank(sorted, p).unwrap_or(f64::NAN)
 }
 
+/// `--duration` in seconds, checked.
+fn duration(seconds: Option<f64>) -> Result<Option<std::time::Duration>> {
+    Ok(match seconds {
+        Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
+        Some(s) => bail!("--duration {s}: use a positive number of seconds"),
+        None => None,
+    })
+}
+
 pub fn run(a: RecordArgs) -> Result<()> {
     let stats = record(&RecordOptions {
         output: a.output.clone(),
@@ -57,11 +66,7 @@ pub fn run(a: RecordArgs) -> Result<()> {
         batch: a.batch,
         timing_topic: a.timing_topic.clone(),
         count: a.count,
-        duration: match a.duration {
-            Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
-            Some(s) => bail!("--duration {s}: use a positive number of seconds"),
-            None => None,
-        },
+        duration: duration(a.duration)?,
         print_diagnostics: a.diagnostics,
     })?;
     match &stats.output {
@@ -95,12 +100,7 @@ pub fn run(a: RecordArgs) -> Result<()> {
         percentile(&node, 50.0),
         percentile(&node, 99.0),
     );
-    // FrameTiming's stages, p50 and p99 in ms: what of node-added the backend reports.
-    let stage = |i: usize, p: f64| {
-        let mut v: Vec<f64> = stats.stages_us.iter().map(|s| f64::from(s[i]) / 1e3).collect();
-        v.sort_by(f64::total_cmp);
-        percentile(&v, p)
-    };
+    let stage = |i: usize, p: f64| stage_ms(&stats, i, p);
     println!(
         "stages p50 (p99), ms: {}",
         STAGES
@@ -111,30 +111,49 @@ pub fn run(a: RecordArgs) -> Result<()> {
             .join(", ")
     );
     if let Some(path) = &a.json {
-        let stages = |p: f64| -> serde_json::Map<String, serde_json::Value> {
-            STAGES
-                .iter()
-                .enumerate()
-                .map(|(i, name)| (name.to_string(), serde_json::json!(stage(i, p))))
-                .collect()
-        };
-        let doc = serde_json::json!({
-            "tensors": stats.tensors,
-            "timings": stats.timings,
-            "fps": fps,
-            "first_tensor_ns": stats.first_last_ns.map(|(a, _)| a),
-            "e2e_ms_p50": percentile(&e2e, 50.0),
-            "e2e_ms_p99": percentile(&e2e, 99.0),
-            "added_ms_p50": percentile(&node, 50.0),
-            "added_ms_p99": percentile(&node, 99.0),
-            // FrameTiming stages in ms (decode: compressed frames; 0 for raw ones).
-            "stages_ms_p50": stages(50.0),
-            "stages_ms_p99": stages(99.0),
-            "e2e_ms": stats.e2e_ms,
-            "added_ms": stats.node_ms,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_json(path, &stats, (&e2e, &node), fps)?;
     }
+    Ok(())
+}
+
+/// FrameTiming's stage `i`, percentile `p` in ms: what of node-added the backend reports.
+fn stage_ms(stats: &RecordStats, i: usize, p: f64) -> f64 {
+    let mut v: Vec<f64> = stats.stages_us.iter().map(|s| f64::from(s[i]) / 1e3).collect();
+    v.sort_by(f64::total_cmp);
+    percentile(&v, p)
+}
+
+/// The `--json` summary: counts, rate, latency percentiles (`e2e`, `node`: sorted), the
+/// stages, and every latency.
+fn write_json(
+    path: &std::path::Path,
+    stats: &RecordStats,
+    (e2e, node): (&[f64], &[f64]),
+    fps: f64,
+) -> Result<()> {
+    let stages = |p: f64| -> serde_json::Map<String, serde_json::Value> {
+        STAGES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| (name.to_string(), serde_json::json!(stage_ms(stats, i, p))))
+            .collect()
+    };
+    let doc = serde_json::json!({
+        "tensors": stats.tensors,
+        "timings": stats.timings,
+        "fps": fps,
+        "first_tensor_ns": stats.first_last_ns.map(|(a, _)| a),
+        "e2e_ms_p50": percentile(e2e, 50.0),
+        "e2e_ms_p99": percentile(e2e, 99.0),
+        "added_ms_p50": percentile(node, 50.0),
+        "added_ms_p99": percentile(node, 99.0),
+        // FrameTiming stages in ms (decode: compressed frames; 0 for raw ones).
+        "stages_ms_p50": stages(50.0),
+        "stages_ms_p99": stages(99.0),
+        "e2e_ms": stats.e2e_ms,
+        "added_ms": stats.node_ms,
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }

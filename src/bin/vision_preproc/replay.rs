@@ -10,16 +10,17 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Instant;
-use vision_preproc::backend::Frame as BackendFrame;
 use vision_preproc::bag::{Bag, BagWriter};
 use vision_preproc::compressed::{Compressed, DecodeError, Limits};
 use vision_preproc::config::{BackendChoice, Transport};
 use vision_preproc::percentile::nearest_rank;
 use vision_preproc::pipeline::{
-    frame_timing, select_backend, set_header, slot_reason, Finished, FrameInput, FrameSet,
+    frame_timing, open_backend, set_header, slot_reason, Finished, FrameInput, FrameSet, FrameView,
     InFlight, Outputs,
 };
-use vision_preproc::transport::batch_sync::{Batch, Item};
+use vision_preproc::transport::batch_sync::{
+    Batch, BatchPolicy, BatchSettings, Batcher, Frame, Item,
+};
 use vision_preproc::wire::msgs::{tensor_type, CompressedImage, Header, Image, FRAME_TIMING_TYPE};
 use vision_preproc::{Error, ImageView, Pipeline};
 
@@ -163,18 +164,6 @@ struct Input {
     compressed: bool,
 }
 
-/// The configured backend (saying so when `auto` fell back to the CPU) and its name.
-fn open_backend(
-    cfg: &vision_preproc::Config,
-) -> Result<(Box<dyn vision_preproc::backend::Backend>, String)> {
-    let (backend, fallback) = select_backend(cfg)?;
-    if let Some(reason) = &fallback {
-        eprintln!("backend auto: no usable GPU, using the CPU backend ({reason})");
-    }
-    let name = backend.name().to_string();
-    Ok((backend, name))
-}
-
 /// Counts of one replay, for its summary.
 #[derive(Default)]
 struct Tally {
@@ -218,30 +207,18 @@ impl Tally {
 /// backend, the same bytes).
 fn replay(
     args: &ReplayArgs,
-    mut cfg: vision_preproc::Config,
+    cfg: vision_preproc::Config,
     bag: &Bag,
     inputs: &[Input],
 ) -> Result<()> {
-    use vision_preproc::transport::batch_sync::{BatchPolicy, BatchSettings, Batcher, Frame};
     let topics: Vec<String> = inputs.iter().map(|i| i.name.clone()).collect();
     let topics = topics.as_slice();
     let compressed: Vec<bool> = inputs.iter().map(|i| i.compressed).collect();
-    if topics.len() >= 2 {
-        cfg.inputs = topics.to_vec();
-    } else {
-        cfg.inputs.clear();
-    }
-    // The bag's topics are the inputs now: no `gst:` pipeline runs offline, the lists
-    // that apply to pipelines alone would no longer match `inputs`, and each topic's
-    // type says whether its frames are compressed (not the transport parameters).
-    cfg.input_frame_ids.clear();
-    cfg.camera_info_urls.clear();
-    cfg.input_transports.clear();
-    cfg.image_transport = Transport::Raw;
-    cfg.validate()?;
+    let cfg = bag_config(cfg, topics)?;
     let batch = cfg.is_batch();
     let output = output_dir(args);
-    let (backend, backend_name) = open_backend(&cfg)?;
+    let (backend, _) = open_backend(&cfg, |w| eprintln!("{w}"))?;
+    let backend_name = backend.name().to_string();
     eprintln!(
         "replay: {} [{}] -> {} on {} ({}){}",
         args.input.display(),
@@ -290,16 +267,8 @@ fn replay(
         bar.inc(1);
         let now = i64::try_from(m.log_time).unwrap_or(i64::MAX);
         let b = batcher.get_or_insert_with(|| Batcher::new(topics.len(), settings, now));
-        // Deadlines (a timeout, a camera going stale) that passed before this message.
-        let mut guard = 0;
-        while let Some(d) = b.deadline().filter(|&d| d < now) {
-            for set in b.poll(d.saturating_add(1)) {
-                process(Some((set, d.saturating_add(1).max(0) as u64)), &mut out)?;
-            }
-            guard += 1;
-            if guard > 4 * topics.len() {
-                break;
-            }
+        for set in deadline_sets(b, now, topics.len()) {
+            process(Some(set), &mut out)?;
         }
         let stamp_ns = vision_preproc::wire::msgs::header_stamp_ns(&m.data).unwrap_or(0);
         let frame = Frame {
@@ -314,18 +283,7 @@ fn replay(
         Ok(())
     })?;
     bar.finish_and_clear();
-    // The end of the bag: what a timeout would still have published (latest).
-    let mut pending = 0u64;
-    if let Some(b) = batcher.as_mut() {
-        let end = last_time.saturating_add(settings.batch_timeout).saturating_add(1);
-        if settings.policy == BatchPolicy::Latest {
-            for set in b.poll(end) {
-                process(Some((set, end.max(0) as u64)), &mut out)?;
-            }
-        }
-        pending = (0..b.len()).map(|i| b.pending(i)).sum();
-    }
-    process(None, &mut out)?;
+    let pending = end_of_bag(batcher.as_mut(), (settings, last_time), &mut out, &mut process)?;
     let counts: Vec<_> =
         batcher.as_ref().map(|b| (0..b.len()).map(|i| b.counts(i)).collect()).unwrap_or_default();
     tally.frames = counts.iter().map(|c| c.received).sum();
@@ -339,6 +297,72 @@ fn replay(
         write_json(path, &mut tally, (&out_dir, &backend_name, topics), &damage, wall)?;
     }
     Ok(())
+}
+
+/// The sets formed by the deadlines (a timeout, a camera going stale) that passed before
+/// `now`, each with the time it was formed at.
+fn deadline_sets(
+    b: &mut Batcher<Recorded>,
+    now: i64,
+    cameras: usize,
+) -> Vec<(Batch<Recorded>, u64)> {
+    let mut out = Vec::new();
+    let mut guard = 0;
+    while let Some(d) = b.deadline().filter(|&d| d < now) {
+        let at = d.saturating_add(1);
+        out.extend(b.poll(at).into_iter().map(|set| (set, at.max(0) as u64)));
+        guard += 1;
+        if guard > 4 * cameras {
+            break;
+        }
+    }
+    out
+}
+
+/// The end of the bag: the sets a timeout would still have published (`latest`), then
+/// every set in flight finished; returns the frames still pending.
+fn end_of_bag(
+    batcher: Option<&mut Batcher<Recorded>>,
+    (settings, last_time): (BatchSettings, i64),
+    out: &mut BagWriter,
+    process: &mut impl FnMut(
+        Option<(Batch<Recorded>, u64)>,
+        &mut BagWriter,
+    ) -> vision_preproc::Result<()>,
+) -> vision_preproc::Result<u64> {
+    let mut pending = 0u64;
+    if let Some(b) = batcher {
+        let end = last_time.saturating_add(settings.batch_timeout).saturating_add(1);
+        if settings.policy == BatchPolicy::Latest {
+            for set in b.poll(end) {
+                process(Some((set, end.max(0) as u64)), out)?;
+            }
+        }
+        pending = (0..b.len()).map(|i| b.pending(i)).sum();
+    }
+    process(None, out)?;
+    Ok(pending)
+}
+
+/// `cfg` for a replay of `topics`: the bag's topics are the inputs.
+fn bag_config(
+    mut cfg: vision_preproc::Config,
+    topics: &[String],
+) -> vision_preproc::Result<vision_preproc::Config> {
+    if topics.len() >= 2 {
+        cfg.inputs = topics.to_vec();
+    } else {
+        cfg.inputs.clear();
+    }
+    // The bag's topics are the inputs now: no `gst:` pipeline runs offline, the lists
+    // that apply to pipelines alone would no longer match `inputs`, and each topic's
+    // type says whether its frames are compressed (not the transport parameters).
+    cfg.input_frame_ids.clear();
+    cfg.camera_info_urls.clear();
+    cfg.input_transports.clear();
+    cfg.image_transport = Transport::Raw;
+    cfg.validate()?;
+    Ok(cfg)
 }
 
 /// The spinner of a replay: frames read, their rate.
@@ -412,33 +436,17 @@ struct DecodedFrame {
 
 impl DecodedFrame {
     /// The frame, checked again in the bytes of its message `cdr`.
-    fn view<'a>(&'a self, cdr: &'a [u8]) -> Option<View<'a>> {
+    fn view<'a>(&'a self, cdr: &'a [u8]) -> Option<FrameView<'a>> {
         let data = cdr.get(self.data.clone())?;
         match self.layout {
             Layout::Raw { width, height, step, big_endian } => {
                 ImageView::new(width, height, step, &self.encoding, big_endian, data)
                     .ok()
-                    .map(View::Pixels)
+                    .map(FrameView::Pixels)
             }
             Layout::Compressed => Compressed::probe(&self.encoding, data, &Limits::default())
                 .ok()
-                .map(View::Compressed),
-        }
-    }
-}
-
-/// A recorded frame as the pipeline takes it: pixel rows, or a compressed frame whose
-/// headers were read (the backend decodes it).
-enum View<'a> {
-    Pixels(ImageView<'a>),
-    Compressed(Compressed<'a>),
-}
-
-impl<'a> View<'a> {
-    fn frame(&self) -> BackendFrame<'a, '_> {
-        match self {
-            View::Pixels(v) => BackendFrame::Pixels(v),
-            View::Compressed(c) => BackendFrame::Compressed(c),
+                .map(FrameView::Compressed),
         }
     }
 }
@@ -535,7 +543,7 @@ impl<'t> RecordedSet<'t> {
 
 impl FrameSet for RecordedSet<'_> {
     fn with_inputs<R>(&self, f: impl FnOnce(&[FrameInput<'_, '_>]) -> R) -> R {
-        let views: Vec<Option<View<'_>>> = self
+        let views: Vec<Option<FrameView<'_>>> = self
             .batch
             .items
             .iter()
@@ -553,7 +561,7 @@ impl FrameSet for RecordedSet<'_> {
             .enumerate()
             .map(|(i, (d, v))| FrameInput {
                 topic: &self.topics[i],
-                image: v.as_ref().map(View::frame),
+                image: v.as_ref().map(FrameView::frame),
                 header: d.as_ref().map_or(&empty, |d| &d.header),
                 source_encoding: d.as_ref().map_or("", |d| d.encoding.as_str()),
                 repeated: d.as_ref().is_some_and(|d| d.repeated),

@@ -12,15 +12,17 @@
 //! `/diagnostics` and the pipeline restarted, with a backoff from [`BACKOFF_MIN`] to
 //! [`BACKOFF_MAX`].
 
+use super::calibration::read_calibration;
 use super::former::Former;
 use super::shared::{
     lock, pipeline_copies, Captured, PipelineState, Pixels, RateLimitedLog, Received, Shared,
 };
 use crate::capture::{CaptureSource, Frame};
 use crate::config::Config;
+use crate::error::{Error, Result};
 use crate::image::LentReads;
 use crate::wire::msgs::Header;
-use r2r::sensor_msgs::msg::{CameraInfo, Image, RegionOfInterest};
+use r2r::sensor_msgs::msg::{CameraInfo, Image};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -60,13 +62,13 @@ pub(super) struct PipelineInput {
 impl PipelineInput {
     /// The pipeline inputs of `config`, with their calibrations read (a file that cannot
     /// be read or parsed is an error naming `camera_info_urls` and the fix).
-    pub(super) fn of(config: &Config) -> anyhow::Result<Vec<PipelineInput>> {
+    pub(super) fn of(config: &Config) -> Result<Vec<PipelineInput>> {
         let mut out = Vec::new();
         for (index, source) in config.input_sources().into_iter().enumerate() {
             let crate::config::InputSource::Pipeline(description) = source else { continue };
             let calibration = match config.camera_info_urls.get(index).filter(|u| !u.is_empty()) {
                 Some(url) => Some(read_calibration(url).map_err(|e| {
-                    anyhow::anyhow!("parameter `camera_info_urls` item {index} ({url}): {e}")
+                    Error::config("camera_info_urls", format!("{url:?} (item {index})"), e)
                 })?),
                 None => None,
             };
@@ -125,16 +127,17 @@ pub(super) fn start(
     publishers: CameraPublishers,
     logger: &str,
     backend: &str,
-) -> anyhow::Result<Started> {
-    let mut source = CaptureSource::start(&input.description)
-        .map_err(|e| anyhow::anyhow!("input {}: {e}", input.index))?;
+) -> Result<Started> {
+    // The cause names the description (`gst:...`), the context the input.
+    let in_input =
+        |e: Error| Error::Ros { context: format!("input {}", input.index), message: e.to_string() };
+    let mut source = CaptureSource::start(&input.description).map_err(in_input)?;
     let reads = Arc::new(LentReads::default());
     source.count_reads_in(reads.clone());
     // A live source negotiates its caps with its first frame: wait for it, so that caps
     // that cannot be negotiated stop the node as for a source that is not live. The frame
     // is the capture thread's first.
-    let first =
-        source.next(FIRST_FRAME_WAIT).map_err(|e| anyhow::anyhow!("input {}: {e}", input.index))?;
+    let first = source.next(FIRST_FRAME_WAIT).map_err(in_input)?;
     if first.is_none() {
         r2r::log_warn!(
             logger,
@@ -175,7 +178,7 @@ impl Cameras {
         stale_after_ms: u32,
         former: &Arc<Mutex<Former>>,
         shared: &Arc<Shared>,
-    ) -> anyhow::Result<Cameras> {
+    ) -> Result<Cameras> {
         let stop = Arc::new(AtomicBool::new(false));
         let stall = STALL_MIN.max(Duration::from_millis(u64::from(stale_after_ms)));
         let mut threads = Vec::new();
@@ -211,7 +214,8 @@ impl Cameras {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("gst-{index}"))
-                    .spawn(move || capture.run(source, first))?,
+                    .spawn(move || capture.run(source, first))
+                    .map_err(|e| Error::io(format!("starting the thread of input {index}"), e))?,
             );
         }
         Ok(Cameras { stop, threads })
@@ -261,28 +265,10 @@ impl Capture {
                 if self.stopping() {
                     break;
                 }
-                match CaptureSource::start(&self.input.description) {
-                    Ok(mut s) => {
-                        let mut st = lock(&self.shared.inputs[self.input.index]);
-                        if let Some(p) = st.pipeline.as_mut() {
-                            p.running = true;
-                            p.restarts += 1;
-                            p.live = s.is_live();
-                            s.count_reads_in(p.reads.clone());
-                        }
-                        drop(st);
-                        let line = format!(
-                            "input {} ({}): pipeline restarted",
-                            self.input.index, self.input.name
-                        );
-                        self.restart_log.info(&self.shared.logger, &line);
-                        source = Some(s);
-                        last_frame = Instant::now();
-                    }
-                    Err(e) => {
-                        self.fault(&e.to_string());
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
-                    }
+                source = self.restart();
+                match source {
+                    Some(_) => last_frame = Instant::now(),
+                    None => backoff = (backoff * 2).min(BACKOFF_MAX),
                 }
                 continue;
             };
@@ -314,6 +300,30 @@ impl Capture {
         }
         if let Some(s) = source.take() {
             let _ = s.stop();
+        }
+    }
+
+    /// Start the pipeline again: counted and logged (rate-limited), or the fault.
+    fn restart(&mut self) -> Option<CaptureSource> {
+        match CaptureSource::start(&self.input.description) {
+            Ok(mut s) => {
+                let mut st = lock(&self.shared.inputs[self.input.index]);
+                if let Some(p) = st.pipeline.as_mut() {
+                    p.running = true;
+                    p.restarts += 1;
+                    p.live = s.is_live();
+                    s.count_reads_in(p.reads.clone());
+                }
+                drop(st);
+                let line =
+                    format!("input {} ({}): pipeline restarted", self.input.index, self.input.name);
+                self.restart_log.info(&self.shared.logger, &line);
+                Some(s)
+            }
+            Err(e) => {
+                self.fault(&e.to_string());
+                None
+            }
         }
     }
 
@@ -372,10 +382,8 @@ impl Capture {
                 }
             }
         }
-        let received = Received {
-            image: Pixels::Captured(Captured { frame: frame.clone(), header: header.clone() }),
-            at,
-        };
+        let captured = Captured { frame: frame.clone(), header: header.clone() };
+        let received = Received::new(Pixels::Captured(captured), at);
         {
             let mut former = lock(&self.former);
             former.push(index, received, &self.shared);
@@ -454,125 +462,4 @@ fn capture_age(frame: &Frame, source: &CaptureSource) -> Option<Duration> {
     let now = source.clock_now_ns()?;
     let age = Duration::from_nanos(now.checked_sub(captured)?);
     (age <= LARGEST_AGE).then_some(age)
-}
-
-/// A matrix of the calibration YAML: `rows`, `cols`, `data`.
-#[derive(serde::Deserialize)]
-struct Matrix {
-    rows: usize,
-    cols: usize,
-    data: Vec<f64>,
-}
-
-/// The calibration YAML of ROS camera drivers (camera_calibration_parsers).
-#[derive(serde::Deserialize)]
-struct CalibrationFile {
-    image_width: u32,
-    image_height: u32,
-    camera_matrix: Matrix,
-    distortion_model: String,
-    distortion_coefficients: Matrix,
-    rectification_matrix: Matrix,
-    projection_matrix: Matrix,
-}
-
-impl Matrix {
-    fn exactly<const N: usize>(
-        self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<[f64; N], String> {
-        if (self.rows, self.cols) != (rows, cols) || self.data.len() != N {
-            return Err(format!(
-                "`{name}` is {}x{} with {} values; it must be {rows}x{cols}",
-                self.rows,
-                self.cols,
-                self.data.len()
-            ));
-        }
-        let mut out = [0.0; N];
-        out.copy_from_slice(&self.data);
-        Ok(out)
-    }
-}
-
-/// Read a calibration file given as a `file://` URL into a `CameraInfo` (no header).
-pub(super) fn read_calibration(url: &str) -> Result<CameraInfo, String> {
-    let path = url.strip_prefix("file://").ok_or_else(|| {
-        "only file:// URLs are read (e.g. file:///home/me/front.yaml)".to_string()
-    })?;
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {path}: {e}; give the path of a calibration YAML"))?;
-    parse_calibration(&text).map_err(|e| format!("{path}: {e}"))
-}
-
-/// A calibration YAML (as `camera_calibration` writes it) as a `CameraInfo`.
-fn parse_calibration(text: &str) -> Result<CameraInfo, String> {
-    let f: CalibrationFile = serde_yaml::from_str(text).map_err(|e| {
-        format!(
-            "not a camera calibration file ({e}); it needs image_width, image_height, \
-             camera_matrix, distortion_model, distortion_coefficients, \
-             rectification_matrix and projection_matrix, as camera_calibration writes them"
-        )
-    })?;
-    let d = f.distortion_coefficients;
-    if d.rows * d.cols != d.data.len() {
-        return Err(format!(
-            "`distortion_coefficients` is {}x{} but has {} values",
-            d.rows,
-            d.cols,
-            d.data.len()
-        ));
-    }
-    Ok(CameraInfo {
-        header: Default::default(),
-        height: f.image_height,
-        width: f.image_width,
-        distortion_model: f.distortion_model,
-        d: d.data,
-        k: f.camera_matrix.exactly::<9>("camera_matrix", 3, 3)?.to_vec(),
-        r: f.rectification_matrix.exactly::<9>("rectification_matrix", 3, 3)?.to_vec(),
-        p: f.projection_matrix.exactly::<12>("projection_matrix", 3, 4)?.to_vec(),
-        binning_x: 0,
-        binning_y: 0,
-        roi: RegionOfInterest::default(),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A calibration as `camera_calibration` writes it (test/data/README.md).
-    const CALIBRATION: &str = include_str!("../../../test/data/calibration_1080p.yaml");
-
-    #[test]
-    fn a_calibration_file_as_camera_calibration_writes_it() {
-        let info = parse_calibration(CALIBRATION).unwrap();
-        assert_eq!((info.width, info.height), (1920, 1080));
-        assert_eq!(info.k[2], 959.5);
-        assert_eq!(info.p[5], 1401.0);
-        assert_eq!(info.d, vec![-0.12, 0.03, 0.0, 0.0, 0.0]);
-        assert_eq!(info.distortion_model, "plumb_bob");
-        let dir = std::env::temp_dir().join(format!("vp_cal_{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("front.yaml");
-        std::fs::write(&path, CALIBRATION).unwrap();
-        let read = read_calibration(&format!("file://{}", path.display())).unwrap();
-        assert_eq!(read, info);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_bad_calibration_says_what_is_wrong() {
-        let e = parse_calibration("image_width: 640\n").unwrap_err();
-        assert!(e.contains("camera_matrix") && e.contains("camera_calibration"), "{e}");
-        let short = CALIBRATION.replace("data: [1400.0, 0.0, 959.5, 0.0, 0.0", "data: [0.0");
-        let e = parse_calibration(&short).unwrap_err();
-        assert!(e.contains("projection_matrix") && e.contains("3x4"), "{e}");
-        let e = read_calibration("file:///nonexistent/cal.yaml").unwrap_err();
-        assert!(e.contains("cannot read /nonexistent/cal.yaml"), "{e}");
-        assert!(read_calibration("package://cam/cal.yaml").unwrap_err().contains("file://"));
-    }
 }

@@ -55,8 +55,7 @@ impl Former {
     /// A frame of camera `camera` arrived.
     pub(super) fn push(&mut self, camera: usize, r: Received, shared: &Shared) {
         shared.stats.received.fetch_add(1, Ordering::Relaxed);
-        let frame =
-            Frame { stamp_ns: r.image.stamp_ns(), received_ns: self.ns(r.at), data: Arc::new(r) };
+        let frame = Frame { stamp_ns: r.stamp_ns, received_ns: self.ns(r.at), data: Arc::new(r) };
         let at = frame.data.at;
         let batches = self.batcher.push(camera, frame);
         lock(&shared.cameras)[camera].last_arrival = Some(at);

@@ -151,7 +151,6 @@ impl Handoff {
     /// The outputs of the next set: the block to write it into when `tensor_ref` has
     /// subscribers, and whether the `tensor` message gets the bytes too.
     pub(super) fn outputs(&mut self, pipeline: &Pipeline, shared: &Shared) -> SetOutputs {
-        let log = &mut self.log;
         let subscribed = |p: &r2r::PublisherUntyped| {
             p.get_inter_process_subscription_count().map_or(true, |n| n > 0)
         };
@@ -164,29 +163,10 @@ impl Handoff {
         let fill = subscribed(&self.tensor);
         let logger = shared.logger.as_str();
         let bytes = pipeline.output_bytes();
-        if bytes > self.pool.block_size() || epoch != self.epoch {
-            match open(pipeline, self.blocks, bytes, self.lease, &self.dir, logger) {
-                Ok((pool, srv)) => {
-                    let why = if epoch != self.epoch {
-                        "the backend was replaced".to_string()
-                    } else {
-                        format!("the output grew to {bytes} bytes")
-                    };
-                    r2r::log_info!(
-                        logger,
-                        "tensor_ref: {why}: consumers move to pool {}",
-                        pool.id()
-                    );
-                    *lock(&shared.pool) = Some(Arc::clone(&pool));
-                    self.pool = pool;
-                    self.epoch = epoch;
-                    self._server = srv;
-                }
-                Err(e) => {
-                    log.error(&shared.logger, &format!("tensor_ref: a new pool: {e}"));
-                    return SetOutputs::Go { block: None, fill: true };
-                }
-            }
+        if (bytes > self.pool.block_size() || epoch != self.epoch)
+            && !self.replace_pool(pipeline, shared, (epoch, bytes))
+        {
+            return SetOutputs::Go { block: None, fill: true };
         }
         if !wanted {
             return SetOutputs::Go { block: None, fill: true };
@@ -201,6 +181,7 @@ impl Handoff {
                 self.lease.as_millis()
             );
         }
+        let log = &mut self.log;
         match lease {
             Some(block) => SetOutputs::Go { block: Some(block), fill },
             None if fill => {
@@ -224,6 +205,36 @@ impl Handoff {
                     ),
                 );
                 SetOutputs::NoBlock
+            }
+        }
+    }
+
+    /// A new pool for `pipeline` (its backend was replaced: `epoch`; or its output grew to
+    /// `bytes`), which consumers move to; false (logged) when none could be made.
+    fn replace_pool(
+        &mut self,
+        pipeline: &Pipeline,
+        shared: &Shared,
+        (epoch, bytes): (u64, usize),
+    ) -> bool {
+        let logger = shared.logger.as_str();
+        match open(pipeline, self.blocks, bytes, self.lease, &self.dir, logger) {
+            Ok((pool, srv)) => {
+                let why = if epoch != self.epoch {
+                    "the backend was replaced".to_string()
+                } else {
+                    format!("the output grew to {bytes} bytes")
+                };
+                r2r::log_info!(logger, "tensor_ref: {why}: consumers move to pool {}", pool.id());
+                *lock(&shared.pool) = Some(Arc::clone(&pool));
+                self.pool = pool;
+                self.epoch = epoch;
+                self._server = srv;
+                true
+            }
+            Err(e) => {
+                self.log.error(logger, &format!("tensor_ref: a new pool: {e}"));
+                false
             }
         }
     }

@@ -115,12 +115,13 @@ pub(super) fn arrived(shared: &Shared, index: usize, msg: Incoming, at: Instant)
         Incoming::Raw(m) => Pixels::Message(NativeImage::new(m)),
         Incoming::Compressed(m) => Pixels::Compressed(NativeCompressed::new(m)),
     };
-    let (stamp_ns, bytes) = match &image {
-        Pixels::Message(m) => (m.stamp_ns(), m.data().len()),
-        Pixels::Compressed(m) => (m.stamp_ns(), m.data().len()),
-        #[cfg(feature = "gstreamer")]
-        Pixels::Captured(_) => (image.stamp_ns(), 0),
+    let bytes = match &image {
+        Pixels::Message(m) => m.data().len(),
+        Pixels::Compressed(m) => m.data().len(),
+        Pixels::Captured(_) => 0,
     };
+    let received = Received::new(image, at);
+    let stamp_ns = received.stamp_ns;
     let mut input = lock(&shared.inputs[index]);
     input.monitor.image(at, stamp_ns, bytes);
     // Its age on the node's clock tells a live camera from a recording (not under sim
@@ -129,7 +130,7 @@ pub(super) fn arrived(shared: &Shared, index: usize, msg: Incoming, at: Instant)
         input.monitor.image_age(at, now.as_secs_f64() - stamp_ns as f64 * 1e-9);
     }
     drop(input);
-    Received { image, at }
+    received
 }
 
 impl Input {
@@ -191,30 +192,36 @@ impl Input {
             );
             input.own = Some(own);
         }
-        let mut st = lock(&shared.inputs[index]);
-        st.topic = input.image.resolved.clone();
-        st.transport = Some(transport);
-        if preset == QosPreset::Auto {
+        input.subscribe_first(node, shared)?;
+        input.adapt(node, shared).map_err(|e| e.to_string())?;
+        Ok(input)
+    }
+
+    /// Say the input's topic and transport in its state, and subscribe with the preset's
+    /// QoS; with `auto`, only once a publisher is seen (`adapt`).
+    fn subscribe_first(&mut self, node: &mut r2r::Node, shared: &Shared) -> Result<(), String> {
+        let mut st = lock(&shared.inputs[self.index]);
+        st.topic = self.image.resolved.clone();
+        st.transport = Some(self.transport);
+        if self.preset == QosPreset::Auto {
             // Subscribed in `adapt` once a publisher is seen: a subscription made before
             // would be best effort (to match any publisher), and a reliable camera's
             // first frames, sent to it before the node could switch, would be lost.
-            for topic in [&input.image.resolved, &input.info.resolved] {
+            for topic in [&self.image.resolved, &self.info.resolved] {
                 r2r::log_info!(&shared.logger, "input_qos auto: {topic}: {NO_PUBLISHER_YET}");
             }
             st.qos = format!("auto: {NO_PUBLISHER_YET}");
         } else {
-            let qos = qos_profile(preset, depth, None);
-            input.subscribe_images(node, qos.clone()).map_err(|e| e.to_string())?;
-            input.infos = Some(Box::new(
-                node.subscribe::<CameraInfo>(&input.info.relative, qos)
+            let qos = qos_profile(self.preset, self.depth, None);
+            self.subscribe_images(node, qos.clone()).map_err(|e| e.to_string())?;
+            self.infos = Some(Box::new(
+                node.subscribe::<CameraInfo>(&self.info.relative, qos)
                     .map_err(|e| e.to_string())?,
             ));
-            st.qos = format!("input_qos {}", preset_name(preset));
-            st.best_effort = preset == QosPreset::SensorData;
+            st.qos = format!("input_qos {}", preset_name(self.preset));
+            st.best_effort = self.preset == QosPreset::SensorData;
         }
-        drop(st);
-        input.adapt(node, shared).map_err(|e| e.to_string())?;
-        Ok(input)
+        Ok(())
     }
 
     /// (Re)subscribe to the images with `qos`: through the input's own participant, or

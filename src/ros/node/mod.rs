@@ -11,7 +11,7 @@
 //! to `/rosout` too (`rosout`); times relative to the world follow the node's ROS clock
 //! (`clock`, `use_sim_time`).
 
-#[cfg(feature = "gstreamer")]
+mod calibration;
 mod camera;
 mod clock;
 mod diagnostics;
@@ -29,8 +29,11 @@ mod stats;
 
 use super::dds::DdsSetup;
 use super::native::{self, RosArgs};
-use crate::config::InputSource;
-use crate::pipeline::{select_backend, Pipeline};
+use super::ros_err;
+use crate::backend::Backend;
+use crate::config::{Config, InputSource};
+use crate::error::{Error, Result};
+use crate::pipeline::{open_backend, Pipeline};
 use crate::transport::dds;
 use r2r::diagnostic_msgs::msg::DiagnosticArray;
 use r2r::QosProfile;
@@ -51,13 +54,17 @@ static LOGGER: OnceLock<String> = OnceLock::new();
 
 /// Entry point of `vision_preproc_node`.
 pub fn main() -> ExitCode {
+    let logger = || LOGGER.get().map(String::as_str).unwrap_or(NODE_NAME);
+    // Through rcutils, like every other line: `[FATAL] [<time>] [<logger>]: ...`
+    // (RCUTILS_CONSOLE_OUTPUT_FORMAT applies).
     match run() {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(reason)) => {
+            r2r::log_fatal!(logger(), "{reason}");
+            ExitCode::FAILURE
+        }
         Err(e) => {
-            // Through rcutils, like every other line: `[FATAL] [<time>] [<logger>]: ...`
-            // (RCUTILS_CONSOLE_OUTPUT_FORMAT applies).
-            let logger = LOGGER.get().map(String::as_str).unwrap_or(NODE_NAME);
-            r2r::log_fatal!(logger, "{e:#}");
+            r2r::log_fatal!(logger(), "{e}");
             ExitCode::FAILURE
         }
     }
@@ -66,7 +73,7 @@ pub fn main() -> ExitCode {
 /// The node's parameters, read once from the command line (`--params-file`, `-p`) before
 /// the DDS participant exists: the Fast DDS segment is sized from the same configuration
 /// the node runs with.
-fn read_parameters(args: Option<&RosArgs>) -> anyhow::Result<(NodeParams, Vec<String>)> {
+fn read_parameters(args: Option<&RosArgs>) -> Result<(NodeParams, Vec<String>)> {
     let overrides = args.map(|a| a.parameter_overrides(NODE_NAME)).unwrap_or_default();
     let (params, unknown) =
         NodeParams::from_overrides(overrides.iter().map(|(k, v)| (k.as_str(), v)))?;
@@ -93,14 +100,8 @@ fn log_dds(logger: &str, setup: &DdsSetup) {
 
 /// The configured backend (a warning when `auto` fell back to the CPU) and what
 /// `/diagnostics` says of it.
-fn open_backend(
-    config: &crate::config::Config,
-    logger: &str,
-) -> anyhow::Result<(Box<dyn crate::backend::Backend>, BackendInfo)> {
-    let (backend, fallback) = select_backend(config)?;
-    if let Some(reason) = &fallback {
-        r2r::log_warn!(logger, "backend auto: no usable GPU, using the CPU backend ({reason})");
-    }
+fn start_backend(config: &Config, logger: &str) -> Result<(Box<dyn Backend>, BackendInfo)> {
+    let (backend, fallback) = open_backend(config, |w| r2r::log_warn!(logger, "{w}"))?;
     let backend_info = BackendInfo {
         name: backend.name().to_string(),
         device: backend.device_description(),
@@ -133,13 +134,35 @@ fn open_backend(
     Ok((backend, backend_info))
 }
 
-fn run() -> anyhow::Result<()> {
+/// The node before its inputs and threads: the runtime and the signals it listens to, the
+/// r2r node with its logger, `/rosout`, parameters, clock and DDS set-up.
+struct Base {
+    rt: tokio::runtime::Runtime,
+    signals: super::ShutdownSignals,
+    ros_args: Option<RosArgs>,
+    logger: String,
+    /// The name `/diagnostics` statuses carry.
+    status_name: String,
+    rosout: Option<rosout::Rosout>,
+    dds_setup: DdsSetup,
+    config: Config,
+    clock: NodeClock,
+    params: Arc<Mutex<NodeParams>>,
+}
+
+/// Listen for signals, read the parameters, set up DDS and create the node with its
+/// `/rosout` and clock.
+fn create_node() -> Result<(Base, r2r::Node)> {
     // Listen for SIGINT/SIGTERM before anything else: a signal during start-up then
     // ends the node as a later one does (it used to kill it, or be lost).
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let mut signals = {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("starting the tokio runtime", e))?;
+    let signals = {
         let _context = rt.enter();
-        super::ShutdownSignals::listen()?
+        super::ShutdownSignals::listen().map_err(|e| Error::io("listening for signals", e))?
     };
     let ros_args = RosArgs::parse();
     // Parameters: command line / params file over the defaults, validated; names the
@@ -147,34 +170,49 @@ fn run() -> anyhow::Result<()> {
     // value stops the node once it can say so (on /rosout too); the DDS segment of that
     // short life is sized for the defaults.
     let parsed = read_parameters(ros_args.as_ref());
-    let (dds_setup, dds_warning) = DdsSetup::configure(
-        parsed.as_ref().map_or(&crate::config::Config::default(), |(p, _)| &p.config),
-    )?;
-    let ctx = r2r::Context::create()?;
-    let mut node = r2r::Node::create(ctx, NODE_NAME, "")?;
+    let (dds_setup, dds_warning) =
+        DdsSetup::configure(parsed.as_ref().map_or(&Config::default(), |(p, _)| &p.config))?;
+    let ctx = r2r::Context::create().map_err(|e| ros_err("creating the ROS context", e))?;
+    let mut node =
+        r2r::Node::create(ctx, NODE_NAME, "").map_err(|e| ros_err("creating the node", e))?;
     let logger = node.logger().to_string();
     let _ = LOGGER.set(logger.clone());
     // Before anything logs from another thread (the handler swap is not synchronized).
-    let rosout = rosout::Rosout::install(&mut node, &logger)?;
-    let status_name = node.fully_qualified_name()?.trim_start_matches('/').to_string();
+    let rosout = rosout::Rosout::install(&mut node, &logger)
+        .map_err(|e| ros_err("creating the /rosout publisher", e))?;
+    let status_name = node
+        .fully_qualified_name()
+        .map_err(|e| ros_err("reading the node's name", e))?
+        .trim_start_matches('/')
+        .to_string();
     let (node_params, unknown) = parsed?;
     let config = node_params.config.clone();
-    for u in &unknown {
-        r2r::log_warn!(&logger, "{u}");
-    }
-    log_dds(&logger, &dds_setup);
-    if let Some(w) = &dds_warning {
+    for w in unknown.iter().chain(&dds_warning) {
         r2r::log_warn!(&logger, "{w}");
     }
+    log_dds(&logger, &dds_setup);
     let clock = NodeClock::of(&node);
     clock.request_sim_time(node_params.use_sim_time);
     let params = Arc::new(Mutex::new(node_params));
-    let param_server =
-        param_services::start(&mut node, params.clone(), clock.clone(), logger.clone())?;
+    let base = Base {
+        rt,
+        signals,
+        ros_args,
+        logger,
+        status_name,
+        rosout,
+        dds_setup,
+        config,
+        clock,
+        params,
+    };
+    Ok((base, node))
+}
 
-    let (backend, backend_info) = open_backend(&config, &logger)?;
-    let sources = config.input_sources();
-    let topics: Vec<spin::TopicInput> = sources
+/// The topic inputs of `config` (the pipeline inputs are the cameras').
+fn topic_inputs(config: &Config) -> Vec<spin::TopicInput> {
+    config
+        .input_sources()
         .iter()
         .enumerate()
         .filter_map(|(i, s)| match s {
@@ -185,44 +223,67 @@ fn run() -> anyhow::Result<()> {
             }),
             InputSource::Pipeline(_) => None,
         })
-        .collect();
-    let outputs = Outputs::create(
-        &mut node,
-        sources.len(),
-        &output_qos(config.output_qos, config.output_qos_depth),
-    )?;
-    log_batching(&logger, &config);
-    // The pipeline inputs start now: one that cannot stops the node with the cause.
-    #[cfg(feature = "gstreamer")]
-    let pipelines = camera::PipelineInput::of(&config)?
+        .collect()
+}
+
+/// Start the pipeline inputs of `config` (each with its publishers): one that cannot
+/// start stops the node with the cause.
+fn open_cameras(
+    node: &mut r2r::Node,
+    config: &Config,
+    logger: &str,
+    backend: &str,
+) -> Result<Vec<camera::Started>> {
+    camera::PipelineInput::of(config)?
         .into_iter()
         .map(|p| {
-            let publishers = camera::CameraPublishers::create(&mut node, &p.name)?;
-            camera::start(p, publishers, &logger, &backend_info.name)
+            let publishers = camera::CameraPublishers::create(node, &p.name)
+                .map_err(|e| ros_err(&format!("creating the publishers of {}", p.name), e))?;
+            camera::start(p, publishers, logger, backend)
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let former = Arc::new(Mutex::new(former::Former::new(&config)));
-    let diagnostics =
-        node.create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())?;
+        .collect()
+}
+
+/// The node's threads, running: spin, cameras, processing; the `/diagnostics` publisher.
+struct Running {
+    spinner: std::thread::JoinHandle<r2r::Node>,
+    diagnostics: r2r::Publisher<DiagnosticArray>,
+    cameras: camera::Cameras,
+    processor: std::thread::JoinHandle<()>,
+    former: Arc<Mutex<former::Former>>,
+    shared: Arc<Shared>,
+}
+
+/// Open the backend, the outputs and the inputs, then start the node's threads.
+fn start(base: &Base, mut node: r2r::Node, ros_args: Option<RosArgs>) -> Result<Running> {
+    let (logger, config) = (base.logger.as_str(), &base.config);
+    let (backend, backend_info) = start_backend(config, logger)?;
+    let inputs = config.input_count();
+    let qos = output_qos(config.output_qos, config.output_qos_depth);
+    let outputs = Outputs::create(&mut node, inputs, &qos)
+        .map_err(|e| ros_err("creating the output publishers", e))?;
+    log_batching(logger, config);
+    let pipelines = open_cameras(&mut node, config, logger, &backend_info.name)?;
+    let former = Arc::new(Mutex::new(former::Former::new(config)));
+    let diagnostics = node
+        .create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())
+        .map_err(|e| ros_err("creating the /diagnostics publisher", e))?;
     let ref_topic = tensor_ref_topic(&node, ros_args.as_ref())?;
     let subscriptions = spin::Subscriptions {
-        topics,
+        topics: topic_inputs(config),
         preset: config.input_qos,
         depth: config.input_qos_depth,
         participants: config.input_participants,
         ros_args,
     };
-    #[cfg(feature = "gstreamer")]
     let stale_after_ms = config.stale_after_ms;
-    let pipeline = Pipeline::new(config, backend)?;
-    let shared =
-        Arc::new(Shared::new(sources.len(), params, logger.clone(), clock.clone(), backend_info));
-
+    let pipeline = Pipeline::new(config.clone(), backend)?;
+    let (params, clock) = (base.params.clone(), base.clock.clone());
+    let shared = Arc::new(Shared::new(inputs, params, logger.to_string(), clock, backend_info));
     // The node is handed back when spinning stops, and kept until the end of `run`:
     // dropping it invalidates every publisher, and the set in flight, the last
     // /diagnostics status and the final log still need them.
     let spinner = spin::start(node, subscriptions, former.clone(), &shared)?;
-    #[cfg(feature = "gstreamer")]
     let cameras = camera::Cameras::run(pipelines, stale_after_ms, &former, &shared)?;
     let handoff = handoff::Handoff::start(
         &pipeline,
@@ -234,51 +295,79 @@ fn run() -> anyhow::Result<()> {
     let proc_shared = shared.clone();
     let processor = std::thread::Builder::new()
         .name("process".into())
-        .spawn(move || process::process_loop(pipeline, &proc_shared, outputs, handoff))?;
+        .spawn(move || process::process_loop(pipeline, &proc_shared, outputs, handoff))
+        .map_err(|e| Error::io("starting the processing thread", e))?;
+    Ok(Running { spinner, diagnostics, cameras, processor, former, shared })
+}
 
-    rt.block_on(async {
+fn run() -> Result<Option<String>> {
+    let (mut base, mut node) = create_node()?;
+    let param_server = param_services::start(
+        &mut node,
+        base.params.clone(),
+        base.clock.clone(),
+        base.logger.clone(),
+    )
+    .map_err(|e| ros_err("creating the parameter services", e))?;
+    let ros_args = base.ros_args.take();
+    let running = start(&base, node, ros_args)?;
+    wait_for_stop(&mut base, &running, param_server);
+    stop(base, running)
+}
+
+/// Serve the parameters and publish `/diagnostics` until a signal or a fatal error; then
+/// stop ingest.
+fn wait_for_stop(
+    base: &mut Base,
+    running: &Running,
+    param_server: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (signals, shared) = (&mut base.signals, &running.shared);
+    base.rt.block_on(async {
         let tasks = [
             tokio::spawn(param_server),
             tokio::spawn(diagnostics::publish_diagnostics(
-                diagnostics.clone(),
+                running.diagnostics.clone(),
                 shared.clone(),
-                status_name.clone(),
+                base.status_name.clone(),
             )),
         ];
         tokio::select! {
             _ = signals.recv() => {}
             _ = shared.fatal_signal.notified() => {}
         }
-        r2r::log_info!(&logger, "shutting down");
+        r2r::log_info!(&base.logger, "shutting down");
         shared.stop();
         for t in tasks {
             t.abort();
         }
     });
+}
+
+/// Stop the threads, count and log what is left, and say why the node exits: `None` for a
+/// clean stop, the fatal error's reason (after a last `/diagnostics` status saying it).
+fn stop(base: Base, running: Running) -> Result<Option<String>> {
+    let Running { spinner, diagnostics, cameras, processor, former, shared } = running;
     // Every thread that pushes frames stops (pipelines to NULL, their threads joined)
     // before the former counts what it still holds.
-    #[cfg(feature = "gstreamer")]
     drop(cameras);
-    processor.join().map_err(|_| anyhow::anyhow!("processing thread panicked"))?;
-    let _node = spinner.join().map_err(|_| anyhow::anyhow!("spin thread panicked"))?;
+    let panicked = |thread: &str| Error::misuse(thread, "the thread panicked");
+    processor.join().map_err(|_| panicked("processing thread"))?;
+    let _node = spinner.join().map_err(|_| panicked("spin thread"))?;
     lock(&former).finish(&shared);
-    log_stopped(&logger, &shared);
+    log_stopped(&base.logger, &shared);
     let fatal = lock(&shared.fatal).take();
     if let Some(reason) = &fatal {
         // A last /diagnostics status saying why, before the node goes away.
-        diagnostics::publish_exit(&diagnostics, &shared, &status_name, reason);
+        diagnostics::publish_exit(&diagnostics, &shared, &base.status_name, reason);
     }
     linger();
-    drop(rosout);
-    drop(dds_setup);
-    match fatal {
-        Some(reason) => anyhow::bail!("{reason}"),
-        None => Ok(()),
-    }
+    drop(base.rosout);
+    drop(base.dds_setup);
+    Ok(fatal)
 }
-
 /// With 2+ inputs, the start-up line that says how the cameras are batched.
-fn log_batching(logger: &str, config: &crate::config::Config) {
+fn log_batching(logger: &str, config: &Config) {
     let topics = &config.inputs;
     if config.is_batch() {
         r2r::log_info!(
@@ -294,8 +383,9 @@ fn log_batching(logger: &str, config: &crate::config::Config) {
 }
 
 /// The resolved name of `tensor_ref` (namespace, remaps), for the hand-off's log lines.
-fn tensor_ref_topic(node: &r2r::Node, ros_args: Option<&RosArgs>) -> anyhow::Result<String> {
-    let (name, namespace) = (node.name()?, node.namespace()?);
+fn tensor_ref_topic(node: &r2r::Node, ros_args: Option<&RosArgs>) -> Result<String> {
+    let err = |e| ros_err("reading the node's name", e);
+    let (name, namespace) = (node.name().map_err(err)?, node.namespace().map_err(err)?);
     Ok(ros_args
         .and_then(|a| a.resolve_topic("tensor_ref", &name, &namespace))
         .unwrap_or_else(|| format!("{}/tensor_ref", namespace.trim_end_matches('/'))))

@@ -9,9 +9,10 @@
 use super::handoff::{Handoff, SetOutputs};
 use super::publish::{ages, publish_loop, Ready, ReadySlot};
 use super::shared::Formed;
-use super::shared::{lock, Invalid, Outputs, RateLimitedLog, Received, Shared, View};
+use super::shared::{lock, Invalid, Outputs, RateLimitedLog, Received, Shared};
 use crate::pipeline::{
-    self, slot_reason, Announce, Finished, FrameInput, FrameSet, GpuFailure, InFlight, Pipeline,
+    self, slot_reason, Announce, Finished, FrameInput, FrameSet, FrameView, GpuFailure, InFlight,
+    Pipeline,
 };
 use crate::transport::batch_sync::Item;
 use crate::wire::msgs::Header;
@@ -82,7 +83,7 @@ struct NodeSet<'c> {
 impl FrameSet for NodeSet<'_> {
     fn with_inputs<R>(&self, f: impl FnOnce(&[FrameInput<'_, '_>]) -> R) -> R {
         let slots = slots_of(&self.formed);
-        let views: Vec<Option<View<'_>>> = slots
+        let views: Vec<Option<FrameView<'_>>> = slots
             .iter()
             .zip(&self.valid)
             .map(|(s, &valid)| s.frame.filter(|_| valid).and_then(|f| f.image.view().ok()))
@@ -193,7 +194,7 @@ fn slots_of(formed: &Formed) -> Vec<Slot<'_>> {
             Item::Frame { frame, repeated } => Slot {
                 frame: Some(frame.data.as_ref()),
                 repeated: *repeated,
-                header: frame.data.image.header(),
+                header: frame.data.header.clone(),
             },
             Item::Stale => Slot { frame: None, repeated: false, header: Header::default() },
         })
@@ -203,7 +204,7 @@ fn slots_of(formed: &Formed) -> Vec<Slot<'_>> {
 /// The pipeline's inputs of `slots` with their `views` (`None`: no frame, or invalid).
 fn inputs_of<'a, 'b>(
     slots: &'b [Slot<'a>],
-    views: &'b [Option<View<'a>>],
+    views: &'b [Option<FrameView<'a>>],
     topics: &'b [String],
 ) -> Vec<FrameInput<'a, 'b>> {
     slots
@@ -212,9 +213,9 @@ fn inputs_of<'a, 'b>(
         .enumerate()
         .map(|(i, (s, v))| FrameInput {
             topic: &topics[i],
-            image: v.as_ref().map(View::frame),
+            image: v.as_ref().map(FrameView::frame),
             header: &s.header,
-            source_encoding: s.frame.map_or("", |f| f.image.encoding()),
+            source_encoding: s.frame.map_or("", |f| f.encoding.as_str()),
             repeated: s.repeated,
         })
         .collect()
@@ -331,12 +332,52 @@ impl<'c> Context<'c> {
                 shared.exit_fatal(e.to_string(), set.new_valid + unpublished);
                 return Outcome::Stop;
             }
-            Err(crate::Error::Image(e)) => {
-                // A single camera's frame that the configuration refuses (its roi).
-                reject(shared, log, topics, 0, ("invalid image: ", &e.to_string()));
+            Err(e) => {
+                self.count_failed(&set, e, log);
                 return Outcome::Nothing;
             }
-            Err(crate::Error::Decode(e)) => {
+        };
+        let slots = slots_of(&set.formed);
+        for (i, reason) in &info.rejected {
+            if !slots[*i].repeated {
+                reject(shared, log, topics, *i, ("", reason));
+            }
+        }
+        if let Some(failure) = &info.gpu_failure {
+            note_gpu_failure(sets.pipeline(), failure, shared);
+        }
+        let slots = slots
+            .iter()
+            .map(|s| ReadySlot {
+                header: s.header.clone(),
+                arrived: s.frame.map(|f| f.at),
+                repeated: s.repeated,
+            })
+            .collect();
+        let ready = Ready {
+            message,
+            slots,
+            geometries: info.geometries,
+            header: set.with_inputs(pipeline::set_header),
+            times: info.times,
+            backend: sets.pipeline().backend().name(),
+            formed_at: set.formed.at,
+            announced_at: set.announced_at,
+            new_valid: set.new_valid,
+        };
+        Outcome::Ready(Box::new(ready))
+    }
+    /// A set that failed with `e` (other than the GPU failure the node exits on): a single
+    /// camera's frame that the configuration refuses or a compressed frame that did not
+    /// decode is rejected; else its new frames are counted failed; logged.
+    fn count_failed(&self, set: &NodeSet<'c>, e: crate::Error, log: &mut RateLimitedLog) {
+        let (shared, topics) = (self.shared, self.topics);
+        match e {
+            crate::Error::Image(e) => {
+                // A single camera's frame that the configuration refuses (its roi).
+                reject(shared, log, topics, 0, ("invalid image: ", &e.to_string()));
+            }
+            crate::Error::Decode(e) => {
                 // A compressed frame whose headers were fine but whose data did not decode
                 // (corrupt entropy-coded data): rejected; with a batch, the set's other
                 // new frames go with it (the decoder does not say which slot), counted
@@ -357,44 +398,14 @@ impl<'c> Context<'c> {
                         shared.stats.failed(why.clone());
                     }
                 }
-                return Outcome::Nothing;
             }
-            Err(e) => {
+            e => {
                 log.error(&shared.logger, &format!("frame failed: {e}"));
                 for _ in 0..set.new_valid {
                     shared.stats.failed(e.to_string());
                 }
-                return Outcome::Nothing;
-            }
-        };
-        let slots = slots_of(&set.formed);
-        for (i, reason) in &info.rejected {
-            if !slots[*i].repeated {
-                reject(shared, log, topics, *i, ("", reason));
             }
         }
-        if let Some(failure) = &info.gpu_failure {
-            note_gpu_failure(sets.pipeline(), failure, shared);
-        }
-        let ready = Ready {
-            message,
-            slots: slots
-                .iter()
-                .map(|s| ReadySlot {
-                    header: s.header.clone(),
-                    arrived: s.frame.map(|f| f.at),
-                    repeated: s.repeated,
-                })
-                .collect(),
-            geometries: info.geometries,
-            header: set.with_inputs(pipeline::set_header),
-            times: info.times,
-            backend: sets.pipeline().backend().name(),
-            formed_at: set.formed.at,
-            announced_at: set.announced_at,
-            new_valid: set.new_valid,
-        };
-        Outcome::Ready(Box::new(ready))
     }
 }
 

@@ -37,13 +37,13 @@ pub(super) struct Ready {
     pub(super) new_valid: u64,
 }
 
-/// The publishing thread: each processed set's message (with a batch's ages at publish
 /// Each item's age now on the node's clock (`TensorBatch`'s and `TensorRef`'s items).
 pub(super) fn ages<'h>(shared: &Shared, headers: impl Iterator<Item = &'h Header>) -> Vec<f32> {
     let now = shared.clock.now();
     headers.map(|h| clock::age_us(now, &ros_header(h).stamp)).collect()
 }
 
+/// The publishing thread: each processed set's message (with a batch's ages at publish
 /// time), camera_info per item, `FrameTiming` and `debug_image`.
 pub(super) fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs) {
     let logger = shared.logger.as_str();
@@ -57,21 +57,7 @@ pub(super) fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs)
         if let Err(e) = ready.message.set_ages(&ages) {
             r2r::log_warn!(logger, "TensorBatch ages: {e}");
         }
-        // The descriptor first (small: consumers of the shared block get it sooner),
-        // unless it went out already, before the set's GPU work ended.
-        let mut outputs = if ready.message.announced() { OUTPUT_TENSOR_REF } else { 0 };
-        if let Some(cdr) = ready.message.tensor_ref(&ages) {
-            match out.tensor_ref.publish_raw(&cdr) {
-                Ok(()) => outputs |= OUTPUT_TENSOR_REF,
-                Err(e) => error_log.error(logger, &format!("publishing tensor_ref: {e}")),
-            }
-        }
-        if ready.message.has_bytes() {
-            match out.tensor.publish_raw(ready.message.bytes()) {
-                Ok(()) => outputs |= OUTPUT_TENSOR,
-                Err(e) => error_log.error(logger, &format!("publishing tensor: {e}")),
-            }
-        }
+        let outputs = publish_tensor(&ready, &ages, out, (&mut error_log, logger));
         if outputs == 0 {
             for _ in 0..ready.new_valid {
                 shared.stats.failed("publishing tensor and tensor_ref failed".into());
@@ -79,31 +65,8 @@ pub(super) fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs)
             continue;
         }
         shared.sets_published.fetch_add(1, Ordering::Relaxed);
-        for (i, g) in ready.geometries.iter().enumerate() {
-            let (Some(g), Some(publisher)) = (g, out.camera_info.get(i)) else {
-                continue;
-            };
-            if let Some(info_msg) = lock(&shared.camera_infos[i]).as_ref() {
-                let scaled = scaled_camera_info(info_msg, g, &ros_header(&ready.slots[i].header));
-                if let Err(e) = publisher.publish(&scaled) {
-                    r2r::log_warn!(logger, "publishing camera_info of input {i}: {e}");
-                }
-            }
-        }
-        let mut oldest_age = 0.0f32;
-        {
-            let mut cams = lock(&shared.cameras);
-            for (i, (s, g)) in ready.slots.iter().zip(&ready.geometries).enumerate() {
-                let (Some(arrived), Some(_)) = (s.arrived, g) else {
-                    continue;
-                };
-                oldest_age = oldest_age.max(ages[i]);
-                if !s.repeated {
-                    shared.stats.published(arrived.elapsed().as_secs_f32() * 1e3);
-                    cams[i].published += 1;
-                }
-            }
-        }
+        publish_camera_infos(&ready, shared, out);
+        let oldest_age = count_published(&ready, &ages, shared);
         let dropped = shared.stats.dropped.load(Ordering::Relaxed);
         // Until its outputs went out: the `TensorRef` alone when it was announced and
         // no `tensor` was published.
@@ -137,6 +100,65 @@ pub(super) fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs)
         }
         // The message's buffer goes back to the pipeline when `ready` is dropped here.
     }
+}
+
+/// The set's descriptor first (small: consumers of the shared block get it sooner),
+/// unless it went out already, before the set's GPU work ended; then its tensor. The
+/// outputs that went out (`FrameTiming::outputs`).
+fn publish_tensor(
+    ready: &Ready,
+    ages: &[f32],
+    out: &Outputs,
+    (error_log, logger): (&mut RateLimitedLog, &str),
+) -> u8 {
+    let mut outputs = if ready.message.announced() { OUTPUT_TENSOR_REF } else { 0 };
+    if let Some(cdr) = ready.message.tensor_ref(ages) {
+        match out.tensor_ref.publish_raw(&cdr) {
+            Ok(()) => outputs |= OUTPUT_TENSOR_REF,
+            Err(e) => error_log.error(logger, &format!("publishing tensor_ref: {e}")),
+        }
+    }
+    if ready.message.has_bytes() {
+        match out.tensor.publish_raw(ready.message.bytes()) {
+            Ok(()) => outputs |= OUTPUT_TENSOR,
+            Err(e) => error_log.error(logger, &format!("publishing tensor: {e}")),
+        }
+    }
+    outputs
+}
+
+/// Each processed item's camera_info (the newest of its input), scaled to the network
+/// input.
+fn publish_camera_infos(ready: &Ready, shared: &Shared, out: &Outputs) {
+    for (i, g) in ready.geometries.iter().enumerate() {
+        let (Some(g), Some(publisher)) = (g, out.camera_info.get(i)) else {
+            continue;
+        };
+        if let Some(info_msg) = lock(&shared.camera_infos[i]).as_ref() {
+            let scaled = scaled_camera_info(info_msg, g, &ros_header(&ready.slots[i].header));
+            if let Err(e) = publisher.publish(&scaled) {
+                r2r::log_warn!(shared.logger.as_str(), "publishing camera_info of input {i}: {e}");
+            }
+        }
+    }
+}
+
+/// Count the set's new frames published (with their latency) per camera; returns the
+/// oldest processed item's age.
+fn count_published(ready: &Ready, ages: &[f32], shared: &Shared) -> f32 {
+    let mut oldest_age = 0.0f32;
+    let mut cams = lock(&shared.cameras);
+    for (i, (s, g)) in ready.slots.iter().zip(&ready.geometries).enumerate() {
+        let (Some(arrived), Some(_)) = (s.arrived, g) else {
+            continue;
+        };
+        oldest_age = oldest_age.max(ages[i]);
+        if !s.repeated {
+            shared.stats.published(arrived.elapsed().as_secs_f32() * 1e3);
+            cams[i].published += 1;
+        }
+    }
+    oldest_age
 }
 
 /// `debug_image`: what the network sees, de-normalized to rgb8 (grey tensors as mono8; a

@@ -8,9 +8,9 @@ use super::clock::{self, NodeClock};
 use super::native::{NativeCompressed, NativeImage};
 use super::params::NodeParams;
 use super::stats::{BackendInfo, Stats};
-use crate::backend::Frame;
 use crate::compressed::{Compressed, Limits};
-use crate::image::{ImageView, LentReads};
+use crate::image::LentReads;
+use crate::pipeline::FrameView;
 use crate::transport::batch_sync::{Batch, CameraCounts, Item};
 use crate::transport::{DeliveryMonitor, Latest};
 use crate::wire::msgs::Header;
@@ -154,12 +154,33 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A frame as received, with the instant it arrived.
+/// A frame as received, with what the node reads of it once, when it arrives: its
+/// header, stamp and encoding.
 pub(super) struct Received {
-    /// Its pixels and header, read in place.
+    /// Its pixels, read in place.
     pub image: Pixels,
+    /// Its header (stamp, frame_id).
+    pub header: Header,
+    /// The header stamp in ns since the epoch.
+    pub stamp_ns: i64,
+    /// The encoding as it arrived: `sensor_msgs/Image`'s, or a compressed image's
+    /// `format` (published in a `TensorBatch` item's `source_encoding`).
+    pub encoding: String,
     /// When the node took it (from the subscription, or from the pipeline's sink).
     pub at: Instant,
+}
+
+impl Received {
+    /// `image` as it arrived at `at`, its header, stamp and encoding read.
+    pub(super) fn new(image: Pixels, at: Instant) -> Self {
+        let (header, encoding) = match &image {
+            Pixels::Message(m) => (m.header(), m.encoding().to_string()),
+            Pixels::Compressed(m) => (m.header(), m.format().to_string()),
+            Pixels::Captured(c) => (c.header.clone(), c.frame.view().encoding().name().to_string()),
+        };
+        let stamp_ns = i64::from(header.sec) * 1_000_000_000 + i64::from(header.nanosec);
+        Received { image, header, stamp_ns, encoding, at }
+    }
 }
 
 /// Where a received frame's bytes are: the C message rmw deserialized into (raw or
@@ -169,39 +190,18 @@ pub(super) enum Pixels {
     Message(NativeImage),
     /// From a compressed image topic (`<topic>/compressed`): decoded by the backend.
     Compressed(NativeCompressed),
-    /// From a GStreamer pipeline inside the node.
-    #[cfg(feature = "gstreamer")]
+    /// From a GStreamer pipeline inside the node (never without the `gstreamer` feature:
+    /// `capture_stub.rs`).
     Captured(Captured),
 }
 
 /// A frame of a pipeline input: GStreamer's mapped buffer (shared with the raw image's
 /// publication while someone subscribes) and the header the node gave it.
-#[cfg(feature = "gstreamer")]
 pub(super) struct Captured {
     /// The frame as the sink gave it.
     pub frame: Arc<crate::capture::Frame>,
     /// Its stamp (capture time on the node's clock) and the input's `frame_id`.
     pub header: Header,
-}
-
-/// A received frame, checked, as the pipeline takes it: pixels, or a compressed frame
-/// whose headers were read (decoded by the backend).
-#[derive(Debug, Clone, Copy)]
-pub(super) enum View<'a> {
-    /// Pixel rows.
-    Pixels(ImageView<'a>),
-    /// A compressed frame.
-    Compressed(Compressed<'a>),
-}
-
-impl<'a> View<'a> {
-    /// The backend's frame.
-    pub(super) fn frame(&self) -> Frame<'a, '_> {
-        match self {
-            View::Pixels(v) => Frame::Pixels(v),
-            View::Compressed(c) => Frame::Compressed(c),
-        }
-    }
 }
 
 /// Why a received frame is refused before processing.
@@ -235,47 +235,13 @@ impl std::fmt::Display for Invalid {
 impl Pixels {
     /// The frame, checked (a raw image's header against its data; a compressed one's
     /// headers read, its size against the decode limits), borrowing the bytes.
-    pub(super) fn view(&self) -> Result<View<'_>, Invalid> {
+    pub(super) fn view(&self) -> Result<FrameView<'_>, Invalid> {
         match self {
-            Pixels::Message(m) => m.view().map(View::Pixels).map_err(Invalid::Image),
+            Pixels::Message(m) => m.view().map(FrameView::Pixels).map_err(Invalid::Image),
             Pixels::Compressed(m) => Compressed::probe(m.format(), m.data(), &Limits::default())
-                .map(View::Compressed)
+                .map(FrameView::Compressed)
                 .map_err(Invalid::Decode),
-            #[cfg(feature = "gstreamer")]
-            Pixels::Captured(c) => Ok(View::Pixels(c.frame.view())),
-        }
-    }
-
-    /// The header (stamp, frame_id).
-    pub(super) fn header(&self) -> Header {
-        match self {
-            Pixels::Message(m) => m.header(),
-            Pixels::Compressed(m) => m.header(),
-            #[cfg(feature = "gstreamer")]
-            Pixels::Captured(c) => c.header.clone(),
-        }
-    }
-
-    /// The header stamp in ns since the epoch.
-    pub(super) fn stamp_ns(&self) -> i64 {
-        match self {
-            Pixels::Message(m) => m.stamp_ns(),
-            Pixels::Compressed(m) => m.stamp_ns(),
-            #[cfg(feature = "gstreamer")]
-            Pixels::Captured(c) => {
-                i64::from(c.header.sec) * 1_000_000_000 + i64::from(c.header.nanosec)
-            }
-        }
-    }
-
-    /// The encoding as it arrived: `sensor_msgs/Image`'s, or a compressed image's
-    /// `format` (published in a `TensorBatch` item's `source_encoding`).
-    pub(super) fn encoding(&self) -> &str {
-        match self {
-            Pixels::Message(m) => m.encoding(),
-            Pixels::Compressed(m) => m.format(),
-            #[cfg(feature = "gstreamer")]
-            Pixels::Captured(c) => c.frame.view().encoding().name(),
+            Pixels::Captured(c) => Ok(FrameView::Pixels(c.frame.view())),
         }
     }
 }
@@ -469,7 +435,6 @@ impl RateLimitedLog {
     }
 
     /// Log `what` as information, unless one was logged less than a period ago.
-    #[cfg_attr(not(feature = "gstreamer"), allow(dead_code))]
     pub(super) fn info(&mut self, logger: &str, what: &str) {
         if let Some(line) = self.due(what) {
             r2r::log_info!(logger, "{line}");

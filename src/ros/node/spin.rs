@@ -46,16 +46,17 @@ pub(super) fn start(
     subs: Subscriptions,
     former: Arc<Mutex<Former>>,
     shared: &Arc<Shared>,
-) -> anyhow::Result<std::thread::JoinHandle<r2r::Node>> {
+) -> crate::Result<std::thread::JoinHandle<r2r::Node>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let spin_shared = shared.clone();
     let spinner = std::thread::Builder::new()
         .name("spin".into())
-        .spawn(move || spin(node, subs, former, spin_shared, ready_tx))?;
+        .spawn(move || spin(node, subs, former, spin_shared, ready_tx))
+        .map_err(|e| crate::Error::io("starting the spin thread", e))?;
     if let Ok(Err(e)) | Err(e) = ready_rx.recv().map_err(|e| e.to_string()) {
         shared.stop();
         let _ = spinner.join();
-        anyhow::bail!("{e}");
+        return Err(crate::Error::Ros { context: "subscribing to the inputs".into(), message: e });
     }
     Ok(spinner)
 }

@@ -7,7 +7,7 @@
 
 use r2r::diagnostic_msgs::msg::{DiagnosticStatus, KeyValue};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 /// Counters shared by the ingest task, the processing thread and the diagnostics timer.
 #[derive(Default)]
@@ -162,91 +162,21 @@ impl Stats {
         backend: &BackendInfo,
     ) -> (DiagnosticStatus, Counts) {
         let now = self.counts();
-        let mut window = self.lock();
-        let mut lat = std::mem::take(&mut window.latencies_ms);
-        lat.sort_by(f32::total_cmp);
-        let d = |a: u64, b: u64| a.saturating_sub(b);
-        let (published, dropped, rejected, failed, gpu_failures) = (
-            d(now.published, previous.published),
-            d(now.dropped, previous.dropped),
-            d(now.rejected, previous.rejected),
-            d(now.failed, previous.failed),
-            d(now.gpu_failures, previous.gpu_failures),
-        );
-        let (error, warn) = (DiagnosticStatus::ERROR as u8, DiagnosticStatus::WARN as u8);
+        let window = self.lock();
+        let last_failure = window.last_failure.clone();
         let input = self.input_report();
-        // Every condition active in this window, in the order of urgency; the summary
-        // merges them as diagnostic_updater's `mergeSummary` does (the highest level, the
-        // messages joined with "; "), most severe first: one warning never hides another
-        // (rqt's monitor shows only the summary).
-        let mut active: Vec<(u8, String)> = Vec::new();
-        if rejected > 0 {
-            active.push((
-                error,
-                format!("rejecting invalid frames ({rejected} in the last {seconds:.0} s)"),
-            ));
-        }
-        if failed > 0 {
-            active.push((error, format!("frames failed ({failed} in the last {seconds:.0} s)")));
-        }
-        if let (true, Some((_, action))) = (gpu_failures > 0, &backend.gpu_failure) {
-            active.push((
-                warn,
-                format!("GPU failure ({gpu_failures} in the last {seconds:.0} s): {action}"),
-            ));
-        }
-        if let (true, Some(w)) = (input.urgent, &input.warning) {
-            active.push((warn, w.clone()));
-        }
-        let no_block = d(now.dropped_no_block, previous.dropped_no_block);
-        if no_block > 0 {
-            active.push((
-                warn,
-                format!(
-                    "dropping frames: no free shared block for tensor_ref ({no_block} in the \
-                     last {seconds:.0} s): its consumers hold them all; release frames sooner \
-                     or raise shared_pool_size"
-                ),
-            ));
-        }
-        if dropped > 0 {
-            active.push((
-                warn,
-                format!(
-                    "dropping frames: {dropped} replaced by newer ones in the last {seconds:.0} s"
-                ),
-            ));
-        }
-        if let (false, Some(w)) = (input.urgent, &input.warning) {
-            active.push((warn, w.clone()));
-        }
-        if let (Some((_, action)), "cpu") = (&backend.gpu_failure, backend.name.as_str()) {
-            active.push((warn, format!("running on the CPU after a GPU failure: {action}")));
-        }
-        if backend.fallback.is_some() {
-            active.push((warn, "no usable GPU: running on the CPU backend".to_string()));
-        }
+        let active = active_conditions((&now, &previous), seconds, backend, &input);
         let (level, message) = merge_summary(active).unwrap_or_else(|| {
             let quiet = if now.received == 0 { "waiting for images" } else { "ok" };
             (DiagnosticStatus::OK as u8, quiet.to_string())
         });
-        let mut values = vec![
-            kv("Actual frequency (Hz)", format!("{:.2}", published as f64 / seconds.max(1e-9))),
-            kv("Frames received", now.received.to_string()),
-            kv("Frames published", now.published.to_string()),
-            kv("Frames dropped (queue)", now.dropped.to_string()),
-            kv("Frames rejected (invalid)", now.rejected.to_string()),
-            kv("Frames failed (error)", now.failed.to_string()),
-            kv("Sets overlapped", now.overlapped.to_string()),
-            kv("Frames dropped (no free shared block)", now.dropped_no_block.to_string()),
-            kv("Last rejection reason", window.last_rejection.clone().unwrap_or_default()),
-            kv("Compressed frames undecodable (by cause)", self.undecodable_by_cause()),
-            kv("Latency p50 (ms)", percentile(&lat, 50.0)),
-            kv("Latency p99 (ms)", percentile(&lat, 99.0)),
-            kv("Backend", backend.name.clone()),
-            kv("Device", backend.device.clone()),
-        ];
-        values.extend(backend.details.iter().map(|(k, v)| kv(k, v.clone())));
+        let published = now.published.saturating_sub(previous.published);
+        let mut values = vec![kv(
+            "Actual frequency (Hz)",
+            format!("{:.2}", published as f64 / seconds.max(1e-9)),
+        )];
+        values.extend(self.count_values(&now, window));
+        values.extend(backend_values(backend));
         values.extend(input.values.iter().map(|(k, v)| kv(k, v.clone())));
         if let Some(reason) = &backend.fallback {
             values.push(kv("Backend fallback reason", reason.clone()));
@@ -256,8 +186,8 @@ impl Stats {
             values.push(kv("Last GPU failure", reason.clone()));
             values.push(kv("GPU failure action", action.clone()));
         }
-        if let Some(f) = &window.last_failure {
-            values.push(kv("Last failure", f.clone()));
+        if let Some(f) = last_failure {
+            values.push(kv("Last failure", f));
         }
         let status = DiagnosticStatus {
             level,
@@ -268,6 +198,101 @@ impl Stats {
         };
         (status, now)
     }
+
+    /// The counters' values of a status, the window's latencies taken.
+    fn count_values(&self, now: &Counts, mut window: MutexGuard<'_, Window>) -> Vec<KeyValue> {
+        let mut lat = std::mem::take(&mut window.latencies_ms);
+        lat.sort_by(f32::total_cmp);
+        let last_rejection = window.last_rejection.clone().unwrap_or_default();
+        drop(window);
+        vec![
+            kv("Frames received", now.received.to_string()),
+            kv("Frames published", now.published.to_string()),
+            kv("Frames dropped (queue)", now.dropped.to_string()),
+            kv("Frames rejected (invalid)", now.rejected.to_string()),
+            kv("Frames failed (error)", now.failed.to_string()),
+            kv("Sets overlapped", now.overlapped.to_string()),
+            kv("Frames dropped (no free shared block)", now.dropped_no_block.to_string()),
+            kv("Last rejection reason", last_rejection),
+            kv("Compressed frames undecodable (by cause)", self.undecodable_by_cause()),
+            kv("Latency p50 (ms)", percentile(&lat, 50.0)),
+            kv("Latency p99 (ms)", percentile(&lat, 99.0)),
+        ]
+    }
+}
+
+/// The backend's values of a status: its name, device and details.
+fn backend_values(backend: &BackendInfo) -> Vec<KeyValue> {
+    let mut values =
+        vec![kv("Backend", backend.name.clone()), kv("Device", backend.device.clone())];
+    values.extend(backend.details.iter().map(|(k, v)| kv(k, v.clone())));
+    values
+}
+
+/// Every condition active in the window `(now, previous)`, in the order of urgency; the
+/// summary merges them as diagnostic_updater's `mergeSummary` does (the highest level, the
+/// messages joined with "; "), most severe first: one warning never hides another (rqt's
+/// monitor shows only the summary).
+fn active_conditions(
+    (now, previous): (&Counts, &Counts),
+    seconds: f64,
+    backend: &BackendInfo,
+    input: &InputReport,
+) -> Vec<(u8, String)> {
+    let d = |a: u64, b: u64| a.saturating_sub(b);
+    let (dropped, rejected, failed, gpu_failures) = (
+        d(now.dropped, previous.dropped),
+        d(now.rejected, previous.rejected),
+        d(now.failed, previous.failed),
+        d(now.gpu_failures, previous.gpu_failures),
+    );
+    let (error, warn) = (DiagnosticStatus::ERROR as u8, DiagnosticStatus::WARN as u8);
+    let mut active: Vec<(u8, String)> = Vec::new();
+    if rejected > 0 {
+        active.push((
+            error,
+            format!("rejecting invalid frames ({rejected} in the last {seconds:.0} s)"),
+        ));
+    }
+    if failed > 0 {
+        active.push((error, format!("frames failed ({failed} in the last {seconds:.0} s)")));
+    }
+    if let (true, Some((_, action))) = (gpu_failures > 0, &backend.gpu_failure) {
+        active.push((
+            warn,
+            format!("GPU failure ({gpu_failures} in the last {seconds:.0} s): {action}"),
+        ));
+    }
+    if let (true, Some(w)) = (input.urgent, &input.warning) {
+        active.push((warn, w.clone()));
+    }
+    let no_block = d(now.dropped_no_block, previous.dropped_no_block);
+    if no_block > 0 {
+        active.push((
+            warn,
+            format!(
+                "dropping frames: no free shared block for tensor_ref ({no_block} in the \
+                 last {seconds:.0} s): its consumers hold them all; release frames sooner \
+                 or raise shared_pool_size"
+            ),
+        ));
+    }
+    if dropped > 0 {
+        active.push((
+            warn,
+            format!("dropping frames: {dropped} replaced by newer ones in the last {seconds:.0} s"),
+        ));
+    }
+    if let (false, Some(w)) = (input.urgent, &input.warning) {
+        active.push((warn, w.clone()));
+    }
+    if let (Some((_, action)), "cpu") = (&backend.gpu_failure, backend.name.as_str()) {
+        active.push((warn, format!("running on the CPU after a GPU failure: {action}")));
+    }
+    if backend.fallback.is_some() {
+        active.push((warn, "no usable GPU: running on the CPU backend".to_string()));
+    }
+    active
 }
 
 /// The summary of the active conditions `(level, message)` (in order of urgency): the
