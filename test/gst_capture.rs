@@ -412,6 +412,14 @@ fn faults_are_named_with_their_fix() {
     assert!(message.contains("/dev/video_vp_missing"), "{message}");
     assert!(message.contains("`v4l2-ctl --list-devices`"), "{message}");
 
+    let (fault, message) =
+        fault_of(&format!("filesrc location={} ! jpegdec", data("README.md").display()));
+    assert!(
+        matches!(&fault, CaptureError::Element { element, .. } if element.starts_with("jpegdec")),
+        "{fault:?}"
+    );
+    assert!(message.contains("element `jpegdec0`: No valid frames decoded"), "{message}");
+
     // A network source that cannot connect names its address and the server, not a
     // camera; a file source names its path.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -445,14 +453,13 @@ fn faults_are_named_with_their_fix() {
     assert!(message.contains("cannot read the file /nonexistent_vp: "), "{message}");
     assert!(message.contains("check that it exists and is readable"), "{message}");
     assert!(!message.contains("v4l2-ctl") && !message.contains("device"), "{message}");
-
-    let (fault, message) =
-        fault_of(&format!("filesrc location={} ! jpegdec", data("README.md").display()));
+    // multifilesrc fails on its first read (a `Read` error, not an open error).
+    let (fault, _) = fault_of("multifilesrc location=/nonexistent_vp_%d.png ! pngdec");
     assert!(
-        matches!(&fault, CaptureError::Element { element, .. } if element.starts_with("jpegdec")),
+        matches!(&fault, CaptureError::NoFile { element, path, .. }
+        if element.starts_with("multifilesrc") && path == "/nonexistent_vp_%d.png"),
         "{fault:?}"
     );
-    assert!(message.contains("element `jpegdec0`: No valid frames decoded"), "{message}");
 
     let (fault, message) =
         fault_of("videotestsrc num-buffers=1 ! video/x-raw,format=YUY2,width=321,height=4");
