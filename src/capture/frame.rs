@@ -47,6 +47,8 @@ enum Bytes {
 
 /// One frame from a [`CaptureSource`]: it owns its bytes (a mapped GStreamer buffer, or one
 /// copy of it) and lends them as an [`ImageView`].
+///
+/// [`CaptureSource`]: super::CaptureSource
 pub struct Frame {
     bytes: Bytes,
     width: u32,

@@ -33,6 +33,8 @@
 //! capture time (`frame.rs`), a buffer's layout against a view's (`layout.rs`), a fault
 //! named by its cause with the fix that fits the element (`fault.rs`), the memory lent to
 //! the backend (`lend.rs`); here the formats our appsink accepts.
+//!
+//! [`ImageView`]: crate::image::ImageView
 
 mod fault;
 mod frame;
