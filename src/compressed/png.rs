@@ -109,7 +109,7 @@ pub(super) fn decode_png(
     limits: &Limits,
     expected: Encoding,
 ) -> Result<Decoded, DecodeError> {
-    use png::{BitDepth, ColorType};
+    use png::BitDepth;
     let header = png_header(data)?;
     let (width, height) = (header.width, header.height);
     check_size(width, height, limits)?;
@@ -132,23 +132,7 @@ pub(super) fn decode_png(
     let info = reader.next_frame(&mut buf).map_err(corrupt)?;
     buf.truncate(info.buffer_size());
     let sixteen = info.bit_depth == BitDepth::Sixteen;
-    // (channels stored, channels kept, encoding)
-    let (stored, kept, encoding) = match (info.color_type, sixteen) {
-        (ColorType::Grayscale, false) => (1, 1, Encoding::Mono8),
-        (ColorType::Grayscale, true) => (1, 1, Encoding::Mono16),
-        (ColorType::GrayscaleAlpha, false) => (2, 1, Encoding::Mono8),
-        (ColorType::GrayscaleAlpha, true) => (2, 1, Encoding::Mono16),
-        (ColorType::Rgb, false) => (3, 3, Encoding::Rgb8),
-        (ColorType::Rgb, true) => (3, 3, Encoding::Rgb16),
-        (ColorType::Rgba, false) => (4, 4, Encoding::Rgba8),
-        (ColorType::Rgba, true) => (4, 3, Encoding::Rgb16),
-        (other, _) => {
-            return Err(DecodeError::Corrupt {
-                codec: Codec::Png,
-                message: format!("{other:?} at {:?} after expansion", info.bit_depth),
-            })
-        }
-    };
+    let (stored, kept, encoding) = channels(info.color_type, info.bit_depth)?;
     if encoding != expected || (info.width, info.height) != (width, height) {
         return Err(DecodeError::Corrupt {
             codec: Codec::Png,
@@ -163,6 +147,33 @@ pub(super) fn decode_png(
     }
     let pixels = repack(&buf, stored, kept, if sixteen { 2 } else { 1 });
     Decoded::new(Codec::Png, info.width, info.height, encoding, pixels, limits)
+}
+
+/// A decoded PNG's channels stored, those kept and its encoding, after expansion (alpha
+/// kept for 8-bit RGBA only).
+fn channels(
+    color_type: png::ColorType,
+    depth: png::BitDepth,
+) -> Result<(usize, usize, Encoding), DecodeError> {
+    use png::ColorType;
+    let sixteen = depth == png::BitDepth::Sixteen;
+    // (channels stored, channels kept, encoding)
+    Ok(match (color_type, sixteen) {
+        (ColorType::Grayscale, false) => (1, 1, Encoding::Mono8),
+        (ColorType::Grayscale, true) => (1, 1, Encoding::Mono16),
+        (ColorType::GrayscaleAlpha, false) => (2, 1, Encoding::Mono8),
+        (ColorType::GrayscaleAlpha, true) => (2, 1, Encoding::Mono16),
+        (ColorType::Rgb, false) => (3, 3, Encoding::Rgb8),
+        (ColorType::Rgb, true) => (3, 3, Encoding::Rgb16),
+        (ColorType::Rgba, false) => (4, 4, Encoding::Rgba8),
+        (ColorType::Rgba, true) => (4, 3, Encoding::Rgb16),
+        (other, _) => {
+            return Err(DecodeError::Corrupt {
+                codec: Codec::Png,
+                message: format!("{other:?} at {depth:?} after expansion"),
+            })
+        }
+    })
 }
 
 /// Keep the first `kept` of every `stored` samples of `bytes_per_sample` bytes, with 16-bit
