@@ -4,7 +4,7 @@
 //! compressed image that does not decode ([`DecodeError`]). Only a device failure starts
 //! the GPU failure policy ([`Error::is_device_failure`]). (Why an image is rejected,
 //! [`ImageError`], lives with the image in `image.rs`; why a compressed one does not
-//! decode, [`DecodeError`], with the decoder in `compressed.rs`.)
+//! decode, [`DecodeError`], with the decoder in `compressed/`.)
 
 pub use crate::compressed::DecodeError;
 pub use crate::image::ImageError;
@@ -298,12 +298,37 @@ pub enum CaptureError {
         /// The formats our appsink accepts.
         accepted: String,
     },
-    /// A source's device or file does not exist, cannot be opened or is busy
-    /// (`gst::ResourceError::NotFound`, `OpenRead`, `OpenReadWrite`, `Busy`).
+    /// A source's device does not exist, cannot be opened or is busy
+    /// (`gst::ResourceError::NotFound`, `OpenRead`, `OpenReadWrite`, `Busy`), from a
+    /// source that is not a network or file source (a camera's `v4l2src`).
     #[error("element `{element}` cannot open its device or file: {message}; check that it exists and is not in use (cameras: `v4l2-ctl --list-devices`, `ls /dev/video*`)")]
     NoDevice {
         /// The element that reported it.
         element: String,
+        /// GStreamer's message (and its debug text).
+        message: String,
+    },
+    /// A network source (`rtspsrc`, `udpsrc`, `souphttpsrc`, ...) cannot connect to its
+    /// server or read from it (the resource errors of [`CaptureError::NoDevice`], and
+    /// `Read`).
+    #[error("element `{element}` cannot reach {address}: {message}; check that the server is up and reachable from this machine (the address and port in the description, the network, a firewall)")]
+    Unreachable {
+        /// The element that reported it.
+        element: String,
+        /// The address or URI it connects to, from its `location`, `uri` or `host` and
+        /// `port`.
+        address: String,
+        /// GStreamer's message (and its debug text).
+        message: String,
+    },
+    /// A file source (`filesrc`, `multifilesrc`, ...) cannot open or read its file (the
+    /// resource errors of [`CaptureError::NoDevice`], and `Read`).
+    #[error("element `{element}` cannot read the file {path}: {message}; check that it exists and is readable by this process")]
+    NoFile {
+        /// The element that reported it.
+        element: String,
+        /// The path of its `location`.
+        path: String,
         /// GStreamer's message (and its debug text).
         message: String,
     },

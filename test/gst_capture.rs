@@ -411,6 +411,7 @@ fn faults_are_named_with_their_fix() {
     );
     assert!(message.contains("cannot open its device or file"), "{message}");
     assert!(message.contains("/dev/video_vp_missing"), "{message}");
+    assert!(message.contains("`v4l2-ctl --list-devices`"), "{message}");
 
     let (fault, message) =
         fault_of(&format!("filesrc location={} ! jpegdec", data("README.md").display()));
@@ -419,6 +420,47 @@ fn faults_are_named_with_their_fix() {
         "{fault:?}"
     );
     assert!(message.contains("element `jpegdec0`: No valid frames decoded"), "{message}");
+
+    // A network source that cannot connect names its address and the server, not a
+    // camera; a file source names its path.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let url = format!("rtsp://127.0.0.1:{port}/x");
+    let (fault, message) = fault_of(&format!("rtspsrc location={url} ! rtpjpegdepay ! jpegdec"));
+    assert!(
+        matches!(&fault, CaptureError::Unreachable { element, address, .. }
+        if element.starts_with("rtspsrc") && *address == url),
+        "{fault:?}"
+    );
+    assert!(message.contains(&format!("element `rtspsrc0` cannot reach {url}: ")), "{message}");
+    assert!(message.contains("check that the server is up and reachable"), "{message}");
+    assert!(!message.contains("v4l2-ctl") && !message.contains("device"), "{message}");
+
+    let (fault, message) = fault_of(&format!("tcpclientsrc host=127.0.0.1 port={port} ! jpegdec"));
+    assert!(
+        matches!(&fault, CaptureError::Unreachable { element, address, .. }
+        if element.starts_with("tcpclientsrc") && *address == format!("127.0.0.1:{port}")),
+        "{fault:?}"
+    );
+    assert!(message.contains(&format!("cannot reach 127.0.0.1:{port}: ")), "{message}");
+
+    let (fault, message) = fault_of("filesrc location=/nonexistent_vp ! jpegdec");
+    assert!(
+        matches!(&fault, CaptureError::NoFile { element, path, .. }
+        if element.starts_with("filesrc") && path == "/nonexistent_vp"),
+        "{fault:?}"
+    );
+    assert!(message.contains("cannot read the file /nonexistent_vp: "), "{message}");
+    assert!(message.contains("check that it exists and is readable"), "{message}");
+    assert!(!message.contains("v4l2-ctl") && !message.contains("device"), "{message}");
+    // multifilesrc fails on its first read (a `Read` error, not an open error).
+    let (fault, _) = fault_of("multifilesrc location=/nonexistent_vp_%d.png ! pngdec");
+    assert!(
+        matches!(&fault, CaptureError::NoFile { element, path, .. }
+        if element.starts_with("multifilesrc") && path == "/nonexistent_vp_%d.png"),
+        "{fault:?}"
+    );
 
     let (fault, message) =
         fault_of("videotestsrc num-buffers=1 ! video/x-raw,format=YUY2,width=321,height=4");

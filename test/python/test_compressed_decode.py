@@ -1,4 +1,4 @@
-"""The compressed-image decoder (src/compressed.rs) against OpenCV's decode.
+"""The compressed-image decoder (src/compressed/) against OpenCV's decode.
 
 The Rust side is `vision_preproc decode-file` (`compressed::decode` alone: a payload in, raw
 pixels and a JSON line out); the reference is `cv2.imdecode` (libjpeg-turbo, libpng),
