@@ -33,7 +33,7 @@ def test_readme_parameter_table_matches_config() -> None:
     out = subprocess.run([str(CLI), "check-config", str(ROOT / "config" / "default.yaml")],
                          capture_output=True, text=True, check=True).stdout
     # The fields of Config, and use_sim_time: the node's one parameter that is not a field
-    # (its clock; src/ros/node/params.rs USE_SIM_TIME).
+    # (its clock; src/ros/node/params/mod.rs USE_SIM_TIME).
     code = list(flatten(yaml.safe_load(out))) + ["use_sim_time"]
     documented = readme_parameters()
     assert len(documented) == len(set(documented)), "duplicate rows in the README table"
