@@ -18,16 +18,14 @@ setup:
 build: setup
 	$(ENV) && cargo build --release --bins
 
-# The same three clippy runs as scripts/test.sh: the product, with the test hooks (and the
-# GStreamer capture, feature gstreamer), and without ROS and CUDA.
+# The lint step of `make test` (scripts/lint.sh: cargo fmt, clippy -D warnings in the
+# feature configurations that compile different code, cargo doc -D warnings).
 lint: setup
-	$(ENV) && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings \
-	  && cargo clippy --release --all-targets --features fault-injection,bench,gstreamer -- -D warnings \
-	  && cargo clippy --release --all-targets --no-default-features -- -D warnings \
-	  && RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --lib --features fault-injection,bench,gstreamer
+	scripts/lint.sh
 
-# The Jetson's CPU: cross build for aarch64, clippy for aarch64, the CPU specification
-# tests and a bit-exact CLI parity check under qemu (docs/JETSON.md). Needs no ROS set-up.
+# The Jetson's CPU: cross build for aarch64 (with the GStreamer cameras), clippy for
+# aarch64, the CPU specification and capture tests and a bit-exact CLI parity check under
+# qemu (docs/JETSON.md). Needs no ROS set-up.
 aarch64:
 	scripts/aarch64/aarch64.sh
 

@@ -25,40 +25,12 @@ section() { stage_done; STAGE="$1" STAGE_T0=$SECONDS; printf '\n==== %s ====\n' 
 summary() { stage_done; STAGE=""; printf '\n==== wall time per stage (uptime: %s) ====\n' "$(uptime | sed 's/.*load/load/')"; printf '%s\n' "${TIMES[@]}"; }
 trap summary EXIT
 
-section lint "lint: cargo fmt --check, cargo clippy -D warnings (the product, with the test hooks, without ROS and CUDA), cargo doc -D warnings"
-cargo fmt --check
-# Three configurations, because each compiles code the others do not: the product alone
-# reports what only the test hooks use (dead code, unused imports in the product); with
-# the hooks, the hooks themselves; without the default features, the stubs
-# (`#[cfg(not(feature = "ros"/"cuda"))]`).
-cargo clippy --release --all-targets -- -D warnings
-cargo clippy --release --all-targets --features "$VISION_PREPROC_TEST_FEATURES" -- -D warnings
-# The library, the CLI and the stubs (ros_stub.rs, backend/cuda_stub.rs) build without
-# ROS and without CUDA (docs/ARCHITECTURE.md).
-cargo clippy --release --all-targets --no-default-features -- -D warnings
-# The library's documentation: every intra-doc link resolves, and public docs link no
-# private item (rustdoc; a few seconds after clippy).
-RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --lib --features "$VISION_PREPROC_TEST_FEATURES"
+section lint "lint: cargo fmt --check, cargo clippy -D warnings (the product, with the test hooks, without ROS, CUDA and GStreamer, without GStreamer), cargo doc -D warnings"
+# The one lint step of `make lint` too: the configurations and why each is there.
+scripts/lint.sh
 
 section profile "the product binaries hold no code of the crates Cargo.toml compiles at opt-level 0"
-python3 - <<'EOF'
-import glob, re, subprocess, tomllib
-packages = tomllib.load(open("Cargo.toml", "rb"))["profile"]["release"].get("package", {})
-crates = sorted(n.replace("-", "_") for n, p in packages.items() if str(p.get("opt-level")) == "0")
-pattern = re.compile(r"(?<![\w:])(%s)::" % "|".join(crates))
-def found(binary):
-    nm = subprocess.run(["nm", "-C", binary], capture_output=True, text=True, check=True).stdout
-    return sorted({m.group(1) for m in pattern.finditer(nm)})
-for b in ["target/release/vision_preproc_node", "target/release/vision_preproc"]:
-    assert not found(b), (f"{b} holds code of {found(b)}, which Cargo.toml's [profile.release.package.*] "
-                          "compiles at opt-level 0 (as code generators for build scripts only): remove the "
-                          "override of a crate the product now uses")
-# The check can fail: the build script that runs these generators holds their code.
-witness = found(glob.glob("target/release/build/r2r_msg_gen-*/build-script-build")[0])
-assert len(witness) >= 3, witness
-print(f"{len(crates)} crates at opt-level 0 ({', '.join(crates)}): none in the product binaries; "
-      f"r2r_msg_gen's build script holds {', '.join(witness)}")
-EOF
+python3 scripts/check_release_profile.py
 
 section rust "Rust tests (unit + integration, CPU, with the test hooks; GPU tests report 'no GPU' and are not counted)"
 # `--tests` (every target whose `test` is on: the library, the CLI, the integration
@@ -77,14 +49,7 @@ NVRTC_PID=$!
 trap '[ -z "$NVRTC_PID" ] || { pkill -P "$NVRTC_PID" || true; kill "$NVRTC_PID" || true; } 2>/dev/null; summary' EXIT
 # Every other target built above: the binaries with unit tests and the integration tests,
 # named from Cargo.toml.
-mapfile -t other_tests < <(cargo metadata --no-deps --format-version 1 | python3 -c '
-import json, sys
-targets = [t for p in json.load(sys.stdin)["packages"] if p["name"] == "vision_preproc" for t in p["targets"]]
-for t in targets:
-    if "test" in t["kind"] and t["name"] != "nvrtc_compile":
-        print("--test=" + t["name"])
-    elif "bin" in t["kind"] and t["test"]:
-        print("--bin=" + t["name"])')
+mapfile -t other_tests < <(cargo metadata --no-deps --format-version 1 | python3 scripts/test_targets.py nvrtc_compile)
 cargo test --release --lib --examples --benches "${other_tests[@]}" --features "$VISION_PREPROC_TEST_FEATURES" 2>&1
 
 section example "the example: Config -> backend -> Pipeline::process on a photograph (examples/preprocess_file.rs)"
@@ -116,10 +81,11 @@ section ros "ROS tests (real DDS between processes, colcon install)"
 python3 -m pytest -v -rA --durations=15 -n 3 --dist loadfile -m "not alone" test/ros
 python3 -m pytest -v -rA --durations=5 -m alone test/ros
 
-# The aarch64 stage (docs/JETSON.md): a second toolchain and two more builds, about
-# 15 minutes on the 2-core machine from a fresh clone, which would put `make test` over
-# its budget; so only when asked.
+# The aarch64 stage (docs/JETSON.md): a second toolchain and an aarch64 build (clippy,
+# the CLI, the test binaries), over 10 minutes on the 2-core machine from a fresh clone,
+# which would put `make test` over its budget; so only when asked.
 if [ "${VP_AARCH64:-0}" = 1 ]; then
-    section aarch64 "aarch64: cross build, clippy, the CPU spec tests and the CLI parity under qemu (VP_AARCH64=1)"
-    scripts/aarch64/aarch64.sh
+    section aarch64 "aarch64: cross build, clippy, the CPU spec and capture tests and the CLI parity under qemu (VP_AARCH64=1)"
+    # The parity's x86-64 side: the CLI `make test` built (not a second x86-64 build).
+    VP_AARCH64_X86_CLI="$ROOT/target/release/vision_preproc" scripts/aarch64/aarch64.sh
 fi

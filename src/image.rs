@@ -249,6 +249,7 @@ impl<'a> ImageView<'a> {
 
     /// This view, its bytes lying in `lent` (a view whose bytes lie elsewhere ignores
     /// it: a backend reads in place only bytes inside the lent range).
+    // Used by the GStreamer capture only (src/capture/, src/ros/node/camera.rs).
     #[cfg_attr(not(feature = "gstreamer"), allow(dead_code))]
     pub(crate) fn lent_from(self, lent: &'a Lent) -> Self {
         ImageView { lent: Some(lent), ..self }
@@ -314,6 +315,7 @@ impl Lent {
     ///
     /// # Safety
     /// The promise in [`Lent`]'s description.
+    // Used by the GStreamer capture only (src/capture/, src/ros/node/camera.rs).
     #[cfg_attr(not(feature = "gstreamer"), allow(dead_code))]
     pub(crate) unsafe fn new(
         base: *const u8,

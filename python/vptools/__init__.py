@@ -13,8 +13,8 @@ Importable in this checkout's venv (scripts/setup/setup.sh puts `python/` on its
     soak         soak and overload runs through real DDS (scripts/soak.py is its CLI)
     fastdds      the installed Fast DDS and the variable it reads its XML profile from
     procs        the node as a process, /proc readings (standard library only)
-    node_scenarios  the node's scenarios on the GPU machine, one function each, standard
-                 library only (scripts/device/gpu_node_remote.py is its CLI)
+    node_scenarios  the node's scenarios on the GPU machine, one function each, a module per
+                 family, standard library only (scripts/device/gpu_node_remote.py is its CLI)
 """
 
 from pathlib import Path

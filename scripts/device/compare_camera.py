@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The `camera` scenario's parity, here: the bags it recorded (OUT/camera_<mode>_<group>,
-python/vptools/node_scenarios.py) hold TensorBatches of live pipelines whose picture is the
+python/vptools/node_scenarios/) hold TensorBatches of live pipelines whose picture is the
 same in every frame, so the first batch with every item new from each CUDA mode must equal
 the CPU backend's, item by item, within the float32 tolerance (test/tolerances.json; the
 conv2d rule for the gaussian of `small()`).

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The `compressed` scenario's parity, here: the bags it recorded (OUT/compressed_<mode>,
-python/vptools/node_scenarios.py) hold one Tensor per JPEG frame of the played bag (1080p
+python/vptools/node_scenarios/) hold one Tensor per JPEG frame of the played bag (1080p
 q90 4:2:0 -> 64x48 + gaussian 5, config/default.yaml's normalization). The CUDA backend
 decodes with nvJPEG, the CPU backend with the CPU decoder: their pixels differ by at most
 `jpeg_gpu_decode`'s 4:2:0 `max_abs` levels (test/tolerances.json), which the resize and the

@@ -69,7 +69,7 @@ cat >"$DIR/env.sh" <<'EOF'
 # Source it (bash) to run this GStreamer and nothing of the machine's: its libraries
 # first, its plugins alone, its plugin scanner, a registry of its own. The *_1_0 variants
 # win over the plain names in GStreamer, so they go too. gpu_node_remote.py
-# (python/vptools/node_scenarios.py) sets the same variables for the nodes it starts.
+# (python/vptools/node_scenarios/) sets the same variables for the nodes it starts.
 GST_BUNDLE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export PATH="$GST_BUNDLE/bin${PATH:+:$PATH}"
 export LD_LIBRARY_PATH="$GST_BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -460,6 +460,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "gstreamer"),
+        ignore = "a `gst:` input is valid only with the feature gstreamer"
+    )]
     fn per_input_frame_ids_and_calibrations_name_the_entry() {
         let gst = "gst:videotestsrc ! video/x-raw,format=BGR";
         let c = |ids: &[&str], urls: &[&str]| Config {
@@ -490,6 +494,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "gstreamer"),
+        ignore = "a `gst:` input is valid only with the feature gstreamer"
+    )]
     fn transports_per_input_default_to_image_transport() {
         let c = |image_transport, per: &[&str]| Config {
             inputs: vec!["front/image".into(), "rear/image".into(), "gst:videotestsrc".into()],

@@ -1,4 +1,4 @@
-"""The node's scenarios on the GPU machine (python/vptools/node_scenarios.py, run by
+"""The node's scenarios on the GPU machine (python/vptools/node_scenarios/, run by
 scripts/device/gpu_node_remote.py), without a GPU and without ROS: the scenario table
 against the list docs/TESTING.md gives, the command line's refusals (before anything is
 unpacked or started), the knobs' checks, the arithmetic of the lines it prints from the

@@ -107,6 +107,8 @@ pub(super) struct PipelineState {
 
 /// How a pipeline frame's bytes reach the kernels of `backend`, as the start-up log says
 /// it.
+// Used by the GStreamer capture only (src/capture/, src/ros/node/camera.rs).
+#[cfg_attr(not(feature = "gstreamer"), allow(dead_code))]
 pub(super) fn pipeline_copies(backend: &str) -> &'static str {
     if backend == "cuda" {
         "read in place from GStreamer's buffers; the GPU reads a buffer of system memory \
