@@ -210,20 +210,52 @@ struct Worst {
     cases: usize,
 }
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let arg =
-        |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let quick = args.iter().any(|a| a == "--quick");
-    if !gpu_present() {
-        println!("no GPU: GPU tests NOT run (not counted as passed)");
-        return ExitCode::SUCCESS;
-    }
-    let tol: serde_json::Value = serde_json::from_str(TOLERANCES).expect("tolerances.json");
-    let tol = &tol["jpeg_gpu_decode"];
-    let mut failures: Vec<String> = Vec::new();
+/// The damaged JPEGs of part 3 (`damaged_case`), by name.
+const DAMAGES: [&str; 6] = [
+    "truncated to half",
+    "truncated to 10 bytes",
+    "empty",
+    "header bytes flipped",
+    "entropy bytes flipped",
+    "frame header says 0x0",
+];
 
-    // The cases.
+/// What a named check runs.
+enum Kind {
+    /// Part 1: the case alone, against the CPU decoder.
+    Decode(usize),
+    /// Part 2: "4 cameras" or "mixed".
+    Batch(&'static str),
+    /// Part 3: one of [`DAMAGES`].
+    Damaged(&'static str),
+    /// Part 4: the CUDA backend on compressed frames in one memory mode.
+    Backend(MemoryMode),
+}
+
+/// A named check: `--list` prints the names, `--filter TEXT` runs those containing TEXT.
+struct Check {
+    name: String,
+    kind: Kind,
+}
+
+fn checks(cases: &[Case]) -> Vec<Check> {
+    let mut all: Vec<Check> = (cases.iter().enumerate())
+        .map(|(i, c)| Check { name: format!("decode {}", c.name), kind: Kind::Decode(i) })
+        .collect();
+    for label in ["4 cameras", "mixed"] {
+        all.push(Check { name: format!("batch {label}"), kind: Kind::Batch(label) });
+    }
+    for what in DAMAGES {
+        all.push(Check { name: format!("damaged {what}"), kind: Kind::Damaged(what) });
+    }
+    for mode in [MemoryMode::Upload, MemoryMode::Mapped] {
+        all.push(Check { name: format!("backend {mode:?}"), kind: Kind::Backend(mode) });
+    }
+    all
+}
+
+/// The JPEG cases: the photographs encoded by the image crate, then `--cases DIR`'s.
+fn jpeg_cases(dir: Option<&str>) -> Vec<Case> {
     let mut cases = Vec::new();
     for (name, bytes) in PHOTOS {
         let img = image::load_from_memory(bytes).expect("photograph");
@@ -241,8 +273,8 @@ fn main() -> ExitCode {
             });
         }
     }
-    if let Some(dir) = arg("--cases") {
-        let mut files: Vec<_> = std::fs::read_dir(&dir)
+    if let Some(dir) = dir {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
             .unwrap_or_else(|e| panic!("--cases {dir}: {e}"))
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "jpg"))
@@ -253,7 +285,262 @@ fn main() -> ExitCode {
             cases.push(Case { name, jpeg: std::fs::read(&f).expect("case file") });
         }
     }
+    cases
+}
 
+/// What the checks share.
+struct Ctx<'a> {
+    nv: NvJpeg,
+    /// The other decoders part 1 compares (none with `--quick`).
+    others: Vec<(&'static str, NvJpeg)>,
+    stream: Arc<CudaStream>,
+    cases: &'a [Case],
+    /// The CPU decode of each case.
+    expect: Vec<Result<Expected, String>>,
+    /// `jpeg_gpu_decode` of test/tolerances.json.
+    tol: &'a serde_json::Value,
+    worst: BTreeMap<(String, String), Worst>,
+    quick: bool,
+    /// Whether `--cases DIR` was given (the mixed batch needs its files).
+    have_dir: bool,
+}
+
+impl Ctx<'_> {
+    fn index(&self, prefix: &str) -> Option<usize> {
+        self.cases
+            .iter()
+            .position(|c| c.name.starts_with(prefix))
+            .filter(|&i| self.expect[i].is_ok())
+    }
+    /// 4 cameras: OpenCV's 4:2:0 (what cameras and image_transport send) when the cases
+    /// directory is there, else the image crate's encodes.
+    fn four(&self) -> Vec<usize> {
+        let pick =
+            |names: [&str; 4]| names.iter().filter_map(|p| self.index(p)).collect::<Vec<usize>>();
+        let mut four = pick([
+            "cv2_astronaut_q80_420",
+            "cv2_chelsea_q80_420",
+            "cv2_coffee_q80_420",
+            "cv2_rocket_q80_420",
+        ]);
+        if four.len() < 4 {
+            four = pick([
+                "astronaut_image-crate_q80",
+                "chelsea_image-crate_q80",
+                "coffee_image-crate_q80",
+                "rocket_image-crate_q80",
+            ]);
+        }
+        four
+    }
+}
+
+/// Part 1: case `i` alone, against the CPU decoder, by every decoder.
+fn decode_case(cx: &mut Ctx<'_>, i: usize, failures: &mut Vec<String>) {
+    let case = &cx.cases[i];
+    let e = match &cx.expect[i] {
+        Ok(e) => e,
+        Err(err) => {
+            failures.push(format!("{}: CPU decode: {err}", case.name));
+            return;
+        }
+    };
+    let (tol, stream, worst) = (cx.tol, &cx.stream, &mut cx.worst);
+    let (nv, others) = (&mut cx.nv, &mut cx.others);
+    let class = class(&case.jpeg);
+    let samples = e.pixels.len();
+    let mut line = format!("{:<40} {:>9} {}x{}", case.name, class, e.width, e.height);
+    let decoders =
+        std::iter::once(("interpolated", &mut *nv)).chain(others.iter_mut().map(|(l, n)| (*l, n)));
+    for (label, dec) in decoders {
+        match decode_set(dec, stream, &[(&case.jpeg, e)]) {
+            Ok((px, routes, pads)) => {
+                let (m, over) = diff(&px[0], &e.pixels);
+                let share = over as f64 / samples as f64;
+                line += &format!("  {label}: {:?} max {m} >1 {:.3}%", routes[0], share * 100.0);
+                let w = worst.entry((label.to_string(), class.clone())).or_default();
+                (w.max_abs, w.share, w.cases) = (w.max_abs.max(m), w.share.max(share), w.cases + 1);
+                if !pads {
+                    failures.push(format!("{} ({label}): a padding byte was written", case.name));
+                }
+                if label == "interpolated" {
+                    let t = &tol[class.as_str()];
+                    let (tm, ts) = (t["max_abs"].as_u64(), t["share_over_1"].as_f64());
+                    match (tm, ts) {
+                        (Some(tm), Some(ts)) if u64::from(m) <= tm && share <= ts => {}
+                        (Some(tm), Some(ts)) => failures.push(format!(
+                            "{} ({class}): max |GPU - CPU| {m} (tolerance {tm}), share > 1 \
+                                 {share:.5} (tolerance {ts})",
+                            case.name
+                        )),
+                        _ => failures
+                            .push(format!("tolerances.json: jpeg_gpu_decode.{class} missing")),
+                    }
+                }
+            }
+            Err(err) => failures.push(format!("{} ({label}): {err}", case.name)),
+        }
+    }
+    println!("{line}");
+}
+
+/// Part 2: a batch of 4 cameras, or a mixed batch, against the single decodes.
+fn batch_case(cx: &mut Ctx<'_>, label: &str, failures: &mut Vec<String>) {
+    let ids = if label == "4 cameras" {
+        cx.four()
+    } else {
+        [
+            "cv2_astronaut_q90_420",
+            "camera_image-crate_q80_grey",
+            "cv2_coffee_q90_progressive",
+            "cv2_chelsea_q90_422",
+        ]
+        .iter()
+        .filter_map(|p| cx.index(p))
+        .collect()
+    };
+    let (cases, expect, stream, nv) = (cx.cases, &cx.expect, &cx.stream, &mut cx.nv);
+    let singles = |nv: &mut NvJpeg, ids: &[usize]| -> Result<Vec<Vec<u8>>, String> {
+        ids.iter()
+            .map(|&i| {
+                let e = expect[i].as_ref().map_err(|_| "no CPU decode")?;
+                decode_set(nv, stream, &[(&cases[i].jpeg, e)]).map(|(p, ..)| p[0].clone())
+            })
+            .collect()
+    };
+    let repeats = if cx.quick { 2 } else { 20 };
+    let ids = &ids;
+    if ids.len() < 4 {
+        if label == "4 cameras" || cx.have_dir {
+            failures.push(format!("batch {label}: only {} of its 4 cases exist", ids.len()));
+        }
+        return;
+    }
+    let single = match singles(nv, ids) {
+        Ok(s) => s,
+        Err(e) => {
+            failures.push(format!("batch {label}: single decodes: {e}"));
+            return;
+        }
+    };
+    let set: Vec<(&[u8], &Expected)> = ids
+        .iter()
+        .filter_map(|&i| expect[i].as_ref().ok().map(|e| (cases[i].jpeg.as_slice(), e)))
+        .collect();
+    let mut ok = 0;
+    for r in 0..repeats {
+        match decode_set(nv, stream, &set) {
+            Ok((px, routes, pads)) => {
+                if r == 0 {
+                    println!("batch {label}: routes {routes:?}");
+                }
+                let same = px == single && pads;
+                ok += usize::from(same);
+                if !same {
+                    failures
+                        .push(format!("batch {label}, run {r}: differs from the single decodes"));
+                }
+            }
+            Err(e) => failures.push(format!("batch {label}, run {r}: {e}")),
+        }
+    }
+    println!("batch {label}: {ok}/{repeats} runs equal to the 4 single decodes byte for byte");
+}
+
+/// Part 3: a damaged JPEG (`what`, of [`DAMAGES`]), then the good one again.
+fn damaged_case(cx: &mut Ctx<'_>, what: &str, failures: &mut Vec<String>) {
+    let Some(g) = cx.four().first().copied() else {
+        return;
+    };
+    let Ok(ge) = cx.expect[g].as_ref() else {
+        return;
+    };
+    let (good, stream, nv) = (&cx.cases[g].jpeg, &cx.stream, &mut cx.nv);
+    let reference = decode_set(nv, stream, &[(good, ge)]).map(|(p, ..)| p[0].clone());
+    let mut damaged: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated to half", good[..good.len() / 2].to_vec()),
+        ("truncated to 10 bytes", good[..10].to_vec()),
+        ("empty", Vec::new()),
+    ];
+    let mut header = good.clone();
+    for b in &mut header[2..40] {
+        *b ^= 0x5A;
+    }
+    damaged.push(("header bytes flipped", header));
+    let mut entropy = good.clone();
+    let n = entropy.len();
+    for k in 0..64 {
+        entropy[n / 3 + k * (n / 200)] ^= 0xFF;
+    }
+    damaged.push(("entropy bytes flipped", entropy));
+    let mut sof = good.clone();
+    if let Some(p) = sof.windows(2).position(|w| w == [0xFF, 0xC0]) {
+        sof[p + 5..p + 9].copy_from_slice(&[0, 0, 0, 0]); // height 0, width 0
+        damaged.push(("frame header says 0x0", sof));
+    }
+    for (what, bad) in damaged.iter().filter(|(w, _)| *w == what) {
+        let alone = decode_set(nv, stream, &[(bad, ge)]);
+        let batch = decode_set(nv, stream, &[(good, ge), (bad, ge), (good, ge)]);
+        let again = decode_set(nv, stream, &[(good, ge)]).map(|(p, ..)| p[0].clone());
+        let again_batch = decode_set(nv, stream, &[(good, ge), (good, ge)]);
+        let outcome = |r: &Decoded| match r {
+            Ok(_) => "decoded (pixels)".to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        println!("damaged, {what}: alone {}; in a batch {}", outcome(&alone), outcome(&batch));
+        let good_again = again.as_ref().ok() == reference.as_ref().ok() && reference.is_ok();
+        let batch_again = again_batch
+            .as_ref()
+            .is_ok_and(|(p, ..)| reference.as_ref().is_ok_and(|r| p.iter().all(|x| x == r)));
+        if !good_again || !batch_again {
+            failures.push(format!(
+                "after the damaged JPEG ({what}) the good one decodes differently or fails \
+                     (alone: {good_again}, in a batch: {batch_again})"
+            ));
+        }
+        // nvJPEG itself refuses these; the others it may decode to pixels (it skips
+        // bytes up to the next marker, fills a cut scan), so the backend checks every
+        // header first (`Compressed::probe`, as the CPU decoder does), which refuses
+        // each damaged JPEG here but the flipped entropy bytes.
+        let must_fail =
+            matches!(*what, "truncated to 10 bytes" | "empty" | "frame header says 0x0");
+        if must_fail && alone.is_ok() {
+            failures.push(format!("damaged ({what}): decoded without an error"));
+        }
+        let probe = Compressed::probe("jpeg", bad, &Limits::default());
+        if (*what == "entropy bytes flipped") == probe.is_err() {
+            failures.push(format!("damaged ({what}): the header check says {probe:?}"));
+        }
+    }
+}
+
+/// The JPEG cases, every named check (`--list`, `--filter TEXT`: those whose name
+/// contains TEXT; warm-up always runs first, as the node does); a failure prints its
+/// check's name and the command that reruns it alone.
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let arg =
+        |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let quick = args.iter().any(|a| a == "--quick");
+    let filter = arg("--filter").unwrap_or_default();
+    let dir = arg("--cases");
+    let list = args.iter().any(|a| a == "--list");
+    if !list && !gpu_present() {
+        println!("no GPU: GPU tests NOT run (not counted as passed)");
+        return ExitCode::SUCCESS;
+    }
+    let cases = jpeg_cases(dir.as_deref());
+    let all = checks(&cases);
+    let selected: Vec<&Check> = all.iter().filter(|c| c.name.contains(&filter)).collect();
+    if list {
+        for c in &selected {
+            println!("{}", c.name);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let tol: serde_json::Value = serde_json::from_str(TOLERANCES).expect("tolerances.json");
+    let tol = &tol["jpeg_gpu_decode"];
+    let mut failures: Vec<String> = Vec::new();
     let ctx = CudaContext::new(0).expect("CUDA context");
     let stream = ctx.new_stream().expect("stream");
     let mut nv = match NvJpeg::open(&ctx) {
@@ -294,224 +581,55 @@ fn main() -> ExitCode {
             Err(e) => failures.push(format!("opening the {label} decoder: {e}")),
         }
     }
-
-    // 1. Every case alone, against the CPU decoder.
-    let mut expect: Vec<Option<Expected>> = Vec::new();
-    let mut worst: BTreeMap<(String, String), Worst> = BTreeMap::new();
-    for case in &cases {
-        let e = match expected(case) {
-            Ok(e) => e,
-            Err(err) => {
-                failures.push(format!("{}: CPU decode: {err}", case.name));
-                expect.push(None);
-                continue;
-            }
-        };
-        let class = class(&case.jpeg);
-        let samples = e.pixels.len();
-        let mut line = format!("{:<40} {:>9} {}x{}", case.name, class, e.width, e.height);
-        let decoders = std::iter::once(("interpolated", &mut nv))
-            .chain(others.iter_mut().map(|(l, n)| (*l, n)));
-        for (label, dec) in decoders {
-            match decode_set(dec, &stream, &[(&case.jpeg, &e)]) {
-                Ok((px, routes, pads)) => {
-                    let (m, over) = diff(&px[0], &e.pixels);
-                    let share = over as f64 / samples as f64;
-                    line += &format!("  {label}: {:?} max {m} >1 {:.3}%", routes[0], share * 100.0);
-                    let w = worst.entry((label.to_string(), class.clone())).or_default();
-                    (w.max_abs, w.share, w.cases) =
-                        (w.max_abs.max(m), w.share.max(share), w.cases + 1);
-                    if !pads {
-                        failures
-                            .push(format!("{} ({label}): a padding byte was written", case.name));
-                    }
-                    if label == "interpolated" {
-                        let t = &tol[class.as_str()];
-                        let (tm, ts) = (t["max_abs"].as_u64(), t["share_over_1"].as_f64());
-                        match (tm, ts) {
-                            (Some(tm), Some(ts)) if u64::from(m) <= tm && share <= ts => {}
-                            (Some(tm), Some(ts)) => failures.push(format!(
-                                "{} ({class}): max |GPU - CPU| {m} (tolerance {tm}), share > 1 \
-                                 {share:.5} (tolerance {ts})",
-                                case.name
-                            )),
-                            _ => failures
-                                .push(format!("tolerances.json: jpeg_gpu_decode.{class} missing")),
-                        }
-                    }
-                }
-                Err(err) => failures.push(format!("{} ({label}): {err}", case.name)),
-            }
-        }
-        println!("{line}");
-        expect.push(Some(e));
-    }
-    println!(
-        "\nworst per decoder and class (max |GPU - CPU|, largest share of samples off by > 1):"
+    let expect = cases.iter().map(expected).collect();
+    let mut cx = Ctx {
+        nv,
+        others,
+        stream,
+        cases: &cases,
+        expect,
+        tol,
+        worst: BTreeMap::new(),
+        quick,
+        have_dir: dir.is_some(),
+    };
+    let rerun = format!(
+        "{}{}{} --filter",
+        args[0],
+        dir.as_ref().map(|d| format!(" --cases {d}")).unwrap_or_default(),
+        if quick { " --quick" } else { "" }
     );
-    for ((label, class), w) in &worst {
+    for f in &failures {
+        println!("FAIL setup (warm-up, decoders): {f}");
+    }
+    for check in selected {
+        let mut failed = Vec::new();
+        match check.kind {
+            Kind::Decode(i) => decode_case(&mut cx, i, &mut failed),
+            Kind::Batch(label) => batch_case(&mut cx, label, &mut failed),
+            Kind::Damaged(what) => damaged_case(&mut cx, what, &mut failed),
+            Kind::Backend(mode) => backend_parity(&mut cx, mode, &mut failed),
+        }
+        for f in &failed {
+            println!("FAIL {}: {f}", check.name);
+        }
+        if !failed.is_empty() {
+            println!("     rerun it alone: {rerun} '{}'", check.name);
+        }
+        failures.extend(failed);
+    }
+    if !cx.worst.is_empty() {
         println!(
-            "  {label:<13} {class:<11} max_abs {:>3}  share_over_1 {:.5}  ({} cases)",
-            w.max_abs, w.share, w.cases
+            "\nworst per decoder and class (max |GPU - CPU|, largest share of samples off by > 1):"
         );
-    }
-
-    // 2. A batch of 4 cameras, and a mixed batch, against the single decodes.
-    let index = |prefix: &str| {
-        cases.iter().position(|c| c.name.starts_with(prefix)).filter(|&i| expect[i].is_some())
-    };
-    let singles = |nv: &mut NvJpeg, ids: &[usize]| -> Result<Vec<Vec<u8>>, String> {
-        ids.iter()
-            .map(|&i| {
-                let e = expect[i].as_ref().ok_or("no CPU decode")?;
-                decode_set(nv, &stream, &[(&cases[i].jpeg, e)]).map(|(p, ..)| p[0].clone())
-            })
-            .collect()
-    };
-    // 4 cameras: OpenCV's 4:2:0 (what cameras and image_transport send) when the cases
-    // directory is there, else the image crate's encodes.
-    let pick = |names: [&str; 4]| names.iter().filter_map(|p| index(p)).collect::<Vec<usize>>();
-    let mut four = pick([
-        "cv2_astronaut_q80_420",
-        "cv2_chelsea_q80_420",
-        "cv2_coffee_q80_420",
-        "cv2_rocket_q80_420",
-    ]);
-    if four.len() < 4 {
-        four = pick([
-            "astronaut_image-crate_q80",
-            "chelsea_image-crate_q80",
-            "coffee_image-crate_q80",
-            "rocket_image-crate_q80",
-        ]);
-    }
-    let mixed: Vec<usize> = [
-        "cv2_astronaut_q90_420",
-        "camera_image-crate_q80_grey",
-        "cv2_coffee_q90_progressive",
-        "cv2_chelsea_q90_422",
-    ]
-    .iter()
-    .filter_map(|p| index(p))
-    .collect();
-    let repeats = if quick { 2 } else { 20 };
-    for (label, ids) in [("4 cameras", &four), ("mixed", &mixed)] {
-        if ids.len() < 4 {
-            if label == "4 cameras" || arg("--cases").is_some() {
-                failures.push(format!("batch {label}: only {} of its 4 cases exist", ids.len()));
-            }
-            continue;
-        }
-        let single = match singles(&mut nv, ids) {
-            Ok(s) => s,
-            Err(e) => {
-                failures.push(format!("batch {label}: single decodes: {e}"));
-                continue;
-            }
-        };
-        let set: Vec<(&[u8], &Expected)> = ids
-            .iter()
-            .filter_map(|&i| expect[i].as_ref().map(|e| (cases[i].jpeg.as_slice(), e)))
-            .collect();
-        let mut ok = 0;
-        for r in 0..repeats {
-            match decode_set(&mut nv, &stream, &set) {
-                Ok((px, routes, pads)) => {
-                    if r == 0 {
-                        println!("batch {label}: routes {routes:?}");
-                    }
-                    let same = px == single && pads;
-                    ok += usize::from(same);
-                    if !same {
-                        failures.push(format!(
-                            "batch {label}, run {r}: differs from the single decodes"
-                        ));
-                    }
-                }
-                Err(e) => failures.push(format!("batch {label}, run {r}: {e}")),
-            }
-        }
-        println!("batch {label}: {ok}/{repeats} runs equal to the 4 single decodes byte for byte");
-    }
-
-    // 3. Damaged JPEGs, then the good one again.
-    if let Some(&g) = four.first() {
-        let (good, ge) = (&cases[g].jpeg, expect[g].as_ref().expect("checked above"));
-        let reference = decode_set(&mut nv, &stream, &[(good, ge)]).map(|(p, ..)| p[0].clone());
-        let mut damaged: Vec<(&str, Vec<u8>)> = vec![
-            ("truncated to half", good[..good.len() / 2].to_vec()),
-            ("truncated to 10 bytes", good[..10].to_vec()),
-            ("empty", Vec::new()),
-        ];
-        let mut header = good.clone();
-        for b in &mut header[2..40] {
-            *b ^= 0x5A;
-        }
-        damaged.push(("header bytes flipped", header));
-        let mut entropy = good.clone();
-        let n = entropy.len();
-        for k in 0..64 {
-            entropy[n / 3 + k * (n / 200)] ^= 0xFF;
-        }
-        damaged.push(("entropy bytes flipped", entropy));
-        let mut sof = good.clone();
-        if let Some(p) = sof.windows(2).position(|w| w == [0xFF, 0xC0]) {
-            sof[p + 5..p + 9].copy_from_slice(&[0, 0, 0, 0]); // height 0, width 0
-            damaged.push(("frame header says 0x0", sof));
-        }
-        for (what, bad) in &damaged {
-            let alone = decode_set(&mut nv, &stream, &[(bad, ge)]);
-            let batch = decode_set(&mut nv, &stream, &[(good, ge), (bad, ge), (good, ge)]);
-            let again = decode_set(&mut nv, &stream, &[(good, ge)]).map(|(p, ..)| p[0].clone());
-            let again_batch = decode_set(&mut nv, &stream, &[(good, ge), (good, ge)]);
-            let outcome = |r: &Decoded| match r {
-                Ok(_) => "decoded (pixels)".to_string(),
-                Err(e) => format!("error: {e}"),
-            };
-            println!("damaged, {what}: alone {}; in a batch {}", outcome(&alone), outcome(&batch));
-            let good_again = again.as_ref().ok() == reference.as_ref().ok() && reference.is_ok();
-            let batch_again = again_batch
-                .as_ref()
-                .is_ok_and(|(p, ..)| reference.as_ref().is_ok_and(|r| p.iter().all(|x| x == r)));
-            if !good_again || !batch_again {
-                failures.push(format!(
-                    "after the damaged JPEG ({what}) the good one decodes differently or fails \
-                     (alone: {good_again}, in a batch: {batch_again})"
-                ));
-            }
-            // nvJPEG itself refuses these; the others it may decode to pixels (it skips
-            // bytes up to the next marker, fills a cut scan), so the backend checks every
-            // header first (`Compressed::probe`, as the CPU decoder does), which refuses
-            // each damaged JPEG here but the flipped entropy bytes.
-            let must_fail =
-                matches!(*what, "truncated to 10 bytes" | "empty" | "frame header says 0x0");
-            if must_fail && alone.is_ok() {
-                failures.push(format!("damaged ({what}): decoded without an error"));
-            }
-            let probe = Compressed::probe("jpeg", bad, &Limits::default());
-            if (*what == "entropy bytes flipped") == probe.is_err() {
-                failures.push(format!("damaged ({what}): the header check says {probe:?}"));
-            }
+        for ((label, class), w) in &cx.worst {
+            println!(
+                "  {label:<13} {class:<11} max_abs {:>3}  share_over_1 {:.5}  ({} cases)",
+                w.max_abs, w.share, w.cases
+            );
         }
     }
-
-    // 4. The CUDA backend on compressed frames.
-    let by_name = |n: &str| cases.iter().position(|c| c.name == n);
-    let backend_cases: Vec<usize> = [
-        "cv2_astronaut_q80_420",
-        "cv2_chelsea_q90_422",
-        "cv2_coffee_q90_444",
-        "cv2_rocket_q90_progressive",
-        "cv2_camera_q80_grey",
-        "mosaic_1080p_q90",
-        "chelsea_image-crate_q80",
-    ]
-    .iter()
-    .filter_map(|n| by_name(n))
-    .collect();
-    backend_parity(&mut nv, &stream, &cases, &backend_cases, tol, &mut failures, quick);
-
-    println!("\ncounts: {:?}", nv.counts());
+    println!("\ncounts: {:?}", cx.nv.counts());
     for f in &failures {
         println!("FAIL: {f}");
     }
@@ -558,22 +676,39 @@ fn op_for(frame: Frame<'_, '_>) -> PreprocessOp {
     op
 }
 
-/// The CUDA backend on compressed frames, in both memory modes: (a) equal bit for bit to
-/// the same backend on the pixels nvJPEG gives alone (the decode lands where the upload
-/// would have put them, in the layout the kernel reads), (b) within `jpeg_gpu_decode`
-/// (in output units: levels x the largest |scale|, + float32_abs) of the CPU backend on
-/// the same compressed frames; decode_us > 0; a batch of 4 cameras and a mixed batch
-/// (JPEG, progressive JPEG, a PNG the backend decodes on the host, raw pixels) equal to
-/// their single frames.
-fn backend_parity(
-    nv: &mut NvJpeg,
-    stream: &Arc<CudaStream>,
-    cases: &[Case],
-    ids: &[usize],
-    tol: &serde_json::Value,
-    failures: &mut Vec<String>,
+/// What the backend checks share.
+struct Env<'a> {
+    cases: &'a [Case],
+    /// `jpeg_gpu_decode` of test/tolerances.json.
+    tol: &'a serde_json::Value,
+    f32_abs: f64,
+    mode: MemoryMode,
     quick: bool,
-) {
+}
+
+/// Part 4: the CUDA backend on compressed frames, in memory mode `mode`: (a) equal bit
+/// for bit to the same backend on the pixels nvJPEG gives alone (the decode lands where
+/// the upload would have put them, in the layout the kernel reads), (b) within
+/// `jpeg_gpu_decode` (in output units: levels x the largest |scale|, + float32_abs) of
+/// the CPU backend on the same compressed frames; decode_us > 0; a batch of 4 cameras
+/// and a mixed batch (JPEG, progressive JPEG, a PNG the backend decodes on the host, raw
+/// pixels) equal to their single frames; an MJPEG frame without Huffman tables.
+fn backend_parity(cx: &mut Ctx<'_>, mode: MemoryMode, failures: &mut Vec<String>) {
+    let (cases, tol, nv, stream) = (cx.cases, cx.tol, &mut cx.nv, &cx.stream);
+    let by_name = |n: &str| cases.iter().position(|c| c.name == n);
+    let ids: Vec<usize> = [
+        "cv2_astronaut_q80_420",
+        "cv2_chelsea_q90_422",
+        "cv2_coffee_q90_444",
+        "cv2_rocket_q90_progressive",
+        "cv2_camera_q80_grey",
+        "mosaic_1080p_q90",
+        "chelsea_image-crate_q80",
+    ]
+    .iter()
+    .filter_map(|n| by_name(n))
+    .collect();
+    let ids = &ids;
     let all: serde_json::Value = serde_json::from_str(TOLERANCES).expect("tolerances.json");
     let f32_abs = all["float32_abs"].as_f64().expect("float32_abs");
     let probes: Vec<(usize, Compressed)> = ids
@@ -598,6 +733,97 @@ fn backend_parity(
         }
         assert_eq!(c.step() as usize * c.height() as usize, alone.last().map_or(0, Vec::len));
     }
+    let mut cpu = CpuBackend::new();
+    let mut gpu = match CudaBackend::new(0, mode) {
+        Ok(b) => b,
+        Err(e) => {
+            failures.push(format!("backend ({mode:?}): opening: {e}"));
+            return;
+        }
+    };
+    gpu.set_poison_outputs(true);
+    println!("\nbackend ({mode:?}): {}", gpu.device_description());
+    let env = Env { cases, tol, f32_abs, mode, quick: cx.quick };
+    let singles = backend_singles(&mut gpu, &mut cpu, &env, &probes, &alone, failures);
+    backend_batches(&mut gpu, &mut cpu, &env, &probes, &singles, failures);
+    backend_mjpeg(&mut gpu, &env, &probes, &singles, failures);
+    for (key, value) in gpu.diagnostics() {
+        if key.starts_with("Compressed") {
+            println!("backend ({mode:?}) {key}: {value}");
+        }
+    }
+}
+
+/// Part 4 (a) and (b): each case through the backend alone; its tensors.
+fn backend_singles(
+    gpu: &mut CudaBackend,
+    cpu: &mut CpuBackend,
+    env: &Env<'_>,
+    probes: &[(usize, Compressed)],
+    alone: &[Vec<u8>],
+    failures: &mut Vec<String>,
+) -> Vec<Vec<u8>> {
+    let Env { cases, tol, f32_abs, mode, .. } = *env;
+    let mut singles: Vec<Vec<u8>> = Vec::new();
+    for ((i, c), px) in probes.iter().zip(alone) {
+        let name = &cases[*i].name;
+        let op = op_for(Frame::Compressed(c));
+        let (mut out, mut via_pixels, mut reference) = (Vec::new(), Vec::new(), Vec::new());
+        let view =
+            ImageView::with_encoding(c.width(), c.height(), c.step(), c.encoding(), false, px)
+                .expect("decoded view");
+        let times = match (
+            gpu.process(FrameWork::new(c, &op, None), &mut out),
+            gpu.process(FrameWork::new(&view, &op, None), &mut via_pixels),
+            cpu.process(FrameWork::new(c, &op, None), &mut reference),
+        ) {
+            (Ok(t), Ok(_), Ok(_)) => t,
+            (a, b, c) => {
+                failures.push(format!(
+                    "backend ({mode:?}) {name}: {:?} / {:?} / {:?}",
+                    a.err(),
+                    b.err(),
+                    c.err()
+                ));
+                continue;
+            }
+        };
+        let levels = tol[class(&cases[*i].jpeg).as_str()]["max_abs"].as_f64().unwrap_or(0.0);
+        let scale = op.params.scale.iter().fold(0.0f64, |m, s| m.max(f64::from(s.abs())));
+        let bound = levels * scale + f32_abs;
+        let (g, r) = (floats(&out), floats(&reference));
+        let max = g.iter().zip(&r).fold(0.0f64, |m, (a, b)| m.max(f64::from((a - b).abs())));
+        let nan = g.iter().any(|v| !v.is_finite());
+        let exact = out == via_pixels;
+        println!(
+                "backend ({mode:?}) {name:<30} exact vs nvJPEG pixels: {exact}; max |cuda - cpu| \
+                 {max:.3e} (bound {bound:.3e}); decode_us {:.0}, upload_us {:.0}, preprocess_us {:.0}",
+                times.decode_us, times.upload_us, times.preprocess_us
+            );
+        if !exact || nan || max > bound || times.decode_us <= 0.0 {
+            failures.push(format!(
+                "backend ({mode:?}) {name}: exact {exact}, NaN {nan}, max {max:.3e} > {bound:.3e} \
+                     or decode_us {}",
+                times.decode_us
+            ));
+        }
+        singles.push(out);
+    }
+    singles
+}
+
+/// Part 4: a batch of 4 cameras (the first four cases), then a mixed one (JPEG,
+/// progressive JPEG, a PNG the backend decodes on the host, raw pixels), equal to their
+/// single frames and within the bound of the CPU backend's.
+fn backend_batches(
+    gpu: &mut CudaBackend,
+    cpu: &mut CpuBackend,
+    env: &Env<'_>,
+    probes: &[(usize, Compressed)],
+    singles: &[Vec<u8>],
+    failures: &mut Vec<String>,
+) {
+    let Env { tol, f32_abs, mode, quick, .. } = *env;
     let png = {
         let img = image::load_from_memory(PHOTOS[1].1).expect("photograph");
         let mut out = Vec::new();
@@ -615,169 +841,114 @@ fn backend_parity(
         raw.as_raw(),
     )
     .expect("raw view");
-    let mut cpu = CpuBackend::new();
-    for mode in [MemoryMode::Upload, MemoryMode::Mapped] {
-        let mut gpu = match CudaBackend::new(0, mode) {
-            Ok(b) => b,
-            Err(e) => {
-                failures.push(format!("backend ({mode:?}): opening: {e}"));
-                continue;
-            }
-        };
-        gpu.set_poison_outputs(true);
-        println!("\nbackend ({mode:?}): {}", gpu.device_description());
-        let mut singles: Vec<Vec<u8>> = Vec::new();
-        for ((i, c), px) in probes.iter().zip(&alone) {
-            let name = &cases[*i].name;
-            let op = op_for(Frame::Compressed(c));
-            let (mut out, mut via_pixels, mut reference) = (Vec::new(), Vec::new(), Vec::new());
-            let view =
-                ImageView::with_encoding(c.width(), c.height(), c.step(), c.encoding(), false, px)
-                    .expect("decoded view");
-            let times = match (
-                gpu.process(FrameWork::new(c, &op, None), &mut out),
-                gpu.process(FrameWork::new(&view, &op, None), &mut via_pixels),
-                cpu.process(FrameWork::new(c, &op, None), &mut reference),
-            ) {
-                (Ok(t), Ok(_), Ok(_)) => t,
-                (a, b, c) => {
-                    failures.push(format!(
-                        "backend ({mode:?}) {name}: {:?} / {:?} / {:?}",
-                        a.err(),
-                        b.err(),
-                        c.err()
-                    ));
-                    continue;
-                }
-            };
-            let levels = tol[class(&cases[*i].jpeg).as_str()]["max_abs"].as_f64().unwrap_or(0.0);
-            let scale = op.params.scale.iter().fold(0.0f64, |m, s| m.max(f64::from(s.abs())));
-            let bound = levels * scale + f32_abs;
-            let (g, r) = (floats(&out), floats(&reference));
-            let max = g.iter().zip(&r).fold(0.0f64, |m, (a, b)| m.max(f64::from((a - b).abs())));
-            let nan = g.iter().any(|v| !v.is_finite());
-            let exact = out == via_pixels;
-            println!(
-                "backend ({mode:?}) {name:<30} exact vs nvJPEG pixels: {exact}; max |cuda - cpu| \
-                 {max:.3e} (bound {bound:.3e}); decode_us {:.0}, upload_us {:.0}, preprocess_us {:.0}",
-                times.decode_us, times.upload_us, times.preprocess_us
-            );
-            if !exact || nan || max > bound || times.decode_us <= 0.0 {
-                failures.push(format!(
-                    "backend ({mode:?}) {name}: exact {exact}, NaN {nan}, max {max:.3e} > {bound:.3e} \
-                     or decode_us {}",
-                    times.decode_us
-                ));
-            }
-            singles.push(out);
-        }
-        // A batch of 4 cameras (the first four cases), then a mixed one.
-        let mut batches: Vec<(&str, Vec<(Frame, usize)>)> = Vec::new();
-        if probes.len() >= 4 {
-            batches.push((
-                "4 cameras",
-                (0..4).map(|k| (Frame::Compressed(&probes[k].1), k)).collect(),
-            ));
-            batches.push((
-                "mixed",
-                vec![
-                    (Frame::Compressed(&probes[3].1), 3),
-                    (Frame::Compressed(&png), usize::MAX),
-                    (Frame::Pixels(&raw), usize::MAX),
-                    (Frame::Compressed(&probes[0].1), 0),
-                ],
-            ));
-        }
-        let repeats = if quick { 1 } else { 5 };
-        // The largest tolerance of any class (the batches mix them).
-        let worst_levels = ["colour_420", "colour_422", "colour_444", "grey"]
-            .iter()
-            .filter_map(|k| tol[*k]["max_abs"].as_f64())
-            .fold(0.0, f64::max);
-        for (label, frames) in &batches {
-            let ops: Vec<PreprocessOp> = frames.iter().map(|(f, _)| op_for(*f)).collect();
-            let slots: Vec<BatchSlot> =
-                frames.iter().zip(&ops).map(|((f, _), op)| BatchSlot::frame(*f, op)).collect();
-            for run in 0..repeats {
-                let mut out = Vec::new();
-                let mut cpu_out = Vec::new();
-                let len: usize = ops.iter().map(|o| o.params.tensor_desc().byte_len()).sum();
-                out.resize(len, 0);
-                cpu_out.resize(len, 0);
-                let r = gpu.process_batch_into(BatchWork::new(&slots, None), &mut out);
-                let rc = cpu.process_batch_into(BatchWork::new(&slots, None), &mut cpu_out);
-                match (r, rc) {
-                    (Ok(t), Ok(_)) => {
-                        let item = len / frames.len();
-                        let mut ok = true;
-                        for (k, (_, single)) in frames.iter().enumerate() {
-                            let got = &out[k * item..(k + 1) * item];
-                            if *single != usize::MAX && got != singles[*single].as_slice() {
-                                ok = false;
-                            }
+    let mut batches: Vec<(&str, Vec<(Frame, usize)>)> = Vec::new();
+    if probes.len() >= 4 {
+        batches.push(("4 cameras", (0..4).map(|k| (Frame::Compressed(&probes[k].1), k)).collect()));
+        batches.push((
+            "mixed",
+            vec![
+                (Frame::Compressed(&probes[3].1), 3),
+                (Frame::Compressed(&png), usize::MAX),
+                (Frame::Pixels(&raw), usize::MAX),
+                (Frame::Compressed(&probes[0].1), 0),
+            ],
+        ));
+    }
+    let repeats = if quick { 1 } else { 5 };
+    // The largest tolerance of any class (the batches mix them).
+    let worst_levels = ["colour_420", "colour_422", "colour_444", "grey"]
+        .iter()
+        .filter_map(|k| tol[*k]["max_abs"].as_f64())
+        .fold(0.0, f64::max);
+    for (label, frames) in &batches {
+        let ops: Vec<PreprocessOp> = frames.iter().map(|(f, _)| op_for(*f)).collect();
+        let slots: Vec<BatchSlot> =
+            frames.iter().zip(&ops).map(|((f, _), op)| BatchSlot::frame(*f, op)).collect();
+        for run in 0..repeats {
+            let mut out = Vec::new();
+            let mut cpu_out = Vec::new();
+            let len: usize = ops.iter().map(|o| o.params.tensor_desc().byte_len()).sum();
+            out.resize(len, 0);
+            cpu_out.resize(len, 0);
+            let r = gpu.process_batch_into(BatchWork::new(&slots, None), &mut out);
+            let rc = cpu.process_batch_into(BatchWork::new(&slots, None), &mut cpu_out);
+            match (r, rc) {
+                (Ok(t), Ok(_)) => {
+                    let item = len / frames.len();
+                    let mut ok = true;
+                    for (k, (_, single)) in frames.iter().enumerate() {
+                        let got = &out[k * item..(k + 1) * item];
+                        if *single != usize::MAX && got != singles[*single].as_slice() {
+                            ok = false;
                         }
-                        let max = floats(&out)
-                            .iter()
-                            .zip(floats(&cpu_out))
-                            .fold(0.0f64, |m, (a, b)| m.max(f64::from((a - b).abs())));
-                        if run == 0 {
-                            println!(
+                    }
+                    let max = floats(&out)
+                        .iter()
+                        .zip(floats(&cpu_out))
+                        .fold(0.0f64, |m, (a, b)| m.max(f64::from((a - b).abs())));
+                    if run == 0 {
+                        println!(
                                 "backend ({mode:?}) batch {label}: JPEG items equal to their single frames: {ok}; max |cuda - cpu| {max:.3e}; decode_us {:.0}",
                                 t.decode_us
                             );
-                        }
-                        let scale = ops
-                            .iter()
-                            .flat_map(|o| o.params.scale)
-                            .fold(0.0f64, |m, s| m.max(f64::from(s.abs())));
-                        let bound = worst_levels * scale + f32_abs;
-                        if !ok || max > bound || t.decode_us <= 0.0 {
-                            failures.push(format!("backend ({mode:?}) batch {label}, run {run}: equal {ok}, max {max:.3e}, decode_us {}", t.decode_us));
-                        }
                     }
-                    (a, b) => failures.push(format!(
-                        "backend ({mode:?}) batch {label}: {:?} / {:?}",
-                        a.err(),
-                        b.err()
-                    )),
+                    let scale = ops
+                        .iter()
+                        .flat_map(|o| o.params.scale)
+                        .fold(0.0f64, |m, s| m.max(f64::from(s.abs())));
+                    let bound = worst_levels * scale + f32_abs;
+                    if !ok || max > bound || t.decode_us <= 0.0 {
+                        failures.push(format!("backend ({mode:?}) batch {label}, run {run}: equal {ok}, max {max:.3e}, decode_us {}", t.decode_us));
+                    }
                 }
+                (a, b) => failures.push(format!(
+                    "backend ({mode:?}) batch {label}: {:?} / {:?}",
+                    a.err(),
+                    b.err()
+                )),
             }
         }
-        // An MJPEG camera's frame (its Huffman tables left out): decoded on the device with
-        // the standard tables put in (the image crate's encoder writes those), its tensor
-        // bit-equal to the same JPEG's with its tables.
-        let chelsea = probes.iter().position(|(i, _)| cases[*i].name == "chelsea_image-crate_q80");
-        if let Some((k, with_tables)) = chelsea.and_then(|k| singles.get(k).map(|t| (k, t))) {
-            let mjpeg = without_huffman_tables(&cases[probes[k].0].jpeg);
-            let before = hardware_decoded(&gpu);
-            let mut out = Vec::new();
-            let r = Compressed::probe("jpeg", &mjpeg, &Limits::default())
-                .map_err(|e| e.to_string())
-                .and_then(|c| {
-                    let op = op_for(Frame::Compressed(&c));
-                    gpu.process(FrameWork::new(&c, &op, None), &mut out).map_err(|e| e.to_string())
-                });
-            let after = hardware_decoded(&gpu);
-            let on_device = before.is_some() && after == before.map(|n| n + 1);
-            let equal = r.is_ok() && &out == with_tables;
-            println!(
-                "backend ({mode:?}) MJPEG frame without Huffman tables: decoded by the hardware \
+    }
+}
+
+/// Part 4: an MJPEG frame without its Huffman tables.
+fn backend_mjpeg(
+    gpu: &mut CudaBackend,
+    env: &Env<'_>,
+    probes: &[(usize, Compressed)],
+    singles: &[Vec<u8>],
+    failures: &mut Vec<String>,
+) {
+    let Env { cases, mode, .. } = *env;
+    // An MJPEG camera's frame (its Huffman tables left out): decoded on the device with
+    // the standard tables put in (the image crate's encoder writes those), its tensor
+    // bit-equal to the same JPEG's with its tables.
+    let chelsea = probes.iter().position(|(i, _)| cases[*i].name == "chelsea_image-crate_q80");
+    if let Some((k, with_tables)) = chelsea.and_then(|k| singles.get(k).map(|t| (k, t))) {
+        let mjpeg = without_huffman_tables(&cases[probes[k].0].jpeg);
+        let before = hardware_decoded(gpu);
+        let mut out = Vec::new();
+        let r = Compressed::probe("jpeg", &mjpeg, &Limits::default())
+            .map_err(|e| e.to_string())
+            .and_then(|c| {
+                let op = op_for(Frame::Compressed(&c));
+                gpu.process(FrameWork::new(&c, &op, None), &mut out).map_err(|e| e.to_string())
+            });
+        let after = hardware_decoded(gpu);
+        let on_device = before.is_some() && after == before.map(|n| n + 1);
+        let equal = r.is_ok() && &out == with_tables;
+        println!(
+            "backend ({mode:?}) MJPEG frame without Huffman tables: decoded by the hardware \
                  decoder {on_device} ({before:?} -> {after:?}); tensor equal to the JPEG's with \
                  its tables: {equal}"
-            );
-            if !(on_device && equal) {
-                failures.push(format!(
-                    "backend ({mode:?}) MJPEG without Huffman tables: {r:?}, on the device \
+        );
+        if !(on_device && equal) {
+            failures.push(format!(
+                "backend ({mode:?}) MJPEG without Huffman tables: {r:?}, on the device \
                      {on_device}, equal {equal}"
-                ));
-            }
-        } else {
-            failures.push("backend: chelsea_image-crate_q80 missing for the MJPEG check".into());
+            ));
         }
-        for (key, value) in gpu.diagnostics() {
-            if key.starts_with("Compressed") {
-                println!("backend ({mode:?}) {key}: {value}");
-            }
-        }
+    } else {
+        failures.push("backend: chelsea_image-crate_q80 missing for the MJPEG check".into());
     }
 }
