@@ -7,9 +7,9 @@
 //! frame, with the frame's stamp), else from the image stamps: the frames that arrive
 //! are a subset of the camera's, so the gaps between their stamps are whole multiples
 //! of its frame period; the largest period that fits every gap of the last
-//! [`STAMPS_KEPT`] images, with at least two different multiples (a steady slow camera
+//! `STAMPS_KEPT` (32) images, with at least two different multiples (a steady slow camera
 //! fits with all gaps = 1 period), is taken, and only if gaps with no common period would
-//! fit it that well by chance less than once in a million ([`CHANCE`]): the stamps of an
+//! fit it that well by chance less than once in a million (`CHANCE`): the stamps of an
 //! overloaded publisher are jittered, and a few jittered gaps of a camera whose frames
 //! all arrive can fit a fraction of its period (with 8 gaps, about 1 window in 20,000
 //! did: a false "frames lost" warning). A slow camera whose frames all arrive is never
