@@ -150,7 +150,9 @@ fn recv_with_fds(stream: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) ->
     msg.msg_controllen = space as _;
     // SAFETY: a connected socket; `msg` points at live buffers of the sizes given.
     let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    let n = usize::try_from(n).map_err(|_| protocol(std::io::Error::last_os_error()))?;
+    let n = usize::try_from(n).map_err(|_| {
+        Error::handoff_io("tensor_ref hand-off: recvmsg", std::io::Error::last_os_error())
+    })?;
     // SAFETY: the kernel filled `msg_controllen` bytes of `control` with cmsg headers;
     // CMSG_FIRSTHDR/NXTHDR walk them within that length, and each SCM_RIGHTS payload
     // holds (cmsg_len - CMSG_LEN(0)) / 4 fds that are now ours.
@@ -184,8 +186,10 @@ pub struct Consumer {
 impl Consumer {
     /// Connect to the socket a `TensorRef` names (`socket_path`) and map the blocks.
     pub fn connect(socket_path: &Path) -> Result<Consumer> {
-        let stream = UnixStream::connect(socket_path)
-            .map_err(|e| protocol(format!("connecting to {}: {e}", socket_path.display())))?;
+        let stream = UnixStream::connect(socket_path).map_err(|e| {
+            let to = socket_path.display();
+            Error::handoff_io(format!("tensor_ref hand-off: connecting to {to}"), e)
+        })?;
         let mut fds = Vec::new();
         let mut len = [0u8; 4];
         let mut got = 0;

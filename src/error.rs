@@ -70,8 +70,9 @@ pub enum Error {
     /// The CUDA backend was asked for but this binary was built without it.
     #[error("backend `cuda`: this binary was built without the `cuda` feature; rebuild with `--features cuda` or set `backend: cpu`")]
     CudaNotCompiled,
-    /// A preprocessing operation that does not fit the image it is run on (a
-    /// hand-built `PreprocessOp`; the pipeline always builds consistent ones).
+    /// A preprocessing operation that does not fit the image it is run on, or its output
+    /// buffer (a hand-built `PreprocessOp`; the pipeline always builds consistent ones).
+    /// Only that: a call out of order or a broken invariant is [`Error::Misuse`].
     #[error("preprocessing operation does not match the image: {0}")]
     Operation(String),
     /// A call that breaks an API contract or an invariant of this crate (the caller's
@@ -84,10 +85,21 @@ pub enum Error {
         /// What is wrong, and the fix.
         message: String,
     },
-    /// The zero-copy hand-off's own I/O or protocol failed (its socket, memfds, mappings,
-    /// thread, a consumer's view of the protocol); the message names the path or call.
+    /// The zero-copy hand-off's protocol or set-up failed without an OS error (a consumer's
+    /// view of what the node sent, a socket directory of another user); the message names
+    /// the path or call. (An OS error of the hand-off is [`Error::HandoffIo`].)
     #[error("{0}")]
     Handoff(String),
+    /// The zero-copy hand-off's own I/O failed (its socket and socket directory, memfds,
+    /// mappings, thread, a consumer's connection): the OS's error, kept as the source.
+    #[error("{context}: {source}")]
+    HandoffIo {
+        /// What was being done, with the path or call.
+        context: String,
+        /// The OS's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A ROS operation failed, or ROS is not in this binary (`play`, `record`).
     #[error("ROS: {context}: {message}")]
     Ros {
@@ -164,6 +176,11 @@ impl Error {
     /// An I/O error with the action and path as context.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }
+    }
+
+    /// An OS error of the zero-copy hand-off, with what was being done.
+    pub fn handoff_io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::HandoffIo { context: context.into(), source }
     }
 
     /// A misuse of `call` (a broken contract or invariant), with what is wrong.
@@ -368,8 +385,11 @@ mod tests {
     fn each_kind_names_its_cause_and_only_the_device_starts_the_failure_policy() {
         let misuse = Error::misuse("finish_batch", "no batch in flight: submit_batch first");
         assert_eq!(misuse.to_string(), "finish_batch: no batch in flight: submit_batch first");
-        let handoff = Error::Handoff("binding /tmp/x.sock: Address in use".into());
-        assert_eq!(handoff.to_string(), "binding /tmp/x.sock: Address in use");
+        let refused = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let handoff = Error::handoff_io("binding /tmp/x.sock", refused);
+        assert_eq!(handoff.to_string(), "binding /tmp/x.sock: address in use");
+        let source = std::error::Error::source(&handoff).and_then(|s| s.downcast_ref());
+        assert_eq!(source.map(std::io::Error::kind), Some(std::io::ErrorKind::AddrInUse));
         let ros = Error::Ros { context: "play".into(), message: "no subscriber on /image".into() };
         assert_eq!(ros.to_string(), "ROS: play: no subscriber on /image");
         let device = Error::Cuda(CudaError::driver("cuEventRecord", "CUDA_ERROR_ILLEGAL_ADDRESS"));

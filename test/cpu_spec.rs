@@ -562,7 +562,7 @@ fn preview_inverts_the_normalization() {
         ..Config::default()
     };
     let mut p = Pipeline::new(cfg, Box::new(CpuBackend::new())).unwrap();
-    assert!(matches!(p.preview_image(), Err(Error::Operation(_))));
+    assert!(matches!(p.preview_image(), Err(Error::Misuse { .. })));
     p.process(&img).unwrap();
     let prev = p.preview_image().unwrap();
     assert_eq!((prev.width, prev.height, prev.channels), (2, 2, 3));

@@ -350,3 +350,45 @@ fn override_syntax_errors() {
     set_param(&mut params, "conv.kernel", "box").unwrap();
     assert_eq!(params["conv"]["kernel"], serde_yaml::Value::String("box".into()));
 }
+
+/// `e` is a misuse of `call` (a call out of order, a broken invariant): not the operation
+/// error, and never a device failure (no `gpu_failure_policy` starts on it).
+fn assert_misuse(e: Error, call: &str) {
+    assert!(matches!(&e, Error::Misuse { call: c, .. } if c == call), "{call}: {e:?}");
+    assert!(!e.is_device_failure(), "{e:?}");
+}
+
+#[test]
+fn misuses_reachable_without_a_gpu_are_misuse() {
+    use vision_preproc::backend::cpu::CpuBackend;
+    use vision_preproc::backend::{Backend, BatchWork, Out};
+    use vision_preproc::pipeline::preprocess_op;
+    use vision_preproc::Pipeline;
+
+    // A preview before any frame was processed.
+    let mut p = Pipeline::new(Config::default(), Box::new(CpuBackend::new())).unwrap();
+    let e = p.preview_image().unwrap_err();
+    assert_eq!(e.to_string(), "preview: no frame has been processed yet; process one first");
+    assert_misuse(e, "preview");
+    // A set of no frame.
+    assert_misuse(p.process_frames(&[]).unwrap_err(), "submit");
+    // A backend asked to finish with nothing in flight, or to write device memory it
+    // does not have, or to compute an empty batch.
+    let mut cpu = CpuBackend::new();
+    let e = cpu.finish_oldest().unwrap_err();
+    assert_eq!(e.to_string(), "finish_oldest: nothing in flight on cpu");
+    assert_misuse(e, "finish_oldest");
+    let data = [9u8; 4 * 4 * 3];
+    let image = ImageView::new(4, 4, 12, "rgb8", false, &data).unwrap();
+    let cfg = Config { network_image_width: 2, network_image_height: 2, ..Config::default() };
+    let mut op = preprocess_op(&cfg, &Geometry::resolve(&cfg, 4, 4).unwrap());
+    op.params.set_source(&image);
+    let job = vision_preproc::backend::Job::Frame(vision_preproc::backend::FrameWork::new(
+        &image, &op, None,
+    ));
+    let device = Out::Device { ptr: 0, len: 12, host: None, ready: None };
+    // SAFETY: refused before anything is written (no memory is behind `device`).
+    assert_misuse(unsafe { cpu.submit_to(job, device) }.unwrap_err(), "submit_to");
+    let empty = cpu.process_batch_into(BatchWork::new(&[], None), &mut []).unwrap_err();
+    assert_misuse(empty, "process_batch");
+}

@@ -148,10 +148,10 @@ pub trait Backend: Send {
     /// unchanged as long (`pipeline::InFlight` keeps a set's frames until it is finished).
     unsafe fn submit_to(&mut self, job: Job<'_, '_>, out: Out) -> Result<Queued> {
         let Out::Host { ptr, len } = out else {
-            return Err(Error::Operation(format!(
-                "the {} backend has no device memory to write into",
-                self.name()
-            )));
+            return Err(Error::misuse(
+                "submit_to",
+                format!("the {} backend has no device memory to write into", self.name()),
+            ));
         };
         // SAFETY: the caller's promise (above); the work completes before this returns.
         let out = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
@@ -189,7 +189,7 @@ pub trait Backend: Send {
     /// tensors are then in its `out`). After an error every queued submission is
     /// abandoned (as [`Backend::abandon_all`]). The default has none in flight.
     fn finish_oldest(&mut self) -> Result<StageTimes> {
-        Err(Error::Operation(format!("finish_oldest: nothing in flight on {}", self.name())))
+        Err(Error::misuse("finish_oldest", format!("nothing in flight on {}", self.name())))
     }
 
     /// Wait for everything queued (errors are ignored: they are the failure being
@@ -463,7 +463,7 @@ pub(crate) fn with_host_pixels_except<R>(
     let r = match job {
         Job::Frame(w) => {
             let Some(image) = frame(0) else {
-                return Err(Error::Operation("a frame job without its frame".into()));
+                return Err(Error::misuse("submit_to", "a frame job without its frame"));
             };
             f(Job::Frame(FrameWork::new(image, w.op, w.conv)))?
         }
@@ -567,7 +567,7 @@ pub(crate) fn check_batch_len(slots: &[BatchSlot<'_, '_>], len: usize) -> Result
 /// the bytes of one slot.
 pub(crate) fn check_batch_shape(slots: &[BatchSlot<'_, '_>]) -> Result<usize> {
     let Some(first) = slots.first() else {
-        return Err(Error::Operation("a batch needs at least one slot".into()));
+        return Err(Error::misuse("process_batch", "a batch needs at least one slot"));
     };
     let desc = first.op.params.tensor_desc();
     for (i, slot) in slots.iter().enumerate() {

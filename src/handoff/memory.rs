@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 fn os_error(what: &str) -> Error {
-    Error::Handoff(format!("{what}: {}", std::io::Error::last_os_error()))
+    Error::handoff_io(what, std::io::Error::last_os_error())
 }
 
 /// The page size.

@@ -33,14 +33,14 @@ pub(crate) fn socket_dir() -> Result<PathBuf> {
     };
     if let Err(e) = std::fs::create_dir(&dir) {
         if e.kind() != ErrorKind::AlreadyExists {
-            return Err(Error::Handoff(format!("creating {}: {e}", dir.display())));
+            return Err(Error::handoff_io(format!("creating {}", dir.display()), e));
         }
     } else {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| Error::Handoff(format!("chmod 0700 {}: {e}", dir.display())))?;
+            .map_err(|e| Error::handoff_io(format!("chmod 0700 {}", dir.display()), e))?;
     }
     let meta = std::fs::symlink_metadata(&dir)
-        .map_err(|e| Error::Handoff(format!("{}: {e}", dir.display())))?;
+        .map_err(|e| Error::handoff_io(dir.display().to_string(), e))?;
     if !meta.is_dir() || meta.uid() != euid() || meta.mode() & 0o077 != 0 {
         return Err(Error::Handoff(format!(
             "{} must be a directory of user {} with mode 0700 (it is uid {}, mode {:o}): \
@@ -146,18 +146,18 @@ impl Server {
             let _ = std::fs::remove_file(&path);
         }
         let listener = UnixListener::bind(&path)
-            .map_err(|e| Error::Handoff(format!("binding {}: {e}", path.display())))?;
+            .map_err(|e| Error::handoff_io(format!("binding {}", path.display()), e))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| Error::Handoff(format!("chmod 0600 {}: {e}", path.display())))?;
+            .map_err(|e| Error::handoff_io(format!("chmod 0600 {}", path.display()), e))?;
         listener
             .set_nonblocking(true)
-            .map_err(|e| Error::Handoff(format!("{}: {e}", path.display())))?;
+            .map_err(|e| Error::handoff_io(path.display().to_string(), e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("handoff".into())
             .spawn(move || serve(&pool, &listener, &flag))
-            .map_err(|e| Error::Handoff(format!("starting the hand-off thread: {e}")))?;
+            .map_err(|e| Error::handoff_io("starting the hand-off thread", e))?;
         Ok(Server { stop, thread: Some(thread), path })
     }
 

@@ -121,10 +121,16 @@ impl crate::backend::Backend for Deferred {
 
     unsafe fn submit_to(&mut self, job: Job<'_, '_>, out: crate::backend::Out) -> Result<Queued> {
         let crate::backend::Out::Host { ptr: out, len } = out else {
-            return Err(Error::Operation("the deferred backend has no device memory".into()));
+            return Err(Error::misuse(
+                "submit_to",
+                "the deferred cpu backend has no device memory; pass Out::Host",
+            ));
         };
         if self.queue.len() >= 2 {
-            return Err(Error::Operation("submit_into: 2 jobs already in flight".into()));
+            return Err(Error::misuse(
+                "submit_into",
+                "2 jobs already in flight; finish_oldest first",
+            ));
         }
         let (slots, batch, conv) = match job {
             Job::Frame(FrameWork { image, op, conv }) => {
@@ -148,7 +154,7 @@ impl crate::backend::Backend for Deferred {
 
     fn finish_oldest(&mut self) -> Result<crate::backend::StageTimes> {
         let Some(job) = self.queue.pop_front() else {
-            return Err(Error::Operation("finish_oldest: nothing in flight".into()));
+            return Err(Error::misuse("finish_oldest", "nothing in flight; submit first"));
         };
         // SAFETY: the caller keeps `out` valid and untouched until this returns (the
         // contract of submit_into).
@@ -163,7 +169,7 @@ impl crate::backend::Backend for Deferred {
             if let (Some(Some(image)), Some((_, op))) = (views.first(), job.slots.first()) {
                 return self.cpu.process_into(FrameWork::new(image, op, conv), out);
             }
-            return Err(Error::Operation("a deferred frame without its frame".into()));
+            return Err(Error::misuse("finish_oldest", "a deferred frame job without its frame"));
         }
         let slots: Vec<crate::backend::BatchSlot<'_, '_>> = views
             .iter()
@@ -178,5 +184,47 @@ impl crate::backend::Backend for Deferred {
 
     fn abandon_all(&mut self) {
         self.queue.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Backend, Out};
+    use crate::config::Config;
+    use crate::image::ImageView;
+    use crate::pipeline::{preprocess_op, Geometry};
+
+    #[test]
+    fn its_misuses_are_misuse_not_device_failures() {
+        let misuse = |call: &str, e: Error| {
+            assert!(matches!(&e, Error::Misuse { call: c, .. } if c == call), "{e:?}");
+            assert!(!e.is_device_failure(), "{e:?}");
+        };
+        let mut b = Deferred::new();
+        misuse("finish_oldest", b.finish_oldest().unwrap_err());
+        let data = [7u8; 4 * 4 * 3];
+        let image = ImageView::new(4, 4, 12, "rgb8", false, &data).unwrap();
+        let cfg = Config { network_image_width: 2, network_image_height: 2, ..Config::default() };
+        let mut op = preprocess_op(&cfg, &Geometry::resolve(&cfg, 4, 4).unwrap());
+        op.params.set_source(&image);
+        let mut outs = vec![vec![0u8; op.params.tensor_desc().byte_len()]; 3];
+        let job = || Job::Frame(FrameWork::new(&image, &op, None));
+        let device = Out::Device { ptr: 0, len: outs[0].len(), host: None, ready: None };
+        // SAFETY: refused before anything is written.
+        misuse("submit_to", unsafe { b.submit_to(job(), device) }.unwrap_err());
+        for (i, out) in outs.iter_mut().enumerate() {
+            let host = Out::Host { ptr: out.as_mut_ptr(), len: out.len() };
+            // SAFETY: `outs` outlives the jobs, finished or abandoned below.
+            let queued = unsafe { b.submit_to(job(), host) };
+            match i {
+                0 | 1 => assert!(matches!(queued, Ok(Queued::Pending)), "{queued:?}"),
+                _ => misuse("submit_into", queued.unwrap_err()),
+            }
+        }
+        b.finish_oldest().unwrap();
+        b.finish_oldest().unwrap();
+        misuse("finish_oldest", b.finish_oldest().unwrap_err());
+        assert_eq!(outs[0], outs[1]);
     }
 }

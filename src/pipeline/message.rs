@@ -83,7 +83,10 @@ impl MessageBuf {
             self.buf = Some(backend.alloc_host(need + TENSOR_ALIGN + MESSAGE_SLACK)?);
         }
         let Some(buf) = self.buf.as_mut() else {
-            return Err(Error::Operation("message buffer missing after allocation".into()));
+            return Err(Error::misuse(
+                "prepare",
+                "the message buffer is missing after its allocation",
+            ));
         };
         self.start = offset(buf);
         let message = &mut buf.as_mut_slice()[self.start..self.start + need];
@@ -134,11 +137,14 @@ impl MessageBuf {
         let body_offset = self.cdr.prefix.len() - 4 + self.cdr.data_len;
         let suffix = batch_items_cdr(body_offset, &batch_fields(&self.items, ages));
         if suffix.len() != self.cdr.suffix.len() {
-            return Err(Error::Operation(format!(
-                "message suffix of {} bytes cannot replace one of {}",
-                suffix.len(),
-                self.cdr.suffix.len()
-            )));
+            return Err(Error::misuse(
+                "set_ages",
+                format!(
+                    "a message suffix of {} bytes cannot replace one of {}",
+                    suffix.len(),
+                    self.cdr.suffix.len()
+                ),
+            ));
         }
         let at = self.start + self.cdr.prefix.len() + self.cdr.data_len;
         if let Some(buf) = self.buf.as_mut() {
@@ -190,7 +196,9 @@ impl MessageBuf {
                 preview_items(params, &bytes)
             }
             (Some(params), _) if !self.tensor().is_empty() => preview_items(params, self.tensor()),
-            _ => Err(Error::Operation("no frame has been processed yet".into())),
+            _ => {
+                Err(Error::misuse("preview", "no frame has been processed yet; process one first"))
+            }
         }
     }
 }
@@ -331,7 +339,7 @@ impl OwnedMessage {
     pub(crate) fn set_ages(&mut self, ages: &[f32]) -> Result<()> {
         match self.buf.as_mut() {
             Some(buf) => buf.set_ages(ages),
-            None => Err(Error::Operation("message already given back".into())),
+            None => Err(given_back("set_ages")),
         }
     }
 
@@ -340,9 +348,14 @@ impl OwnedMessage {
     pub fn preview(&self) -> Result<PreviewImage> {
         match &self.buf {
             Some(buf) => buf.preview(),
-            None => Err(Error::Operation("message already given back".into())),
+            None => Err(given_back("preview")),
         }
     }
+}
+
+/// The error of a call on an [`OwnedMessage`] whose buffer went back to its pipeline.
+fn given_back(call: &str) -> Error {
+    Error::misuse(call, "the message was already given back to its pipeline")
 }
 
 impl Drop for OwnedMessage {
@@ -361,5 +374,30 @@ impl Drop for OwnedMessage {
             }
         }
         self.pool.outstanding.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_given_back_is_a_misuse_not_a_device_failure() {
+        let pool = Arc::new(MessagePool::default());
+        let mut current = MessageBuf::default();
+        // A message never written: nothing to preview yet.
+        let e = current.preview().unwrap_err();
+        assert!(matches!(&e, Error::Misuse { call, .. } if call == "preview"), "{e:?}");
+        let mut message = pool.take(&mut current);
+        // Its buffer gone back to the pipeline (what dropping it does).
+        drop(message.buf.take());
+        for e in [message.set_ages(&[]).unwrap_err(), message.preview().unwrap_err()] {
+            assert!(matches!(e, Error::Misuse { .. }) && !e.is_device_failure(), "{e:?}");
+            assert!(e
+                .to_string()
+                .ends_with(": the message was already given back to its pipeline"));
+        }
+        drop(message);
+        assert_eq!(pool.counts(), (0, 0));
     }
 }

@@ -240,9 +240,10 @@ impl Pipeline {
         let header = Header::default();
         let p =
             self.process_frames(&[FrameInput::frame(image, &header, image.encoding().name())])?;
-        let geometry = p.geometries.into_iter().flatten().next().ok_or_else(|| {
-            Error::Operation("process: the frame was padded instead of processed".into())
-        })?;
+        let geometry =
+            p.geometries.into_iter().flatten().next().ok_or_else(|| {
+                Error::misuse("process", "the frame was padded instead of processed")
+            })?;
         Ok(FrameInfo { desc: p.desc, geometry, times: p.times, gpu_failure: p.gpu_failure })
     }
 
@@ -482,7 +483,7 @@ impl Pipeline {
                 (Some(Some(image)), Some(op)) => unsafe {
                     self.backend.submit_to(Job::Frame(FrameWork::new(*image, op, conv)), out)
                 },
-                _ => Err(Error::Operation("no operation for this frame size".into())),
+                _ => Err(Error::misuse("submit", "no operation for this frame size")),
             };
         }
         let slots: Vec<backend::BatchSlot<'_, '_>> = images
@@ -510,11 +511,11 @@ fn output_of(message: &mut MessageBuf, backend: &mut dyn Backend) -> Result<back
     let fill = message.fill;
     match message.block.as_mut().map(|b| b.memory()) {
         None => Ok(backend::Out::Host { ptr: host, len }),
-        Some(None) => Err(Error::Operation("the shared block's pool was closed".into())),
-        Some(Some(m)) if m.len() < len => Err(Error::Operation(format!(
-            "the shared block holds {} bytes but the tensors are {len}",
-            m.len()
-        ))),
+        Some(None) => Err(Error::misuse("submit", "the shared block's pool was closed")),
+        Some(Some(m)) if m.len() < len => Err(Error::misuse(
+            "submit",
+            format!("the shared block holds {} bytes but the tensors are {len}", m.len()),
+        )),
         Some(Some(BlockMemory::Host(bytes))) => {
             Ok(backend::Out::Host { ptr: bytes.as_mut_ptr(), len })
         }

@@ -62,7 +62,7 @@ impl Ops {
         for (i, it) in items.iter().enumerate() {
             let Some(image) = it.image else {
                 if !batch {
-                    return Err(Error::Operation("no frame to process".into()));
+                    return Err(Error::misuse("process", "no frame to process"));
                 }
                 geometries.push(None);
                 continue;

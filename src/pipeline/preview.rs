@@ -43,14 +43,14 @@ pub fn preview(params: &PreprocessParams, tensor: &[u8]) -> PreviewImage {
 pub(crate) fn preview_items(params: &PreprocessParams, tensors: &[u8]) -> Result<PreviewImage> {
     let one = params.tensor_desc().byte_len();
     if one == 0 || !tensors.len().is_multiple_of(one) {
-        return Err(Error::Operation(format!(
-            "{} tensor bytes are not a whole number of {one}-byte tensors",
-            tensors.len()
-        )));
+        return Err(Error::misuse(
+            "preview",
+            format!("{} tensor bytes are not a whole number of {one}-byte tensors", tensors.len()),
+        ));
     }
     let mut items = tensors.chunks_exact(one).map(|t| preview(params, t));
     let Some(mut out) = items.next() else {
-        return Err(Error::Operation("no tensor to show".into()));
+        return Err(Error::misuse("preview", "no tensor to show"));
     };
     for item in items {
         out.height += item.height;
