@@ -1059,7 +1059,10 @@ fn batches_in_flight(cx: &mut Ctx, gpu: &mut CudaBackend, rng: &mut Rng) -> Resu
         gpu.abandon_all();
     }
     ring?;
-    let gots = [got0, got1.as_slice().to_vec()];
+    // alloc_host gives at least len1 bytes (pinned buffers are rounded up): the batch's
+    // tensors are the first len1.
+    let got1 = got1.as_slice().get(..len1).ok_or("alloc_host gave fewer bytes than asked")?;
+    let gots = [got0, got1.to_vec()];
     for (k, ((w, cfg), got)) in want.iter().zip([&a, &c]).zip(gots).enumerate() {
         if got.len() != w.len() {
             return Err(format!("batch {k}: {} bytes, not {}", got.len(), w.len()));

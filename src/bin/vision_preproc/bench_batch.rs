@@ -449,7 +449,8 @@ fn pipelined(
         unsafe { gpu.submit_into(job(), ptr, len) }?;
         let times_k = gpu.finish_oldest()?;
         let tensors = outs[batches as usize % 2].as_slice();
-        anyhow::ensure!(tensors.len() == d2h, "the batch's tensors have {} bytes", tensors.len());
+        // alloc_host gives at least d2h bytes (pinned buffers are rounded up).
+        anyhow::ensure!(tensors.len() >= d2h, "the batch's buffer has {} bytes", tensors.len());
         times.push(times_k);
         batches += 1;
     }
