@@ -72,8 +72,11 @@ APT_PACKAGES=(libclang-dev clang libsqlite3-dev
     libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-plugins-base
     gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-tools)
 missing=()
+# Named with the machine's architecture: `dpkg -s` refuses a bare name that is installed
+# for two (after `make aarch64`, which adds arm64's GStreamer), and would install again.
+HOST_ARCH="$(dpkg --print-architecture)"
 for p in "${APT_PACKAGES[@]}"; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    dpkg -s "$p:$HOST_ARCH" >/dev/null 2>&1 || dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if ((${#missing[@]})); then
     log "apt: installing ${missing[*]} (GStreamer's: about a minute)"
