@@ -18,27 +18,10 @@ pub fn status() -> String {
     "not in this build (cargo feature `gstreamer`): no `gst:` inputs".to_string()
 }
 
-/// Which clock a [`CaptureTime`] is a time of.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClockKind {
-    /// GStreamer's system clock on `CLOCK_MONOTONIC`.
-    Monotonic,
-    /// GStreamer's system clock on `CLOCK_REALTIME`.
-    Realtime,
-    /// GStreamer's system clock on `CLOCK_TAI`.
-    Tai,
-    /// Another clock, by its GObject type name.
-    Other(String),
-}
-
-/// When a frame was captured: its PTS as a time of the pipeline's clock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaptureTime {
-    /// Running time + base time, in nanoseconds of `clock`.
-    pub clock_ns: u64,
-    /// The pipeline's clock.
-    pub clock: ClockKind,
-}
+// The same types as with GStreamer (one definition: plain data).
+#[path = "capture/time.rs"]
+mod time;
+pub use time::{CaptureTime, ClockKind};
 
 /// Never constructed without the `gstreamer` feature.
 #[derive(Debug)]

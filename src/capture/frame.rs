@@ -12,31 +12,10 @@ use gstreamer_video as gst_video;
 
 use super::layout::{self, Plan, Planes};
 use super::lend::lend;
+use super::time::{CaptureTime, ClockKind};
 use super::{accepted_list, ACCEPTED};
 use crate::error::CaptureError;
 use crate::image::{Encoding, ImageView, Lent, LentReads};
-
-/// Which clock a [`CaptureTime`] is a time of.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClockKind {
-    /// GStreamer's system clock on `CLOCK_MONOTONIC` (its default).
-    Monotonic,
-    /// GStreamer's system clock on `CLOCK_REALTIME` (wall time, Unix epoch).
-    Realtime,
-    /// GStreamer's system clock on `CLOCK_TAI`.
-    Tai,
-    /// Another clock (an audio sink's, a network or PTP clock), by its GObject type name.
-    Other(String),
-}
-
-/// When a frame was captured: its PTS as a time of the pipeline's clock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaptureTime {
-    /// Running time + base time, in nanoseconds of `clock`.
-    pub clock_ns: u64,
-    /// The pipeline's clock.
-    pub clock: ClockKind,
-}
 
 /// Where a frame's bytes are: the mapped `GstBuffer` (kept mapped and alive until the
 /// frame is dropped) or one tight copy of it.

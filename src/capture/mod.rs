@@ -41,13 +41,15 @@ mod frame;
 mod layout;
 mod lend;
 mod source;
+mod time;
 
 use gstreamer as gst;
 
 use crate::image::Encoding;
 
-pub use frame::{CaptureTime, ClockKind, Frame};
+pub use frame::Frame;
 pub use source::CaptureSource;
+pub use time::{CaptureTime, ClockKind};
 
 /// The formats our appsink accepts, in order of preference: (media type, GStreamer
 /// `format`, our encoding, big-endian samples). One source for the appsink's caps, the

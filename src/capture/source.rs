@@ -11,7 +11,8 @@ use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
 
 use super::fault::{error_fault, offered_caps, parse_fault};
-use super::frame::{clock_kind, CaptureTime, ClockKind, Frame};
+use super::frame::{clock_kind, Frame};
+use super::time::{CaptureTime, ClockKind};
 use super::{accepted_caps, accepted_list};
 use crate::error::{CaptureError, Error, Result};
 use crate::image::LentReads;
