@@ -174,6 +174,21 @@ mod tests {
     use super::*;
     use crate::config::DType;
 
+    /// The node's own profile announces the participant as often as the shipped camera
+    /// profile (one fact in two files: the XML users pass to their cameras, and ours).
+    #[test]
+    fn the_node_s_profile_announces_like_the_shipped_camera_profile() {
+        let announcement = |xml: &str| -> String {
+            let from = xml.find("<leaseAnnouncement>").expect("a leaseAnnouncement");
+            let to = xml.find("</leaseAnnouncement>").expect("its end");
+            xml[from..to].split_whitespace().collect()
+        };
+        let shipped = include_str!("../../config/fastdds_large_frames.xml");
+        let ours = profile_xml(16 << 20, 1 << 20);
+        assert_eq!(announcement(&ours), announcement(shipped));
+        assert!(announcement(&ours).contains("<nanosec>500000000</nanosec>"));
+    }
+
     #[test]
     fn the_segment_follows_the_largest_output() {
         // 640x640x3 float32 = 4,915,200 bytes + 4096 overhead; 4 samples = 19,677,184
