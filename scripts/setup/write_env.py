@@ -82,7 +82,7 @@ export _ROS_WHEELS_BOOTSTRAP_COMPLETE=1
 # DDS discovery stays on this machine.
 export ROS_AUTOMATIC_DISCOVERY_RANGE="${{ROS_AUTOMATIC_DISCOVERY_RANGE:-LOCALHOST}}"
 # Keep r2r's message generation to what the node uses.
-export IDL_PACKAGE_FILTER="std_msgs;builtin_interfaces;sensor_msgs;geometry_msgs;diagnostic_msgs;rcl_interfaces;rosgraph_msgs;vision_preproc_msgs"
+export IDL_PACKAGE_FILTER="std_msgs;builtin_interfaces;sensor_msgs;geometry_msgs;diagnostic_msgs;rcl_interfaces;rosgraph_msgs;lifecycle_msgs;foxglove_msgs;ffmpeg_image_transport_msgs;vision_preproc_msgs"
 # NVRTC of the CUDA 12 line (for compiling kernels on machines without a GPU).
 export VISION_PREPROC_NVRTC_DIR="{nvrtc}"
 # The NVTX library loaded when a profiler asks for ranges (src/nvtx.rs; test/nvtx.rs).
