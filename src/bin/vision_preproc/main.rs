@@ -128,6 +128,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             println!("Fast DDS: {fastdds}");
             println!("Fast DDS profile: {profile}");
             println!("GStreamer: {}", vision_preproc::capture::status());
+            println!("GStreamer CUDA memory: {}", vision_preproc::capture::cuda_status());
         }
         Command::RunFile(args) => run_file::run(args)?,
         Command::Replay(args) => replay::run(args)?,

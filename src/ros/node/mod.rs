@@ -232,16 +232,40 @@ fn open_cameras(
     node: &mut r2r::Node,
     config: &Config,
     logger: &str,
-    backend: &str,
+    backend: &dyn Backend,
 ) -> Result<Vec<camera::Started>> {
-    camera::PipelineInput::of(config)?
+    let inputs = camera::PipelineInput::of(config)?;
+    let gpu = if inputs.is_empty() { None } else { share_gpu(backend, logger) };
+    inputs
         .into_iter()
         .map(|p| {
             let publishers = camera::CameraPublishers::create(node, &p.name)
                 .map_err(|e| ros_err(&format!("creating the publishers of {}", p.name), e))?;
-            camera::start(p, publishers, logger, backend)
+            camera::start(p, publishers, logger, backend.name(), gpu.as_ref())
         })
         .collect()
+}
+
+/// The GPU backend's CUDA context shared with the pipeline inputs' CUDA elements, so that
+/// their frames may come in CUDA memory and be read in place; `None` (said on the log)
+/// for the CPU backend or without GStreamer's CUDA library: frames in system memory.
+fn share_gpu(backend: &dyn Backend, logger: &str) -> Option<Arc<crate::capture::GpuShare>> {
+    let device = backend.device_context()?;
+    match crate::capture::GpuShare::new(device) {
+        Ok(share) => {
+            r2r::log_info!(
+                logger,
+                "pipeline inputs share the GPU's CUDA context: frames in CUDA memory \
+                 (`{}`, NV12 from nvh264dec / nvh265dec) are read in place on the device",
+                crate::capture::CUDA_MEMORY_FEATURE
+            );
+            Some(share)
+        }
+        Err(why) => {
+            r2r::log_warn!(logger, "pipeline inputs in system memory only, not CUDA memory: {why}");
+            None
+        }
+    }
 }
 
 /// The node's threads, running: spin, cameras, processing; the `/diagnostics` publisher.
@@ -263,7 +287,7 @@ fn start(base: &Base, mut node: r2r::Node, ros_args: Option<RosArgs>) -> Result<
     let outputs = Outputs::create(&mut node, inputs, &qos)
         .map_err(|e| ros_err("creating the output publishers", e))?;
     log_batching(logger, config);
-    let pipelines = open_cameras(&mut node, config, logger, &backend_info.name)?;
+    let pipelines = open_cameras(&mut node, config, logger, backend.as_ref())?;
     let former = Arc::new(Mutex::new(former::Former::new(config)));
     let diagnostics = node
         .create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())
