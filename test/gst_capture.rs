@@ -495,7 +495,7 @@ fn cuda_memory_is_refused_with_the_fix_without_a_shared_gpu_context() {
     // Without a driver (this machine), wrapping a context is refused by name, never a
     // crash; the status says whether GStreamer's CUDA library loads.
     // SAFETY: only tries to dlopen libcuda.
-    if !unsafe { libloading::Library::new("libcuda.so.1") }.is_ok() {
+    if unsafe { libloading::Library::new("libcuda.so.1") }.is_err() {
         let fake = vision_preproc::DeviceContext {
             handle: 0x1000,
             device: 0,
@@ -505,7 +505,11 @@ fn cuda_memory_is_refused_with_the_fix_without_a_shared_gpu_context() {
         assert!(e.contains("libgstcuda") || e.contains("refused the context"), "{e}");
     }
     let status = vision_preproc::capture::cuda_status();
-    assert!(status.contains("GStreamer's CUDA library loads") || status.contains("no GStreamer CUDA library"), "{status}");
+    assert!(
+        status.contains("GStreamer's CUDA library loads")
+            || status.contains("no GStreamer CUDA library"),
+        "{status}"
+    );
 }
 
 #[test]

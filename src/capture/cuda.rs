@@ -226,11 +226,13 @@ pub(super) fn cuda_planes(buffer: &gst::BufferRef) -> (Vec<i32>, Vec<usize>) {
     // SAFETY: the memory is a GstCudaMemory (`is_cuda_memory`, checked by the caller),
     // whose public head is `CudaMemoryHead`; alive while `buffer` is.
     let info = unsafe { &(*(memory.as_ptr() as *const CudaMemoryHead)).info };
-    let n = (info.finfo.is_null())
-        .then_some(1)
+    let n = if info.finfo.is_null() {
+        1
+    } else {
         // SAFETY: a non-null finfo is GStreamer's static format info.
-        .unwrap_or_else(|| unsafe { (*info.finfo).n_planes } as usize)
-        .clamp(1, 4);
+        unsafe { (*info.finfo).n_planes as usize }
+    }
+    .clamp(1, 4);
     (info.stride[..n].to_vec(), info.offset[..n].to_vec())
 }
 
