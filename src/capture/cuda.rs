@@ -106,7 +106,7 @@ pub fn cuda_status() -> String {
 }
 
 /// A GPU backend's CUDA context wrapped as GStreamer's: set on a pipeline
-/// ([`GpuShare::context`]), its CUDA elements allocate in that context, whose kernels then
+/// (`CaptureSource::start_on`), its CUDA elements allocate in that context, whose kernels then
 /// read their buffers in place.
 pub struct GpuShare {
     /// The `gst.cuda.context` context holding the wrapped `GstCudaContext`.
