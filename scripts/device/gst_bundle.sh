@@ -61,6 +61,10 @@ for deb in "$TMP"/debs/*.deb; do
     dpkg-deb -W --showformat='${Package} ${Version}\n' "$deb" >>"$TMP/versions"
 done
 LIB="$TMP/root/usr/lib/x86_64-linux-gnu"
+# A few packages (libexpat1) still ship their library under /lib: one directory for all.
+if [ -d "$TMP/root/lib/x86_64-linux-gnu" ]; then
+    mkdir -p "$LIB" && cp -an "$TMP/root/lib/x86_64-linux-gnu/." "$LIB/"
+fi
 
 rm -rf "$DIR" "$DIR.tar.xz" && mkdir -p "$DIR/bin" "$DIR/libexec" "$DIR/lib/gstreamer-1.0"
 cp "$TMP/root/usr/bin/gst-launch-1.0" "$TMP/root/usr/bin/gst-inspect-1.0" "$DIR/bin/"
