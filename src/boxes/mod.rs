@@ -42,7 +42,7 @@ impl BoxFormat {
     /// Whether number `i` of a detection is a position (mapped with the offset) rather
     /// than a size, and whether it is an x (else a y).
     fn role(self, i: usize) -> (bool, bool) {
-        let is_x = i % 2 == 0;
+        let is_x = i.is_multiple_of(2);
         match self {
             BoxFormat::Xywh => (i < 2, is_x),
             BoxFormat::Xyxy | BoxFormat::Points => (true, is_x),
@@ -173,7 +173,7 @@ impl From<&Geometry> for SourceMapping {
 
 /// Check that `values` holds whole detections of `format`.
 fn check_len(call: &str, len: usize, format: BoxFormat) -> Result<()> {
-    if len % format.arity() == 0 {
+    if len.is_multiple_of(format.arity()) {
         return Ok(());
     }
     Err(Error::Misuse {
