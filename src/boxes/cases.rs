@@ -117,7 +117,8 @@ impl Case {
         to_source(&mut back, BoxFormat::Points, m)?;
         to_network(&mut back, BoxFormat::Points, m)?;
         for (i, (a, b)) in points.iter().zip(&back).enumerate() {
-            e.round_trip = e.round_trip.max((a - b).abs() / if i % 2 == 0 { sx } else { sy });
+            e.round_trip =
+                e.round_trip.max((a - b).abs() / if i.is_multiple_of(2) { sx } else { sy });
         }
         for _ in 0..8 {
             let (u, v) = (coordinate(rng, g.source_width), coordinate(rng, g.source_height));
