@@ -36,6 +36,9 @@ impl GpuShare {
     }
 }
 
+/// No GStreamer, no threads of its own.
+pub fn release_idle_threads() {}
+
 // The same types as with GStreamer (one definition: plain data).
 #[path = "capture/time.rs"]
 mod time;
@@ -136,6 +139,16 @@ impl CaptureSource {
 
     /// Never called: no source exists.
     pub fn clock_now_ns(&self) -> Option<u64> {
+        match *self {}
+    }
+
+    /// Never called: no source exists.
+    pub fn pause(&mut self) -> Result<()> {
+        match *self {}
+    }
+
+    /// Never called: no source exists.
+    pub fn resume(&mut self) -> Result<()> {
         match *self {}
     }
 
