@@ -37,9 +37,13 @@ type NewWrapped = unsafe extern "C" fn(*mut c_void, i32) -> *mut gst::ffi::GstOb
 type NewContext = unsafe extern "C" fn(*mut gst::ffi::GstObject) -> *mut gst::ffi::GstContext;
 type GetHandle = unsafe extern "C" fn(*mut gst::ffi::GstObject) -> *mut c_void;
 type MemorySync = unsafe extern "C" fn(*mut gst::ffi::GstMemory);
+type LoadLibrary = unsafe extern "C" fn() -> gst::glib::ffi::gboolean;
 
 /// The functions of libgstcuda-1.0 that the capture calls.
 struct Api {
+    /// Loads the driver's libcuda into GStreamer's table; the other functions assert that
+    /// it was (a process abort without a driver), so it is called first.
+    load_library: LoadLibrary,
     new_wrapped: NewWrapped,
     new_context: NewContext,
     get_handle: GetHandle,
@@ -73,7 +77,14 @@ fn load(path: &str) -> Result<Api, String> {
         let memory_sync = sym("gst_cuda_memory_sync")
             .ok()
             .map(|p| std::mem::transmute::<*mut c_void, MemorySync>(p));
-        Ok(Api { new_wrapped, new_context, get_handle, memory_sync, _library: library })
+        Ok(Api {
+            load_library,
+            new_wrapped,
+            new_context,
+            get_handle,
+            memory_sync,
+            _library: library,
+        })
     }
 }
 
@@ -129,6 +140,14 @@ impl GpuShare {
     pub fn new(device: DeviceContext) -> Result<Arc<GpuShare>, String> {
         let api = api()?;
         gst::init().map_err(|e| format!("GStreamer cannot be initialized: {e}"))?;
+        // SAFETY: no arguments; loads libcuda once (GStreamer's own guard) and says whether
+        // it could. Without it `gst_cuda_context_new_wrapped` aborts the process.
+        if unsafe { (api.load_library)() } == 0 {
+            return Err(format!(
+                "{LIBRARY} cannot load the driver's CUDA library (libcuda.so.1): no NVIDIA \
+                 driver here"
+            ));
+        }
         // SAFETY: `device.handle` is a live CUcontext of CUdevice `device.device` (the
         // backend's, kept alive by `device.keep` for as long as this share lives, which
         // outlives every pipeline given it); the wrapper does not own it (it never
@@ -274,7 +293,7 @@ mod tests {
     fn a_library_without_the_functions_is_refused_naming_the_function() {
         // libgstreamer is a real library, without any of gstcuda's functions.
         let e = load("libgstreamer-1.0.so.0").err().expect("refused");
-        assert!(e.contains("gst_cuda_context_new_wrapped"), "{e}");
+        assert!(e.contains("gst_cuda_load_library"), "{e}");
         assert!(e.contains("1.22"), "{e}");
     }
 
