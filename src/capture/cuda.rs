@@ -68,6 +68,8 @@ fn load(path: &str) -> Result<Api, String> {
                 .map_err(|_| format!("{path} has no `{name}` (GStreamer older than 1.22?)"))?;
             Ok(*s)
         };
+        let load_library =
+            std::mem::transmute::<*mut c_void, LoadLibrary>(sym("gst_cuda_load_library")?);
         let new_wrapped =
             std::mem::transmute::<*mut c_void, NewWrapped>(sym("gst_cuda_context_new_wrapped")?);
         let new_context =
