@@ -16,6 +16,7 @@ mod camera;
 mod clock;
 mod diagnostics;
 mod former;
+mod greenwave;
 mod handoff;
 mod input;
 mod param_services;
@@ -248,6 +249,8 @@ fn open_cameras(
 struct Running {
     spinner: std::thread::JoinHandle<r2r::Node>,
     diagnostics: r2r::Publisher<DiagnosticArray>,
+    /// `consumer_timing`: the statuses of the consumers on the ready signal alone.
+    consumer_timing: r2r::Publisher<DiagnosticArray>,
     cameras: camera::Cameras,
     processor: std::thread::JoinHandle<()>,
     former: Arc<Mutex<former::Former>>,
@@ -268,7 +271,11 @@ fn start(base: &Base, mut node: r2r::Node, ros_args: Option<RosArgs>) -> Result<
     let diagnostics = node
         .create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())
         .map_err(|e| ros_err("creating the /diagnostics publisher", e))?;
-    let ref_topic = tensor_ref_topic(&node, ros_args.as_ref())?;
+    let consumer_timing = node
+        .create_publisher::<DiagnosticArray>("consumer_timing", QosProfile::default())
+        .map_err(|e| ros_err("creating the consumer_timing publisher", e))?;
+    let ref_topic = resolved_topic(&node, ros_args.as_ref(), "tensor_ref")?;
+    let output_topics = [resolved_topic(&node, ros_args.as_ref(), "tensor")?, ref_topic.clone()];
     let subscriptions = spin::Subscriptions {
         topics: topic_inputs(config),
         preset: config.input_qos,
@@ -279,7 +286,13 @@ fn start(base: &Base, mut node: r2r::Node, ros_args: Option<RosArgs>) -> Result<
     let stale_after_ms = config.stale_after_ms;
     let pipeline = Pipeline::new(config.clone(), backend)?;
     let (params, clock) = (base.params.clone(), base.clock.clone());
-    let shared = Arc::new(Shared::new(inputs, params, logger.to_string(), clock, backend_info));
+    let shared = Arc::new(Shared::new(
+        inputs,
+        params,
+        logger.to_string(),
+        clock,
+        (backend_info, &output_topics),
+    ));
     // The node is handed back when spinning stops, and kept until the end of `run`:
     // dropping it invalidates every publisher, and the set in flight, the last
     // /diagnostics status and the final log still need them.
@@ -297,7 +310,7 @@ fn start(base: &Base, mut node: r2r::Node, ros_args: Option<RosArgs>) -> Result<
         .name("process".into())
         .spawn(move || process::process_loop(pipeline, &proc_shared, outputs, handoff))
         .map_err(|e| Error::io("starting the processing thread", e))?;
-    Ok(Running { spinner, diagnostics, cameras, processor, former, shared })
+    Ok(Running { spinner, diagnostics, consumer_timing, cameras, processor, former, shared })
 }
 
 fn run() -> Result<Option<String>> {
@@ -327,7 +340,7 @@ fn wait_for_stop(
         let tasks = [
             tokio::spawn(param_server),
             tokio::spawn(diagnostics::publish_diagnostics(
-                running.diagnostics.clone(),
+                [running.diagnostics.clone(), running.consumer_timing.clone()],
                 shared.clone(),
                 base.status_name.clone(),
             )),
@@ -347,7 +360,7 @@ fn wait_for_stop(
 /// Stop the threads, count and log what is left, and say why the node exits: `None` for a
 /// clean stop, the fatal error's reason (after a last `/diagnostics` status saying it).
 fn stop(base: Base, running: Running) -> Result<Option<String>> {
-    let Running { spinner, diagnostics, cameras, processor, former, shared } = running;
+    let Running { spinner, diagnostics, cameras, processor, former, shared, .. } = running;
     // Every thread that pushes frames stops (pipelines to NULL, their threads joined)
     // before the former counts what it still holds.
     drop(cameras);
@@ -382,13 +395,14 @@ fn log_batching(logger: &str, config: &Config) {
     }
 }
 
-/// The resolved name of `tensor_ref` (namespace, remaps), for the hand-off's log lines.
-fn tensor_ref_topic(node: &r2r::Node, ros_args: Option<&RosArgs>) -> Result<String> {
+/// The resolved name of output `topic` (namespace, remaps), for the hand-off's log lines
+/// and the greenwave statuses.
+fn resolved_topic(node: &r2r::Node, ros_args: Option<&RosArgs>, topic: &str) -> Result<String> {
     let err = |e| ros_err("reading the node's name", e);
     let (name, namespace) = (node.name().map_err(err)?, node.namespace().map_err(err)?);
     Ok(ros_args
-        .and_then(|a| a.resolve_topic("tensor_ref", &name, &namespace))
-        .unwrap_or_else(|| format!("{}/tensor_ref", namespace.trim_end_matches('/'))))
+        .and_then(|a| a.resolve_topic(topic, &name, &namespace))
+        .unwrap_or_else(|| format!("{}/{topic}", namespace.trim_end_matches('/'))))
 }
 
 /// The final log lines: each pipeline input's host copies (the ledger), then the node's
