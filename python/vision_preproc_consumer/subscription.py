@@ -10,8 +10,8 @@ import time
 from typing import Any, Callable
 
 from vision_preproc_consumer.frame import Frame
-from vision_preproc_consumer.pool import (DESCRIPTOR, FLAG_SKIPPED, FLAG_TOPIC, FLAG_WITHDRAWN, PoolClient,
-                                          PoolError)
+from vision_preproc_consumer.pool import (DESCRIPTOR, FLAG_SKIPPED, FLAG_TOPIC, FLAG_WITHDRAWN, SIGNAL_VERSION,
+                                          PoolClient, PoolError)
 
 #: After a failed connection to a pool, messages of that pool are dropped (counted in
 #: `errors`) for this long before the next attempt.
@@ -102,7 +102,8 @@ class TensorRefSubscription:
     def _deliver(self, client: PoolClient, msg: Any, received_ns: int, flags: int, sent_ns: int = 0) -> None:
         """Take the tensor of `msg`, wait until it is ready and call back (one at a time)."""
         with self._deliver_lock:
-            stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+            # (reports only to a node of protocol 2)
+            stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec if client.signal else 0
             try:
                 if int(msg.block_size) != client.hello.block_size:
                     raise PoolError(f"TensorRef block_size {msg.block_size}, the pool's hello says "
@@ -134,7 +135,8 @@ class TensorRefSubscription:
                 self.via_topic += 1
             else:
                 self.via_socket += 1
-            frame.report = (received_ns, time.time_ns(), flags)
+            if client.signal:
+                frame.report = (received_ns, time.time_ns(), flags)
             frame.received_ns, frame.sent_ns = received_ns, sent_ns
             try:
                 self.callback(frame)
@@ -176,7 +178,9 @@ class TensorRefSubscription:
         """Upgrade `client` to the ready signal where the node speaks it (and fast_path),
         start its reader, and say which path the tensors take."""
         why = "fast_path=False"
-        if self.fast_path:
+        if self.fast_path and SIGNAL_VERSION not in client.hello.versions:
+            why = "the node speaks protocol version 1 only"
+        elif self.fast_path:
             try:
                 if client.upgrade(self.node.get_name()):
                     reader = threading.Thread(target=self._read_socket, args=(client,), daemon=True,

@@ -71,7 +71,7 @@ impl Greenwave {
     /// Topic `i` published a message stamped `stamp` at `now` on the node's clock (both
     /// since the epoch; `now` `None` while the clock has no time).
     pub(super) fn published(&self, i: usize, stamp: Duration, now: Option<Duration>) {
-        let mut topics = super::shared::lock(&self.topics);
+        let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
         let Some(t) = topics.get_mut(i) else { return };
         if let Some(now) = now {
             t.node.add(now.as_secs_f64());
@@ -83,7 +83,7 @@ impl Greenwave {
 
     /// One status per topic (`hardware_id`: the node's name); marks them not fresh.
     pub(super) fn statuses(&self, node: &str) -> Vec<DiagnosticStatus> {
-        let mut topics = super::shared::lock(&self.topics);
+        let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
         topics.iter_mut().map(|t| status(t, node)).collect()
     }
 }
