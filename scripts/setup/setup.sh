@@ -67,8 +67,9 @@ log "ROS 2 $DISTRO (VP_ROS_DISTRO): .ros -> .ros-$DISTRO, target -> target-$DIST
 # 1. System packages: r2r runs bindgen at build time (libclang); bags in sqlite3 storage
 # are read through the system's SQLite; the cargo feature `gstreamer` (src/capture/) links
 # Debian 12's GStreamer 1.22 and its tests run videotestsrc, pngdec, rgb2bayer and
-# gst-launch-1.0 (plugins base, good, bad; the tools).
-APT_PACKAGES=(libclang-dev clang libsqlite3-dev
+# gst-launch-1.0 (plugins base, good, bad; the tools); cmake builds the C/C++ consumer
+# (consumer_c/, with the base image's g++).
+APT_PACKAGES=(libclang-dev clang libsqlite3-dev cmake
     libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-plugins-base
     gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-tools)
 missing=()
