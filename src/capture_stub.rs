@@ -18,6 +18,9 @@ pub fn status() -> String {
     "not in this build (cargo feature `gstreamer`): no `gst:` inputs".to_string()
 }
 
+/// No GStreamer, no threads of its own.
+pub fn release_idle_threads() {}
+
 // The same types as with GStreamer (one definition: plain data).
 #[path = "capture/time.rs"]
 mod time;
@@ -93,6 +96,16 @@ impl CaptureSource {
 
     /// Never called: no source exists.
     pub fn clock_now_ns(&self) -> Option<u64> {
+        match *self {}
+    }
+
+    /// Never called: no source exists.
+    pub fn pause(&mut self) -> Result<()> {
+        match *self {}
+    }
+
+    /// Never called: no source exists.
+    pub fn resume(&mut self) -> Result<()> {
         match *self {}
     }
 

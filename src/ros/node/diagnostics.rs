@@ -7,6 +7,7 @@
 //! (`<node>: consumer <name> (pid <pid>)`, also on `consumer_timing`).
 
 use super::clock;
+use super::lifecycle::State;
 use super::shared::{lock, Shared};
 use super::stats::{Counts, InputReport};
 use crate::ros::dds::{profile_var, shipped_dds_profile};
@@ -66,6 +67,7 @@ pub(super) async fn publish_diagnostics(
                 .chain(transport.iter().cloned())
                 .map(|(key, value)| KeyValue { key, value }),
         );
+        lifecycle_state(&shared, &mut status);
         let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
         msg.status.extend(cameras.into_iter().map(|c| c.status(&name)));
         msg.status.extend(shared.greenwave.statuses(&name));
@@ -81,6 +83,18 @@ pub(super) async fn publish_diagnostics(
                 r2r::log_warn!(&shared.logger, "publishing consumer_timing: {e}");
             }
         }
+    }
+}
+
+/// The managed node's lifecycle state in `status`: a key, and while the node is not
+/// active, level OK with the state as message (an inactive node waits for no frame).
+fn lifecycle_state(shared: &Shared, status: &mut DiagnosticStatus) {
+    let Some(id) = &shared.lifecycle else { return };
+    let state = State::of_id(id.load(Ordering::Acquire)).unwrap_or(State::Unknown);
+    status.values.push(KeyValue { key: "Lifecycle state".into(), value: state.label().into() });
+    if state != State::Active {
+        status.level = DiagnosticStatus::OK as u8;
+        status.message = state.label().into();
     }
 }
 
