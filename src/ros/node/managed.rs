@@ -188,7 +188,7 @@ impl Idle {
             })
             .map_err(|e| crate::Error::io("starting the spin thread", e))?;
         let status = m.base.rt.spawn(unconfigured_status(
-            m.diagnostics.clone(),
+            m.diagnostics[0].clone(),
             m.machine.state.clone(),
             m.failure.clone(),
             (m.base.status_name.clone(), m.base.clock.clone()),
@@ -249,7 +249,7 @@ enum Held {
 struct Managed {
     base: Base,
     machine: Machine,
-    diagnostics: r2r::Publisher<DiagnosticArray>,
+    diagnostics: super::DiagnosticsPublishers,
     held: Held,
     /// Why the last configure failed, or the failure that sent the node through
     /// ErrorProcessing (`/diagnostics` says it while unconfigured).

@@ -16,6 +16,7 @@ mod camera;
 mod clock;
 mod diagnostics;
 mod former;
+mod greenwave;
 mod handoff;
 mod input;
 mod lifecycle;
@@ -280,7 +281,7 @@ impl Made {
 /// The node's threads, running: spin, cameras, processing; the `/diagnostics` publisher.
 struct Running {
     spinner: std::thread::JoinHandle<r2r::Node>,
-    diagnostics: r2r::Publisher<DiagnosticArray>,
+    diagnostics: DiagnosticsPublishers,
     cameras: camera::Cameras,
     processor: std::thread::JoinHandle<()>,
     former: Arc<Mutex<former::Former>>,
@@ -295,6 +296,8 @@ struct Opened {
     outputs: Outputs,
     pipelines: Vec<camera::Started>,
     ref_topic: String,
+    /// The resolved `tensor` and `tensor_ref` (the greenwave statuses).
+    output_topics: [String; 2],
 }
 
 /// Open the backend, the outputs and the pipeline inputs (`made` keeps the publishers).
@@ -307,8 +310,10 @@ fn open(base: &Base, node: &mut r2r::Node, made: &mut Made) -> Result<Opened> {
     made.outputs = Some(outputs.clone());
     log_batching(logger, config);
     let pipelines = open_cameras(node, config, logger, (&backend_info.name, made))?;
-    let ref_topic = tensor_ref_topic(node, base.ros_args.as_ref())?;
-    Ok(Opened { backend, backend_info, outputs, pipelines, ref_topic })
+    let ref_topic = resolved_topic(node, base.ros_args.as_ref(), "tensor_ref")?;
+    let output_topics =
+        [resolved_topic(node, base.ros_args.as_ref(), "tensor")?, ref_topic.clone()];
+    Ok(Opened { backend, backend_info, outputs, pipelines, ref_topic, output_topics })
 }
 
 /// A start that failed: its error, and the node when it could be kept (what the start
@@ -321,7 +326,7 @@ type Failed = Box<(Error, Option<r2r::Node>)>;
 fn start(
     base: &Base,
     mut node: r2r::Node,
-    diagnostics: r2r::Publisher<DiagnosticArray>,
+    diagnostics: DiagnosticsPublishers,
     active: bool,
 ) -> std::result::Result<Running, Failed> {
     let mut made = Made::default();
@@ -341,7 +346,8 @@ fn start(
     };
     let (params, clock) = (base.params.clone(), base.clock.clone());
     let inputs = config.input_count();
-    let mut shared = Shared::new(inputs, params, base.logger.clone(), clock, opened.backend_info);
+    let backend_topics = (opened.backend_info, &opened.output_topics[..]);
+    let mut shared = Shared::new(inputs, params, base.logger.clone(), clock, backend_topics);
     shared.lifecycle = base.lifecycle.clone();
     *shared.active.get_mut() = active;
     let shared = Arc::new(shared);
@@ -415,10 +421,19 @@ fn run() -> Result<Option<String>> {
     stop(base, running)
 }
 
-/// The `/diagnostics` publisher.
-fn diagnostics_publisher(node: &mut r2r::Node) -> Result<r2r::Publisher<DiagnosticArray>> {
-    node.create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())
-        .map_err(|e| ros_err("creating the /diagnostics publisher", e))
+/// `/diagnostics`, and `consumer_timing` (the statuses of the consumers on the ready
+/// signal alone).
+pub(super) type DiagnosticsPublishers = [r2r::Publisher<DiagnosticArray>; 2];
+
+/// The `/diagnostics` and `consumer_timing` publishers.
+fn diagnostics_publisher(node: &mut r2r::Node) -> Result<DiagnosticsPublishers> {
+    let diagnostics = node
+        .create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())
+        .map_err(|e| ros_err("creating the /diagnostics publisher", e))?;
+    let consumer_timing = node
+        .create_publisher::<DiagnosticArray>("consumer_timing", QosProfile::default())
+        .map_err(|e| ros_err("creating the consumer_timing publisher", e))?;
+    Ok([diagnostics, consumer_timing])
 }
 
 /// Serve the parameters and publish `/diagnostics` until a signal or a fatal error; then
@@ -475,7 +490,7 @@ fn stop(base: Base, running: Running) -> Result<Option<String>> {
     let fatal = lock(&shared.fatal).take();
     if let Some(reason) = &fatal {
         // A last /diagnostics status saying why, before the node goes away.
-        diagnostics::publish_exit(&diagnostics, &shared, &base.status_name, reason);
+        diagnostics::publish_exit(&diagnostics[0], &shared, &base.status_name, reason);
     }
     linger();
     drop(base.rosout);
@@ -499,13 +514,14 @@ fn log_batching(logger: &str, config: &Config) {
     }
 }
 
-/// The resolved name of `tensor_ref` (namespace, remaps), for the hand-off's log lines.
-fn tensor_ref_topic(node: &r2r::Node, ros_args: Option<&RosArgs>) -> Result<String> {
+/// The resolved name of output `topic` (namespace, remaps), for the hand-off's log lines
+/// and the greenwave statuses.
+fn resolved_topic(node: &r2r::Node, ros_args: Option<&RosArgs>, topic: &str) -> Result<String> {
     let err = |e| ros_err("reading the node's name", e);
     let (name, namespace) = (node.name().map_err(err)?, node.namespace().map_err(err)?);
     Ok(ros_args
-        .and_then(|a| a.resolve_topic("tensor_ref", &name, &namespace))
-        .unwrap_or_else(|| format!("{}/tensor_ref", namespace.trim_end_matches('/'))))
+        .and_then(|a| a.resolve_topic(topic, &name, &namespace))
+        .unwrap_or_else(|| format!("{}/{topic}", namespace.trim_end_matches('/'))))
 }
 
 /// The final log lines: each pipeline input's host copies (the ledger), then the node's

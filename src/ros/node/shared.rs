@@ -358,6 +358,9 @@ pub(super) struct Shared {
     pub fatal_signal: tokio::sync::Notify,
     /// The pool of shared output blocks (`tensor_ref`), while there is one.
     pub pool: Mutex<Option<Arc<crate::handoff::Pool>>>,
+    /// The output topics' rates and delay in greenwave_monitor's keys (0: `tensor`, 1:
+    /// `tensor_ref`).
+    pub greenwave: super::greenwave::Greenwave,
     /// Frames are taken (always for the plain node; the managed node only while active):
     /// while false, the former ignores frames (counted neither received nor dropped).
     pub active: AtomicBool,
@@ -373,7 +376,7 @@ impl Shared {
         params: Arc<Mutex<NodeParams>>,
         logger: String,
         clock: NodeClock,
-        backend: BackendInfo,
+        (backend, outputs): (BackendInfo, &[String]),
     ) -> Self {
         Shared {
             sets: Latest::default(),
@@ -389,6 +392,7 @@ impl Shared {
             fatal: Mutex::new(None),
             fatal_signal: tokio::sync::Notify::new(),
             pool: Mutex::new(None),
+            greenwave: super::greenwave::Greenwave::new(outputs),
             active: AtomicBool::new(true),
             lifecycle: None,
         }
