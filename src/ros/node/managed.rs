@@ -386,7 +386,8 @@ impl Managed {
             Held::Configured(running, _) => lock(&running.shared.fatal).clone(),
             _ => None,
         };
-        *lock(&self.failure) = reason.map(|r| format!("error while {}: {r}", self.machine.current().label()));
+        *lock(&self.failure) =
+            reason.map(|r| format!("error while {}: {r}", self.machine.current().label()));
         let current = self.machine.current();
         let Some(t) = lifecycle::by_label(current, "deactivate")
             .or_else(|| lifecycle::by_label(current, "cleanup"))
