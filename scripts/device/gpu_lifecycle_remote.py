@@ -41,7 +41,6 @@ def unpack(stage: Path) -> dict:
     env["GST_PLUGIN_SYSTEM_PATH"] = f"{WORK}/gst/lib/gstreamer-1.0"
     env["GST_PLUGIN_SCANNER"] = f"{WORK}/gst/libexec/gst-plugin-scanner"
     env["GST_REGISTRY"] = f"{WORK}/gst_registry.bin"
-    env["ROS_DOMAIN_ID"] = "37"
     env["XDG_RUNTIME_DIR"] = str(WORK)
     return env
 
@@ -93,13 +92,14 @@ class Driver:
 
     def __init__(self, node: str) -> None:
         import rclpy
+        from lifecycle_msgs.msg import Transition
         from lifecycle_msgs.srv import ChangeState
         from rclpy.qos import qos_profile_sensor_data
         from sensor_msgs.msg import Image
         from vision_preproc_msgs.msg import Tensor
 
         rclpy.init()
-        self.rclpy, self.ChangeState = rclpy, ChangeState
+        self.rclpy, self.ChangeState, self.Transition = rclpy, ChangeState, Transition
         self.node = rclpy.create_node("lc_driver")
         self.client = self.node.create_client(ChangeState, f"{node}/change_state")
         self.pub = self.node.create_publisher(Image, "/lc/image", qos_profile_sensor_data)
@@ -113,7 +113,7 @@ class Driver:
         self.tensors += 1
 
     def change(self, tid: int) -> bool:
-        fut = self.client.call_async(self.ChangeState.Request(transition={"id": tid}))
+        fut = self.client.call_async(self.ChangeState.Request(transition=self.Transition(id=tid)))
         self.rclpy.spin_until_future_complete(self.node, fut, timeout_sec=30)
         return bool(fut.result() and fut.result().success)
 
@@ -130,12 +130,13 @@ class Driver:
 def main() -> int:
     stage = Path(sys.argv[1])
     cycles = int(sys.argv[2]) if len(sys.argv) > 2 else 50
+    os.environ["ROS_DOMAIN_ID"] = "37"  # the node's and the driver's
     env = unpack(stage)
     subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
     print("commit", (WORK / "ros" / "COMMIT").read_text().strip(), flush=True)
     log = open(WORK / "node.log", "w")
     node = subprocess.Popen([str(WORK / "ros" / "bin" / "vision_preproc_lifecycle_node"), "--ros-args",
-                             "-r", "__ns:=/lc", "-p", "backend:=cuda", "-p", f"network_image_width:={W}",
+                             "-r", "__ns:=/lc", "-p", f"backend:={os.environ.get('VP_LC_BACKEND', 'cuda')}", "-p", f"network_image_width:={W}",
                              "-p", f"network_image_height:={H}"], env=env, stdout=log, stderr=subprocess.STDOUT)
     pid, failed = node.pid, False
     try:
@@ -143,6 +144,7 @@ def main() -> int:
         time.sleep(1.0)
         print("unconfigured:", figures(pid), flush=True)
         rss0 = rss1 = rss(pid)
+        series: list[tuple[float, int, bool]] = []  # after each cleanup: RSS MB, device MiB, context
         for k in range(1, cycles + 1):
             ok = d.change(1)
             if k == 1:
@@ -158,10 +160,14 @@ def main() -> int:
                 print(f"cycle {k} ({got} tensors while active), after cleanup:", figures(pid), flush=True)
             if k == 1:
                 rss1 = rss(pid)
+            series.append((rss(pid)["VmRSS"], device_used_mib(), pid in smi_apps()))
         rssn = rss(pid)
         print(f"RSS after cycle 1 - unconfigured: {rss1['VmRSS'] - rss0['VmRSS']:+.1f} MB; "
               f"after the last - after cycle 1: {rssn['VmRSS'] - rss1['VmRSS']:+.1f} MB "
               f"(anon {rssn['RssAnon'] - rss1['RssAnon']:+.1f})", flush=True)
+        print("after each cleanup, RSS MB:", " ".join(f"{r:.0f}" for r, _, _ in series), flush=True)
+        print("after each cleanup, device used MiB:", " ".join(str(m) for _, m, _ in series), flush=True)
+        print("cycles whose cleanup left a CUDA context:", sum(c for _, _, c in series), "of", len(series), flush=True)
         print("shutdown:", d.change(5), flush=True)
         rc = node.wait(timeout=20)
         print("node exit code", rc, flush=True)
