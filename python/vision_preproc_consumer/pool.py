@@ -125,10 +125,12 @@ class Hello:
 
 class _Atomics:
     """libatomic's sequentially consistent operations on a raw address (the same
-    instructions the node's Rust atomics compile to)."""
+    instructions the node's Rust atomics compile to). Called without letting go of the
+    interpreter (ctypes.PyDLL): each is a few instructions, and a thread that let go of it
+    could wait for another thread's Python code (the socket's reader behind the executor)."""
 
     def __init__(self) -> None:
-        lib = ctypes.CDLL(ctypes.util.find_library("atomic") or "libatomic.so.1")
+        lib = ctypes.PyDLL(ctypes.util.find_library("atomic") or "libatomic.so.1")
         self.fetch_add = getattr(lib, "__atomic_fetch_add_4")
         self.fetch_sub = getattr(lib, "__atomic_fetch_sub_4")
         for f in (self.fetch_add, self.fetch_sub):

@@ -5,6 +5,7 @@ signal, protocol version 2) as soon as the node announces them."""
 from __future__ import annotations
 
 import struct
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -19,6 +20,11 @@ RETRY_S = 1.0
 #: How often a socket reader looks at whether its subscription was closed, and sends the
 #: reports that wait.
 READER_POLL_S = 0.1
+#: On the socket path, Python's switch interval is lowered to this (if it was longer; the
+#: default is 5 ms): the socket's thread and the executor's share one interpreter, and a
+#: descriptor must not wait milliseconds behind the executor's Python code (its handling of
+#: the same tensor's topic message arrives in the same instants).
+SWITCH_INTERVAL_S = 0.0002
 
 
 class TensorRefSubscription:
@@ -183,6 +189,8 @@ class TensorRefSubscription:
         elif self.fast_path:
             try:
                 if client.upgrade(self.node.get_name()):
+                    if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+                        sys.setswitchinterval(SWITCH_INTERVAL_S)
                     reader = threading.Thread(target=self._read_socket, args=(client,), daemon=True,
                                               name=f"tensor_ref socket {pool}")
                     self._readers[pool] = reader
