@@ -36,6 +36,8 @@ pub struct Frame {
     encoding: Encoding,
     big_endian: bool,
     capture_time: Option<CaptureTime>,
+    /// The buffer's PTS, ns (a video input's: its packet's stamp).
+    pts_ns: Option<u64>,
     sequence: u64,
     /// The mapped buffer's memory, lent to the backend ([`lend`]).
     lent: Option<Lent>,
@@ -58,6 +60,7 @@ impl Frame {
             encoding,
             big_endian,
             capture_time,
+            pts_ns: None,
             sequence,
             lent: None,
         };
@@ -84,6 +87,7 @@ impl Frame {
             .ok_or_else(|| bad(format!("caps {caps} are none of ours ({})", accepted_list())))?;
         let buffer =
             sample.buffer_owned().ok_or_else(|| bad("a sample without a buffer".into()))?;
+        let pts_ns = buffer.pts().map(|t| t.nseconds());
         let (width, height, planes) = geometry(caps, &buffer).map_err(bad)?;
         if matches!(encoding, Encoding::Yuyv | Encoding::Uyvy) && !width.is_multiple_of(2) {
             return Err(bad(format!(
@@ -119,7 +123,7 @@ impl Frame {
             capture_time,
             sequence,
         )?;
-        Ok(Frame { lent, ..frame })
+        Ok(Frame { lent, pts_ns, ..frame })
     }
 
     fn data(&self) -> &[u8] {
@@ -157,6 +161,11 @@ impl Frame {
     /// The buffer's capture time, when it has a PTS and the pipeline a clock.
     pub fn capture_time(&self) -> Option<&CaptureTime> {
         self.capture_time.as_ref()
+    }
+    /// The buffer's PTS in ns (a video input's frame: the stamp of the packet that carried
+    /// it), as the stream gave it.
+    pub fn pts_ns(&self) -> Option<u64> {
+        self.pts_ns
     }
     /// This frame's number among the frames its source delivered (0, 1, ...).
     pub fn sequence(&self) -> u64 {

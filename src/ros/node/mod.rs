@@ -26,6 +26,7 @@ mod rosout;
 mod shared;
 mod spin;
 mod stats;
+mod video;
 
 use super::dds::DdsSetup;
 use super::native::{self, RosArgs};
@@ -209,8 +210,12 @@ fn create_node() -> Result<(Base, r2r::Node)> {
     Ok((base, node))
 }
 
-/// The topic inputs of `config` (the pipeline inputs are the cameras').
-fn topic_inputs(config: &Config) -> Vec<spin::TopicInput> {
+/// The topic inputs of `config` (the pipeline inputs are the cameras'), with the video
+/// feeds of those that carry video.
+fn topic_inputs(
+    config: &Config,
+    feeds: &[(usize, Arc<crate::capture::VideoFeed>)],
+) -> Vec<spin::TopicInput> {
     config
         .input_sources()
         .iter()
@@ -220,6 +225,7 @@ fn topic_inputs(config: &Config) -> Vec<spin::TopicInput> {
                 index: i,
                 topic: t.clone(),
                 transport: config.input_transport(i),
+                video: feeds.iter().find(|(j, _)| *j == i).map(|(_, f)| f.clone()),
             }),
             InputSource::Pipeline(_) => None,
         })
@@ -249,6 +255,7 @@ struct Running {
     spinner: std::thread::JoinHandle<r2r::Node>,
     diagnostics: r2r::Publisher<DiagnosticArray>,
     cameras: camera::Cameras,
+    decoders: video::Decoders,
     processor: std::thread::JoinHandle<()>,
     former: Arc<Mutex<former::Former>>,
     shared: Arc<Shared>,
@@ -269,8 +276,10 @@ fn start(base: &Base, mut node: r2r::Node, ros_args: Option<RosArgs>) -> Result<
         .create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())
         .map_err(|e| ros_err("creating the /diagnostics publisher", e))?;
     let ref_topic = tensor_ref_topic(&node, ros_args.as_ref())?;
+    let feeds = video::feeds(config);
+    video::log_decoders(logger, config, &feeds);
     let subscriptions = spin::Subscriptions {
-        topics: topic_inputs(config),
+        topics: topic_inputs(config, &feeds),
         preset: config.input_qos,
         depth: config.input_qos_depth,
         participants: config.input_participants,
@@ -280,11 +289,15 @@ fn start(base: &Base, mut node: r2r::Node, ros_args: Option<RosArgs>) -> Result<
     let pipeline = Pipeline::new(config.clone(), backend)?;
     let (params, clock) = (base.params.clone(), base.clock.clone());
     let shared = Arc::new(Shared::new(inputs, params, logger.to_string(), clock, backend_info));
+    for (i, feed) in &feeds {
+        lock(&shared.inputs[*i]).video = Some(feed.clone());
+    }
     // The node is handed back when spinning stops, and kept until the end of `run`:
     // dropping it invalidates every publisher, and the set in flight, the last
     // /diagnostics status and the final log still need them.
     let spinner = spin::start(node, subscriptions, former.clone(), &shared)?;
     let cameras = camera::Cameras::run(pipelines, stale_after_ms, &former, &shared)?;
+    let decoders = video::Decoders::run(&feeds, &former, &shared)?;
     let handoff = handoff::Handoff::start(
         &pipeline,
         &shared,
@@ -297,7 +310,7 @@ fn start(base: &Base, mut node: r2r::Node, ros_args: Option<RosArgs>) -> Result<
         .name("process".into())
         .spawn(move || process::process_loop(pipeline, &proc_shared, outputs, handoff))
         .map_err(|e| Error::io("starting the processing thread", e))?;
-    Ok(Running { spinner, diagnostics, cameras, processor, former, shared })
+    Ok(Running { spinner, diagnostics, cameras, decoders, processor, former, shared })
 }
 
 fn run() -> Result<Option<String>> {
@@ -347,10 +360,11 @@ fn wait_for_stop(
 /// Stop the threads, count and log what is left, and say why the node exits: `None` for a
 /// clean stop, the fatal error's reason (after a last `/diagnostics` status saying it).
 fn stop(base: Base, running: Running) -> Result<Option<String>> {
-    let Running { spinner, diagnostics, cameras, processor, former, shared } = running;
+    let Running { spinner, diagnostics, cameras, decoders, processor, former, shared } = running;
     // Every thread that pushes frames stops (pipelines to NULL, their threads joined)
     // before the former counts what it still holds.
     drop(cameras);
+    drop(decoders);
     let panicked = |thread: &str| Error::misuse(thread, "the thread panicked");
     processor.join().map_err(|_| panicked("processing thread"))?;
     let _node = spinner.join().map_err(|_| panicked("spin thread"))?;
