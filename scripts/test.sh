@@ -60,6 +60,12 @@ grep -q "451x300 -> tensor \[1, 3, 320, 320\] float32" <<<"$example" || { echo "
 section hooks "the binaries with the test hooks (target/fault-injection/)"
 scripts/test_hooks_build.sh
 
+section consumer_c "the C/C++ consumer (consumer_c/): CMake build into target/consumer_c, its unit tests (its test against the node is in test/ros)"
+# -Werror on the library, the example and the tests; ctest runs consumer_c_unit (no node).
+cmake -S consumer_c -B target/consumer_c -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build target/consumer_c -j 2
+ctest --test-dir target/consumer_c --output-on-failure
+
 section python "Python tests without ROS (OpenCV oracle, the CLI, replay, layering, docs)"
 # In 2 workers (pytest-xdist, each file's tests in one worker): they measure no time and
 # each works in its own tmp_path, so the 2 cores halve the stage (~36 -> ~19 s).

@@ -6,6 +6,11 @@
 //! A layer above both the hand-off's pool ([`crate::handoff`], its protocol) and the
 //! backends (the CUDA import of `backend::cuda::vmm`), as its Python twin sits above the
 //! node: `handoff/` never imports `backend/` (`test/python/test_layering.py`).
+//!
+//! Detections back to source pixels: [`to_source`] with the item's [`SourceMapping`]
+//! (re-exported from [`crate::boxes`]).
+
+pub use crate::boxes::{to_network, to_source, BoxFormat, Coordinate, SourceMapping};
 
 use crate::backend::cuda::vmm::ImportedBlocks;
 use crate::error::{Error, Result};

@@ -28,7 +28,8 @@
 //! the profiler ranges of each frame and stage (loaded only when a tool asks). [`handoff`] is the zero-copy hand-off's pool (the node's side, used by
 //! the pipeline and the backends' device blocks); [`consumer`], a consumer process's side
 //! in Rust, sits above it and the backends (it imports the CUDA blocks), never below:
-//! `handoff/` never imports `backend/`. `backend/` never imports r2r and `ros/` never
+//! `handoff/` never imports `backend/`. [`boxes`] maps detections between network and
+//! source pixels with a message's published geometry (re-exported by [`consumer`]). `backend/` never imports r2r and `ros/` never
 //! imports cudarc.
 
 // The house rules that a lint can keep (docs/ARCHITECTURE.md): no unwrap/expect outside
@@ -45,6 +46,7 @@
 
 pub mod backend;
 pub mod bag;
+pub mod boxes;
 #[cfg(feature = "gstreamer")]
 pub mod capture;
 #[cfg(not(feature = "gstreamer"))]

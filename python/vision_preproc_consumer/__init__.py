@@ -37,13 +37,18 @@ The rules:
   are imported with cuda-python when it is installed, else with ctypes on the driver's
   libcuda.so.1 (`VISION_PREPROC_CUDA_BINDING=cuda-python|ctypes` forces one).
 
+Detections back to source pixels: `to_source(boxes, frame.msg.items[i], "xyxy")` (and
+`to_network`), module `boxes`.
+
 Modules: `pool` (PoolClient: the connection, the mapped blocks, taking and giving back
 references), `frame` (Frame), `subscription` (TensorRefSubscription, rclpy), `cuda` (CUDA
-blocks, imported only for a CUDA pool). Only `subscription` needs ROS 2.
+blocks, imported only for a CUDA pool), `boxes`. Only `subscription` needs ROS 2.
 """
 
+from vision_preproc_consumer.boxes import to_network, to_source
 from vision_preproc_consumer.frame import MEMORY_CUDA, MEMORY_HOST, Frame
 from vision_preproc_consumer.pool import Hello, PoolClient, PoolError
 from vision_preproc_consumer.subscription import TensorRefSubscription
 
-__all__ = ["Frame", "Hello", "MEMORY_CUDA", "MEMORY_HOST", "PoolClient", "PoolError", "TensorRefSubscription"]
+__all__ = ["Frame", "Hello", "MEMORY_CUDA", "MEMORY_HOST", "PoolClient", "PoolError", "TensorRefSubscription",
+           "to_network", "to_source"]

@@ -17,7 +17,7 @@ from vptools import BIN_DIR, HOOKS_BIN_DIR
 HOOKED = HOOKS_BIN_DIR
 SYMBOLS = re.compile(
     r"vision_preproc::(pipeline::fault|pipeline::deferred|backend::cuda::fault|bench|bench_cpu|bench_batch"
-    r"|conv_file|decode_file)::|::inject_fault\b|::set_poison_outputs\b")
+    r"|conv_file|decode_file|geometry_cases|boxes::cases)::|::inject_fault\b|::set_poison_outputs\b")
 STRINGS = (b"VISION_PREPROC_INJECT_CUDA_FAULT", b"VISION_PREPROC_TEST_DEFERRED_CPU", b"baseline_resize_rgb8",
            b"measure_clock")
 

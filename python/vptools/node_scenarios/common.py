@@ -64,7 +64,7 @@ def gst_source(fmt: str, w: int, h: int, rate: str = "5/1", live: bool = True, n
 DEFAULT_SCENARIOS = ("healthy", "fallback", "retry", "exit", "latency", "startup")
 #: Every mode of `cudaref` (CUDAREF_MODES), and those it runs by default.
 CUDAREF_MODES = ("check", "bench", "slow", "kill", "sanitizer", "batch", "fault_retry", "fault_fallback",
-                 "fault_inflight", "example", "debug", "rust", "ctypes", "prev")
+                 "fault_inflight", "example", "debug", "rust", "ctypes", "prev", "cpp", "cpp_bench")
 CUDAREF_DEFAULT = ("check", "bench", "slow", "kill", "sanitizer", "batch", "rust", "ctypes")
 #: The sides of `batch`, `batchmax` and `profile` (SWEEP_SIDES, PROFILE_SIDES).
 SIDES = ("batched", "batched_own", "pairs", "separate")

@@ -111,6 +111,12 @@ def cudaref(run: Run) -> None:
         the same stamps (a recorder beside it), 64x48 + conv2d
       ctypes: the check consumer with VISION_PREPROC_CUDA_BINDING=ctypes (the blocks
         imported through ctypes on libcuda.so.1, not cuda-python)
+      cpp / cpp_bench: the C++ consumer (examples/tensor_ref_consumer.cpp, consumer_c built
+        there with its CMake) on the socket's ready signal, the CUDA blocks imported by
+        consumer_c, cublasSasum on each block in place; a Python consumer on tensor_ref beside
+        it (the node writes blocks only while the topic has a subscriber). cpp: 64x48 +
+        conv2d, its FNV-1a of each tensor against the Tensor messages'; cpp_bench: 1080p ->
+        640x640, its camera stamp -> usable p50/p99
       prev: the bench's tensor_ref consumer with the previous release's node
         (.device/prev.tar.xz, as for `single`) and with this one, alternating, 2 x 10 s"""
     # ROS_DIR/py312 (scripts/device/py312_bundle.sh)
@@ -145,7 +151,7 @@ def cudaref_run(run: Run, mode: str, trial: int = 1) -> None:
     bag, stamps, play_s = run.bags / "bgr8_1920x1080", ["--restamp"], 10
     args = ["--params-file", CONFIG, "-p", f"backend:={k.backend}", "-p", "network_image_width:=640",
             "-p", "network_image_height:=640"]
-    if mode in ("check", "rust", "ctypes"):
+    if mode in ("check", "rust", "ctypes", "cpp"):
         args = run.small()
     prefix = MEMCHECK if mode == "sanitizer" else ()
     if mode.startswith("batch_"):
@@ -197,6 +203,15 @@ def cudaref_run(run: Run, mode: str, trial: int = 1) -> None:
                                run.out / f"{tag}.consumer.log"))
         waits.append(run.peer("tensor_hashes", run.out / f"{tag}_tensor.txt", 13,
                               log=run.out / f"{tag}_tensor.log"))
+    elif mode in ("cpp", "cpp_bench"):
+        # The C++ consumer on the socket, a Python one on the topic, and (cpp) a recorder of
+        # tensor: stamp -> FNV-1a 64 of the Tensor bytes, compared below.
+        waits.append(run.spawn([consumer_c(), "auto", 13, run.out / f"{tag}_refs.txt"],
+                               run.out / f"{tag}.consumer.log"))
+        waits.append(run.consumer(f"{tag}_py", "tensor_ref", 13))
+        if mode == "cpp":
+            waits.append(run.peer("tensor_hashes", run.out / f"{tag}_tensor.txt", 13,
+                                  log=run.out / f"{tag}_tensor.log"))
     elif mode.startswith("fault_"):
         waits.append(run.consumer(tag, "tensor_ref", 13))
     elif mode == "debug":
@@ -273,25 +288,39 @@ def cudaref_run(run: Run, mode: str, trial: int = 1) -> None:
         print(nl(lines_of(con)[-1:]))
         print(text(run.out / f"{tag}_tensor.log").rstrip())
         print(compare_hashes(run.out / f"{tag}_refs.txt", run.out / f"{tag}_tensor.txt"))
+    if mode in ("cpp", "cpp_bench"):
+        print(nl(lines_of(run.out / f"{tag}.consumer.log")[-4:]))
+    if mode == "cpp":
+        print(text(run.out / f"{tag}_tensor.log").rstrip())
+        print(compare_hashes(run.out / f"{tag}_refs.txt", run.out / f"{tag}_tensor.txt", "C++"))
     if mode == "debug":
         print(nl(lines_of(run.out / f"{tag}_debug.log")[-3:]))
 
 
-def compare_hashes(refs: Path, tensors: Path) -> str:
-    """cudaref `rust`: stamp -> FNV-1a 64 of the tensor the Rust consumer copied from its
+def consumer_c() -> Path:
+    """cudaref `cpp`: consumer_c and its example built here (the machine's cmake and g++)."""
+    build = WORK / "consumer_c"
+    for cmd in (["cmake", "-S", ROOT / "consumer_c", "-B", build, "-DCMAKE_BUILD_TYPE=Release"],
+                ["cmake", "--build", build, "-j", "8"]):
+        subprocess.run([str(c) for c in cmd], check=True, stdout=subprocess.DEVNULL)
+    return build / "tensor_ref_consumer_cpp"
+
+
+def compare_hashes(refs: Path, tensors: Path, who: str = "Rust") -> str:
+    """cudaref `rust`, `cpp`: stamp -> FNV-1a 64 of the tensor the consumer copied from its
     imported CUDA block against that of the Tensor message of the same stamp."""
     def read(path: Path) -> dict[int, set[str]]:
         out: dict[int, set[str]] = {}
         for line in text(path).splitlines():
             if line.strip():
-                stamp, fnv = line.split()
+                stamp, fnv = line.split()[:2]
                 out.setdefault(int(stamp), set()).add(fnv)
         return out
 
     r, t = read(refs), read(tensors)
     both = sorted(set(r) & set(t))
     equal = sum(r[s] == t[s] for s in both)
-    return (f"rust: {equal} of {len(both)} frames' hashes matched (FNV-1a 64 of the tensor the Rust consumer copied "
+    return (f"{who.lower()}: {equal} of {len(both)} frames' hashes matched (FNV-1a 64 of the tensor the {who} consumer copied "
             f"from its imported CUDA block vs of the Tensor message of the same stamp); {len(both) - equal} differ; "
             f"{len(r)} stamps read from blocks, {len(t)} Tensor messages")
 

@@ -16,6 +16,8 @@ mod bench_cpu;
 mod conv_file;
 #[cfg(feature = "bench")]
 mod decode_file;
+#[cfg(feature = "bench")]
+mod geometry_cases;
 mod input;
 mod play;
 mod record;
@@ -68,6 +70,10 @@ enum Command {
     #[cfg(feature = "bench")]
     #[command(hide = true)]
     DecodeFile(decode_file::DecodeFileArgs),
+    /// (tests) Seeded random geometry cases with the box mapping's results.
+    #[cfg(feature = "bench")]
+    #[command(hide = true)]
+    GeometryCases(geometry_cases::GeometryCasesArgs),
     /// Run one image file (PNG/JPEG, or raw bytes of any encoding) through the pipeline
     /// and write the tensor as .npy (and a preview PNG).
     RunFile(run_file::RunFileArgs),
@@ -149,6 +155,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::ConvFile(args) => conv_file::run(args)?,
         #[cfg(feature = "bench")]
         Command::DecodeFile(args) => return decode_file::run(args),
+        #[cfg(feature = "bench")]
+        Command::GeometryCases(args) => geometry_cases::run(args)?,
     }
     Ok(ExitCode::SUCCESS)
 }
