@@ -146,7 +146,9 @@ impl VideoFeed {
     }
 
     /// Never called: no pipeline runs.
-    pub fn fault(&self, _generation: u64, _what: &str) {}
+    pub fn fault(&self, _generation: u64, _what: &str) -> bool {
+        false
+    }
 
     /// Never called: no frame is decoded.
     pub fn decoded(&self) {}

@@ -112,3 +112,46 @@ def decode(packets: list[Packet], codec: str) -> list[Frame]:
         take(ctx.decode(pkt))
     take(ctx.decode(None))
     return frames
+
+
+#: Our copies of the video messages (msgs/): rosbags registers them from the .msg files.
+VIDEO_MSGS = {"foxglove": ("foxglove_msgs/msg/CompressedVideo", "foxglove_msgs"),
+              "ffmpeg": ("ffmpeg_image_transport_msgs/msg/FFMPEGPacket", "ffmpeg_image_transport_msgs")}
+FFMPEG_ENCODING = {"h264": "h264;yuv420p;bgr8;bgr8", "h265": "hevc;yuv420p;bgr8;bgr8"}
+
+
+def write_video_bag(path: Path, kind: str, codec: str, packets: list[Packet], topic: str = "/camera/image_raw",
+                    frame_id: str = "video_camera") -> str:
+    """The packets as a rosbag2 (MCAP) written by rosbags, in decode order, each received
+    1 ms after the previous one's stamp order: `kind` foxglove (CompressedVideo on
+    `<topic>/foxglove`), ffmpeg (FFMPEGPacket on `<topic>/ffmpeg`) or compressed
+    (CompressedImage, format `codec`, on `<topic>/compressed`). Returns the bag's topic."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import get_types_from_msg
+
+    from vptools import ROOT
+    from vptools.bags import TS, CompressedImage, Time, header
+
+    if kind in VIDEO_MSGS:
+        msgtype, package = VIDEO_MSGS[kind]
+        if msgtype not in TS.types:
+            name = msgtype.rsplit("/", 1)[1]
+            TS.register(get_types_from_msg((ROOT / "msgs" / package / "msg" / f"{name}.msg").read_text(), msgtype))
+    else:
+        msgtype = CompressedImage.__msgtype__
+    cls = TS.types[msgtype]
+    bag_topic = f"{topic}/{kind}"
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as w:
+        conn = w.add_connection(bag_topic, msgtype, typestore=TS)
+        for i, p in enumerate(packets):
+            data = np.frombuffer(p.data, np.uint8)
+            if kind == "foxglove":
+                msg = cls(timestamp=Time(sec=p.stamp // 10**9, nanosec=p.stamp % 10**9), frame_id=frame_id,
+                          data=data, format=codec)
+            elif kind == "ffmpeg":
+                msg = cls(header=header(p.stamp, frame_id), width=0, height=0, encoding=FFMPEG_ENCODING[codec],
+                          pts=p.pts, flags=int(p.key), is_bigendian=False, data=data)
+            else:
+                msg = cls(header=header(p.stamp, frame_id), format=codec, data=data)
+            w.write(conn, packets[0].stamp + i * 33_333_333, TS.serialize_cdr(msg, msgtype))
+    return bag_topic

@@ -38,38 +38,12 @@ use crate::config::VideoDecoder;
 use crate::error::{CaptureError, Error, Result};
 use crate::video::{probe, Codec, Probe};
 
+use super::video_types::SRC_NAME;
 pub use super::video_types::{DecoderChoice, Outcome, Packet, VideoCounts, VideoReport};
 
 /// The largest reorder depth taken for B-frames (H.264 allows 16 frames); a `pts` further
 /// below the highest starts a new count (a publisher started again).
 const MAX_REORDER: u64 = 16;
-
-/// The name of our appsrc in a decode pipeline.
-pub(super) const SRC_NAME: &str = "vision_preproc_src";
-
-impl DecoderChoice {
-    /// The launch description: our appsrc (live, TIME stamps, the codec's caps) and the
-    /// chosen elements.
-    pub fn description(&self) -> String {
-        format!(
-            "appsrc name={SRC_NAME} is-live=true format=time do-timestamp=false max-bytes=0 \
-             caps={} ! {} ! {}",
-            src_caps(self.codec),
-            self.parser,
-            self.tail
-        )
-    }
-}
-
-/// The caps our appsrc announces for `codec`: one access unit (temporal unit) per buffer.
-fn src_caps(codec: Codec) -> &'static str {
-    match codec {
-        Codec::H264 => "video/x-h264,stream-format=byte-stream,alignment=au",
-        Codec::H265 => "video/x-h265,stream-format=byte-stream,alignment=au",
-        Codec::Vp9 => "video/x-vp9",
-        Codec::Av1 => "video/x-av1,stream-format=obu-stream,alignment=tu",
-    }
-}
 
 /// The decoder elements of `codec`: (parser, CPU decoder, NVIDIA decoder).
 fn elements(codec: Codec) -> (&'static str, &'static str, &'static str) {
@@ -238,8 +212,11 @@ impl VideoFeed {
         }
         sequence_gap(&mut st, packet.sequence);
         if st.running.as_ref().is_some_and(|r| r.codec != codec) {
-            // A new codec: its own pipeline from its first key frame.
-            st.running = None;
+            // A new codec: its own pipeline from its first key frame. The old one is told
+            // its stream ended, so its decoder hands out the frames it still holds.
+            if let Some(old) = st.running.take() {
+                let _ = old.src.end_of_stream();
+            }
             st.resync = true;
         }
         let needs_sets = matches!(codec, Codec::H264 | Codec::H265);
@@ -334,17 +311,20 @@ impl VideoFeed {
         st.started.take()
     }
 
-    /// The pipeline of `generation` failed (`what`): counted, and the stream waits for its
-    /// next key frame (a newer pipeline is not affected).
-    pub fn fault(&self, generation: u64, what: &str) {
+    /// The pipeline of `generation` failed or ended (`what`). The running one's fault is
+    /// counted and the stream waits for its next key frame: true. A pipeline retired by a
+    /// codec change ends after its last frame (its end of stream): false, not a fault.
+    pub fn fault(&self, generation: u64, what: &str) -> bool {
         let mut st = self.lock();
-        if st.running.as_ref().is_some_and(|r| r.generation == generation) {
-            st.running = None;
-            st.resync = true;
-            st.report.waiting = true;
+        if st.running.as_ref().is_none_or(|r| r.generation != generation) {
+            return false;
         }
+        st.running = None;
+        st.resync = true;
+        st.report.waiting = true;
         st.report.counts.faults += 1;
         st.report.last_problem = Some(format!("decoder fault: {what}"));
+        true
     }
 
     /// A frame came out of the decoder.

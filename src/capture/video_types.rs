@@ -22,6 +22,33 @@ pub struct DecoderChoice {
     pub why: String,
 }
 
+/// The name of our appsrc in a decode pipeline.
+pub(crate) const SRC_NAME: &str = "vision_preproc_src";
+
+impl DecoderChoice {
+    /// The launch description: our appsrc (live, TIME stamps, the codec's caps) and the
+    /// chosen elements.
+    pub fn description(&self) -> String {
+        format!(
+            "appsrc name={SRC_NAME} is-live=true format=time do-timestamp=false max-bytes=0 \
+             caps={} ! {} ! {}",
+            src_caps(self.codec),
+            self.parser,
+            self.tail
+        )
+    }
+}
+
+/// The caps our appsrc announces for `codec`: one access unit (temporal unit) per buffer.
+fn src_caps(codec: Codec) -> &'static str {
+    match codec {
+        Codec::H264 => "video/x-h264,stream-format=byte-stream,alignment=au",
+        Codec::H265 => "video/x-h265,stream-format=byte-stream,alignment=au",
+        Codec::Vp9 => "video/x-vp9",
+        Codec::Av1 => "video/x-av1,stream-format=obu-stream,alignment=tu",
+    }
+}
+
 /// One packet of a video message, as the subscription read it.
 #[derive(Debug, Clone, Copy)]
 pub struct Packet<'a> {

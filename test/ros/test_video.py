@@ -4,6 +4,8 @@ FFMPEGPacket (`image/ffmpeg`) and sensor_msgs/CompressedImage with format h264
 (`image/compressed`, Isaac ROS's encoder) to the node, which decodes them with the CPU
 decoder (gstreamer1.0-libav) inside its own process.
 
+Bags of each kind (written by rosbags) are played into the node by `vision_preproc play`.
+
 Streams are made at test time (python/vptools/video.py): a window panned across a
 photograph of test/data, encoded by GStreamer's x264enc / x265enc, split into access units
 by PyAV; the oracle is PyAV's own decoder. At the source size, stretch, pixel_scale 1 and
@@ -14,6 +16,8 @@ the decoded frames' equality (outside the colour conversion's clamping).
 
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
 from ffmpeg_image_transport_msgs.msg import FFMPEGPacket
@@ -21,12 +25,12 @@ from foxglove_msgs.msg import CompressedVideo
 from sensor_msgs.msg import CompressedImage
 
 from vptools import oracle
-from vptools.rosharness import NodeProcess, Peer, stamp_ns, tensor_array
+from vptools.rosharness import NODE_BIN, NodeProcess, Peer, stamp_ns, tensor_array
 from vptools.rosharness import frame_counts as counts
 from vptools.rosharness import status_values as kv
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from vptools.tolerances import assert_close
-from vptools.video import Frame, Packet, decode, encode, pan_frames
+from vptools.video import FFMPEG_ENCODING, Frame, Packet, decode, encode, pan_frames, write_video_bag
 
 IDENTITY = {"network_image_width": 320, "network_image_height": 240, "resize_mode": "stretch",
             "pixel_scale": 1.0, "image_mean": [0.0, 0.0, 0.0], "image_stddev": [1.0, 1.0, 1.0]}
@@ -36,7 +40,7 @@ SMALL = {"network_image_width": 96, "network_image_height": 64, "resize_mode": "
 DEEP = QoSProfile(reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST, depth=100)
 KINDS = {"foxglove": (CompressedVideo, "foxglove"), "ffmpeg": (FFMPEGPacket, "ffmpeg"),
          "compressed": (CompressedImage, "compressed")}
-FFMPEG_ENCODING = {"h264": "h264;yuv420p;bgr8;bgr8", "h265": "hevc;yuv420p;bgr8;bgr8"}
+CLI = NODE_BIN.parent / "vision_preproc"
 
 
 def message(kind: str, codec: str, p: Packet, frame_id: str = "video_camera"):
@@ -76,7 +80,7 @@ class VideoCamera:
             lambda m: self.statuses.extend(s for s in m.status if s.name == name), DEEP)
         self.peer.spin_until(lambda: all(p.get_subscription_count() >= 1 for p in self.pubs)
                              and self.peer.node.count_publishers(f"{ns}/tensor") >= 1, 20.0,
-                             "the node's video subscriptions")
+                             "the node's video subscriptions and its tensor")
 
     def send(self, codec: str, packets: list[Packet], pub: int = 0) -> None:
         """Publish the packets in decode order, a spin between them (the camera's pace)."""
@@ -205,13 +209,14 @@ def test_compressed_h264_resolution_change_and_bad_packets(tmp_path) -> None:
     """sensor_msgs/CompressedImage with format h264: a 320x240 stream, then a 256x192 one
     (the decoder renegotiates; the node keeps running), each bad packet (garbage, H.265
     bytes labelled h264, a key frame cut inside its SPS, a 16K stream's SPS, an empty one)
-    refused by its cause, and the stream decoded again from its next key frame."""
+    refused by its cause, and the stream decoded again from its next key frame; then the
+    codec changes to H.265 on the same topic (a new decode pipeline)."""
     a = encode(pan_frames("rocket.jpg", 320, 240, 12), "h264", tmp_path, gop=6)
     b = encode(pan_frames("coffee.png", 256, 192, 12), "h264", tmp_path, gop=6)
     h265 = encode(pan_frames("coffee.png", 256, 192, 2), "h265", tmp_path, gop=2)
-    fa, fb = decode(a, "h264"), decode(b, "h264")
+    fa, fb, fc = decode(a, "h264"), decode(b, "h264"), decode(h265, "h265")
     step = 20 * 10**9
-    want = {**oracle_of(fa), **oracle_of(fb, step), **oracle_of(fb, 2 * step)}
+    want = {**oracle_of(fa), **oracle_of(fb, step), **oracle_of(fb, 2 * step), **oracle_of(fc, 3 * step)}
     ns = "/video_compressed"
     with NodeProcess(node_args(ns, "compressed", SMALL), log=tmp_path / "node.log") as node:
         cam = VideoCamera(ns, "compressed", ["image"])
@@ -225,10 +230,13 @@ def test_compressed_h264_resolution_change_and_bad_packets(tmp_path) -> None:
                                 f"the refusal '{cause}' counted")
             cam.send("h264", [a[7]])  # no key frame: waits
             cam.send("h264", a[6:] + restamped(b, step) + restamped(b, 2 * step))
-            status = cam.settled(12 + 24)
+            cam.send("h265", restamped(h265, 3 * step))  # a codec change: a new pipeline
+            status = cam.settled(12 + 24 + 2)
             v = kv(status)
             assert v["Input video packets"].startswith(
-                f"{6 + refused + 1 + 6 + 24} received: 36 decoded, 1 waiting for a key frame, {refused} refused"), v
+                f"{6 + refused + 1 + 6 + 24 + 2} received: 38 decoded, 1 waiting for a key frame, {refused} refused"), v
+            assert "2 decoder starts" in v["Input video frames"], v
+            assert v["Input video decoder"].startswith("h265 256x192: avdec_h265"), v
             stamps = check_tensors(cam.peer.tensors, want, SMALL, "compressed h264")
             sizes = {(t.source_width, t.source_height) for t in cam.peer.tensors}
             assert sizes == {(320, 240), (256, 192)}, sizes
@@ -269,3 +277,30 @@ def test_four_video_inputs_batched(tmp_path) -> None:
         finally:
             cam.peer.close()
         assert node.stop() == 0, node.output()[-3000:]
+
+
+def test_bags_of_each_kind_played_into_the_node(tmp_path) -> None:
+    """A bag of each kind (rosbags; foxglove, ffmpeg, compressed h264) played by
+    `vision_preproc play` into a node of that transport: every tensor equal to PyAV's
+    frame of its stamp, from the bag's first key frame on."""
+    packets = encode(pan_frames("chelsea.png", 160, 120, 8), "h264", tmp_path, gop=4)
+    want = oracle_of(decode(packets, "h264"))
+    for kind in KINDS:
+        ns = f"/video_bag_{kind}"
+        bag_topic = write_video_bag(tmp_path / kind, kind, "h264", packets)
+        with NodeProcess(node_args(ns, kind, SMALL), log=tmp_path / f"{kind}.log") as node:
+            cam = VideoCamera(ns, kind, [])
+            try:
+                play = subprocess.run([str(CLI), "play", str(tmp_path / kind), "--image-topic", f"{ns}/image",
+                                       "--reliable", "--wait-subscribers", "1"],
+                                      capture_output=True, text=True, timeout=60)
+                assert play.returncode == 0, play.stderr
+                assert f"play: {len(packets)} images" in play.stdout, play.stdout
+                assert f"images on {ns}/image/{kind}" in play.stdout, (bag_topic, play.stdout)
+                status = cam.settled(len(packets))
+                assert kv(status)["Input video packets"].startswith(f"{len(packets)} received: {len(packets)} decoded")
+                stamps = check_tensors(cam.peer.tensors, want, SMALL, f"{kind} bag")
+                assert stamps and stamps[-1] == packets[-1].stamp, (kind, stamps)
+            finally:
+                cam.peer.close()
+            assert node.stop() == 0, node.output()[-3000:]

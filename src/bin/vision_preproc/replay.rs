@@ -667,6 +667,14 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         .into_iter()
         .map(|t| {
             let info = bag.image_topic(Some(&t))?;
+            if info.transport().is_some_and(|t| t.is_video()) {
+                anyhow::bail!(
+                    "{}: a video topic ({}): replay does not decode video; play the bag into \
+                     the node instead (`vision_preproc play`, docs/VIDEO.md)",
+                    info.name,
+                    info.type_name
+                );
+            }
             Ok(Input { compressed: info.is_compressed_image(), name: info.name })
         })
         .collect::<Result<Vec<_>>>()?;

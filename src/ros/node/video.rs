@@ -202,43 +202,55 @@ impl Decoding {
         self.stop.load(Ordering::Acquire) || self.shared.is_stopped()
     }
 
-    /// Take the newest pipeline and its frames until the node stops.
+    /// Take the newest pipeline and its frames until the node stops. A pipeline replaced
+    /// (a codec change) is drained first: its frames until its end of stream, or until it
+    /// gives none for [`POLL`].
     fn run(mut self) {
         let mut current: Option<(CaptureSource, u64)> = None;
+        let mut next: Option<(CaptureSource, u64)> = None;
         while !self.stopping() {
-            let wait = if current.is_some() { Duration::ZERO } else { POLL };
-            if let Some(new) = self.feed.take_started(wait) {
+            if next.is_none() {
+                let wait = if current.is_some() { Duration::ZERO } else { POLL };
+                next = self.feed.take_started(wait);
+            }
+            if current.is_none() && next.is_some() {
+                current = next.take();
                 self.log_start();
-                if let Some((old, _)) = current.replace(new) {
-                    let _ = old.stop();
-                }
             }
             let Some((source, generation)) = current.as_mut() else { continue };
-            match source.next(POLL) {
+            let ended = match source.next(POLL) {
                 Ok(Some(frame)) => {
                     self.feed.decoded();
                     self.deliver(frame);
+                    false
                 }
-                Ok(None) => {}
+                Ok(None) => next.is_some(),
                 Err(e) => {
-                    let what = e.to_string();
-                    self.feed.fault(*generation, &what);
-                    self.log.warn(
-                        &self.shared.logger,
-                        &format!(
-                            "input {}: video decoder: {what}; decoding starts again at the next \
-                             key frame",
-                            self.index
-                        ),
-                    );
-                    if let Some((s, _)) = current.take() {
-                        let _ = s.stop();
-                    }
+                    self.fault(*generation, &e.to_string());
+                    true
+                }
+            };
+            if ended {
+                if let Some((s, _)) = current.take() {
+                    let _ = s.stop();
                 }
             }
         }
-        if let Some((s, _)) = current.take() {
+        for (s, _) in [current, next].into_iter().flatten() {
             let _ = s.stop();
+        }
+    }
+
+    /// A pipeline's error or end: a fault of the running one is logged (rate-limited).
+    fn fault(&mut self, generation: u64, what: &str) {
+        if self.feed.fault(generation, what) {
+            self.log.warn(
+                &self.shared.logger,
+                &format!(
+                    "input {}: video decoder: {what}; decoding starts again at the next key frame",
+                    self.index
+                ),
+            );
         }
     }
 
