@@ -229,30 +229,34 @@ fn probe_annex_b(codec: Codec, data: &[u8]) -> Result<Probe, PacketError> {
     let mut probe = Probe::default();
     for (i, nal) in units.iter().enumerate() {
         let header = if codec == Codec::H264 { 1 } else { 2 };
-        if nal.len() <= header {
-            return Err(truncated(&format!("NAL unit {i} (no payload after its header)")));
-        }
-        if nal[0] & 0x80 != 0 {
+        let Some(&first) = nal.first() else {
+            return Err(truncated(&format!("NAL unit {i} (an empty one)")));
+        };
+        if first & 0x80 != 0 {
             return Err(not(format!("NAL unit {i} has its forbidden_zero_bit set")));
         }
         let (parameter_set, key, sps) = if codec == Codec::H264 {
-            let t = nal[0] & 0x1f;
+            let t = first & 0x1f;
             if !h264_type_known(t) {
                 return Err(not(format!("NAL unit {i} has type {t}, which H.264 does not define")));
             }
             (matches!(t, 7 | 8), t == 5, t == 7)
         } else {
-            let t = (nal[0] >> 1) & 0x3f;
-            let layer = ((nal[0] & 1) << 5) | (nal[1] >> 3);
-            if !h265_type_known(t) || nal[1] & 7 == 0 || layer > 62 {
+            let t = (first >> 1) & 0x3f;
+            let second = *nal.get(1).ok_or_else(|| truncated(&format!("NAL unit {i}'s header")))?;
+            let layer = ((first & 1) << 5) | (second >> 3);
+            if !h265_type_known(t) || second & 7 == 0 || layer > 62 {
                 return Err(not(format!(
                     "NAL unit {i} has type {t}, layer {layer}, temporal id + 1 = {}, which \
                      H.265 does not define",
-                    nal[1] & 7
+                    second & 7
                 )));
             }
             (matches!(t, 32..=34), (16..=21).contains(&t), t == 33)
         };
+        if nal.len() <= header {
+            return Err(truncated(&format!("NAL unit {i} (no payload after its header)")));
+        }
         probe.key |= key;
         if parameter_set {
             probe.parameter_sets.extend_from_slice(&[0, 0, 0, 1]);
