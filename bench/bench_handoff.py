@@ -15,15 +15,21 @@ for each of --paths:
   frames over DDS;
 - b: the camera inside the node, a live GStreamer source of the same size and rate
   (`gst:videotestsrc is-live=true ...`: the stamp is its capture time); consumer on
-  `tensor_ref`. The node's `Input frame copies` (/diagnostics) is the ledger of its host
-  copies.
+  `tensor_ref`, taking each tensor from the pool's socket (the ready signal, protocol 2:
+  docs/HANDOFF.md), as TensorRefSubscription does by itself on the node's machine. The
+  node's `Input frame copies` (/diagnostics) is the ledger of its host copies;
+- t: as b, the consumer on the `TensorRef` topic's messages (`fast_path=False`), as (a)
+  and (c) are.
 
 The consumers:
 
 - `tensor`: rclpy's typed `Tensor`, the data as a numpy array (`np.frombuffer`), what a
   Python inference process does with the tensor topic;
 - `tensor_ref`: `vision_preproc_consumer.TensorRefSubscription`, `frame.array()` (a numpy
-  view of the shared block), released after use.
+  view of the shared block), released after use; on the socket (`tensor_ref`) or on the
+  topic (`tensor_ref_topic`). With the socket, the node's own report of the consumer
+  (`consumer_timing`: camera stamp -> acquired p50) is kept beside the consumer's own
+  measure of the same (camera stamp -> its callback, p50 over the same last 300 frames).
 
 Per phase: camera stamp -> array usable in the consumer, p50/p99 (ms), split at the
 node's publication (FrameTiming.age_us: stamp -> published; the rest: published -> array,
@@ -70,6 +76,9 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from vision_preproc_msgs.msg import FrameTiming, Tensor, TensorBatch
 
+    fast_path = topic != "tensor_ref_topic"
+    topic = "tensor_ref" if topic == "tensor_ref_topic" else topic
+
     from vision_preproc_consumer import TensorRefSubscription
     torch = None
     if use_torch:
@@ -80,6 +89,8 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     ages: dict[int, float] = {}  # stamp (ns) -> stamp -> tensor usable, ms
     # stamp -> after the TensorRef went out: received, GPU work done, tensor usable (ms)
     splits: dict[int, tuple[float, float, float]] = {}
+    entries: dict[int, float] = {}  # stamp -> camera stamp -> the callback began (ms)
+    node_reports: list[dict] = []  # this consumer's status on consumer_timing
     # stamp -> (node-added ms, outputs, age at publish ms, upload stage ms: the host staging too)
     timings: dict[int, tuple[float, int, float, float]] = {}
     checksum = 0.0
@@ -134,12 +145,15 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
             k = key(frame.msg.header)
             if topic != "both":
                 ages[k] = age_ms(frame.msg)
-                # After the TensorRef went out (its item's age then): received by the
-                # callback (DDS, the executor), GPU work done (the event), tensor usable (ms).
+                entries[k] = (ready - stamp_s(frame.msg.header)) * 1e3
+                # After the TensorRef went out (its item's age then): received (the socket's
+                # descriptor, or the topic's message in the callback: DDS, the executor), GPU
+                # work done (the event), tensor usable (ms).
                 items = [i for i in frame.msg.items if i.valid]
-                if len(items) == 1 and k in received:
+                got = frame.received_ns / 1e9 if frame.sent_ns else received.get(k)
+                if len(items) == 1 and got is not None:
                     out_at = stamp_s(frame.msg.header) + items[0].age_us * 1e-6
-                    splits[k] = ((received[k] - out_at) * 1e3, (ready - out_at) * 1e3,
+                    splits[k] = ((got - out_at) * 1e3, (ready - out_at) * 1e3,
                                  (time.time() - out_at) * 1e3)
             if frame.msg.memory_kind not in checks["memory_kinds"]:
                 checks["memory_kinds"].append(int(frame.msg.memory_kind))
@@ -170,7 +184,15 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
             super()._on_message(msg)
 
     if topic in ("tensor_ref", "both"):
-        sub = TimedSubscription(node, "tensor_ref", on_frame, qos if topic == "tensor_ref" else 10)
+        sub = TimedSubscription(node, "tensor_ref", on_frame, qos if topic == "tensor_ref" else 10,
+                                fast_path=fast_path)
+
+    def on_consumer_timing(msg) -> None:
+        mine = f"consumer {node.get_name()} (pid {os.getpid()})"
+        for st in msg.status:
+            if st.name.endswith(mine):
+                node_reports.append({kv.key: kv.value for kv in st.values}
+                                    | {"_frames_seen": len(entries), "_t": time.time() - t0})
     node.create_subscription(
         FrameTiming, "timing",
         lambda t: timings.__setitem__(key(t.header), (t.total_us / 1e3, t.outputs, t.age_us / 1e3,
@@ -192,6 +214,7 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
 
     from diagnostic_msgs.msg import DiagnosticArray
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
+    node.create_subscription(DiagnosticArray, "consumer_timing", on_consumer_timing, 10)
     # One executor for the whole run (rclpy.spin_once would add and remove the node, and
     # rebuild its wait set, at every call: milliseconds of the latency measured here).
     if executor_kind == "events":
@@ -203,13 +226,24 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     while time.time() - t0 < seconds:
         executor.spin_once(timeout_sec=0.05)
     skipped = sub.skipped if sub else 0
-    counts = {k: getattr(sub, k) for k in ("received", "delivered", "skipped", "withdrawn", "reconnects", "errors")} if sub else {}
+    counts = {k: getattr(sub, k) for k in ("received", "delivered", "skipped", "withdrawn", "reconnects", "errors",
+                                           "via_socket", "via_topic", "dropped")} if sub else {}
+    if sub:
+        counts["path"] = sorted(set(sub.path.values()))
+    # The node's last report of this consumer against its own measure of the same frames
+    # (the last 300 it had when the report came, as the node's window).
+    own = [entries[k] for k in sorted(entries)]
+    report = node_reports[-1] if node_reports else None
+    if report:
+        window = own[:report["_frames_seen"]][-300:]
+        report["_own_stamp_to_callback_p50_ms"] = float(np.percentile(window, 50)) if window else None
     out.write_text(json.dumps({"ages_ms": [ages[k] for k in sorted(ages)],
                                "timings": [timings[k] for k in sorted(timings)],
                                "after_publish_ms": [ages[k] - timings[k][2] for k in sorted(ages) if k in timings],
                                "announced_splits_ms": [splits[k] for k in sorted(splits)],
                                "skipped": skipped, "counts": counts, "checksum": checksum, "checks": checks,
-                               "shared_diagnostics": shared, "frame_copies": copies[-1:]}))
+                               "shared_diagnostics": shared, "frame_copies": copies[-1:],
+                               "node_report": report}))
     node.destroy_node()
     rclpy.shutdown()
 
@@ -264,6 +298,7 @@ def summary(d: dict, path: str, r: int) -> dict:
         "upload_p50_ms": pct([t[3] for t in tim], 50) if tim and len(tim[0]) > 3 else None,
         # After the TensorRef went out: received by the callback, GPU done, usable (p50)
         "announced_p50_ms": [pct([x[j] for x in splits], 50) for j in range(3)] if splits else None,
+        "node_report": d.get("node_report"),
     }
 
 
@@ -286,6 +321,17 @@ def phase_line(p: dict) -> str:
     checks = {k: v for k, v in p.get("checks", {}).items() if v}
     if p.get("frame_copies"):
         line += f"; ledger (Input frame copies): {p['frame_copies'][-1]}"
+    sub = p.get("subscription", {})
+    if sub.get("path"):
+        line += f"; path {sub['path']} (socket {sub.get('via_socket')}, topic {sub.get('via_topic')}, " \
+                f"dropped {sub.get('dropped')})"
+    rep = p.get("node_report")
+    if rep and rep.get("_own_stamp_to_callback_p50_ms"):
+        node_p50, own = float(rep["Camera stamp -> acquired p50 (ms)"]), rep["_own_stamp_to_callback_p50_ms"]
+        line += (f"; node's report: camera stamp -> acquired p50 {node_p50:.3f} ms, the consumer's own "
+                 f"{own:.3f} ms ({100 * (node_p50 - own) / own:+.1f} %), acquired -> released p50 "
+                 f"{rep['Acquired -> released p50 (ms)']} ms, descriptor delivery p50 "
+                 f"{rep['Descriptor delivery p50 (ms)']} ms")
     return line + (f"; checks {checks}" if checks else "")
 
 
@@ -299,6 +345,10 @@ def print_ratio(phases: list[dict]) -> dict:
         ratios["a_over_c_p50"] = med("a", "age_p50_ms") / med("c", "age_p50_ms")
         print(f"camera stamp -> tensor usable p50: raw over DDS (a) / compressed over DDS (c) "
               f"{ratios['a_over_c_p50']:.2f}x")
+    if any(p.get("path") == "t" for p in phases) and any(p.get("path") == "b" for p in phases):
+        ratios["t_over_b_p50"] = med("t", "age_p50_ms") / med("b", "age_p50_ms")
+        print(f"camera stamp -> tensor usable p50: (b) on the topic / (b) on the socket "
+              f"{ratios['t_over_b_p50']:.2f}x")
     if any(p.get("path") == "b" for p in phases):
         ratios["s_over_b_p50"] = med("s", "age_p50_ms") / med("b", "age_p50_ms")
         ratios["a_over_b_p50"] = med("a", "age_p50_ms") / med("b", "age_p50_ms")
@@ -314,14 +364,16 @@ def print_ratio(phases: list[dict]) -> dict:
 # path -> (the consumer's topic, its label in the report)
 PATHS = {
     "s": ("tensor", "(s) camera process -> tensor    "),
-    "a": ("tensor_ref", "(a) camera process -> tensor_ref"),
-    "b": ("tensor_ref", "(b) in-node camera -> tensor_ref"),
-    "c": ("tensor_ref", "(c) JPEG camera -> tensor_ref   "),
+    "a": ("tensor_ref_topic", "(a) camera process -> tensor_ref"),
+    "b": ("tensor_ref", "(b) in-node camera -> socket    "),
+    "t": ("tensor_ref_topic", "(b) in-node camera -> tensor_ref"),
+    "c": ("tensor_ref_topic", "(c) JPEG camera -> tensor_ref   "),
 }
 
 
 # The GPU machine's names of the paths' JSON files (python/vptools/node_scenarios.py).
-REPORT_NAMES = {"tensor": "s", "tensor_ref": "a", "gst_ref": "b", "jpeg_ref": "c"}
+REPORT_NAMES = {"tensor": "s", "tensor_ref": "a", "tensor_ref_topic": "a", "gst_ref": "b", "gst_topic": "t",
+                "jpeg_ref": "c"}
 
 
 def gst_camera(width: int, height: int, rate: float) -> str:
@@ -343,11 +395,11 @@ def pss_mb(pid: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--consumer", choices=["tensor", "tensor_ref", "both"],
+    ap.add_argument("--consumer", choices=["tensor", "tensor_ref", "tensor_ref_topic", "both"],
                     help="run only the consumer process, on this topic (both: block bytes == Tensor bytes), "
                          "writing --out (the GPU machine's scenario starts node and camera itself)")
     ap.add_argument("--torch", action="store_true", help="the consumer makes CUDA torch tensors")
-    ap.add_argument("--paths", default="s,a", help="which of s, a, b, c to run (comma-separated; module docstring)")
+    ap.add_argument("--paths", default="s,a", help="which of s, a, b, t, c to run (comma-separated; module docstring)")
     ap.add_argument("--hold-ms", type=float, default=0.0, help="the consumer holds each frame this long")
     ap.add_argument("--batch", action="store_true", help="the consumer's node has several inputs (TensorBatch)")
     ap.add_argument("--executor", choices=["single", "events"], default="single",
@@ -390,15 +442,15 @@ def main() -> None:
     params = ["-r", f"__ns:={ns}", "-p", f"backend:={a.backend}", "-p", f"network_image_width:={a.network}",
               "-p", f"network_image_height:={a.network}"]
     paths = [p for p in a.paths.split(",") if p]
-    assert set(paths) <= set(PATHS) and "s" in paths and "a" in paths, f"--paths {a.paths}: s and a, and b, c"
+    assert set(paths) <= set(PATHS) and "s" in paths and "a" in paths, f"--paths {a.paths}: s and a, and b, t, c"
     phases = []
     for r in range(a.rounds):
         for path in paths:
             # A node and a camera per phase: each phase's memory is its own.
-            camera = {"b": ["-p", f'inputs:=["{gst_camera(a.width, a.height, a.rate)}"]'],
-                      "c": ["-p", "image_transport:=compressed"]}.get(path, [])
+            gst = ["-p", f'inputs:=["{gst_camera(a.width, a.height, a.rate)}"]']
+            camera = {"b": gst, "t": gst, "c": ["-p", "image_transport:=compressed"]}.get(path, [])
             with NodeProcess(params + camera, log=work / f"node_{path}_{r}.log") as node:
-                play = None if path == "b" else subprocess.Popen(
+                play = None if path in ("b", "t") else subprocess.Popen(
                     [str(ROOT / "target" / "release" / "vision_preproc"), "play", str(jpeg_bag if path == "c" else bag),
                      "--loop", "--restamp", "--image-topic", f"{ns}/image"], stdout=subprocess.DEVNULL)
                 try:

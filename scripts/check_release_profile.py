@@ -17,7 +17,8 @@ import subprocess
 import sys
 import tomllib
 
-BINARIES = ["target/release/vision_preproc_node", "target/release/vision_preproc"]
+BINARIES = ["target/release/vision_preproc_node", "target/release/vision_preproc_lifecycle_node",
+            "target/release/vision_preproc"]
 
 
 def opt_level_0_crates() -> list[str]:

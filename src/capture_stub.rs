@@ -18,6 +18,9 @@ pub fn status() -> String {
     "not in this build (cargo feature `gstreamer`): no `gst:` inputs".to_string()
 }
 
+/// No GStreamer, no threads of its own.
+pub fn release_idle_threads() {}
+
 // The same types as with GStreamer (one definition: plain data).
 #[path = "capture/time.rs"]
 mod time;
@@ -102,6 +105,16 @@ impl CaptureSource {
     }
 
     /// Never called: no source exists.
+    pub fn pause(&mut self) -> Result<()> {
+        match *self {}
+    }
+
+    /// Never called: no source exists.
+    pub fn resume(&mut self) -> Result<()> {
+        match *self {}
+    }
+
+    /// Never called: no source exists.
     pub fn stop(self) -> Result<()> {
         match self {}
     }
@@ -149,6 +162,9 @@ impl VideoFeed {
     pub fn fault(&self, _generation: u64, _what: &str) -> bool {
         false
     }
+
+    /// Nothing to wait for: no stream is decoded.
+    pub fn pause(&self) {}
 
     /// Never called: no frame is decoded.
     pub fn decoded(&self) {}

@@ -15,13 +15,16 @@ pub use crate::boxes::{to_network, to_source, BoxFormat, Coordinate, SourceMappi
 use crate::backend::cuda::vmm::ImportedBlocks;
 use crate::error::{Error, Result};
 use crate::handoff::memory::Mapping;
+use crate::handoff::signal::{self, realtime_ns, Record};
 use crate::handoff::{MemoryKind, CONTROL_MAGIC, HELLO_MAGIC, PROTOCOL_VERSION};
 use serde::Deserialize;
+use std::collections::VecDeque;
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// File descriptors a hello may carry at most (the control block and 64 blocks).
@@ -63,6 +66,9 @@ pub(crate) struct Hello {
     pub holds_offset: usize,
     #[serde(default)]
     pub row_stride: usize,
+    /// The protocol versions the node speaks (a version 1 node's hello has none).
+    #[serde(default)]
+    pub versions: Vec<u32>,
 }
 
 fn no_device() -> i32 {
@@ -186,6 +192,8 @@ pub struct Consumer {
     control: Mapping,
     blocks: Blocks,
     stream: UnixStream,
+    /// Protocol version 2: the ready signal and the reports ([`Consumer::upgrade`]).
+    signal: Mutex<Signal>,
 }
 
 impl Consumer {
@@ -233,7 +241,7 @@ impl Consumer {
             ),
         };
         // The fds close here: the mappings keep the memory.
-        Ok(Consumer { hello, control, blocks, stream })
+        Ok(Consumer { hello, control, blocks, stream, signal: Mutex::default() })
     }
 
     /// The pool id (as `TensorRef.pool_id`).
@@ -252,13 +260,23 @@ impl Consumer {
     /// False once the node closed the connection (it stopped, or disconnected this
     /// consumer for holding a block past its lease): connect again.
     pub fn connected(&self) -> bool {
+        use std::os::fd::AsRawFd;
         let mut b = [0u8; 1];
-        if self.stream.set_nonblocking(true).is_err() {
-            return false;
+        // SAFETY: a connected socket of ours; one byte of `b`, only peeked at (protocol 2
+        // frames stay for `next_descriptor`).
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                b.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        match n {
+            0 => false,
+            n if n > 0 => true,
+            _ => std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock,
         }
-        let alive = matches!((&self.stream).read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
-        let _ = self.stream.set_nonblocking(false);
-        alive
     }
 
     fn generation(&self, b: usize) -> &AtomicU64 {
@@ -292,6 +310,7 @@ impl Consumer {
             generation,
             on_device: AtomicBool::new(false),
             ready: AtomicBool::new(false),
+            report: Mutex::new(None),
         })
     }
 }
@@ -308,6 +327,8 @@ pub struct Held<'a> {
     on_device: AtomicBool,
     /// [`Held::ready`] said yes.
     ready: AtomicBool,
+    /// Its record for the node ([`Held::usable`]), sent when it is dropped.
+    report: Mutex<Option<Record>>,
 }
 
 impl Held<'_> {
@@ -390,6 +411,27 @@ impl Held<'_> {
     }
 }
 
+impl Held<'_> {
+    /// The tensor is usable now (held, and [`Held::ready`]): on a connection upgraded to
+    /// protocol 2, the node gets this consumer's record of it (camera stamp `stamp_ns`,
+    /// its descriptor `received_ns`, now, and when this `Held` is dropped).
+    pub fn usable(&self, stamp_ns: i64, received_ns: i64, via_topic: bool) {
+        let flags = if via_topic { signal::FLAG_TOPIC } else { 0 };
+        let record = Record {
+            generation: self.generation,
+            stamp_ns,
+            received_ns,
+            acquired_ns: realtime_ns(),
+            released_ns: 0,
+            block: self.block as u32,
+            flags,
+        };
+        if let Ok(mut r) = self.report.lock() {
+            *r = Some(record);
+        }
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -404,6 +446,10 @@ impl Drop for Held<'_> {
             }
         }
         self.consumer.hold(self.block).fetch_sub(1, Ordering::SeqCst);
+        let record = self.report.lock().ok().and_then(|mut r| r.take());
+        if let Some(record) = record {
+            let _ = self.consumer.report(Record { released_ns: realtime_ns(), ..record });
+        }
     }
 }
 
@@ -443,6 +489,194 @@ impl DeviceBlock<'_> {
     }
 }
 
+/// A tensor's descriptor from the node's socket (protocol 2): the `TensorRef` as the
+/// topic carries it (`cdr`, with its encapsulation header: r2r's
+/// `TensorRef::from_serialized_bytes`), when the node sent it and when it arrived
+/// (`CLOCK_REALTIME` ns).
+#[derive(Debug, Clone)]
+pub struct Descriptor {
+    pub cdr: Vec<u8>,
+    pub sent_ns: i64,
+    pub received_ns: i64,
+}
+
+/// A connection's protocol 2 state.
+#[derive(Default)]
+struct Signal {
+    /// The `ACCEPT`'s first generation (`None`: not upgraded).
+    from_generation: Option<u64>,
+    inbox: Vec<u8>,
+    descriptors: VecDeque<Descriptor>,
+    /// Descriptors the node did not send (`DROPPED` notices).
+    dropped: u64,
+    records: Vec<Record>,
+    oldest: Option<Instant>,
+    outbox: Vec<u8>,
+}
+
+/// A `REPORT` goes out with this many records, or when its oldest is this old.
+const REPORT_EVERY: usize = 8;
+const REPORT_AFTER: Duration = Duration::from_millis(100);
+
+/// The ready signal and the reports (docs/HANDOFF.md, *The socket protocol*).
+impl Consumer {
+    fn signal_state(&self) -> std::sync::MutexGuard<'_, Signal> {
+        self.signal.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ask the node for the ready signal (`name`: how its `/diagnostics` names this
+    /// consumer): true once accepted, then [`Consumer::next_descriptor`] gives every
+    /// tensor from [`Consumer::from_generation`] on; false when the node speaks version 1
+    /// only, or did not answer within a second (take the frames from the topic then).
+    pub fn upgrade(&self, name: &str) -> Result<bool> {
+        if !self.hello.versions.contains(&signal::VERSION) {
+            return Ok(false);
+        }
+        if self.from_generation().is_some() {
+            return Ok(true);
+        }
+        let name: String = name.chars().take(64).collect();
+        let body = serde_json::json!({"version": signal::VERSION, "name": name}).to_string();
+        use std::io::Write;
+        (&self.stream)
+            .write_all(&signal::frame(signal::UPGRADE, body.as_bytes()))
+            .map_err(protocol)?;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            for (kind, body) in self.read_frames(left)? {
+                if kind == signal::ACCEPT {
+                    let accept: serde_json::Value =
+                        serde_json::from_slice(&body).map_err(protocol)?;
+                    let from = accept["from_generation"].as_u64();
+                    self.signal_state().from_generation = from;
+                    return Ok(from.is_some());
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Upgraded: the first generation whose descriptor comes on the socket (the topic's
+    /// messages of that generation or later are to be ignored).
+    pub fn from_generation(&self) -> Option<u64> {
+        self.signal_state().from_generation
+    }
+
+    /// Descriptors the node did not send this consumer (it fell behind; the node said so).
+    pub fn dropped(&self) -> u64 {
+        self.signal_state().dropped
+    }
+
+    /// The next descriptor, waiting up to `timeout` for it (`None`: none came); an error
+    /// once the node closed the connection. Sends the reports that are due.
+    pub fn next_descriptor(&self, timeout: Duration) -> Result<Option<Descriptor>> {
+        self.flush_reports(false);
+        if let Some(d) = self.signal_state().descriptors.pop_front() {
+            return Ok(Some(d));
+        }
+        for (kind, body) in self.read_frames(timeout)? {
+            if kind == signal::DESCRIPTOR && body.len() >= 8 {
+                let mut sent = [0u8; 8];
+                sent.copy_from_slice(&body[..8]);
+                let d = Descriptor {
+                    cdr: body[8..].to_vec(),
+                    sent_ns: i64::from_le_bytes(sent),
+                    received_ns: realtime_ns(),
+                };
+                self.signal_state().descriptors.push_back(d);
+            }
+        }
+        Ok(self.signal_state().descriptors.pop_front())
+    }
+
+    /// The node's frames that arrived within `timeout` (`DROPPED` counted here).
+    fn read_frames(&self, timeout: Duration) -> Result<Vec<(u16, Vec<u8>)>> {
+        use std::os::fd::AsRawFd;
+        let fd = self.stream.as_raw_fd();
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one live pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, ms) } <= 0 {
+            return Ok(Vec::new());
+        }
+        let mut st = self.signal_state();
+        let mut buf = vec![0u8; 1 << 16];
+        let closed = loop {
+            // SAFETY: a socket of ours; `buf` has `buf.len()` writable bytes.
+            let n =
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            match usize::try_from(n) {
+                Ok(0) => break true,
+                Ok(n) => st.inbox.extend_from_slice(&buf[..n]),
+                Err(_) => {
+                    break std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
+                }
+            }
+        };
+        let frames = signal::frames(&mut st.inbox).map_err(protocol)?;
+        for (kind, body) in &frames {
+            if *kind == signal::DROPPED && body.len() >= 8 {
+                let mut n = [0u8; 8];
+                n.copy_from_slice(&body[..8]);
+                st.dropped += u64::from_le_bytes(n);
+            }
+        }
+        if closed && frames.is_empty() {
+            return Err(protocol("the node closed the connection"));
+        }
+        Ok(frames)
+    }
+
+    /// Report one tensor to the node (upgraded connections only; batched).
+    fn report(&self, record: Record) -> Result<()> {
+        let mut st = self.signal_state();
+        if st.from_generation.is_none() {
+            return Ok(());
+        }
+        st.oldest.get_or_insert_with(Instant::now);
+        st.records.push(record);
+        drop(st);
+        self.flush_reports(false);
+        Ok(())
+    }
+
+    /// Send the records waiting (`force`, or when due); never blocks.
+    fn flush_reports(&self, force: bool) {
+        use std::os::fd::AsRawFd;
+        let mut st = self.signal_state();
+        let due = st.records.len() >= REPORT_EVERY
+            || st.oldest.is_some_and(|t| t.elapsed() >= REPORT_AFTER);
+        if !st.records.is_empty() && (force || due) {
+            let n = st.records.len().min(signal::MAX_RECORDS);
+            let records: Vec<Record> = st.records.drain(..n).collect();
+            st.oldest = (!st.records.is_empty()).then(Instant::now);
+            let frame = signal::frame(signal::REPORT, &Record::report(&records));
+            st.outbox.extend_from_slice(&frame);
+        }
+        if st.outbox.is_empty() {
+            return;
+        }
+        // SAFETY: a socket of ours; the outbox is a live buffer of its length.
+        let n = unsafe {
+            libc::send(
+                self.stream.as_raw_fd(),
+                st.outbox.as_ptr().cast(),
+                st.outbox.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if let Ok(n) = usize::try_from(n) {
+            st.outbox.drain(..n);
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.flush_reports(true);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,6 +712,47 @@ mod tests {
         drop(next);
         drop(server);
         assert!(!c.connected(), "the node went away");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_upgraded_consumer_gets_each_descriptor_and_the_node_its_report() {
+        let dir = std::env::temp_dir().join(format!("vp_consumer_signal_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pool = Pool::host(2, 100, Duration::from_secs(5), &dir).unwrap();
+        let server = Server::start(Arc::clone(&pool)).unwrap();
+        let early = pool.lease().0.unwrap(); // leased before the upgrade: topic only
+        let c = Consumer::connect(server.path()).unwrap();
+        assert!(c.next_descriptor(Duration::ZERO).unwrap().is_none(), "version 1 until upgraded");
+        assert!(c.upgrade("rust-test").unwrap());
+        let from = c.from_generation().unwrap();
+        assert!(from > early.generation());
+        early.signal(b"early");
+        drop(early);
+        let lease = pool.lease().0.unwrap();
+        assert!(lease.generation() >= from);
+        lease.signal(b"\x00\x01\x00\x00cdr");
+        let d = c.next_descriptor(Duration::from_secs(2)).unwrap().expect("its descriptor");
+        assert_eq!(d.cdr, b"\x00\x01\x00\x00cdr");
+        assert!(d.sent_ns > 0 && d.received_ns >= d.sent_ns, "{d:?}");
+        let generation = lease.generation();
+        let index = lease.index() as u32;
+        lease.published();
+        let held = c.take(index, generation).unwrap();
+        held.usable(d.sent_ns - 1_000_000, d.received_ns, false);
+        drop(held);
+        drop(c); // sends the report that waits
+        let mut stats = Vec::new();
+        for _ in 0..100 {
+            stats = pool.consumer_stats();
+            if stats.first().is_some_and(|s| s.frames == 1) || stats.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // (The report arrives before the connection's end, which removes the consumer.)
+        assert!(stats.is_empty() || stats[0].frames == 1, "{stats:?}");
+        drop(server);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

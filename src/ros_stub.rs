@@ -15,6 +15,15 @@ pub mod node {
         );
         ExitCode::from(2)
     }
+
+    /// Entry point of `vision_preproc_lifecycle_node` without ROS.
+    pub fn managed_main() -> ExitCode {
+        eprintln!(
+            "vision_preproc_lifecycle_node was built without the `ros` feature; rebuild with \
+             default features (cargo build --release) in an environment with ROS 2 sourced"
+        );
+        ExitCode::from(2)
+    }
 }
 
 pub use crate::bag::{PlayOptions, PlayStats, RecordOptions, RecordStats};

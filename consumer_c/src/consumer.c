@@ -79,7 +79,7 @@ static int upgrade(vp_consumer *c, const char *name) {
     char body[160];
     char clean[65];
     size_t n = 0;
-    for (const char *p = name ? name : "vision_preproc_consumer_c"; *p && n < 64; p++)
+    for (const char *p = name; *p && n < 64; p++)
         if (*p != '"' && *p != '\\' && (unsigned char)*p >= 0x20) clean[n++] = *p;
     clean[n] = 0;
     int len = snprintf(body, sizeof body, "{\"version\": 2, \"name\": \"%s\"}", clean);
@@ -113,7 +113,7 @@ int vp_connect(const char *socket_path, const char *name, vp_consumer **out, cha
     if (vp_read_hello(c->fd, &c->hello, fds, &nfds) != VP_OK || map_blocks(c, fds) != VP_OK) goto fail;
     close_fds(fds, nfds);
     nfds = 0;
-    if (c->hello.speaks_v2 && upgrade(c, name) != VP_OK) goto fail;
+    if (c->hello.speaks_v2 && name && upgrade(c, name) != VP_OK) goto fail; /* NULL: stay on version 1 */
     *out = c;
     rc = VP_OK;
     goto done;

@@ -133,6 +133,13 @@ class Frame:
         self._view: Any = None
         self._ready = False
         self._not_ready = ""  # why the last wait_ready() said no
+        #: (received_ns, acquired_ns, flags) for the node's report, set by the
+        #: subscription on a version 2 connection; reported by release().
+        self.report: tuple[int, int, int] | None = None
+        #: When this consumer had its descriptor (time.time_ns()), and when the node sent
+        #: it on the socket (0: it came on the topic).
+        self.received_ns = 0
+        self.sent_ns = 0
 
     @property
     def released(self) -> bool:
@@ -236,6 +243,12 @@ class Frame:
             self._client.device.synchronize(stream)
         self._view = None
         self._ref.release()
+        if self.report is not None:
+            received_ns, acquired_ns, flags = self.report
+            self.report = None
+            stamp = self.msg.header.stamp
+            self._client.report(int(self.msg.generation), stamp.sec * 1_000_000_000 + stamp.nanosec, received_ns,
+                                acquired_ns, time.time_ns(), int(self.msg.block_index), flags)
 
     def __enter__(self) -> "Frame":
         return self

@@ -9,17 +9,34 @@ import functools
 import json
 import mmap
 import os
+import select
 import socket
 import struct
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass, fields
 from typing import Any
 
-#: The hello's "magic" and the protocol version this module speaks.
+#: The hello's "magic" and its layout's version (what every node's hello says).
 MAGIC = "vision_preproc/pool"
 VERSION = 1
+#: The protocol version of the ready signal and the reports (docs/HANDOFF.md, *The socket
+#: protocol*): used when the hello lists it in `versions`.
+SIGNAL_VERSION = 2
+#: Frame types of version 2.
+UPGRADE, ACCEPT, DESCRIPTOR, DROPPED, REPORT = 1, 2, 3, 4, 5
+#: The largest frame (its length field: the bytes after it).
+MAX_FRAME = 65536
+#: A REPORT record: generation, stamp, received, acquired, released (ns), block, flags.
+RECORD = struct.Struct("<QqqqqII")
+#: Record flags.
+FLAG_SKIPPED, FLAG_WITHDRAWN, FLAG_TOPIC = 1, 2, 4
+#: A REPORT goes out with this many records, or when its oldest is this old.
+REPORT_EVERY, REPORT_AFTER_S = 8, 0.1
+#: How long upgrade() waits for the node's ACCEPT.
+UPGRADE_TIMEOUT_S = 1.0
 #: Bytes 0-7 of the control block.
 CONTROL_MAGIC = b"VPCTRL01"
 #: The most file descriptors one sendmsg can carry (Linux's SCM_MAX_FD): control + 252 blocks.
@@ -53,6 +70,8 @@ class Hello:
     record_stride: int
     holds_offset: int
     row_stride: int
+    #: The protocol versions the node speaks (absent from a version 1 node's hello: (1,)).
+    versions: tuple = (1,)
 
     @classmethod
     def parse(cls, raw: bytes) -> "Hello":
@@ -70,6 +89,12 @@ class Hello:
             raise PoolError(f"the node refused the connection: {d['error']}")
         values: dict[str, Any] = {}
         for f in fields(cls):
+            if f.name == "versions":
+                v = d.get("versions", [1])
+                if not isinstance(v, list) or not all(isinstance(x, int) for x in v):
+                    raise PoolError(f"hello field 'versions' is {v!r}, expected a list of int")
+                values["versions"] = tuple(v)
+                continue
             v = d.get(f.name)
             kind = str if f.type == "str" else int
             if not isinstance(v, kind) or isinstance(v, bool):
@@ -100,10 +125,12 @@ class Hello:
 
 class _Atomics:
     """libatomic's sequentially consistent operations on a raw address (the same
-    instructions the node's Rust atomics compile to)."""
+    instructions the node's Rust atomics compile to). Called without letting go of the
+    interpreter (ctypes.PyDLL): each is a few instructions, and a thread that let go of it
+    could wait for another thread's Python code (the socket's reader behind the executor)."""
 
     def __init__(self) -> None:
-        lib = ctypes.CDLL(ctypes.util.find_library("atomic") or "libatomic.so.1")
+        lib = ctypes.PyDLL(ctypes.util.find_library("atomic") or "libatomic.so.1")
         self.fetch_add = getattr(lib, "__atomic_fetch_add_4")
         self.fetch_sub = getattr(lib, "__atomic_fetch_sub_4")
         for f in (self.fetch_add, self.fetch_sub):
@@ -151,6 +178,28 @@ def _read_hello(sock: socket.socket) -> tuple[bytes, list[int]]:
     return buf[4:], fds
 
 
+def frame(kind: int, body: bytes) -> bytes:
+    """A version 2 frame: u32 length (of what follows), u16 kind, u16 0, body."""
+    return struct.pack("<IHH", len(body) + 4, kind, 0) + body
+
+
+def cut_frames(buf: bytearray) -> list[tuple[int, bytes]]:
+    """The whole frames at the front of `buf` (removed from it); PoolError for a length
+    outside 4..MAX_FRAME."""
+    out, at = [], 0
+    while len(buf) - at >= 4:
+        (length,) = struct.unpack_from("<I", buf, at)
+        if not 4 <= length <= MAX_FRAME:
+            raise PoolError(f"a frame of {length} bytes from the node (4 to {MAX_FRAME})")
+        if len(buf) - at < 4 + length:
+            break
+        (kind,) = struct.unpack_from("<H", buf, at + 4)
+        out.append((kind, bytes(buf[at + 8:at + 4 + length])))
+        at += 4 + length
+    del buf[:at]
+    return out
+
+
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
@@ -189,8 +238,9 @@ class PoolClient:
 
     The connection is this consumer's liveness: the node gives back every reference of
     the row when it closes, so keep the client open while frames are held, and make a new
-    one when `connected` turns False. Never send anything on it. `pool_id`, when given,
-    must be the hello's (a TensorRef's pool_id).
+    one when `connected` turns False. Send nothing on it but what upgrade() and report()
+    send (version 2, when the node speaks it). `pool_id`, when given, must be the hello's
+    (a TensorRef's pool_id).
     """
 
     def __init__(self, socket_path: str, pool_id: str | None = None, timeout: float = HELLO_TIMEOUT_S) -> None:
@@ -225,6 +275,16 @@ class PoolClient:
             self._unmap()
             raise
         self._held = [0] * self.hello.blocks
+        #: Version 2 (upgrade()): descriptors come on this socket from this generation on.
+        self.signal = False
+        self.from_generation = 0
+        #: Descriptors the node did not send us (its queue for us was full): DROPPED notices.
+        self.dropped = 0
+        self._inbox = bytearray()
+        self._records: list[bytes] = []
+        self._records_since = 0.0
+        self._outbox = b""
+        self._send_lock = threading.Lock()
 
     def _map_all(self, fds: list[int]) -> None:
         h = self.hello
@@ -306,6 +366,99 @@ class PoolClient:
         """A host block's mapping (read-only); a view of it must hold it."""
         return self._blocks[block]
 
+    # --- version 2: the ready signal and the reports ---------------------------------
+
+    def upgrade(self, name: str, timeout: float = UPGRADE_TIMEOUT_S) -> bool:
+        """Ask the node for the ready signal (protocol version 2): True once it accepted
+        (then `from_generation` is the first generation whose descriptor comes on this
+        socket; read them with `messages()`), False when the node speaks version 1 only
+        or did not answer within `timeout` (stay on the topic then)."""
+        if SIGNAL_VERSION not in self.hello.versions or self.signal:
+            return self.signal
+        body = json.dumps({"version": SIGNAL_VERSION, "name": name[:64]}).encode()
+        self._send(frame(UPGRADE, body))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for kind, body in self.messages(max(0.0, deadline - time.monotonic())):
+                if kind == ACCEPT:
+                    accept = json.loads(body.decode())
+                    if "error" in accept:
+                        return False
+                    self.from_generation = int(accept["from_generation"])
+                    self.signal = True
+                    return True
+        return False
+
+    def messages(self, timeout: float) -> list[tuple[int, bytes]]:
+        """The node's frames that arrived, waiting up to `timeout` s for the first: (kind,
+        body) each; DROPPED notices are counted in `dropped` and returned too. [] on a
+        timeout; PoolError once the node closed the connection."""
+        if self._closed or self._gone:
+            raise PoolError(f"{self.socket_path}: {'closed' if self._closed else 'the node closed the connection'}")
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if not ready:
+            return []
+        while True:
+            try:
+                data = self._sock.recv(1 << 16)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self._gone = True
+                break
+            self._inbox += data
+        out = cut_frames(self._inbox)
+        for kind, body in out:
+            if kind == DROPPED and len(body) >= 16:
+                self.dropped += struct.unpack_from("<Q", body)[0]
+        if not out and self._gone:
+            raise PoolError(f"{self.socket_path}: the node closed the connection")
+        return out
+
+    def report(self, generation: int, stamp_ns: int, received_ns: int, acquired_ns: int, released_ns: int,
+               block: int, flags: int) -> None:
+        """One tensor as this consumer handled it (times: time.time_ns(), 0 for never);
+        sent batched (REPORT_EVERY records, or REPORT_AFTER_S after the oldest). Nothing
+        without the upgrade."""
+        if not self.signal:
+            return
+        with self._send_lock:
+            if not self._records:
+                self._records_since = time.monotonic()
+            self._records.append(RECORD.pack(generation, stamp_ns, received_ns, acquired_ns, released_ns,
+                                             block, flags))
+        self.flush_reports(force=False)
+
+    def flush_reports(self, force: bool = True) -> None:
+        """Send the records waiting (`force=False`: only when REPORT_EVERY of them wait or
+        the oldest is REPORT_AFTER_S old); never blocks."""
+        with self._send_lock:
+            due = self._records and (force or len(self._records) >= REPORT_EVERY
+                                     or time.monotonic() - self._records_since >= REPORT_AFTER_S)
+            if due:
+                records, self._records = self._records[:256], self._records[256:]
+                self._outbox += frame(REPORT, struct.pack("<II", len(records), 0) + b"".join(records))
+            self._flush_outbox()
+
+    def _send(self, data: bytes) -> None:
+        with self._send_lock:
+            self._outbox += data
+            self._flush_outbox()
+
+    def _flush_outbox(self) -> None:
+        if not self._outbox or self._closed or self._gone:
+            return
+        try:
+            sent = self._sock.send(self._outbox)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._gone = True
+            return
+        self._outbox = self._outbox[sent:]
+
     # --- connection -----------------------------------------------------------------
 
     @property
@@ -325,7 +478,7 @@ class PoolClient:
         if not data:
             self._gone = True
             return False
-        return True  # (the node sends nothing after the hello; left unread)
+        return True  # (version 1: the node sends nothing after the hello; version 2: frames)
 
     def close(self) -> None:
         """Close the connection (the node gives back this client's references) and unmap.
@@ -334,6 +487,7 @@ class PoolClient:
         with self._lock:
             if self._closed:
                 return
+            self.flush_reports()
             self._closed = True
             self._sock.close()
             self._unmap()

@@ -13,6 +13,8 @@ from pathlib import Path
 from vptools import BIN_DIR, HOOKS_BIN_DIR
 
 NODE_BIN = BIN_DIR / "vision_preproc_node"
+#: The managed (lifecycle) node (docs/NODE.md, "The managed node").
+LIFECYCLE_NODE_BIN = BIN_DIR / "vision_preproc_lifecycle_node"
 #: The node built with the test hooks (cargo feature `fault-injection`), which the product
 #: does not contain: scripts/test.sh puts it there (scripts/test_hooks_build.sh).
 FAULT_INJECTION_NODE = HOOKS_BIN_DIR / "vision_preproc_node"

@@ -18,6 +18,8 @@ FLOAT16_ABS: float = _T["float16_abs"]
 PREVIEW_U8_ABS: int = _T["preview_u8_abs"]
 #: FrameTiming.age_us against a /clock that stands still: microseconds.
 AGE_US_ABS: float = _T["age_us_abs"]
+#: A consumer's camera stamp -> acquired p50 as the node publishes it against its own.
+CONSUMER_REPORT_REL: float = _T["consumer_report_rel"]
 #: Our JPEG decode (zune-jpeg) against OpenCV's (libjpeg-turbo), 8-bit levels, per class
 #: (`colour_420`, `colour_422`, `colour_444`, `grey`): {"max_abs", "share_over_1"}.
 JPEG_DECODE: dict[str, dict[str, float]] = _T["jpeg_decode"]

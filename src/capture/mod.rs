@@ -92,6 +92,16 @@ pub fn accepted_list() -> String {
     format!("video/x-raw {}; video/x-bayer {} (8-bit)", list("video/x-raw"), list("video/x-bayer"))
 }
 
+/// End GStreamer's idle streaming threads (a stopped pipeline's threads go back to
+/// GStreamer's task pool and wait there, still named after their element): called once
+/// every pipeline of the node is stopped (the managed node's cleanup), so that a node
+/// without pipelines holds no GStreamer thread. `gst_task_cleanup_all` joins the pool's
+/// threads and prepares a new pool.
+pub fn release_idle_threads() {
+    gst::Task::cleanup_all();
+    gst::glib::ThreadPool::stop_unused_threads();
+}
+
 /// What `vision_preproc info` says of GStreamer: its version and whether `gst:` inputs
 /// can run here (GStreamer initializes, our appsink's plugin is installed), or why not.
 pub fn status() -> String {

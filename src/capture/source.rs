@@ -192,6 +192,19 @@ impl CaptureSource {
         self.pipeline.clock().map(|c| c.time().nseconds())
     }
 
+    /// Set the pipeline PAUSED (the managed node while not active): no frame flows, the
+    /// device stays open and the caps negotiated; [`CaptureSource::resume`] plays it again.
+    pub fn pause(&mut self) -> Result<()> {
+        self.pipeline.set_state(gst::State::Paused).map(|_| ()).map_err(|e| {
+            self.fail(CaptureError::State { state: "PAUSED".into(), message: e.to_string() })
+        })
+    }
+
+    /// Set a paused pipeline PLAYING again, as [`CaptureSource::start`] does.
+    pub fn resume(&mut self) -> Result<()> {
+        self.play().map_err(|fault| self.fail(fault))
+    }
+
     /// Set the pipeline to NULL: its streaming threads are joined and its devices and
     /// files closed. Frames still alive keep their own buffers.
     pub fn stop(mut self) -> Result<()> {

@@ -327,6 +327,14 @@ impl VideoFeed {
         true
     }
 
+    /// Packets are not taken for a while (the managed node is not active): the stream
+    /// waits for a key frame when they are again.
+    pub fn pause(&self) {
+        let mut st = self.lock();
+        st.resync = true;
+        st.report.waiting = true;
+    }
+
     /// A frame came out of the decoder.
     pub fn decoded(&self) {
         self.lock().report.counts.frames += 1;

@@ -17,9 +17,12 @@
 
 pub(crate) mod memory;
 pub(crate) mod server;
+pub mod signal;
 
 use crate::error::{Error, Result};
 use memory::{Mapping, Memfd};
+pub use signal::ConsumerStats;
+use signal::{Outbox, Signals};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -238,6 +241,8 @@ pub struct Pool {
     lease: Duration,
     socket_path: PathBuf,
     state: Mutex<State>,
+    /// The consumers that asked for the ready signal (protocol version 2).
+    signals: Signals,
 }
 
 /// A random pool id (the clock and the pid through the process's hasher seed).
@@ -333,6 +338,7 @@ impl Pool {
                 evict: Vec::new(),
                 counts: PoolCounts::default(),
             }),
+            signals: Signals::default(),
         }))
     }
 
@@ -504,6 +510,16 @@ impl Pool {
         n
     }
 
+    /// Each consumer on the ready signal: its timings and descriptors.
+    pub fn consumer_stats(&self) -> Vec<ConsumerStats> {
+        self.signals.stats()
+    }
+
+    /// Consumers on the ready signal now, and the descriptors dropped for them.
+    pub fn signal_counts(&self) -> (usize, u64) {
+        (self.signals.len(), self.signals.dropped())
+    }
+
     /// Counters, and (blocks leased or held, consumers connected).
     pub fn counts(&self) -> (PoolCounts, usize, usize) {
         let st = self.state();
@@ -562,6 +578,29 @@ impl Pool {
         }
     }
 
+    /// Connection `conn` (its socket `stream`, its consumer `name`) asked for the ready
+    /// signal: its outbox, which gets every tensor leased from now on. Registered under
+    /// the pool's lock, so that no set leased after the `ACCEPT`'s generation is
+    /// announced before the outbox is there.
+    fn upgrade(
+        &self,
+        conn: u64,
+        stream: &Arc<std::os::unix::net::UnixStream>,
+        name: String,
+    ) -> Arc<Outbox> {
+        let st = self.state();
+        let pid = signal::peer_pid(stream);
+        let outbox = Arc::new(Outbox::new(conn, Arc::clone(stream), st.next_generation));
+        let accept = serde_json::json!({
+            "version": signal::VERSION,
+            "from_generation": st.next_generation,
+            "queue": signal::QUEUE,
+        });
+        outbox.control(signal::frame(signal::ACCEPT, accept.to_string().as_bytes()));
+        self.signals.add(Arc::clone(&outbox), name, pid);
+        outbox
+    }
+
     /// Connections to close now (their consumers were evicted).
     fn take_evicted(&self) -> Vec<u64> {
         std::mem::take(&mut self.state().evict)
@@ -584,6 +623,7 @@ impl Pool {
             "record_stride": RECORD_STRIDE,
             "holds_offset": self.holds_offset,
             "row_stride": self.row_stride,
+            "versions": [1, signal::VERSION],
         })
         .to_string()
     }
@@ -694,6 +734,13 @@ impl Lease {
     /// [`Lease::announce`] was called.
     pub fn announced(&self) -> bool {
         self.announced
+    }
+
+    /// Its `TensorRef` (`cdr`) went out on the topic: send its descriptor to the
+    /// consumers on the ready signal (docs/HANDOFF.md, *The socket protocol*). Never
+    /// blocks.
+    pub fn signal(&self, cdr: &[u8]) {
+        self.pool.signals.send(self.generation, cdr);
     }
 
     /// Its `TensorRef` was published (and the set's work is done): the block goes back

@@ -1,8 +1,10 @@
 //! The pool's Unix socket: each consumer that connects gets one hello (JSON) with every
 //! block's file descriptor (`SCM_RIGHTS`) and a row of holds; its connection's end
-//! releases them. One thread polls the listener and the connections; it never blocks
-//! the node.
+//! releases them. A consumer may then upgrade to protocol version 2 ([`super::signal`]:
+//! descriptors, reports). One thread polls the listener and the connections, reads the
+//! consumers' messages and sends what their outboxes hold; it never blocks the node.
 
+use super::signal::{self, Incoming, Outbox};
 use super::{Pool, HELLO_MAGIC, PROTOCOL_VERSION};
 use crate::error::{Error, Result};
 use std::io::{ErrorKind, Read, Write};
@@ -119,9 +121,17 @@ fn framed(json: &str) -> Vec<u8> {
 
 struct Conn {
     id: u64,
-    stream: UnixStream,
+    /// Shared with its outbox once upgraded.
+    stream: Arc<UnixStream>,
     row: usize,
+    /// Bytes read and not yet a whole frame.
+    inbox: Vec<u8>,
+    /// Upgraded to version 2: its outbox of descriptors.
+    outbox: Option<Arc<Outbox>>,
 }
+
+/// Bytes of a consumer's frames kept unread at most (a frame's longest, and its header).
+const INBOX_MAX: usize = signal::MAX_FRAME + 4;
 
 /// The socket's thread; stops (and removes the socket file) when dropped.
 pub(crate) struct Server {
@@ -199,7 +209,13 @@ fn accept(pool: &Pool, listener: &UnixListener, conns: &mut Vec<Conn>, next_id: 
                     pool.detach(id, row, true);
                     continue;
                 }
-                conns.push(Conn { id, stream, row });
+                conns.push(Conn {
+                    id,
+                    stream: Arc::new(stream),
+                    row,
+                    inbox: Vec::new(),
+                    outbox: None,
+                });
             }
             Err(why) => {
                 let refusal = serde_json::json!({
@@ -212,36 +228,87 @@ fn accept(pool: &Pool, listener: &UnixListener, conns: &mut Vec<Conn>, next_id: 
     }
 }
 
+/// Read what connection `c` sent: false when it is gone (closed: `Some(true)` in `gone`)
+/// or a bad client (`Some(false)`).
+fn read(pool: &Pool, c: &mut Conn, buf: &mut [u8]) -> Option<bool> {
+    loop {
+        match (&*c.stream).read(buf) {
+            Ok(0) => return Some(true), // closed by the consumer
+            Ok(n) => {
+                c.inbox.extend_from_slice(&buf[..n]);
+                if c.inbox.len() > INBOX_MAX {
+                    return Some(false);
+                }
+                if !handle(pool, c) {
+                    return Some(false);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return None,
+            Err(_) => return Some(true),
+        }
+    }
+}
+
+/// The whole frames in `c`'s inbox: an upgrade, reports; false for a bad client.
+fn handle(pool: &Pool, c: &mut Conn) -> bool {
+    let msgs = signal::frames(&mut c.inbox)
+        .and_then(|frames| signal::incoming(frames, c.outbox.is_some()));
+    let Ok(msgs) = msgs else { return false };
+    for m in msgs {
+        match m {
+            Incoming::Upgrade(name) => c.outbox = Some(pool.upgrade(c.id, &c.stream, name)),
+            Incoming::Report(records) => pool.signals.report(c.id, records),
+        }
+    }
+    true
+}
+
+/// Connection `c` leaves: the ready signal first, then its row (before its socket
+/// closes, see Pool::reclaim).
+fn remove(pool: &Pool, c: Conn, clean: bool) {
+    pool.signals.remove(c.id);
+    pool.detach(c.id, c.row, clean);
+    drop(c);
+}
+
 fn serve(pool: &Pool, listener: &UnixListener, stop: &AtomicBool) {
     let mut conns: Vec<Conn> = Vec::new();
     let mut next_id = 0u64;
-    let mut buf = [0u8; 64];
+    let mut buf = vec![0u8; 1 << 16];
     while !stop.load(Ordering::Relaxed) {
-        let mut fds: Vec<libc::pollfd> = std::iter::once(listener.as_raw_fd())
-            .chain(conns.iter().map(|c| c.stream.as_raw_fd()))
-            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
-            .collect();
+        let mut fds: Vec<libc::pollfd> =
+            std::iter::once((listener.as_raw_fd(), false))
+                .chain(conns.iter().map(|c| {
+                    (c.stream.as_raw_fd(), c.outbox.as_ref().is_some_and(|o| o.pending()))
+                }))
+                .map(|(fd, out)| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN | if out { libc::POLLOUT } else { 0 },
+                    revents: 0,
+                })
+                .collect();
         // SAFETY: `fds` is a live array of `fds.len()` pollfd structs.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_MS) };
         if n > 0 {
             // Connections first (their indices are those of `fds[1..]`), then new ones.
             let mut gone = Vec::new();
             for (i, c) in conns.iter_mut().enumerate() {
-                if fds[i + 1].revents == 0 {
+                let revents = fds[i + 1].revents;
+                if revents & libc::POLLOUT != 0 {
+                    if let Some(o) = &c.outbox {
+                        o.flush();
+                    }
+                }
+                if revents & !libc::POLLOUT == 0 {
                     continue;
                 }
-                match c.stream.read(&mut buf) {
-                    Ok(0) => gone.push((i, true)),  // closed by the consumer
-                    Ok(_) => gone.push((i, false)), // consumers send nothing
-                    Err(e)
-                        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
-                    Err(_) => gone.push((i, true)),
+                if let Some(clean) = read(pool, c, &mut buf) {
+                    gone.push((i, clean));
                 }
             }
             for (i, clean) in gone.into_iter().rev() {
-                let c = conns.swap_remove(i);
-                pool.detach(c.id, c.row, clean); // before its socket closes (see Pool::reclaim)
-                drop(c);
+                remove(pool, conns.swap_remove(i), clean);
             }
             if fds[0].revents != 0 {
                 accept(pool, listener, &mut conns, &mut next_id);
@@ -249,6 +316,9 @@ fn serve(pool: &Pool, listener: &UnixListener, stop: &AtomicBool) {
         }
         let evicted = pool.take_evicted();
         if !evicted.is_empty() {
+            for c in conns.iter().filter(|c| evicted.contains(&c.id)) {
+                pool.signals.remove(c.id);
+            }
             conns.retain(|c| !evicted.contains(&c.id));
         }
     }

@@ -87,6 +87,7 @@ impl Announce<'_> {
         }
         if let Some(block) = p.message.block.as_mut() {
             block.announce();
+            block.signal(&cdr);
         }
         true
     }

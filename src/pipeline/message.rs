@@ -324,6 +324,14 @@ impl OwnedMessage {
         self.buf.as_ref().and_then(|b| b.block.as_ref()).is_some_and(Lease::announced)
     }
 
+    /// Send the block's `TensorRef` (`cdr`, just published) to the consumers on the
+    /// ready signal ([`Lease::signal`]); nothing without a block.
+    pub fn signal(&self, cdr: &[u8]) {
+        if let Some(block) = self.buf.as_ref().and_then(|b| b.block.as_ref()) {
+            block.signal(cdr);
+        }
+    }
+
     /// The block, taken out (to mark it published).
     pub fn take_block(&mut self) -> Option<Lease> {
         self.buf.as_mut()?.block.take()

@@ -519,7 +519,8 @@ def test_the_subscription_calls_back_with_ready_frames_only(tmp_path: Path, fake
     subscribed = {}
     ros_node = SimpleNamespace(
         create_subscription=lambda kind, topic, callback, qos: subscribed.setdefault("on_message", callback),
-        destroy_subscription=lambda s: None, get_logger=lambda: SimpleNamespace(warning=print))
+        destroy_subscription=lambda s: None, get_logger=lambda: SimpleNamespace(warning=print, info=print),
+        get_name=lambda: "fake")
     node = FakeNode(tmp_path / "pool.sock", [bytes(range(64)), bytes(64)])
     got: list[Frame] = []
     sub = TensorRefSubscription(ros_node, "tensor_ref", got.append)

@@ -9,7 +9,8 @@ environment: its ROS_DOMAIN_ID), each printing what it did on stdout:
                            pipeline that never lets the node have a block); a JSON summary
                            (both print "first frame" at their first and run SECONDS from it)
     plain PATH N           N socket-level clients of the pool at PATH (no ROS, no
-                           vision_preproc_consumer), client i holding block i % blocks;
+                           vision_preproc_consumer), client i holding block i % blocks,
+                           the odd ones upgraded to the ready signal (never reading it);
                            "holding N", then sleeps until killed
 
 `plain_client` is also what test_handoff.py uses in its own process.
@@ -30,9 +31,10 @@ import zlib
 HOLD_S = 0.5
 
 
-def plain_client(path: str, block: int) -> tuple[socket.socket, dict, mmap.mmap]:
+def plain_client(path: str, block: int, upgrade: bool = False) -> tuple[socket.socket, dict, mmap.mmap]:
     """Connect to the pool's socket, read the hello (4-byte length + JSON, the fds with
-    it), map the control block, add 1 to this client's hold of `block` and close the fds.
+    it), map the control block, add 1 to this client's hold of `block` and close the fds;
+    with `upgrade`, ask for the ready signal (protocol 2's UPGRADE; nothing is read after).
     Returns the open socket, the hello and the control mapping (the caller closes both)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(5)
@@ -52,6 +54,9 @@ def plain_client(path: str, block: int) -> tuple[socket.socket, dict, mmap.mmap]
     hold = ctypes.c_uint32.from_buffer(ctrl, hello["holds_offset"] + hello["row"] * hello["row_stride"] + 4 * b)
     hold.value += 1  # (this client is its row's only writer)
     del hold
+    if upgrade:
+        body = json.dumps({"version": 2, "name": f"plain {block}"}).encode()
+        s.sendall(struct.pack("<IHH", len(body) + 4, 1, 0) + body)
     return s, hello, ctrl
 
 
@@ -63,7 +68,7 @@ def main() -> int:
     mode = sys.argv[1]
     if mode == "plain":
         path, n = sys.argv[2], int(sys.argv[3])
-        clients = [plain_client(path, i) for i in range(n)]
+        clients = [plain_client(path, i, upgrade=i % 2 == 1) for i in range(n)]
         print(f"holding {len(clients)}", flush=True)
         time.sleep(120)
         return 0

@@ -1,5 +1,7 @@
 """The zero-copy hand-off (docs/HANDOFF.md) through real DDS and the node's Unix socket,
-with the Python consumer (python/vision_preproc_consumer) as the consumer:
+with the Python consumer (python/vision_preproc_consumer) as the consumer, which takes its
+tensors from the pool's socket (protocol 2, the ready signal) as it does by itself on the
+node's machine (test_handoff_signal.py compares that path with the topic's):
 
 - every TensorRef's array is its Tensor's data byte for byte (real photographs of several
   encodings; the descriptor's fields; the view is in place and read-only), and with two
@@ -543,8 +545,8 @@ def test_a_killed_consumer_gives_its_blocks_back(node: NodeProcess, camera: Came
 
 def test_200_socket_clients_killed_or_closed_mid_hold(node: NodeProcess, camera: Camera) -> None:
     """Five waves of 40 socket-level clients (handoff_peer.plain_client: the hello, a hold
-    added in their row), 20 in a process that is SIGKILLed and 20 here that close, every
-    block held by them: after each wave the blocks are back within RESUME_S; at the end
+    added in their row; half of them upgraded to the ready signal, protocol 2), 20 in a
+    process that is SIGKILLed and 20 here that close, every block held by them: after each wave the blocks are back within RESUME_S; at the end
     the node's descriptors are exactly what they were and it is still publishing."""
     with contextlib.ExitStack() as cleanup:
         c, path = lone_consumer(cleanup, 3)
@@ -554,7 +556,7 @@ def test_200_socket_clients_killed_or_closed_mid_hold(node: NodeProcess, camera:
             child = PeerProcess("plain", path, "20")
             cleanup.callback(child.kill)
             child.wait_line("holding 20", c, 15)
-            mine = [plain_client(path, i) for i in range(20)]
+            mine = [plain_client(path, i, upgrade=i % 2 == 0) for i in range(20)]
             assert all(h["pool_id"] == mine[0][1]["pool_id"] and h["blocks"] == BLOCKS for _, h, _ in mine)
             during = node_fds(node.proc.pid, path)
             assert during["handoff"] == base["handoff"] + 40, (wave, base, during)

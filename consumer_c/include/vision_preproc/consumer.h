@@ -97,7 +97,8 @@ typedef struct vp_consumer vp_consumer;
 
 /* Connect to the pool socket at `socket_path` (a TensorRef's socket_path, or
  * vp_find_socket()), map its blocks, and upgrade to protocol version 2 when the node speaks
- * it (`name`: how the node's /diagnostics names this consumer). CUDA blocks are imported on
+ * it (`name`: how the node's /diagnostics names this consumer; NULL: stay on version 1, the
+ * descriptors taken from the topic). CUDA blocks are imported on
  * the hello's device, in its primary context (the one the runtime API and PyTorch use).
  * VP_OK and *out, or VP_ERROR with the reason in err. */
 int vp_connect(const char *socket_path, const char *name, vp_consumer **out, char *err, size_t errlen);

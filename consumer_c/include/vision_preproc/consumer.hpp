@@ -118,11 +118,14 @@ class Frame {
 class Consumer {
   public:
     // Connect to the pool socket (a TensorRef's socket_path, or find_socket()); `name`:
-    // how the node's /diagnostics names this consumer.
-    explicit Consumer(const std::string &socket_path, const std::string &name = "vision_preproc_consumer_cpp") {
+    // how the node's /diagnostics names this consumer. `ready_signal` false: stay on
+    // protocol version 1 (descriptors from your TensorRef subscription, acquire()).
+    explicit Consumer(const std::string &socket_path, const std::string &name = "vision_preproc_consumer_cpp",
+                      bool ready_signal = true) {
         char err[512] = {0};
         vp_consumer *c = nullptr;
-        if (vp_connect(socket_path.c_str(), name.c_str(), &c, err, sizeof err) != VP_OK) throw Error(err);
+        if (vp_connect(socket_path.c_str(), ready_signal ? name.c_str() : nullptr, &c, err, sizeof err) != VP_OK)
+            throw Error(err);
         c_.reset(c);
     }
     // The newest pool socket of this user's nodes.

@@ -29,6 +29,11 @@ def camera(run: Run) -> None:
         process -> tensor + .cuda(), (a) -> tensor_ref, (b) the camera in the node -> tensor_ref;
         each round twice, the consumer on rclpy's SingleThreadedExecutor, then on its
         EventsExecutor (files events_<path>_<round>.json)
+      signal: the consumer's ready signal (protocol 2, docs/HANDOFF.md), 2 rounds, the
+        PyTorch consumer on the SingleThreadedExecutor: (s) -> tensor + .cuda(), (a) -> the
+        TensorRef topic, (b) the camera in the node -> the pool's socket, (b) -> the
+        TensorRef topic (files tensor, tensor_ref_topic, gst_ref, gst_topic _<round>.json;
+        gst_ref's has the node's own report of the consumer); not in the default parts
       max: the highest single-camera rate, a source that is not live (frames as fast as they
         are taken) against PLAYERS `play --max` into the node through DDS, 6 s each, 2 trials
       restarts: a live 1080p pipeline that ends every 20 frames (restarted by the node each
@@ -63,6 +68,10 @@ def camera(run: Run) -> None:
                     cudaref_run(run, "tensor_ref", i)
                     cudaref_run(run, "gst_ref", i)
             run.executor = "single"
+        if "signal" in parts:
+            for i in run.k.n(2):
+                for mode in ("tensor", "tensor_ref_topic", "gst_ref", "gst_topic"):
+                    cudaref_run(run, mode, i)
         new = run.node_bin.parent
         for i in run.k.n(2) if "max" in parts else ():
             run.single_max("new", new, i)

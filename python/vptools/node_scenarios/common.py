@@ -137,7 +137,7 @@ def knobs_from(env: Mapping[str, str], backend: str = "cuda") -> Knobs:
                       "(node_bags.tar.xz holds 1280x720 and 1920x1080)")
     k.latency_sizes = sizes
     k.cudaref_modes = _words(env, "CUDAREF_MODES", CUDAREF_DEFAULT, CUDAREF_MODES, "mode")
-    k.camera_parts = _words(env, "CAMERA_PARTS", k.camera_parts, (*k.camera_parts, "restarts"), "part")
+    k.camera_parts = _words(env, "CAMERA_PARTS", k.camera_parts, (*k.camera_parts, "restarts", "signal"), "part")
     k.compressed_parts = _words(env, "COMPRESSED_PARTS", k.compressed_parts, k.compressed_parts, "part")
     k.cudaref_slow_s = _int(env, "CUDAREF_SLOW_S", 20)
     k.cudaref_batch_args = tuple(shlex.split(env.get("CUDAREF_BATCH_ARGS", "")))

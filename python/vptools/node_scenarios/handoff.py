@@ -156,7 +156,7 @@ def cudaref_run(run: Run, mode: str, trial: int = 1) -> None:
     prefix = MEMCHECK if mode == "sanitizer" else ()
     if mode.startswith("batch_"):
         args += ["-r", "__ns:=/bb", "-p", INPUTS4, *k.cudaref_batch_args]
-    if mode == "gst_ref":
+    if mode in ("gst_ref", "gst_topic"):
         # bench_handoff.py's path (b): the camera inside the node, live, 1080p at 30 Hz.
         args += ["-p", f'inputs:=["{gst_source("BGR", 1920, 1080, "30/1")}"]']
     if mode == "jpeg_ref":
@@ -221,10 +221,13 @@ def cudaref_run(run: Run, mode: str, trial: int = 1) -> None:
     elif mode == "example":
         waits.append(run.spawn(["python3", ROOT / "examples" / "tensor_ref_torch.py", "/tensor_ref", 13],
                                run.out / f"{tag}.consumer.log", env=run.py312_env()))
-    elif mode in ("tensor", "tensor_ref"):
+    elif mode in ("tensor", "tensor_ref", "tensor_ref_topic"):
         waits.append(run.consumer(f"{mode}_{trial}", mode, 13))
     elif mode in ("gst_ref", "jpeg_ref"):
         waits.append(run.consumer(f"{mode}_{trial}", "tensor_ref", 13))
+    elif mode == "gst_topic":
+        # Path (b), the consumer on the TensorRef topic's messages (not the socket's signal).
+        waits.append(run.consumer(f"{mode}_{trial}", "tensor_ref_topic", 13))
     elif mode == "prev_ref":
         waits.append(run.consumer(f"{mode}_{trial}", "tensor_ref", 13))
     elif mode.startswith("batch_"):
@@ -248,7 +251,7 @@ def cudaref_run(run: Run, mode: str, trial: int = 1) -> None:
         waits.append(run.consumer(tag, "tensor_ref", 25))
     if mode.startswith("batch_"):
         waits += run.play_cameras("batched", "b", tag, "--duration", play_s, *k.cudaref_batch_play)
-    elif mode == "gst_ref":
+    elif mode in ("gst_ref", "gst_topic"):
         pass  # the camera is in the node
     else:
         waits.append(run.player(bag, tag, "--loop", *stamps, "--duration", play_s, "--wait-subscribers", 1))

@@ -41,6 +41,9 @@ pub(super) const STALL_MIN: Duration = Duration::from_secs(5);
 const FIRST_FRAME_WAIT: Duration = Duration::from_secs(2);
 /// How long the capture thread waits for a frame before it looks at the stop flag.
 const POLL: Duration = Duration::from_millis(100);
+
+/// How often a paused pipeline's thread looks whether the managed node is active again.
+const PAUSE_POLL: Duration = Duration::from_millis(10);
 /// A capture time older than this is not believed (a clock that is not the capture's):
 /// the frame is stamped with its arrival.
 const LARGEST_AGE: Duration = Duration::from_secs(1);
@@ -85,6 +88,7 @@ impl PipelineInput {
 }
 
 /// A pipeline input's publishers (made on the node before it spins).
+#[derive(Clone)]
 pub(super) struct CameraPublishers {
     image: r2r::Publisher<Image>,
     info: r2r::Publisher<CameraInfo>,
@@ -99,6 +103,12 @@ impl CameraPublishers {
             image: node.create_publisher(&format!("{name}/image_raw"), qos.clone())?,
             info: node.create_publisher(&format!("{name}/camera_info"), qos)?,
         })
+    }
+
+    /// Destroy them on `node` (the managed node's cleanup).
+    pub(super) fn destroy(self, node: &mut r2r::Node) {
+        node.destroy_publisher(self.image);
+        node.destroy_publisher(self.info);
     }
 }
 
@@ -225,8 +235,12 @@ impl Cameras {
 impl Drop for Cameras {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        let had_pipelines = !self.threads.is_empty();
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        if had_pipelines {
+            crate::capture::release_idle_threads();
         }
     }
 }
@@ -260,6 +274,12 @@ impl Capture {
         let mut backoff = BACKOFF_MIN;
         let mut last_frame = Instant::now();
         while !self.stopping() {
+            // The managed node while not active: the pipeline PAUSED until it is.
+            if !self.shared.is_active() {
+                source = self.paused(source);
+                last_frame = Instant::now();
+                continue;
+            }
             let Some(running) = source.as_mut() else {
                 self.sleep(backoff);
                 if self.stopping() {
@@ -301,6 +321,31 @@ impl Capture {
         if let Some(s) = source.take() {
             let _ = s.stop();
         }
+    }
+
+    /// The managed node is not active: pause the pipeline, wait until the node is active
+    /// again or stops, and play it again. A pipeline that cannot pause or play again is
+    /// stopped (a fault: restarted once the node is active).
+    fn paused(&mut self, mut source: Option<CaptureSource>) -> Option<CaptureSource> {
+        if let Some(Err(e)) = source.as_mut().map(CaptureSource::pause) {
+            self.fault(&e.to_string());
+            if let Some(s) = source.take() {
+                let _ = s.stop();
+            }
+        }
+        while !self.stopping() && !self.shared.is_active() {
+            std::thread::sleep(PAUSE_POLL);
+        }
+        if self.stopping() {
+            return source;
+        }
+        if let Some(Err(e)) = source.as_mut().map(CaptureSource::resume) {
+            self.fault(&e.to_string());
+            if let Some(s) = source.take() {
+                let _ = s.stop();
+            }
+        }
+        source
     }
 
     /// Start the pipeline again: counted and logged (rate-limited), or the fault.

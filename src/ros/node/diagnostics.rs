@@ -2,9 +2,12 @@
 //! (with sim time: per simulated second; none while `/clock` stands still): the frame
 //! counters and latency, the backend, each input (topic, QoS, publishers, delivery) and,
 //! with 2+ inputs, each camera's counters and staleness; with 2+ inputs also one status
-//! per camera (`<node>: camera <i>`), for aggregators.
+//! per camera (`<node>: camera <i>`), for aggregators; one per output topic in
+//! greenwave_monitor's keys (`greenwave.rs`); one per consumer on the ready signal
+//! (`<node>: consumer <name> (pid <pid>)`, also on `consumer_timing`).
 
 use super::clock;
+use super::lifecycle::State;
 use super::shared::{lock, Shared};
 use super::stats::{Counts, InputReport};
 use crate::ros::dds::{profile_var, shipped_dds_profile};
@@ -24,7 +27,7 @@ const CLOCK_POLL: Duration = Duration::from_millis(20);
 /// One status per [`DIAGNOSTICS_PERIOD`] of the node's clock (with sim time: per
 /// simulated second; none while `/clock` stands still), rates over that clock's seconds.
 pub(super) async fn publish_diagnostics(
-    publisher: r2r::Publisher<DiagnosticArray>,
+    [publisher, consumer_timing]: [r2r::Publisher<DiagnosticArray>; 2],
     shared: Arc<Shared>,
     name: String,
 ) {
@@ -64,12 +67,34 @@ pub(super) async fn publish_diagnostics(
                 .chain(transport.iter().cloned())
                 .map(|(key, value)| KeyValue { key, value }),
         );
+        lifecycle_state(&shared, &mut status);
         let mut msg = DiagnosticArray { status: vec![status], ..Default::default() };
         msg.status.extend(cameras.into_iter().map(|c| c.status(&name)));
+        msg.status.extend(shared.greenwave.statuses(&name));
+        let consumers = super::handoff::consumer_statuses(&shared, &name);
+        msg.status.extend(consumers.iter().cloned());
         msg.header.stamp = clock::to_stamp(now);
         if let Err(e) = publisher.publish(&msg) {
             r2r::log_warn!(&shared.logger, "publishing /diagnostics: {e}");
         }
+        if !consumers.is_empty() {
+            let timing = DiagnosticArray { header: msg.header.clone(), status: consumers };
+            if let Err(e) = consumer_timing.publish(&timing) {
+                r2r::log_warn!(&shared.logger, "publishing consumer_timing: {e}");
+            }
+        }
+    }
+}
+
+/// The managed node's lifecycle state in `status`: a key, and while the node is not
+/// active, level OK with the state as message (an inactive node waits for no frame).
+fn lifecycle_state(shared: &Shared, status: &mut DiagnosticStatus) {
+    let Some(id) = &shared.lifecycle else { return };
+    let state = State::of_id(id.load(Ordering::Acquire)).unwrap_or(State::Unknown);
+    status.values.push(KeyValue { key: "Lifecycle state".into(), value: state.label().into() });
+    if state != State::Active {
+        status.level = DiagnosticStatus::OK as u8;
+        status.message = state.label().into();
     }
 }
 

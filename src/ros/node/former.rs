@@ -54,6 +54,10 @@ impl Former {
 
     /// A frame of camera `camera` arrived.
     pub(super) fn push(&mut self, camera: usize, r: Received, shared: &Shared) {
+        // The managed node while not active: not taken, not counted (the frame is freed).
+        if !shared.is_active() {
+            return;
+        }
         shared.stats.received.fetch_add(1, Ordering::Relaxed);
         let frame = Frame { stamp_ns: r.stamp_ns, received_ns: self.ns(r.at), data: Arc::new(r) };
         let at = frame.data.at;

@@ -4,8 +4,9 @@
 
 use super::shared::{lock, RateLimitedLog, Shared};
 use crate::handoff::server::{self, Server};
-use crate::handoff::{Lease, MemoryKind, Pool};
+use crate::handoff::{ConsumerStats, Lease, MemoryKind, Pool};
 use crate::pipeline::Pipeline;
+use r2r::diagnostic_msgs::msg::{DiagnosticStatus, KeyValue};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -246,6 +247,7 @@ pub(super) fn diagnostics(shared: &Shared) -> Vec<(String, String)> {
         return vec![("Shared blocks".into(), "off".into())];
     };
     let (c, in_use, consumers) = pool.counts();
+    let (signalled, dropped) = pool.signal_counts();
     let memory = match pool.memory() {
         MemoryKind::Cuda => format!("cuda, device {}", pool.device_info().0),
         MemoryKind::Host => "host".into(),
@@ -263,5 +265,54 @@ pub(super) fn diagnostics(shared: &Shared) -> Vec<(String, String)> {
         ("Shared withdrawn sets".into(), c.withdrawn.to_string()),
         ("Shared refused connections".into(), c.refused.to_string()),
         ("Shared bad clients".into(), c.bad_clients.to_string()),
+        ("Shared consumers on the ready signal".into(), signalled.to_string()),
+        ("Shared dropped descriptors".into(), dropped.to_string()),
     ]
+}
+
+/// One status per consumer on the ready signal (docs/HANDOFF.md, *The socket protocol*):
+/// its camera stamp -> acquired and acquired -> released p50/p99 over its last reports,
+/// its descriptors' delivery, sent and dropped. WARN while descriptors were dropped.
+pub(super) fn consumer_statuses(shared: &Shared, node: &str) -> Vec<DiagnosticStatus> {
+    let Some(pool) = lock(&shared.pool).clone() else { return Vec::new() };
+    pool.consumer_stats().into_iter().map(|c| consumer_status(&c, node, pool.id())).collect()
+}
+
+fn consumer_status(c: &ConsumerStats, node: &str, pool: &str) -> DiagnosticStatus {
+    let ms = |p: Option<(f64, f64)>, i: usize| {
+        p.map_or("n/a".to_string(), |v| format!("{:.3}", if i == 0 { v.0 } else { v.1 }))
+    };
+    let mut values = Vec::new();
+    for (what, p) in [
+        ("Camera stamp -> acquired", c.stamp_to_acquired),
+        ("Acquired -> released", c.acquired_to_released),
+        ("Descriptor delivery", c.delivery),
+    ] {
+        values.push(KeyValue { key: format!("{what} p50 (ms)"), value: ms(p, 0) });
+        values.push(KeyValue { key: format!("{what} p99 (ms)"), value: ms(p, 1) });
+    }
+    for (key, value) in [
+        ("Frames reported (window)", c.frames.to_string()),
+        ("Frames skipped or withdrawn (window)", c.skipped.to_string()),
+        ("Descriptors sent", c.sent.to_string()),
+        ("Descriptors dropped", c.dropped.to_string()),
+        ("Pool", pool.to_string()),
+    ] {
+        values.push(KeyValue { key: key.into(), value });
+    }
+    let (level, message) = if c.dropped > 0 {
+        (
+            DiagnosticStatus::WARN as u8,
+            format!("{} descriptors dropped: its queue was full", c.dropped),
+        )
+    } else {
+        (DiagnosticStatus::OK as u8, "on the ready signal".to_string())
+    };
+    DiagnosticStatus {
+        level,
+        name: format!("{node}: consumer {} (pid {})", c.name, c.pid),
+        message,
+        hardware_id: node.into(),
+        values,
+    }
 }

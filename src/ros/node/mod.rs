@@ -16,8 +16,11 @@ mod camera;
 mod clock;
 mod diagnostics;
 mod former;
+mod greenwave;
 mod handoff;
 mod input;
+mod lifecycle;
+mod managed;
 mod param_services;
 mod params;
 mod process;
@@ -40,6 +43,7 @@ use r2r::diagnostic_msgs::msg::DiagnosticArray;
 use r2r::QosProfile;
 use shared::{lock, output_qos, Outputs, Shared};
 use std::process::ExitCode;
+use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -55,10 +59,17 @@ static LOGGER: OnceLock<String> = OnceLock::new();
 
 /// Entry point of `vision_preproc_node`.
 pub fn main() -> ExitCode {
+    exit_code(run())
+}
+
+pub use managed::main as managed_main;
+
+/// The exit code of a node's run, its fatal error logged.
+fn exit_code(run: Result<Option<String>>) -> ExitCode {
     let logger = || LOGGER.get().map(String::as_str).unwrap_or(NODE_NAME);
     // Through rcutils, like every other line: `[FATAL] [<time>] [<logger>]: ...`
     // (RCUTILS_CONSOLE_OUTPUT_FORMAT applies).
-    match run() {
+    match run {
         Ok(None) => ExitCode::SUCCESS,
         Ok(Some(reason)) => {
             r2r::log_fatal!(logger(), "{reason}");
@@ -149,6 +160,8 @@ struct Base {
     config: Config,
     clock: NodeClock,
     params: Arc<Mutex<NodeParams>>,
+    /// The managed node's lifecycle state (`None`: the plain node).
+    lifecycle: Option<Arc<AtomicU8>>,
 }
 
 /// Listen for signals, read the parameters, set up DDS and create the node with its
@@ -206,6 +219,7 @@ fn create_node() -> Result<(Base, r2r::Node)> {
         config,
         clock,
         params,
+        lifecycle: None,
     };
     Ok((base, node))
 }
@@ -232,75 +246,168 @@ fn topic_inputs(
         .collect()
 }
 
-/// Start the pipeline inputs of `config` (each with its publishers): one that cannot
-/// start stops the node with the cause.
+/// Start the pipeline inputs of `config` (each with its publishers, kept in `made`): one
+/// that cannot start stops the node (the managed node: fails configure) with the cause.
 fn open_cameras(
     node: &mut r2r::Node,
     config: &Config,
     logger: &str,
-    backend: &str,
+    (backend, made): (&str, &mut Made),
 ) -> Result<Vec<camera::Started>> {
     camera::PipelineInput::of(config)?
         .into_iter()
         .map(|p| {
             let publishers = camera::CameraPublishers::create(node, &p.name)
                 .map_err(|e| ros_err(&format!("creating the publishers of {}", p.name), e))?;
+            made.cameras.push(publishers.clone());
             camera::start(p, publishers, logger, backend)
         })
         .collect()
 }
 
+/// What starting made on the node: clones of its publishers, which the managed node
+/// destroys at cleanup (r2r keeps a publisher until its node destroys it).
+#[derive(Default)]
+struct Made {
+    outputs: Option<Outputs>,
+    cameras: Vec<camera::CameraPublishers>,
+}
+
+impl Made {
+    fn destroy(self, node: &mut r2r::Node) {
+        if let Some(o) = self.outputs {
+            o.destroy(node);
+        }
+        for c in self.cameras {
+            c.destroy(node);
+        }
+    }
+}
+
 /// The node's threads, running: spin, cameras, processing; the `/diagnostics` publisher.
 struct Running {
     spinner: std::thread::JoinHandle<r2r::Node>,
-    diagnostics: r2r::Publisher<DiagnosticArray>,
+    diagnostics: DiagnosticsPublishers,
     cameras: camera::Cameras,
     decoders: video::Decoders,
     processor: std::thread::JoinHandle<()>,
     former: Arc<Mutex<former::Former>>,
     shared: Arc<Shared>,
+    made: Made,
 }
 
-/// Open the backend, the outputs and the inputs, then start the node's threads.
-fn start(base: &Base, mut node: r2r::Node, ros_args: Option<RosArgs>) -> Result<Running> {
+/// What [`open`] opened before the node's threads start.
+struct Opened {
+    backend: Box<dyn Backend>,
+    backend_info: BackendInfo,
+    outputs: Outputs,
+    pipelines: Vec<camera::Started>,
+    ref_topic: String,
+    /// The resolved `tensor` and `tensor_ref` (the greenwave statuses).
+    output_topics: [String; 2],
+}
+
+/// Open the backend, the outputs and the pipeline inputs (`made` keeps the publishers).
+fn open(base: &Base, node: &mut r2r::Node, made: &mut Made) -> Result<Opened> {
     let (logger, config) = (base.logger.as_str(), &base.config);
     let (backend, backend_info) = start_backend(config, logger)?;
-    let inputs = config.input_count();
     let qos = output_qos(config.output_qos, config.output_qos_depth);
-    let outputs = Outputs::create(&mut node, inputs, &qos)
+    let outputs = Outputs::create(node, config.input_count(), &qos)
         .map_err(|e| ros_err("creating the output publishers", e))?;
+    made.outputs = Some(outputs.clone());
     log_batching(logger, config);
-    let pipelines = open_cameras(&mut node, config, logger, &backend_info.name)?;
+    let pipelines = open_cameras(node, config, logger, (&backend_info.name, made))?;
+    let ref_topic = resolved_topic(node, base.ros_args.as_ref(), "tensor_ref")?;
+    let output_topics =
+        [resolved_topic(node, base.ros_args.as_ref(), "tensor")?, ref_topic.clone()];
+    Ok(Opened { backend, backend_info, outputs, pipelines, ref_topic, output_topics })
+}
+
+/// A start that failed: its error, and the node when it could be kept (what the start
+/// made on it destroyed).
+type Failed = Box<(Error, Option<r2r::Node>)>;
+
+/// Open the backend, the outputs and the inputs, then start the node's threads (with
+/// `active` false, the managed node's configure: frames are not taken until it is
+/// activated). On failure the node comes back with what was made on it destroyed.
+fn start(
+    base: &Base,
+    mut node: r2r::Node,
+    diagnostics: DiagnosticsPublishers,
+    active: bool,
+) -> std::result::Result<Running, Failed> {
+    let mut made = Made::default();
+    let opened = match open(base, &mut node, &mut made) {
+        Ok(o) => o,
+        Err(e) => return Err(failed(e, Some(node), made)),
+    };
+    let config = &base.config;
     let former = Arc::new(Mutex::new(former::Former::new(config)));
-    let diagnostics = node
-        .create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())
-        .map_err(|e| ros_err("creating the /diagnostics publisher", e))?;
-    let ref_topic = tensor_ref_topic(&node, ros_args.as_ref())?;
     let feeds = video::feeds(config);
-    video::log_decoders(logger, config, &feeds);
+    video::log_decoders(&base.logger, config, &feeds);
     let subscriptions = spin::Subscriptions {
         topics: topic_inputs(config, &feeds),
         preset: config.input_qos,
         depth: config.input_qos_depth,
         participants: config.input_participants,
-        ros_args,
+        // Moved to the spin thread (parsed again: each start has its own).
+        ros_args: RosArgs::parse(),
     };
-    let stale_after_ms = config.stale_after_ms;
-    let pipeline = Pipeline::new(config.clone(), backend)?;
     let (params, clock) = (base.params.clone(), base.clock.clone());
-    let shared = Arc::new(Shared::new(inputs, params, logger.to_string(), clock, backend_info));
+    let inputs = config.input_count();
+    let backend_topics = (opened.backend_info, &opened.output_topics[..]);
+    let mut shared = Shared::new(inputs, params, base.logger.clone(), clock, backend_topics);
+    shared.lifecycle = base.lifecycle.clone();
+    *shared.active.get_mut() = active;
+    let shared = Arc::new(shared);
     for (i, feed) in &feeds {
         lock(&shared.inputs[*i]).video = Some(feed.clone());
     }
+    let pipeline = match Pipeline::new(config.clone(), opened.backend) {
+        Ok(p) => p,
+        Err(e) => return Err(failed(e, Some(node), made)),
+    };
     // The node is handed back when spinning stops, and kept until the end of `run`:
     // dropping it invalidates every publisher, and the set in flight, the last
     // /diagnostics status and the final log still need them.
-    let spinner = spin::start(node, subscriptions, former.clone(), &shared)?;
-    let cameras = camera::Cameras::run(pipelines, stale_after_ms, &former, &shared)?;
-    let decoders = video::Decoders::run(&feeds, &former, &shared)?;
+    let spinner = match spin::start(node, subscriptions, former.clone(), &shared) {
+        Ok(s) => s,
+        Err(f) => return Err(failed(f.0, f.1, made)),
+    };
+    let work = (pipeline, opened.outputs, opened.ref_topic);
+    match spawn_threads(config, (opened.pipelines, &feeds), work, &former, &shared) {
+        Ok((cameras, decoders, processor)) => {
+            Ok(Running { spinner, diagnostics, cameras, decoders, processor, former, shared, made })
+        }
+        Err(e) => {
+            shared.stop();
+            Err(failed(e, spinner.join().ok(), made))
+        }
+    }
+}
+
+/// A failed start's result: what it made on the node destroyed.
+fn failed(e: Error, mut node: Option<r2r::Node>, made: Made) -> Failed {
+    if let Some(n) = node.as_mut() {
+        made.destroy(n);
+    }
+    Box::new((e, node))
+}
+
+/// Start the capture threads of the pipeline inputs, the decoding threads of the video
+/// inputs and the processing thread.
+fn spawn_threads(
+    config: &Config,
+    (pipelines, feeds): (Vec<camera::Started>, &[(usize, Arc<crate::capture::VideoFeed>)]),
+    (pipeline, outputs, ref_topic): (Pipeline, Outputs, String),
+    former: &Arc<Mutex<former::Former>>,
+    shared: &Arc<Shared>,
+) -> Result<(camera::Cameras, video::Decoders, std::thread::JoinHandle<()>)> {
+    let cameras = camera::Cameras::run(pipelines, config.stale_after_ms, former, shared)?;
+    let decoders = video::Decoders::run(feeds, former, shared)?;
     let handoff = handoff::Handoff::start(
         &pipeline,
-        &shared,
+        shared,
         outputs.tensor.clone(),
         outputs.tensor_ref.clone(),
         ref_topic,
@@ -310,7 +417,7 @@ fn start(base: &Base, mut node: r2r::Node, ros_args: Option<RosArgs>) -> Result<
         .name("process".into())
         .spawn(move || process::process_loop(pipeline, &proc_shared, outputs, handoff))
         .map_err(|e| Error::io("starting the processing thread", e))?;
-    Ok(Running { spinner, diagnostics, cameras, decoders, processor, former, shared })
+    Ok((cameras, decoders, processor))
 }
 
 fn run() -> Result<Option<String>> {
@@ -322,10 +429,25 @@ fn run() -> Result<Option<String>> {
         base.logger.clone(),
     )
     .map_err(|e| ros_err("creating the parameter services", e))?;
-    let ros_args = base.ros_args.take();
-    let running = start(&base, node, ros_args)?;
+    let diagnostics = diagnostics_publisher(&mut node)?;
+    let running = start(&base, node, diagnostics, true).map_err(|f| f.0)?;
     wait_for_stop(&mut base, &running, param_server);
     stop(base, running)
+}
+
+/// `/diagnostics`, and `consumer_timing` (the statuses of the consumers on the ready
+/// signal alone).
+pub(super) type DiagnosticsPublishers = [r2r::Publisher<DiagnosticArray>; 2];
+
+/// The `/diagnostics` and `consumer_timing` publishers.
+fn diagnostics_publisher(node: &mut r2r::Node) -> Result<DiagnosticsPublishers> {
+    let diagnostics = node
+        .create_publisher::<DiagnosticArray>("/diagnostics", QosProfile::default())
+        .map_err(|e| ros_err("creating the /diagnostics publisher", e))?;
+    let consumer_timing = node
+        .create_publisher::<DiagnosticArray>("consumer_timing", QosProfile::default())
+        .map_err(|e| ros_err("creating the consumer_timing publisher", e))?;
+    Ok([diagnostics, consumer_timing])
 }
 
 /// Serve the parameters and publish `/diagnostics` until a signal or a fatal error; then
@@ -357,29 +479,41 @@ fn wait_for_stop(
     });
 }
 
-/// Stop the threads, count and log what is left, and say why the node exits: `None` for a
-/// clean stop, the fatal error's reason (after a last `/diagnostics` status saying it).
-fn stop(base: Base, running: Running) -> Result<Option<String>> {
-    let Running { spinner, diagnostics, cameras, decoders, processor, former, shared } = running;
+/// Stop the node's threads (ingest first, then the set in flight finished and published)
+/// and count what is left; the node comes back with the publishers the start made on
+/// it, and the shared state with the fatal error, if any.
+fn stop_threads(running: Running) -> Result<(r2r::Node, Made, Arc<Shared>)> {
+    let Running { spinner, diagnostics: _, cameras, decoders, processor, former, shared, made } =
+        running;
+    shared.stop();
     // Every thread that pushes frames stops (pipelines to NULL, their threads joined)
     // before the former counts what it still holds.
     drop(cameras);
     drop(decoders);
     let panicked = |thread: &str| Error::misuse(thread, "the thread panicked");
     processor.join().map_err(|_| panicked("processing thread"))?;
-    let _node = spinner.join().map_err(|_| panicked("spin thread"))?;
+    let node = spinner.join().map_err(|_| panicked("spin thread"))?;
     lock(&former).finish(&shared);
+    Ok((node, made, shared))
+}
+
+/// Stop the threads, count and log what is left, and say why the node exits: `None` for a
+/// clean stop, the fatal error's reason (after a last `/diagnostics` status saying it).
+fn stop(base: Base, running: Running) -> Result<Option<String>> {
+    let diagnostics = running.diagnostics.clone();
+    let (_node, _made, shared) = stop_threads(running)?;
     log_stopped(&base.logger, &shared);
     let fatal = lock(&shared.fatal).take();
     if let Some(reason) = &fatal {
         // A last /diagnostics status saying why, before the node goes away.
-        diagnostics::publish_exit(&diagnostics, &shared, &base.status_name, reason);
+        diagnostics::publish_exit(&diagnostics[0], &shared, &base.status_name, reason);
     }
     linger();
     drop(base.rosout);
     drop(base.dds_setup);
     Ok(fatal)
 }
+
 /// With 2+ inputs, the start-up line that says how the cameras are batched.
 fn log_batching(logger: &str, config: &Config) {
     let topics = &config.inputs;
@@ -396,13 +530,14 @@ fn log_batching(logger: &str, config: &Config) {
     }
 }
 
-/// The resolved name of `tensor_ref` (namespace, remaps), for the hand-off's log lines.
-fn tensor_ref_topic(node: &r2r::Node, ros_args: Option<&RosArgs>) -> Result<String> {
+/// The resolved name of output `topic` (namespace, remaps), for the hand-off's log lines
+/// and the greenwave statuses.
+fn resolved_topic(node: &r2r::Node, ros_args: Option<&RosArgs>, topic: &str) -> Result<String> {
     let err = |e| ros_err("reading the node's name", e);
     let (name, namespace) = (node.name().map_err(err)?, node.namespace().map_err(err)?);
     Ok(ros_args
-        .and_then(|a| a.resolve_topic("tensor_ref", &name, &namespace))
-        .unwrap_or_else(|| format!("{}/tensor_ref", namespace.trim_end_matches('/'))))
+        .and_then(|a| a.resolve_topic(topic, &name, &namespace))
+        .unwrap_or_else(|| format!("{}/{topic}", namespace.trim_end_matches('/'))))
 }
 
 /// The final log lines: each pipeline input's host copies (the ledger), then the node's

@@ -65,6 +65,7 @@ pub(super) fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs)
             continue;
         }
         shared.sets_published.fetch_add(1, Ordering::Relaxed);
+        greenwave(&ready, outputs, shared);
         publish_camera_infos(&ready, shared, out);
         let oldest_age = count_published(&ready, &ages, shared);
         let dropped = shared.stats.dropped.load(Ordering::Relaxed);
@@ -102,6 +103,21 @@ pub(super) fn publish_loop(rx: &Receiver<Ready>, shared: &Shared, out: &Outputs)
     }
 }
 
+/// The outputs' publication in the greenwave statuses (a `TensorRef` announced before
+/// its set's work ended, at its announcement).
+fn greenwave(ready: &Ready, outputs: u8, shared: &Shared) {
+    let h = &ready.header;
+    let stamp = Duration::new(u64::try_from(h.sec).unwrap_or(0), h.nanosec);
+    let now = shared.clock.now();
+    if outputs & OUTPUT_TENSOR != 0 {
+        shared.greenwave.published(0, stamp, now);
+    }
+    if outputs & OUTPUT_TENSOR_REF != 0 {
+        let ago = ready.announced_at.map_or(Duration::ZERO, |at| at.elapsed());
+        shared.greenwave.published(1, stamp, now.map(|n| n.saturating_sub(ago)));
+    }
+}
+
 /// The set's descriptor first (small: consumers of the shared block get it sooner),
 /// unless it went out already, before the set's GPU work ended; then its tensor. The
 /// outputs that went out (`FrameTiming::outputs`).
@@ -114,7 +130,10 @@ fn publish_tensor(
     let mut outputs = if ready.message.announced() { OUTPUT_TENSOR_REF } else { 0 };
     if let Some(cdr) = ready.message.tensor_ref(ages) {
         match out.tensor_ref.publish_raw(&cdr) {
-            Ok(()) => outputs |= OUTPUT_TENSOR_REF,
+            Ok(()) => {
+                ready.message.signal(&cdr);
+                outputs |= OUTPUT_TENSOR_REF;
+            }
             Err(e) => error_log.error(logger, &format!("publishing tensor_ref: {e}")),
         }
     }

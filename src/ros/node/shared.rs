@@ -16,7 +16,7 @@ use crate::transport::{DeliveryMonitor, Latest};
 use crate::wire::msgs::Header;
 use r2r::sensor_msgs::msg::{CameraInfo, Image};
 use r2r::QosProfile;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -265,6 +265,7 @@ pub(super) fn output_qos(profile: crate::config::QosPreset, depth: u32) -> QosPr
 
 /// The publishers of the publishing thread. `tensor` and `timing` publish the serialized
 /// messages the pipeline and `frame_timing` write (`publish_raw`).
+#[derive(Clone)]
 pub(super) struct Outputs {
     /// `tensor`: a `Tensor` with one input, a `TensorBatch` with 2+.
     pub tensor: r2r::PublisherUntyped,
@@ -316,6 +317,20 @@ impl Outputs {
     }
 }
 
+impl Outputs {
+    /// Destroy the publishers on `node` (the managed node's cleanup: r2r keeps a
+    /// publisher, advertised, until its node destroys it).
+    pub(super) fn destroy(self, node: &mut r2r::Node) {
+        node.destroy_publisher_untyped(self.tensor);
+        node.destroy_publisher_untyped(self.timing);
+        for p in self.camera_info {
+            node.destroy_publisher(p);
+        }
+        node.destroy_publisher(self.debug_image);
+        node.destroy_publisher_untyped(self.tensor_ref);
+    }
+}
+
 /// State shared between the spin thread, the processing and publishing threads and the
 /// tasks (parameter services, diagnostics).
 pub(super) struct Shared {
@@ -346,6 +361,15 @@ pub(super) struct Shared {
     pub fatal_signal: tokio::sync::Notify,
     /// The pool of shared output blocks (`tensor_ref`), while there is one.
     pub pool: Mutex<Option<Arc<crate::handoff::Pool>>>,
+    /// The output topics' rates and delay in greenwave_monitor's keys (0: `tensor`, 1:
+    /// `tensor_ref`).
+    pub greenwave: super::greenwave::Greenwave,
+    /// Frames are taken (always for the plain node; the managed node only while active):
+    /// while false, the former ignores frames (counted neither received nor dropped).
+    pub active: AtomicBool,
+    /// The managed node's lifecycle state (`lifecycle_msgs/State` id), which
+    /// `/diagnostics` says; `None` for the plain node.
+    pub lifecycle: Option<Arc<AtomicU8>>,
 }
 
 impl Shared {
@@ -355,7 +379,7 @@ impl Shared {
         params: Arc<Mutex<NodeParams>>,
         logger: String,
         clock: NodeClock,
-        backend: BackendInfo,
+        (backend, outputs): (BackendInfo, &[String]),
     ) -> Self {
         Shared {
             sets: Latest::default(),
@@ -371,7 +395,15 @@ impl Shared {
             fatal: Mutex::new(None),
             fatal_signal: tokio::sync::Notify::new(),
             pool: Mutex::new(None),
+            greenwave: super::greenwave::Greenwave::new(outputs),
+            active: AtomicBool::new(true),
+            lifecycle: None,
         }
+    }
+
+    /// True while frames are taken (see [`Shared::active`]).
+    pub(super) fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
     }
 
     /// Stop ingest and processing; a set still waiting counts its new frames as dropped.
@@ -390,7 +422,14 @@ impl Shared {
     /// go on after (`reason`): log it, count the `frames` it took as failed, and stop the
     /// node with the reason. The caller's processing loop then ends.
     pub(super) fn exit_fatal(&self, reason: String, frames: u64) {
-        r2r::log_fatal!(self.logger.as_str(), "{reason}; the node exits");
+        if self.lifecycle.is_some() {
+            r2r::log_error!(
+                self.logger.as_str(),
+                "{reason}; the node goes through ErrorProcessing"
+            );
+        } else {
+            r2r::log_fatal!(self.logger.as_str(), "{reason}; the node exits");
+        }
         for _ in 0..frames {
             self.stats.failed(reason.clone());
         }

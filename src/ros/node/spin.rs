@@ -45,23 +45,25 @@ pub(super) struct TopicInput {
 }
 
 /// The spin thread, started: [`spin`] on its own thread, once it has subscribed (its
-/// error if it could not, the thread joined). Joining it gives the node back.
+/// error if it could not, with the node: the thread joined). Joining it gives the node
+/// back.
 pub(super) fn start(
     node: r2r::Node,
     subs: Subscriptions,
     former: Arc<Mutex<Former>>,
     shared: &Arc<Shared>,
-) -> crate::Result<std::thread::JoinHandle<r2r::Node>> {
+) -> Result<std::thread::JoinHandle<r2r::Node>, Box<(crate::Error, Option<r2r::Node>)>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let spin_shared = shared.clone();
     let spinner = std::thread::Builder::new()
         .name("spin".into())
         .spawn(move || spin(node, subs, former, spin_shared, ready_tx))
-        .map_err(|e| crate::Error::io("starting the spin thread", e))?;
+        .map_err(|e| Box::new((crate::Error::io("starting the spin thread", e), None)))?;
     if let Ok(Err(e)) | Err(e) = ready_rx.recv().map_err(|e| e.to_string()) {
         shared.stop();
-        let _ = spinner.join();
-        return Err(crate::Error::Ros { context: "subscribing to the inputs".into(), message: e });
+        let node = spinner.join().ok();
+        let e = crate::Error::Ros { context: "subscribing to the inputs".into(), message: e };
+        return Err(Box::new((e, node)));
     }
     Ok(spinner)
 }

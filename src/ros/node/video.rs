@@ -119,7 +119,8 @@ pub(super) fn log_decoders(logger: &str, config: &Config, feeds: &[(usize, Arc<V
 }
 
 /// Take one packet of input `index` (counted by its delivery monitor) into its feed; a
-/// refusal is logged (rate-limited).
+/// refusal is logged (rate-limited). The managed node while not active takes none (as the
+/// former takes no frame): the stream waits for a key frame once it is active again.
 pub(super) fn take(
     shared: &Shared,
     index: usize,
@@ -127,6 +128,10 @@ pub(super) fn take(
     packet: &Packet<'_>,
     at: Instant,
 ) {
+    if !shared.is_active() {
+        feed.pause();
+        return;
+    }
     {
         let mut input = lock(&shared.inputs[index]);
         input.monitor.image(at, packet.stamp_ns as i64, packet.data.len());

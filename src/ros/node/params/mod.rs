@@ -84,6 +84,9 @@ pub(crate) struct NodeParams {
     pub use_sim_time: bool,
     /// Incremented by every accepted change of `config`.
     pub generation: u64,
+    /// The managed node is unconfigured: read-only parameters may be set too (they apply
+    /// at the next configure).
+    pub unconfigured: bool,
 }
 
 /// One accepted change: the name and the value as stored (converted to the parameter's
@@ -94,7 +97,7 @@ impl NodeParams {
     /// Wrap a validated configuration (the tests; the node starts from its parameters).
     #[cfg(test)]
     pub(crate) fn new(config: Config) -> Self {
-        NodeParams { config, use_sim_time: false, generation: 0 }
+        NodeParams { config, use_sim_time: false, generation: 0, unconfigured: false }
     }
 
     /// The parameters the node was started with (`--params-file`, `-p`; r2r gives them
@@ -115,7 +118,9 @@ impl NodeParams {
             }
         }
         let loaded = Config::from_params(values, "parameters")?;
-        Ok((NodeParams { config: loaded.config, use_sim_time, generation: 0 }, loaded.unknown))
+        let params =
+            NodeParams { config: loaded.config, use_sim_time, generation: 0, unconfigured: false };
+        Ok((params, loaded.unknown))
     }
 
     /// The value of a parameter, `None` if the node has no such parameter.
@@ -143,7 +148,7 @@ impl NodeParams {
                 .unwrap_or_default();
             return Err(format!("parameter '{name}' is not declared by vision_preproc{hint}"));
         };
-        if s.read_only {
+        if s.read_only && !self.unconfigured {
             return Err(format!(
                 "parameter '{name}' cannot be set because it is read-only (start-up only: \
                  restart the node with the new value)"
@@ -241,7 +246,7 @@ impl NodeParams {
             let Some(s) = spec_of(name) else {
                 return Err(self.with(&next, name, value).err().unwrap_or_default());
             };
-            if s.read_only || matches!(value, ParameterValue::NotSet) {
+            if (s.read_only && !self.unconfigured) || matches!(value, ParameterValue::NotSet) {
                 return Err(self.with(&next, name, value).err().unwrap_or_default());
             }
             let v = coerce(s, value, false).map_err(|e| e.to_string())?;
@@ -605,6 +610,23 @@ mod tests {
             assert!(p.set(&ch).iter().all(|r| r.is_ok()));
             assert_eq!(p.config.output_channels, 1);
         }
+    }
+
+    #[test]
+    fn read_only_parameters_are_settable_while_unconfigured_only() {
+        let mut p = NodeParams::new(Config::default());
+        let cpu = || ParameterValue::String("cpu".into());
+        assert!(set1(&mut p, "backend", cpu()).unwrap_err().contains("read-only"));
+        assert!(p.set_atomically(&[("backend".into(), cpu())]).is_err());
+        p.unconfigured = true;
+        assert!(set1(&mut p, "backend", cpu()).is_ok());
+        assert!(matches!(p.get("backend"), Some(ParameterValue::String(b)) if b == "cpu"));
+        assert!(p
+            .set_atomically(&[("shared_pool_size".into(), ParameterValue::Integer(0))])
+            .is_ok());
+        assert_eq!(p.config.shared_pool_size, 0);
+        // Ranges still hold.
+        assert!(set1(&mut p, "shared_pool_size", ParameterValue::Integer(65)).is_err());
     }
 
     #[test]

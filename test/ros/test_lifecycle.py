@@ -1,0 +1,275 @@
+"""The managed node (`vision_preproc_lifecycle_node`, docs/NODE.md "The managed node")
+through real DDS, driven from rclpy as an independent peer with the lifecycle_msgs
+services, as `ros2 lifecycle` and launch_ros' LifecycleNode drive it:
+
+- its state machine answers exactly as an rclpy LifecycleNode's (rcl_lifecycle's) does:
+  the same states, transition graph and available transitions, in the same order;
+- the full cycle configure -> activate -> deactivate -> activate -> deactivate -> cleanup
+  -> configure -> activate -> shutdown: frames flow only while active, every frame taken
+  is published or counted, the transition events come in order, refused transitions are
+  answered success: false;
+- after cleanup: no tensor_ref socket, no pool memory, no threads beyond the unconfigured
+  node's, resident memory back within a few MB of unconfigured (from /proc);
+- a configure that fails (backend cuda without a GPU; a `gst:` pipeline naming a missing
+  element) leaves the node unconfigured and alive with the reason in the log and in
+  /diagnostics; read-only parameters are set while unconfigured, and the next configure
+  runs the fixed pipeline, which cleanup stops (no GStreamer threads left)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from lifecycle_msgs.msg import State, Transition, TransitionEvent
+from lifecycle_msgs.srv import ChangeState, GetAvailableStates, GetAvailableTransitions, GetState
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+from rcl_interfaces.srv import SetParameters
+from rclpy.lifecycle import LifecycleNode
+from vptools.procs import LIFECYCLE_NODE_BIN, rss_mb
+from vptools.rosharness import RELIABLE, NodeProcess, Peer, call, frame_counts, image_msg, param, status_values
+from vptools.sources import photo_bgr
+
+CHELSEA = photo_bgr("chelsea.png")
+NODE_ARGS = ["-p", "backend:=cpu", "-p", "network_image_width:=64", "-p", "network_image_height:=48"]
+#: Resident memory the node may hold after cleanup above what it held unconfigured, without
+#: the pages of its DDS participant's shared-memory segments (RssShmem: the participant
+#: lives in every state; frames touched 2-3 MB of it): code pages run for the first time,
+#: rayon's pool (the CPU backend's, process-wide) and allocator caches. Measured on the
+#: 2-core machine: heap (RssAnon) +1.4 to +4.1 MB, code (RssFile) +1.2 MB. What configure
+#: opens is checked by name besides (socket, memfds, threads); on the GPU machine the CUDA
+#: context alone is hundreds of MB (docs/NODE.md).
+RSS_AFTER_CLEANUP_MB = 8.0
+#: The heap's part of it (RssAnon).
+HEAP_AFTER_CLEANUP_MB = 6.0
+#: How long frames are sent to an inactive node (none may come out).
+QUIET_S = 0.6
+
+
+def transition(peer: Peer, node: str, tid: int) -> bool:
+    req = ChangeState.Request(transition=Transition(id=tid))
+    return call(peer, ChangeState, f"{node}/change_state", req, timeout=30, attempts=1).success
+
+
+def state(peer: Peer, node: str) -> str:
+    return call(peer, GetState, f"{node}/get_state", GetState.Request()).current_state.label
+
+
+def graph(peer: Peer, node: str, which: str) -> list[tuple]:
+    r = call(peer, GetAvailableTransitions, f"{node}/{which}", GetAvailableTransitions.Request())
+    return [(t.transition.id, t.transition.label, t.start_state.id, t.start_state.label, t.goal_state.id,
+             t.goal_state.label) for t in r.available_transitions]
+
+
+def states(peer: Peer, node: str) -> list[tuple]:
+    r = call(peer, GetAvailableStates, f"{node}/get_available_states", GetAvailableStates.Request())
+    return [(s.id, s.label) for s in r.available_states]
+
+
+def threads(pid: int) -> list[str]:
+    """The names of the process's threads."""
+    return sorted(Path(f"/proc/{pid}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{pid}/task"))
+
+
+def threads_added(pid: int, before: list[str]) -> list[str]:
+    """The threads the process has now that it had not in `before` (names, as a multiset),
+    without rayon's global pool: the CPU backend's worker threads, process-wide, started
+    at its first use and kept (unnamed: the process's name), at most one per CPU."""
+    added = list((Counter(threads(pid)) - Counter(before)).elements())
+    comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    rayon = [t for t in added if t == comm]
+    assert len(rayon) <= (os.cpu_count() or 1), added
+    return [t for t in added if t != comm]
+
+
+def memfds(pid: int) -> int:
+    """The process's open memfd files (the tensor_ref pool's blocks are memfds)."""
+    return sum("memfd:" in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")
+               if os.path.exists(f"/proc/{pid}/fd/{fd}"))
+
+
+class Driver(Peer):
+    """The peer: images in, tensors, transition events and the node's /diagnostics out."""
+
+    def watch(self, node: str) -> None:
+        self.events: list[TransitionEvent] = []
+        self.status: list[DiagnosticStatus] = []
+        self.node.create_subscription(TransitionEvent, f"{node}/transition_event", self.events.append, RELIABLE)
+        name = node.strip("/")
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", lambda m: self.status.extend(
+            s for s in m.status if s.name == name), RELIABLE)
+
+    def fresh_status(self, timeout: float = 5.0) -> DiagnosticStatus:
+        """The first status published from now on."""
+        seen = len(self.status)
+        self.spin_until(lambda: len(self.status) > seen, timeout, "a /diagnostics status")
+        return self.status[-1]
+
+    def spin_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.executor.spin_once(timeout_sec=0.02)
+
+    def stream(self, seconds: float, first_stamp: int) -> int:
+        """Publish a frame every 20 ms for `seconds`; returns the next stamp."""
+        stamp, end = first_stamp, time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.pub.publish(image_msg(CHELSEA, "bgr8", stamp, "cam"))
+            stamp += 1_000_000
+            self.executor.spin_once(timeout_sec=0.02)
+        return stamp
+
+
+def test_the_state_machine_is_rcl_lifecycles(tmp_path: Path) -> None:
+    """States, transition graph and the transitions available in each primary state,
+    against an rclpy LifecycleNode served by the peer; the full cycle with frames only
+    while active; resources after cleanup; shutdown exits 0."""
+    ns, node = "/lc_cycle", "/lc_cycle/vision_preproc"
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    proc = NodeProcess(["-r", f"__ns:={ns}", *NODE_ARGS], binary=LIFECYCLE_NODE_BIN, env=env,
+                       log=tmp_path / "node.log").start()
+    peer = Driver(ns)
+    reference = LifecycleNode("reference", namespace="/lc_ref", context=peer.context)
+    peer.executor.add_node(reference)
+    try:
+        peer.watch(node)
+        pid = proc.proc.pid
+        assert state(peer, node) == "unconfigured"
+        assert states(peer, node) == states(peer, "/lc_ref/reference")
+        assert graph(peer, node, "get_transition_graph") == graph(peer, "/lc_ref/reference", "get_transition_graph")
+        assert graph(peer, node, "get_available_transitions") == graph(
+            peer, "/lc_ref/reference", "get_available_transitions")
+        # Refused: activate from unconfigured (the node stays, and says why in its log).
+        assert not transition(peer, node, Transition.TRANSITION_ACTIVATE)
+        assert state(peer, node) == "unconfigured"
+        status = peer.fresh_status()
+        assert (status.level, status.message) == (DiagnosticStatus.OK, "unconfigured"), status
+        threads_idle, rss_idle = threads(pid), rss_mb(pid)
+
+        stamp = cycle(peer, node, pid, tmp_path, 1_000_000_000)
+        # After cleanup: nothing that configure opened.
+        assert transition(peer, node, Transition.TRANSITION_CLEANUP)
+        assert state(peer, node) == "unconfigured"
+        assert not list(tmp_path.glob("vision_preproc/*.sock")) and memfds(pid) == 0
+        assert threads_added(pid, threads_idle) == []
+        # The camera goes on publishing (r2r 0.9 releases a dropped subscription, its
+        # reader's history included, when its next message arrives: docs/NODE.md).
+        stamp = peer.stream(0.3, stamp)
+        peer.spin_for(0.3)
+        rss = rss_mb(pid)
+        own = rss["VmRSS"] - rss["RssShmem"] - (rss_idle["VmRSS"] - rss_idle["RssShmem"])
+        assert own < RSS_AFTER_CLEANUP_MB, (rss, rss_idle)
+        assert rss["RssAnon"] - rss_idle["RssAnon"] < HEAP_AFTER_CLEANUP_MB, (rss, rss_idle)
+        # Configured again, active, then shut down from active: the process exits 0.
+        assert transition(peer, node, Transition.TRANSITION_CONFIGURE)
+        assert transition(peer, node, Transition.TRANSITION_ACTIVATE)
+        peer.send_until_received(image_msg(CHELSEA, "bgr8", stamp, "cam"))
+        assert transition(peer, node, Transition.TRANSITION_ACTIVE_SHUTDOWN)
+        assert proc.proc.wait(timeout=10) == 0, proc.output()
+        P = State  # noqa: N806 (a short name for the table)
+        want = [(P.PRIMARY_STATE_UNCONFIGURED, P.TRANSITION_STATE_CONFIGURING),
+                (P.TRANSITION_STATE_CONFIGURING, P.PRIMARY_STATE_INACTIVE),
+                *[(P.PRIMARY_STATE_INACTIVE, P.TRANSITION_STATE_ACTIVATING),
+                  (P.TRANSITION_STATE_ACTIVATING, P.PRIMARY_STATE_ACTIVE),
+                  (P.PRIMARY_STATE_ACTIVE, P.TRANSITION_STATE_DEACTIVATING),
+                  (P.TRANSITION_STATE_DEACTIVATING, P.PRIMARY_STATE_INACTIVE)] * 2,
+                (P.PRIMARY_STATE_INACTIVE, P.TRANSITION_STATE_CLEANINGUP),
+                (P.TRANSITION_STATE_CLEANINGUP, P.PRIMARY_STATE_UNCONFIGURED),
+                (P.PRIMARY_STATE_UNCONFIGURED, P.TRANSITION_STATE_CONFIGURING),
+                (P.TRANSITION_STATE_CONFIGURING, P.PRIMARY_STATE_INACTIVE),
+                (P.PRIMARY_STATE_INACTIVE, P.TRANSITION_STATE_ACTIVATING),
+                (P.TRANSITION_STATE_ACTIVATING, P.PRIMARY_STATE_ACTIVE),
+                (P.PRIMARY_STATE_ACTIVE, P.TRANSITION_STATE_SHUTTINGDOWN),
+                (P.TRANSITION_STATE_SHUTTINGDOWN, P.PRIMARY_STATE_FINALIZED)]
+        peer.spin_until(lambda: len(peer.events) >= len(want), 5, "the last transition events")
+        assert [(e.start_state.id, e.goal_state.id) for e in peer.events] == want
+    finally:
+        peer.close()
+        proc.stop()
+    log = proc.output()
+    assert "Unable to start transition 3 from current state unconfigured" in log, log
+
+
+def cycle(peer: Driver, node: str, pid: int, tmp_path: Path, stamp: int) -> int:
+    """configure -> activate -> deactivate -> activate -> deactivate: tensors only while
+    active, every frame taken published or counted; the pool's socket and memory exist
+    while configured. Returns the next stamp."""
+    assert transition(peer, node, Transition.TRANSITION_CONFIGURE)
+    assert state(peer, node) == "inactive"
+    peer.wait_connected()
+    assert list(tmp_path.glob("vision_preproc/*.sock")) and memfds(pid) > 0
+    stamp = peer.stream(QUIET_S, stamp)
+    assert peer.tensors == []
+    status = peer.fresh_status()
+    assert (status.level, status.message) == (DiagnosticStatus.OK, "inactive"), status
+    assert frame_counts(status)["Frames received"] == 0, status_values(status)
+    for _ in range(2):
+        assert transition(peer, node, Transition.TRANSITION_ACTIVATE)
+        peer.send_until_received(image_msg(CHELSEA, "bgr8", stamp, "cam"))
+        stamp = peer.stream(QUIET_S, stamp + 1_000_000)
+        assert transition(peer, node, Transition.TRANSITION_DEACTIVATE)
+        peer.spin_for(0.2)  # the tensors published before the answer arrive
+        published = len(peer.tensors)
+        stamp = peer.stream(QUIET_S, stamp)
+        assert len(peer.tensors) == published, "tensors while inactive"
+        counts = frame_counts(peer.fresh_status())
+        taken = sum(counts[k] for k in ("Frames published", "Frames dropped (queue)",
+                                         "Frames rejected (invalid)", "Frames failed (error)"))
+        assert counts["Frames received"] == taken and counts["Frames published"] >= 1, counts
+    # Not allowed from inactive: deactivate (id 4).
+    assert not transition(peer, node, Transition.TRANSITION_DEACTIVATE)
+    return stamp
+
+
+def test_a_configure_that_fails_leaves_the_node_unconfigured(tmp_path: Path) -> None:
+    """backend cuda without a GPU, then a pipeline naming a missing element: configure
+    answers false, the node stays unconfigured and alive, the reason in the log and in
+    /diagnostics (ERROR). Read-only parameters are set while unconfigured; the fixed
+    pipeline configures and runs; cleanup stops its threads."""
+    ns, node = "/lc_fail", "/lc_fail/vision_preproc"
+    bad = "gst:videotestsrc ! nosuchelement"
+    good = "gst:videotestsrc is-live=true ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1"
+    args = ["-r", f"__ns:={ns}", *NODE_ARGS, "-p", "backend:=cuda", "-p", f'inputs:=["{bad}"]']
+    proc = NodeProcess(args, binary=LIFECYCLE_NODE_BIN, log=tmp_path / "node.log").start()
+    peer = Driver(ns, publish_images=False)
+    try:
+        peer.watch(node)
+        pid = proc.proc.pid
+        assert state(peer, node) == "unconfigured"
+        threads_idle = threads(pid)
+        inputs = Parameter(name="inputs", value=ParameterValue(type=ParameterType.PARAMETER_STRING_ARRAY,
+                                                              string_array_value=[good]))
+        for fix, words in ((param("backend", "cpu"), ["cuda"]), (inputs, ["nosuchelement"])):
+            assert not transition(peer, node, Transition.TRANSITION_CONFIGURE)
+            assert state(peer, node) == "unconfigured" and proc.proc.poll() is None
+            status = peer.fresh_status()
+            assert status.level == DiagnosticStatus.ERROR and "configure failed" in status.message, status
+            assert all(w in status.message for w in words), status.message
+            failed = [line for line in proc.output().splitlines() if "configure failed" in line]
+            assert failed and all(w in failed[-1] for w in words), proc.output()
+            r = call(peer, SetParameters, f"{node}/set_parameters", SetParameters.Request(parameters=[fix]))
+            assert r.results[0].successful, r.results[0].reason
+        assert threads_added(pid, threads_idle) == []
+        assert transition(peer, node, Transition.TRANSITION_CONFIGURE)
+        assert peer.fresh_status().level == DiagnosticStatus.OK
+        assert transition(peer, node, Transition.TRANSITION_ACTIVATE)
+        peer.spin_until(lambda: len(peer.tensors) >= 3, 15, "tensors from the pipeline")
+        assert transition(peer, node, Transition.TRANSITION_DEACTIVATE)
+        assert transition(peer, node, Transition.TRANSITION_CLEANUP)
+        # The pipeline's streaming threads end once GLib's pool lets them go.
+        peer.spin_until(lambda: threads_added(pid, threads_idle) == [], 2, "no thread beyond the idle node's")
+        # Read-only again once configured: refused while inactive.
+        assert transition(peer, node, Transition.TRANSITION_CONFIGURE)
+        r = call(peer, SetParameters, f"{node}/set_parameters",
+                 SetParameters.Request(parameters=[param("backend", "auto")]))
+        assert not r.results[0].successful and "read-only" in r.results[0].reason
+    finally:
+        peer.close()
+        assert proc.stop() == 0, proc.output()
+
+
+assert rclpy  # the peer's rclpy (imported for its side effects by vptools.rosharness)
