@@ -49,8 +49,10 @@ def generate_launch_description():
     autostart = IfCondition(arg("autostart"))
     configure = EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(node),
                                             transition_id=Transition.TRANSITION_CONFIGURE), condition=autostart)
+    # Once: a later configure (after a cleanup, by a manager or `ros2 lifecycle set`) leaves
+    # it inactive, as for any managed node.
     activate = RegisterEventHandler(OnStateTransition(
-        target_lifecycle_node=node, start_state="configuring", goal_state="inactive",
+        target_lifecycle_node=node, start_state="configuring", goal_state="inactive", handle_once=True,
         entities=[EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(node),
                                               transition_id=Transition.TRANSITION_ACTIVATE))]),
         condition=autostart)

@@ -19,6 +19,7 @@ FEATURES="${VISION_PREPROC_TEST_FEATURES:-fault-injection,bench,gstreamer}"
 
 cargo build --release --bins --features "$FEATURES"
 mkdir -p target/fault-injection
-cp -f target/release/vision_preproc_node target/release/vision_preproc target/fault-injection/
+cp -f target/release/vision_preproc_node target/release/vision_preproc_lifecycle_node target/release/vision_preproc \
+  target/fault-injection/
 # The product again in target/release/ (cached: no compilation after `make build`).
 cargo build --release --bins

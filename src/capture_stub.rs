@@ -5,7 +5,7 @@
 //! for pipeline inputs compiles the same with and without GStreamer.
 
 use crate::error::{CaptureError, Error, Result};
-use crate::image::{ImageView, LentReads};
+use crate::image::{DeviceContext, DeviceView, Encoding, ImageView, LentReads};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +16,24 @@ const NOT_COMPILED: &str = "this build has no GStreamer: build with the cargo fe
 /// What `vision_preproc info` says of GStreamer in this build.
 pub fn status() -> String {
     "not in this build (cargo feature `gstreamer`): no `gst:` inputs".to_string()
+}
+
+/// What `vision_preproc info` says of GStreamer's CUDA memory in this build.
+pub fn cuda_status() -> String {
+    "not in this build (cargo feature `gstreamer`)".to_string()
+}
+
+/// The caps feature of GStreamer's CUDA memory (as with GStreamer).
+pub const CUDA_MEMORY_FEATURE: &str = "memory:CUDAMemory";
+
+/// Never constructed without the `gstreamer` feature.
+pub enum GpuShare {}
+
+impl GpuShare {
+    /// Always refused: no GStreamer in this build.
+    pub fn new(_device: DeviceContext) -> std::result::Result<Arc<GpuShare>, String> {
+        Err(NOT_COMPILED.to_string())
+    }
 }
 
 /// No GStreamer, no threads of its own.
@@ -32,7 +50,27 @@ pub enum Frame {}
 
 impl Frame {
     /// Never called: no frame exists.
-    pub fn view(&self) -> ImageView<'_> {
+    pub fn view(&self) -> Option<ImageView<'_>> {
+        match *self {}
+    }
+
+    /// Never called: no frame exists.
+    pub fn device(&self) -> Option<DeviceView<'_>> {
+        match *self {}
+    }
+
+    /// Never called: no frame exists.
+    pub fn width(&self) -> u32 {
+        match *self {}
+    }
+
+    /// Never called: no frame exists.
+    pub fn height(&self) -> u32 {
+        match *self {}
+    }
+
+    /// Never called: no frame exists.
+    pub fn encoding(&self) -> Encoding {
         match *self {}
     }
 
@@ -68,6 +106,11 @@ pub enum CaptureSource {}
 impl CaptureSource {
     /// Always [`Error::Capture`] naming `description` and the cargo feature.
     pub fn start(description: &str) -> Result<CaptureSource> {
+        CaptureSource::start_on(description, None)
+    }
+
+    /// Always [`Error::Capture`] naming `description` and the cargo feature.
+    pub fn start_on(description: &str, _gpu: Option<Arc<GpuShare>>) -> Result<CaptureSource> {
         Err(Error::Capture {
             description: description.to_string(),
             fault: CaptureError::Init(NOT_COMPILED.to_string()),

@@ -306,7 +306,7 @@ pub enum CaptureError {
     },
     /// The description's output caps and the formats vision_preproc decodes have nothing
     /// in common.
-    #[error("caps cannot be negotiated: element `{element}` offers {offered}, but vision_preproc decodes only {accepted}; end the description with `! videoconvert` (or a camera format from that list)")]
+    #[error("caps cannot be negotiated: element `{element}` offers {offered}, but vision_preproc decodes only {accepted}; end the description with `! videoconvert` (or a camera format from that list); frames in CUDA memory (`memory:CUDAMemory`, NV12) are taken only by the CUDA backend where GStreamer's CUDA library loads, else end with `! cudadownload`")]
     NotNegotiated {
         /// The element that reported it.
         element: String,

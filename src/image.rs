@@ -188,34 +188,7 @@ impl<'a> ImageView<'a> {
         is_bigendian: bool,
         data: &'a [u8],
     ) -> Result<Self, ImageError> {
-        if width == 0 || height == 0 {
-            return Err(ImageError::ZeroSize { width, height });
-        }
-        match encoding {
-            Encoding::Yuyv | Encoding::Uyvy if !width.is_multiple_of(2) => {
-                return Err(ImageError::OddWidth { width, encoding });
-            }
-            Encoding::Nv12 | Encoding::Nv21
-                if !width.is_multiple_of(2) || !height.is_multiple_of(2) =>
-            {
-                return Err(ImageError::OddSize { width, height, encoding });
-            }
-            _ => {}
-        }
-        let bpp = encoding.bytes_per_pixel();
-        let min = u64::from(width) * u64::from(bpp);
-        if u64::from(step) < min {
-            return Err(ImageError::StepTooSmall { step, bpp, min, encoding });
-        }
-        // step * height * 2 (* 3 / 2 for NV12/NV21) can exceed 64 bits: checked, else it
-        // wraps in release builds to a small size that a tiny payload matches (found while
-        // writing the fuzz harness; regression cases in test/fuzz_corpus.rs).
-        // Every index we compute is an i32/u32 on the GPU: keep the buffer under 2 GiB.
-        let expected = u64::from(step)
-            .checked_mul(encoding.rows_x2(u64::from(height)))
-            .map(|x2| x2 / 2)
-            .filter(|&bytes| bytes <= i32::MAX as u64)
-            .ok_or(ImageError::Overflow { width, height, step, encoding })?;
+        let expected = expected_len(width, height, step, encoding)?;
         if data.len() as u64 != expected {
             let expected_expr = match encoding {
                 Encoding::Nv12 | Encoding::Nv21 => "step*height*3/2",
@@ -285,6 +258,40 @@ impl<'a> ImageView<'a> {
     pub fn data(&self) -> &'a [u8] {
         self.data
     }
+}
+
+/// The bytes of an image of this header (`step * height`, `* 3 / 2` for NV12/NV21), after
+/// the header's own checks: size, even sizes where chroma is subsampled, a step of at
+/// least one row, and at most 2 GiB (every index on the GPU is 32-bit).
+fn expected_len(width: u32, height: u32, step: u32, encoding: Encoding) -> Result<u64, ImageError> {
+    if width == 0 || height == 0 {
+        return Err(ImageError::ZeroSize { width, height });
+    }
+    match encoding {
+        Encoding::Yuyv | Encoding::Uyvy if !width.is_multiple_of(2) => {
+            return Err(ImageError::OddWidth { width, encoding });
+        }
+        Encoding::Nv12 | Encoding::Nv21
+            if !width.is_multiple_of(2) || !height.is_multiple_of(2) =>
+        {
+            return Err(ImageError::OddSize { width, height, encoding });
+        }
+        _ => {}
+    }
+    let bpp = encoding.bytes_per_pixel();
+    let min = u64::from(width) * u64::from(bpp);
+    if u64::from(step) < min {
+        return Err(ImageError::StepTooSmall { step, bpp, min, encoding });
+    }
+    // step * height * 2 (* 3 / 2 for NV12/NV21) can exceed 64 bits: checked, else it
+    // wraps in release builds to a small size that a tiny payload matches (found while
+    // writing the fuzz harness; regression cases in test/fuzz_corpus.rs).
+    // Every index we compute is an i32/u32 on the GPU: keep the buffer under 2 GiB.
+    u64::from(step)
+        .checked_mul(encoding.rows_x2(u64::from(height)))
+        .map(|x2| x2 / 2)
+        .filter(|&bytes| bytes <= i32::MAX as u64)
+        .ok_or(ImageError::Overflow { width, height, step, encoding })
 }
 
 /// Host memory a frame's bytes lie in, lent by their owner (a GStreamer pool's buffer,
@@ -395,6 +402,160 @@ pub struct LentReads {
     /// Those frames by the short name of why they were not read in place (the CUDA
     /// backend's `NotInPlace::kind`: `unsupported`, `too_many`, `refused`, ...).
     pub staged_by: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Frames that lay in device memory ([`DeviceMemory`]: a decoder's CUDA memory), read
+    /// there by the GPU: no upload, no host copy.
+    pub on_device: AtomicU64,
+}
+
+/// Device memory a frame's pixels lie in (GStreamer's CUDA memory, written by a hardware
+/// decoder such as `nvh264dec`), lent by its owner (`capture::Frame`) to the submissions
+/// that read it: the CUDA backend's kernels read it in place, and a backend that reads
+/// host memory refuses it ([`DeviceView`]).
+///
+/// The promise, made by the unsafe `DeviceMemory::new`: the `len` bytes at device address
+/// `ptr` belong to the CUDA context `context`, stay allocated and unchanged while the owner
+/// lives (it keeps the buffer mapped), and were completely written when it was made (the
+/// decoder's copy finished).
+#[derive(Debug)]
+pub struct DeviceMemory {
+    ptr: u64,
+    len: usize,
+    context: usize,
+    reads: Arc<LentReads>,
+    /// Its frame was counted in `reads` (a batch may read a frame again: counted once).
+    counted: AtomicBool,
+}
+
+impl DeviceMemory {
+    /// The `len` bytes at device address `ptr` of CUDA context `context` (a `CUcontext`
+    /// as an address); what backends do with it is counted in `reads`.
+    ///
+    /// # Safety
+    /// The promise in [`DeviceMemory`]'s description.
+    // Used by the GStreamer capture only (src/capture/).
+    #[cfg_attr(not(feature = "gstreamer"), allow(dead_code))]
+    pub(crate) unsafe fn new(
+        ptr: u64,
+        len: usize,
+        context: usize,
+        reads: Arc<LentReads>,
+    ) -> DeviceMemory {
+        DeviceMemory { ptr, len, context, reads, counted: AtomicBool::new(false) }
+    }
+
+    /// Its device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The CUDA context it belongs to (a `CUcontext` as an address).
+    pub fn context(&self) -> usize {
+        self.context
+    }
+    /// Count its frame read in place on the device (the first read only).
+    pub fn count_read(&self) {
+        if !self.counted.swap(true, Ordering::Relaxed) {
+            self.reads.on_device.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A GPU backend's CUDA context as the GStreamer capture shares it (`capture::GpuShare`):
+/// the `CUcontext` and `CUdevice` as numbers, and what keeps the context alive while
+/// GStreamer's elements allocate in it.
+#[derive(Clone)]
+pub struct DeviceContext {
+    /// The `CUcontext`, as an address.
+    pub handle: usize,
+    /// The `CUdevice` (the device's ordinal).
+    pub device: i32,
+    /// Keeps the context alive (the backend's own handle on it).
+    pub keep: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl fmt::Debug for DeviceContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceContext")
+            .field("handle", &format_args!("{:#x}", self.handle))
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+/// A validated image whose pixels lie in device memory ([`DeviceMemory`]), in the layout of
+/// an [`ImageView`]: rows of `step` bytes from the memory's first byte, for NV12/NV21 the
+/// chroma plane right after `height` rows (GStreamer's CUDA memory lays NV12 out so: one
+/// pitch for both planes, chroma at `pitch * height`).
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceView<'a> {
+    width: u32,
+    height: u32,
+    step: u32,
+    encoding: Encoding,
+    memory: &'a DeviceMemory,
+}
+
+impl<'a> DeviceView<'a> {
+    /// A view of `memory` with this header: refused as an [`ImageView`] of the same header
+    /// would be, and when the memory is shorter than the header says.
+    pub fn new(
+        width: u32,
+        height: u32,
+        step: u32,
+        encoding: Encoding,
+        memory: &'a DeviceMemory,
+    ) -> Result<Self, ImageError> {
+        let expected = expected_len(width, height, step, encoding)?;
+        if (memory.len as u64) < expected {
+            let expected_expr = match encoding {
+                Encoding::Nv12 | Encoding::Nv21 => "step*height*3/2",
+                _ => "step*height",
+            };
+            return Err(ImageError::DataSize {
+                len: memory.len,
+                expected,
+                expected_expr,
+                encoding,
+            });
+        }
+        Ok(DeviceView { width, height, step, encoding, memory })
+    }
+
+    /// Width in pixels.
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+    /// Height in pixels.
+    pub fn height(&self) -> u32 {
+        self.height
+    }
+    /// Row stride in bytes (the memory's pitch).
+    pub fn step(&self) -> u32 {
+        self.step
+    }
+    /// Pixel encoding.
+    pub fn encoding(&self) -> Encoding {
+        self.encoding
+    }
+    /// The device memory holding the pixels.
+    pub fn memory(&self) -> &'a DeviceMemory {
+        self.memory
+    }
+    /// Bytes of the image (`step * height`, `* 3 / 2` for NV12/NV21).
+    pub fn len(&self) -> usize {
+        (u64::from(self.step) * self.encoding.rows_x2(u64::from(self.height)) / 2) as usize
+    }
+    /// Whether the image has no bytes (never: its sizes are at least 1).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Why an input image was rejected. Each variant names the `sensor_msgs/Image` field.

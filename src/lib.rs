@@ -73,5 +73,5 @@ pub mod wire;
 
 pub use config::Config;
 pub use error::{CaptureError, DecodeError, Error, ImageError, Result};
-pub use image::{Encoding, ImageView};
+pub use image::{DeviceContext, DeviceMemory, DeviceView, Encoding, ImageView};
 pub use pipeline::{Geometry, Pipeline};

@@ -161,14 +161,14 @@ fn check_format(description: &str, encoding: Encoding, big_endian: bool, w: usiz
     assert_eq!(expected.len(), 3, "{description}");
     let mut last_time = None;
     for (i, (frame, want)) in frames.iter().zip(&expected).enumerate() {
-        let view = frame.view();
+        let view = frame.view().unwrap();
         assert_eq!(
             (view.width() as usize, view.height() as usize, view.encoding(), view.big_endian()),
             (w, h, encoding, big_endian),
             "{description}"
         );
         assert_eq!(
-            frame.view().step() as usize,
+            frame.view().unwrap().step() as usize,
             stride,
             "{description}: the padded step, in place"
         );
@@ -256,7 +256,7 @@ fn photographs_through_multifilesrc_and_pngdec_equal_the_image_crate() {
         );
         let frames = capture_all(&description);
         assert_eq!(frames.len(), 1, "{name}");
-        let view = frames[0].view();
+        let view = frames[0].view().unwrap();
         let decoded = image::open(&path).unwrap();
         let want = match encoding {
             Encoding::Mono8 => decoded.to_luma8().into_raw(),
@@ -320,7 +320,7 @@ fn a_pools_buffers_are_lent_and_say_when_they_are_freed() {
     for i in 0..40 {
         let frame = source.next(WAIT).unwrap().expect("a frame");
         assert!(frame.is_lent() && !frame.copied(), "frame {i}: a pool buffer in place");
-        let view = frame.view();
+        let view = frame.view().unwrap();
         let lent = view.lent().expect("the view carries the lent memory");
         let (_, len) = lent.range();
         let at = lent.offset_of(view.data(), 0).expect("the frame lies in its memory");
@@ -344,7 +344,7 @@ fn a_pools_buffers_are_lent_and_say_when_they_are_freed() {
     source.stop().unwrap();
     // The held frame keeps its buffer, and the pool (inactive) its other buffers until
     // that one comes back.
-    let kept = held[0].view().lent().map(|l| l.memory().clone()).expect("lent");
+    let kept = held[0].view().unwrap().lent().map(|l| l.memory().clone()).expect("lent");
     assert!(!kept.freed(), "the held frame's memory is alive after the pipeline stopped");
     drop(held);
     assert!(memories.iter().all(|m| m.freed()), "every buffer's memory said it was freed");
@@ -483,6 +483,40 @@ fn faults_are_named_with_their_fix() {
 }
 
 #[test]
+fn cuda_memory_is_refused_with_the_fix_without_a_shared_gpu_context() {
+    let _guard = serial();
+    // CUDA memory to an appsink that was given no CUDA context (the CPU backend, or no
+    // GStreamer CUDA library): not negotiated, and the message says what to do.
+    let description = "videotestsrc num-buffers=3 ! \
+                       video/x-raw(memory:CUDAMemory),format=NV12,width=64,height=48";
+    let (fault, message) = fault_of(description);
+    assert!(
+        matches!(&fault, CaptureError::NotNegotiated { element, offered, .. }
+            if element.starts_with("videotestsrc") && offered.contains("memory:CUDAMemory")),
+        "{fault:?}"
+    );
+    assert!(message.contains("`! cudadownload`"), "{message}");
+    // Without a driver (this machine), wrapping a context is refused by name, never a
+    // crash; the status says whether GStreamer's CUDA library loads.
+    // SAFETY: only tries to dlopen libcuda.
+    if unsafe { libloading::Library::new("libcuda.so.1") }.is_err() {
+        let fake = vision_preproc::DeviceContext {
+            handle: 0x1000,
+            device: 0,
+            keep: std::sync::Arc::new(()),
+        };
+        let e = vision_preproc::capture::GpuShare::new(fake).err().expect("refused");
+        assert!(e.contains("libgstcuda") && e.contains("libcuda.so.1"), "{e}");
+    }
+    let status = vision_preproc::capture::cuda_status();
+    assert!(
+        status.contains("GStreamer's CUDA library loads")
+            || status.contains("no GStreamer CUDA library"),
+        "{status}"
+    );
+}
+
+#[test]
 fn a_source_without_frames_times_out_with_none() {
     let _serial = serial();
     // A live source at 1 frame per 10 s: after its first frame, nothing for a while.
@@ -538,7 +572,7 @@ fn restart_100_times_in_this_process() {
         let frame = source.next(WAIT).unwrap().expect("a frame");
         source.stop().unwrap();
         // A frame outlives its source (it owns its buffer).
-        assert_eq!(frame.view().width(), 64);
+        assert_eq!(frame.view().unwrap().width(), 64);
     };
     for _ in 0..3 {
         once();

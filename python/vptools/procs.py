@@ -18,6 +18,8 @@ LIFECYCLE_NODE_BIN = BIN_DIR / "vision_preproc_lifecycle_node"
 #: The node built with the test hooks (cargo feature `fault-injection`), which the product
 #: does not contain: scripts/test.sh puts it there (scripts/test_hooks_build.sh).
 FAULT_INJECTION_NODE = HOOKS_BIN_DIR / "vision_preproc_node"
+#: The product's node binaries and their builds with the test hooks.
+HOOKED = {NODE_BIN: FAULT_INJECTION_NODE, LIFECYCLE_NODE_BIN: HOOKS_BIN_DIR / "vision_preproc_lifecycle_node"}
 #: The variable of the fault injection (src/pipeline/fault.rs).
 INJECT_FAULT_ENV = "VISION_PREPROC_INJECT_CUDA_FAULT"
 #: The variable of the deferred CPU backend (src/pipeline/deferred.rs): the CPU backend
@@ -34,8 +36,8 @@ class NodeProcess:
 
     def __init__(self, ros_args: list[str], binary: Path = NODE_BIN, env: dict | None = None, log: Path | None = None,
                  unset: tuple[str, ...] = (), prefix: tuple[str, ...] = ()):
-        if set(TEST_HOOK_ENVS) & set(env or {}) and binary == NODE_BIN:
-            binary = FAULT_INJECTION_NODE
+        if set(TEST_HOOK_ENVS) & set(env or {}) and binary in HOOKED:
+            binary = HOOKED[binary]
             assert binary.exists() and DEFERRED_CPU_ENV.encode() in binary.read_bytes(), (
                 f"{binary}: no node with the fault-injection feature; build it with "
                 "scripts/test_hooks_build.sh (scripts/test.sh does)")

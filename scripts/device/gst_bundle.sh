@@ -16,6 +16,12 @@
 # env.sh, at the top, sets the variables that make GStreamer use the bundle alone.
 #
 #   scripts/device/gst_bundle.sh [DIR]   # default .device/gst (git-excluded); also writes DIR.tar.xz
+#   GST_BUNDLE_NVCODEC=1 ...   # + the nvcodec and videoparsersbad plugins (nvh264dec, nvh265dec,
+#                              # cudaupload/cudadownload, h264parse, h265parse), GStreamer's CUDA
+#                              # and GL libraries and what they load (../shared/notes/video.md);
+#                              # nvcodec loads the driver's libcuda/libnvcuvid from the machine
+#   GST_BUNDLE_BINS="a b" ...  # the binaries whose libraries are followed (default: the node,
+#                              # target/release/vision_preproc_node)
 #   # there:  tar xJf .device/gst.tar.xz -C "$G" && source "$G/env.sh" && gst-launch-1.0 ...
 #   # (scripts/device/gpu_node_stage.sh calls this script; gpu_node_remote.py unpacks
 #   # .device/gst.tar.xz and gives every node the variables of env.sh)
@@ -29,6 +35,14 @@ PACKAGES="libgstreamer1.0-0 gstreamer1.0-tools gstreamer1.0-plugins-base
     libgstreamer-plugins-base1.0-0 liborc-0.4-0 gstreamer1.0-plugins-good libglib2.0-0
     libunwind8 libdw1 libelf1 libpng16-16 libffi8 libpcre2-8-0 gstreamer1.0-plugins-bad"
 PLUGINS="coreelements videotestsrc app videoconvertscale videorate png multifile bayer"
+if [[ "${GST_BUNDLE_NVCODEC:-0}" == 1 ]]; then
+    PACKAGES="$PACKAGES libgstreamer-plugins-bad1.0-0 libgstreamer-gl1.0-0 libgudev-1.0-0
+        libgraphene-1.0-0 libwayland-client0 libwayland-egl1 libwayland-cursor0
+        libwayland-server0 libx11-xcb1 libegl1 libgles2 libgl1 libglvnd0 libglx0 libegl-mesa0
+        libgbm1 libdrm2 libxcb1 libxau6 libxdmcp6 libx11-6 libbsd0 libmd0 libxext6 libopengl0
+        libglx-mesa0 libexpat1 libudev1"
+    PLUGINS="$PLUGINS nvcodec videoparsersbad"
+fi
 # Resolved from the machine, not carried: the C run-time, and libraries of every
 # Debian/Ubuntu base system (dpkg's and util-linux's) that only libdw (compressed debug
 # sections: lzma, bz2) and libgio (multifilesrc: mount, blkid, selinux) load; the GPU
@@ -47,6 +61,10 @@ for deb in "$TMP"/debs/*.deb; do
     dpkg-deb -W --showformat='${Package} ${Version}\n' "$deb" >>"$TMP/versions"
 done
 LIB="$TMP/root/usr/lib/x86_64-linux-gnu"
+# A few packages (libexpat1) still ship their library under /lib: one directory for all.
+if [ -d "$TMP/root/lib/x86_64-linux-gnu" ]; then
+    mkdir -p "$LIB" && cp -an "$TMP/root/lib/x86_64-linux-gnu/." "$LIB/"
+fi
 
 rm -rf "$DIR" "$DIR.tar.xz" && mkdir -p "$DIR/bin" "$DIR/libexec" "$DIR/lib/gstreamer-1.0"
 cp "$TMP/root/usr/bin/gst-launch-1.0" "$TMP/root/usr/bin/gst-inspect-1.0" "$DIR/bin/"
@@ -54,7 +72,9 @@ cp "$LIB/gstreamer1.0/gstreamer-1.0/gst-plugin-scanner" "$DIR/libexec/"
 for p in $PLUGINS; do cp "$LIB/gstreamer-1.0/libgst$p.so" "$DIR/lib/gstreamer-1.0/"; done
 # The libraries: the NEEDED closure of the above and of the node, within the packages.
 needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
-todo=("$DIR"/bin/* "$DIR"/libexec/* "$DIR"/lib/gstreamer-1.0/* target/release/vision_preproc_node)
+# shellcheck disable=SC2206
+BINS=(${GST_BUNDLE_BINS:-target/release/vision_preproc_node})
+todo=("$DIR"/bin/* "$DIR"/libexec/* "$DIR"/lib/gstreamer-1.0/* "${BINS[@]}")
 while [ ${#todo[@]} -gt 0 ]; do
     f="${todo[0]}"; todo=("${todo[@]:1}")
     for so in $(needed "$f"); do

@@ -5,7 +5,8 @@
 # few seconds (node + `record` + `play` on the demo bag, CPU backend) and reading
 # /proc/PID/maps, which also catches the ones rcl and rosidl load with dlopen; each is
 # copied under its SONAME so that LD_LIBRARY_PATH finds it. Binaries are stripped. The
-# product node is bin/vision_preproc_node; the GPU-fault scenarios of gpu_node_remote.py
+# product node is bin/vision_preproc_node (and the managed node
+# bin/vision_preproc_lifecycle_node, the same libraries); the GPU-fault scenarios of gpu_node_remote.py
 # run bin/vision_preproc_node_fault_injection, the node with the test hooks (cargo
 # feature `fault-injection`, scripts/test_hooks_build.sh).
 #
@@ -43,6 +44,7 @@ while read -r lib; do
 done <"$TMP/libs"
 strip -o "$DIR/bin/vision_preproc_node" target/release/vision_preproc_node
 strip -o "$DIR/bin/vision_preproc" target/release/vision_preproc
+strip -o "$DIR/bin/vision_preproc_lifecycle_node" target/release/vision_preproc_lifecycle_node
 strip -o "$DIR/bin/vision_preproc_node_fault_injection" target/fault-injection/vision_preproc_node
 # The r2r consumer of tensor_ref (the same ROS libraries as the node's).
 cargo build --release --example tensor_ref_consumer

@@ -15,6 +15,10 @@
 # 3. four_cameras.launch.py with every argument;
 # 4. examples/robot_bringup.launch.py with the sample bag played with --clock: the node's
 #    name, its parameters from the shared file, sim time, a tensor, SIGKILL and respawn.
+# 5. lifecycle.launch.py (the managed node as launch_ros' LifecycleNode, brought to active
+#    by its event handlers) and `ros2 lifecycle nodes/get/list/set` against it: the full
+#    cycle, a refused transition, tensors only while active (the sample bag played), and
+#    autostart:=false (unconfigured until `ros2 lifecycle set`).
 # Each `ros2 launch` is stopped with SIGINT (Ctrl-C) at the end, as a user does.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -31,7 +35,8 @@ rm -rf "$PKG"
 mkdir -p "$PKG/share/vision_preproc" "$PKG/lib/vision_preproc" "$PKG/share/ament_index/resource_index/packages" \
   "$RUN/home"
 cp -r package.xml launch config "$PKG/share/vision_preproc/"
-cp target/release/vision_preproc target/release/vision_preproc_node "$PKG/lib/vision_preproc/"
+cp target/release/vision_preproc target/release/vision_preproc_node target/release/vision_preproc_lifecycle_node \
+  "$PKG/lib/vision_preproc/"
 touch "$PKG/share/ament_index/resource_index/packages/vision_preproc"
 export AMENT_PREFIX_PATH="$PKG:$AMENT_PREFIX_PATH"
 export HOME="$RUN/home" ROS_LOG_DIR="$RUN/log" ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
@@ -66,12 +71,30 @@ launch() {
   LAUNCH_PID=$!
   set +m
 }
-node_pid() {  # the vision_preproc_node started by our ros2 launch
-  pgrep -P "$LAUNCH_PID" -f "lib/vision_preproc/vision_preproc_node" || true
+NODE_EXE=vision_preproc_node  # the executable the launch file starts
+node_pid() {  # the node process started by our ros2 launch
+  pgrep -P "$LAUNCH_PID" -f "lib/vision_preproc/$NODE_EXE( |$)" || true
 }
 wait_node() {  # wait until our launch has a node process (up to 20 s)
   for _ in $(seq 40); do [ -n "$(node_pid)" ] && return 0; sleep 0.5; done
-  say "(no vision_preproc_node under ros2 launch $LAUNCH_PID)"; return 1
+  say "(no $NODE_EXE under ros2 launch $LAUNCH_PID)"; return 1
+}
+# lifecycle VERB ARGS...: `ros2 lifecycle`, retried while discovery has not seen the node.
+lifecycle() {
+  local out
+  for _ in 1 2 3 4 5; do
+    out="$(ros2 lifecycle "$@" 2>&1)" || true
+    grep -q "Node not found" <<<"$out" || break
+    sleep 1
+  done
+  say "\$ ros2 lifecycle $*"; say "$out"
+}
+wait_state() {  # wait_state NODE LABEL: poll `ros2 lifecycle get` (up to 20 s)
+  for _ in $(seq 20); do
+    ros2 lifecycle get "$1" 2>/dev/null | grep -q "^$2 " && return 0
+    sleep 1
+  done
+  say "(NOT $2 after 20 s)"; return 1
 }
 stop_launch() {
   say "\$ kill -INT <ros2 launch>   # Ctrl-C"
@@ -102,7 +125,7 @@ domain() {
 }
 
 say "# ros2 launch, for real ($(date -u +%F), launch/launch_ros from .ros/tools/sources.txt)"
-PARTS=" ${PARTS:-1 2 3 4} "
+PARTS=" ${PARTS:-1 2 3 4 5} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 if part 1; then
 say ""
@@ -159,6 +182,68 @@ run timeout 15 ros2 topic echo --once --field header /robot1/perception/timing
 run timeout 15 ros2 topic echo --once --field age_us /robot1/perception/timing
 respawn_check; sleep 4
 run timeout 15 ros2 topic echo --once --field sequence /robot1/perception/timing
+stop_launch
+fi
+if part 5; then
+domain
+NODE_EXE=vision_preproc_lifecycle_node
+N=/front/vision_preproc
+say ""
+say "## 5. the managed node: lifecycle.launch.py (launch_ros LifecycleNode) and ros2 lifecycle"
+run ros2 launch vision_preproc lifecycle.launch.py --show-args
+launch vision_preproc lifecycle.launch.py namespace:=front config:="$SHARE/config/yolo_640_letterbox.yaml" \
+  image:=/camera/image_raw camera_info:=/camera/camera_info
+wait_node; wait_state "$N" active
+lifecycle nodes
+lifecycle get "$N"
+lifecycle list "$N"
+say "\$ vision_preproc play <sample bag> --loop --image-topic /camera/image_raw --camera-info-topic /camera/camera_info &"
+set -m
+"$PKG/lib/vision_preproc/vision_preproc" play "$BAG" --loop --image-topic /camera/image_raw \
+  --camera-info-topic /camera/camera_info >"$RUN/bag.log" 2>&1 &
+BAG_PID=$!
+set +m
+run timeout 15 ros2 topic echo --once --field sequence /front/timing
+say "\$ ros2 topic echo --field goal_state $N/transition_event &"
+set -m
+ros2 topic echo --field goal_state "$N/transition_event" >"$RUN/events.log" 2>&1 &
+ECHO_PID=$!
+set +m
+sleep 3
+lifecycle set "$N" deactivate
+lifecycle get "$N"
+run timeout 5 ros2 topic echo --once --field sequence /front/timing
+say "(no tensor while inactive: the echo above timed out)"
+lifecycle set "$N" activate
+run timeout 15 ros2 topic echo --once --field sequence /front/timing
+lifecycle set "$N" configure
+say "(refused by ros2 lifecycle itself: it asks ~/get_available_transitions first)"
+lifecycle set "$N" deactivate
+lifecycle set "$N" cleanup
+lifecycle get "$N"
+lifecycle list "$N" --all
+lifecycle set "$N" configure
+lifecycle get "$N"
+lifecycle set "$N" activate
+lifecycle get "$N"
+sleep 2
+kill -INT "$ECHO_PID" "$BAG_PID" 2>/dev/null || true
+wait "$ECHO_PID" "$BAG_PID" 2>/dev/null || true
+say "(the transition events' goal states, as the echo above printed them:)"
+sed 's/^/    /' "$RUN/events.log" | tee -a "$OUT"
+stop_launch
+domain
+say ""
+say "## 5b. lifecycle.launch.py autostart:=false: unconfigured until told"
+launch vision_preproc lifecycle.launch.py autostart:=false
+wait_node; sleep 3
+lifecycle get /vision_preproc
+lifecycle set /vision_preproc configure
+lifecycle set /vision_preproc activate
+lifecycle get /vision_preproc
+lifecycle set /vision_preproc shutdown
+say "(shutdown finalizes the node and its process exits 0, as on SIGINT:)"
+lifecycle get /vision_preproc
 stop_launch
 fi
 say ""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The ROS 2 tools that PyPI does not carry, brought next to this checkout's ROS 2 (the
-# Kilted wheels of .ros/venv): rqt and its plugins, ros2cli (`ros2 topic/param/node`),
+# Kilted wheels of .ros/venv): rqt and its plugins, ros2cli (`ros2 topic/param/node/lifecycle`),
 # launch, launch_ros and ros2launch (`ros2 launch`). Used by scripts/rostools/rqt_check.sh and
 # scripts/rostools/launch_check.sh; `make test` uses none of it.
 #
@@ -41,7 +41,7 @@ REPOS=(
   "ros-visualization/rqt_robot_monitor  ros2     ."
   "ros-visualization/rqt_reconfigure    rolling  ."
   "ros2/rosidl_runtime_py               rolling  ."
-  "ros2/ros2cli                         rolling  ros2cli ros2topic ros2node ros2param ros2pkg ros2run ros2service"
+  "ros2/ros2cli                         rolling  ros2cli ros2topic ros2node ros2param ros2pkg ros2run ros2service ros2lifecycle"
   "ros2/launch                          rolling  launch launch_xml launch_yaml"
   "ros2/launch_ros                      rolling  launch_ros ros2launch"
   "ros2/rcl_interfaces                  rolling  composition_interfaces"

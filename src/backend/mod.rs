@@ -14,7 +14,7 @@ pub use crate::compressed::Compressed;
 #[cfg(feature = "fault-injection")]
 use crate::error::CudaError;
 use crate::error::{Error, Result};
-use crate::image::{Encoding, ImageView};
+use crate::image::{DeviceView, Encoding, ImageView};
 pub(crate) use ops::{read_element, write_element};
 pub use ops::{read_elements, AxisMap, Conv2dOp, PreprocessOp, PreprocessParams, TensorDesc};
 
@@ -74,6 +74,13 @@ pub trait Backend: Send {
     /// mode. None by default.
     fn diagnostics(&self) -> Vec<(String, String)> {
         Vec::new()
+    }
+
+    /// The CUDA context frames in device memory must belong to for this backend to read
+    /// them in place ([`Frame::Device`]): a GPU backend's own; `None` for a backend that
+    /// reads host memory (by default).
+    fn device_context(&self) -> Option<crate::image::DeviceContext> {
+        None
     }
 
     /// Run the preprocessing (and conv2d, when given) on `image`, writing the finished
@@ -328,6 +335,15 @@ pub enum Frame<'a, 'b> {
     Pixels(&'b ImageView<'a>),
     /// A compressed frame, not decoded yet.
     Compressed(&'b Compressed<'a>),
+    /// Pixel rows in device memory (a hardware decoder's CUDA memory): the CUDA backend's
+    /// kernels read them in place; a backend that reads host memory refuses them.
+    Device(&'b DeviceView<'a>),
+}
+
+impl<'a, 'b> From<&'b DeviceView<'a>> for Frame<'a, 'b> {
+    fn from(d: &'b DeviceView<'a>) -> Self {
+        Frame::Device(d)
+    }
 }
 
 impl<'a, 'b> From<&'b ImageView<'a>> for Frame<'a, 'b> {
@@ -347,7 +363,7 @@ impl<'a, 'b> Frame<'a, 'b> {
     pub fn pixels(&self) -> Option<&'b ImageView<'a>> {
         match *self {
             Frame::Pixels(v) => Some(v),
-            Frame::Compressed(_) => None,
+            Frame::Compressed(_) | Frame::Device(_) => None,
         }
     }
 
@@ -356,6 +372,7 @@ impl<'a, 'b> Frame<'a, 'b> {
         match self {
             Frame::Pixels(v) => v.width(),
             Frame::Compressed(c) => c.width(),
+            Frame::Device(d) => d.width(),
         }
     }
 
@@ -364,6 +381,7 @@ impl<'a, 'b> Frame<'a, 'b> {
         match self {
             Frame::Pixels(v) => v.height(),
             Frame::Compressed(c) => c.height(),
+            Frame::Device(d) => d.height(),
         }
     }
 
@@ -372,6 +390,7 @@ impl<'a, 'b> Frame<'a, 'b> {
         match self {
             Frame::Pixels(v) => v.encoding(),
             Frame::Compressed(c) => c.encoding(),
+            Frame::Device(d) => d.encoding(),
         }
     }
 
@@ -380,6 +399,7 @@ impl<'a, 'b> Frame<'a, 'b> {
         match self {
             Frame::Pixels(v) => v.step(),
             Frame::Compressed(c) => c.step(),
+            Frame::Device(d) => d.step(),
         }
     }
 
@@ -387,7 +407,7 @@ impl<'a, 'b> Frame<'a, 'b> {
     pub fn big_endian(&self) -> bool {
         match self {
             Frame::Pixels(v) => v.big_endian(),
-            Frame::Compressed(_) => false,
+            Frame::Compressed(_) | Frame::Device(_) => false,
         }
     }
 }
@@ -406,6 +426,7 @@ impl HostPixels<'_, '_> {
         Ok(match frame {
             Frame::Pixels(v) => HostPixels::Borrowed(v),
             Frame::Compressed(c) => HostPixels::Decoded(c.decode()?),
+            Frame::Device(_) => return Err(device_frame_refused()),
         })
     }
 
@@ -416,6 +437,17 @@ impl HostPixels<'_, '_> {
             HostPixels::Decoded(d) => d.view(),
         }
     }
+}
+
+/// A frame in device memory given to a backend that reads host memory: the caller's
+/// error (an operation error, never a device failure).
+pub(crate) fn device_frame_refused() -> Error {
+    Error::Operation(
+        "a frame in device memory (CUDA memory from a hardware decoder) reached a backend \
+         that reads host memory: run the node with the CUDA backend, or end the pipeline \
+         in system memory (`... ! cudadownload` or caps without `memory:CUDAMemory`)"
+            .into(),
+    )
 }
 
 /// The frames of `job`: the frame, or each slot's (`None`: a padded slot).
@@ -447,7 +479,9 @@ pub(crate) fn with_host_pixels_except<R>(
         .iter()
         .enumerate()
         .map(|(i, f)| match f {
+            // Kept compressed; a frame in device memory is never brought to the host.
             Some(Frame::Compressed(_)) if kept(i) => Ok(None),
+            Some(Frame::Device(_)) => Ok(None),
             Some(f) => HostPixels::of(*f).map(Some),
             None => Ok(None),
         })

@@ -128,6 +128,15 @@ pub(super) fn parse_fault(e: &gst::glib::Error, context: &gst::ParseContext) -> 
         Some(gst::ParseError::NoSuchProperty | gst::ParseError::CouldNotSetProperty) => {
             CaptureError::Property { message }
         }
+        // Caps that insist on CUDA memory, to an appsink given no CUDA context: a
+        // negotiation fault (with its fix), found when the description is linked.
+        Some(gst::ParseError::Link | gst::ParseError::DelayedLink)
+            if message.contains(super::CUDA_MEMORY_FEATURE) =>
+        {
+            let element = message.split_whitespace().nth(3).unwrap_or("?").to_string();
+            let offered = message.split("handle caps ").nth(1).unwrap_or(&message).to_string();
+            CaptureError::NotNegotiated { element, offered, accepted: accepted_list() }
+        }
         Some(gst::ParseError::Link | gst::ParseError::DelayedLink) => {
             CaptureError::Link { message }
         }

@@ -10,18 +10,28 @@ use gstreamer as gst;
 use gstreamer::prelude::*;
 use gstreamer_video as gst_video;
 
+use super::cuda::{cuda_planes, is_cuda_memory, map_device, DeviceMapping, CUDA_MEMORY_FEATURE};
 use super::layout::{self, Plan, Planes};
 use super::lend::lend;
 use super::time::{CaptureTime, ClockKind};
 use super::{accepted_list, ACCEPTED};
 use crate::error::CaptureError;
-use crate::image::{Encoding, ImageView, Lent, LentReads};
+use crate::image::{DeviceMemory, DeviceView, Encoding, ImageView, Lent, LentReads};
 
 /// Where a frame's bytes are: the mapped `GstBuffer` (kept mapped and alive until the
-/// frame is dropped) or one tight copy of it.
+/// frame is dropped), one tight copy of it, or a buffer of CUDA memory mapped for the
+/// device (kept mapped likewise; no host bytes at all).
 enum Bytes {
-    Mapped { buffer: gst::MappedBuffer<gst::buffer::Readable>, start: usize, len: usize },
+    Mapped {
+        buffer: gst::MappedBuffer<gst::buffer::Readable>,
+        start: usize,
+        len: usize,
+    },
     Copied(Vec<u8>),
+    /// Kept for its drop (unmapping the buffer), never read.
+    Device {
+        _mapping: DeviceMapping,
+    },
 }
 
 /// One frame from a [`CaptureSource`]: it owns its bytes (a mapped GStreamer buffer, or one
@@ -41,6 +51,8 @@ pub struct Frame {
     sequence: u64,
     /// The mapped buffer's memory, lent to the backend ([`lend`]).
     lent: Option<Lent>,
+    /// The device memory of a frame in CUDA memory, lent to the backend likewise.
+    device: Option<DeviceMemory>,
 }
 
 impl Frame {
@@ -63,6 +75,7 @@ impl Frame {
             pts_ns: None,
             sequence,
             lent: None,
+            device: None,
         };
         ImageView::with_encoding(width, height, step, encoding, big_endian, frame.data())
             .map_err(|e| CaptureError::Frame { message: e.to_string() })?;
@@ -88,6 +101,10 @@ impl Frame {
         let buffer =
             sample.buffer_owned().ok_or_else(|| bad("a sample without a buffer".into()))?;
         let pts_ns = buffer.pts().map(|t| t.nseconds());
+        if caps.features(0).is_some_and(|f| f.contains(CUDA_MEMORY_FEATURE)) {
+            let time_seq = (capture_time, sequence);
+            return Frame::on_device(buffer, caps, (encoding, big_endian), time_seq, reads);
+        }
         let (width, height, planes) = geometry(caps, &buffer).map_err(bad)?;
         if matches!(encoding, Encoding::Yuyv | Encoding::Uyvy) && !width.is_multiple_of(2) {
             return Err(bad(format!(
@@ -126,16 +143,91 @@ impl Frame {
         Ok(Frame { lent, pts_ns, ..frame })
     }
 
+    /// A sample in GStreamer's CUDA memory as a frame: one block of it, mapped for the
+    /// device, its planes one step apart (NV12 as GStreamer's CUDA allocator lays it out),
+    /// lent to the backend as [`DeviceMemory`]. Anything else is refused by name.
+    fn on_device(
+        buffer: gst::Buffer,
+        caps: &gst::CapsRef,
+        (encoding, big_endian): (Encoding, bool),
+        (capture_time, sequence): (Option<CaptureTime>, u64),
+        reads: &Arc<LentReads>,
+    ) -> std::result::Result<Frame, CaptureError> {
+        let bad = |message: String| CaptureError::Frame { message };
+        let pts_ns = buffer.pts().map(|t| t.nseconds());
+        if !is_cuda_memory(&buffer) {
+            return Err(bad(format!(
+                "caps {caps} say CUDA memory, but the buffer is not one block of GStreamer's \
+                 CUDA memory"
+            )));
+        }
+        let info =
+            gst_video::VideoInfo::from_caps(caps).map_err(|e| bad(format!("caps {caps}: {e}")))?;
+        let planes = match buffer.meta::<gst_video::VideoMeta>() {
+            Some(meta) => Planes::new(meta.stride(), meta.offset()),
+            None => {
+                let (stride, offset) = cuda_planes(&buffer);
+                Planes::new(&stride, &offset)
+            }
+        }
+        .map_err(bad)?;
+        let mapped = map_device(buffer).map_err(bad)?;
+        let (width, height) = (info.width(), info.height());
+        let Plan::Borrow { start, step, .. } =
+            layout::plan(encoding, width, height, &planes, mapped.size()).map_err(bad)?
+        else {
+            return Err(bad(format!(
+                "{caps}: the planes of this CUDA memory are not one row stride apart, which \
+                 the kernels cannot read in place; end the description with `! cudadownload` \
+                 (system memory)"
+            )));
+        };
+        let step = u32::try_from(step).map_err(|_| bad(format!("row stride {step} over 4 GiB")))?;
+        // SAFETY: the mapping (kept by the frame, unmapped when it is dropped) holds the
+        // buffer and so its memory, `size - start` bytes from `ptr + start` in the context
+        // `mapped.context`; the decoder finished writing it before pushing it (and
+        // `map_device` waited for any work queued on its stream); nobody writes a buffer
+        // mapped for reading.
+        let memory = unsafe {
+            DeviceMemory::new(
+                mapped.ptr() + start as u64,
+                mapped.size() - start,
+                mapped.context,
+                reads.clone(),
+            )
+        };
+        DeviceView::new(width, height, step, encoding, &memory)
+            .map_err(|e| CaptureError::Frame { message: e.to_string() })?;
+        Ok(Frame {
+            bytes: Bytes::Device { _mapping: mapped },
+            width,
+            height,
+            step,
+            encoding,
+            big_endian,
+            capture_time,
+            pts_ns,
+            sequence,
+            lent: None,
+            device: Some(memory),
+        })
+    }
+
     fn data(&self) -> &[u8] {
         match &self.bytes {
             Bytes::Mapped { buffer, start, len } => &buffer.as_slice()[*start..*start + *len],
             Bytes::Copied(v) => v,
+            Bytes::Device { .. } => &[],
         }
     }
 
     /// The frame as an image (borrowed from the frame: no copy), with the buffer's memory
     /// lent when it can be: one block of GStreamer's system memory ([`ImageView::lent`]).
-    pub fn view(&self) -> ImageView<'_> {
+    /// `None` for a frame in CUDA memory ([`Frame::device`]): it has no host bytes.
+    pub fn view(&self) -> Option<ImageView<'_>> {
+        if self.device.is_some() {
+            return None;
+        }
         // The header and these same bytes were validated in `Frame::new`; the bytes are
         // owned and never change.
         let view = ImageView::validated(
@@ -146,10 +238,31 @@ impl Frame {
             self.big_endian,
             self.data(),
         );
-        match &self.lent {
+        Some(match &self.lent {
             Some(lent) => view.lent_from(lent),
             None => view,
-        }
+        })
+    }
+
+    /// The frame in CUDA memory as an image on the device (read in place by the CUDA
+    /// backend's kernels); `None` for a frame in system memory ([`Frame::view`]).
+    pub fn device(&self) -> Option<DeviceView<'_>> {
+        let memory = self.device.as_ref()?;
+        // Checked in `Frame::on_device` with these same parts.
+        DeviceView::new(self.width, self.height, self.step, self.encoding, memory).ok()
+    }
+
+    /// Width in pixels.
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+    /// Height in pixels.
+    pub fn height(&self) -> u32 {
+        self.height
+    }
+    /// The pixels' encoding.
+    pub fn encoding(&self) -> Encoding {
+        self.encoding
     }
 
     /// Whether its bytes lie in a GStreamer buffer's memory lent to the backend, which a
@@ -189,6 +302,7 @@ impl std::fmt::Debug for Frame {
             .field("capture_time", &self.capture_time)
             .field("sequence", &self.sequence)
             .field("copied", &self.copied())
+            .field("on_device", &self.device.is_some())
             .finish()
     }
 }

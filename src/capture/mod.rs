@@ -38,6 +38,7 @@
 //!
 //! [`ImageView`]: crate::image::ImageView
 
+mod cuda;
 mod fault;
 mod frame;
 mod layout;
@@ -51,6 +52,7 @@ use gstreamer as gst;
 
 use crate::image::Encoding;
 
+pub use cuda::{cuda_status, GpuShare, CUDA_MEMORY_FEATURE};
 pub use frame::Frame;
 pub use source::CaptureSource;
 pub use time::{CaptureTime, ClockKind};
@@ -82,6 +84,13 @@ pub const ACCEPTED: [(&str, &str, Encoding, bool); 17] = [
     ("video/x-bayer", "gbrg", Encoding::BayerGbrg8, false),
     ("video/x-bayer", "grbg", Encoding::BayerGrbg8, false),
 ];
+
+/// The formats our appsink also accepts in GStreamer's CUDA memory (`memory:CUDAMemory`),
+/// preferred over all of [`ACCEPTED`], when the source shares a GPU backend's CUDA context
+/// ([`GpuShare`]): what the nvcodec decoders give for 8-bit 4:2:0 streams. Read in place on
+/// the device ([`Frame::device`]). (Their 10-bit and 4:4:4 outputs, P010 and Y444, are
+/// not decoded by the kernels: not accepted, GStreamer says so by name.)
+pub const ACCEPTED_CUDA: [&str; 1] = ["NV12"];
 
 /// The accepted formats as the error messages list them: `video/x-raw` BGR, RGB, ...;
 /// `video/x-bayer` rggb, ...
@@ -124,9 +133,17 @@ pub fn status() -> String {
     }
 }
 
-/// The appsink's caps: every entry of [`ACCEPTED`], in system memory.
-fn accepted_caps() -> gst::Caps {
+/// The appsink's caps: every entry of [`ACCEPTED`], in system memory; first, when `cuda`
+/// (the source shares the backend's CUDA context), [`ACCEPTED_CUDA`] in CUDA memory.
+fn accepted_caps(cuda: bool) -> gst::Caps {
     let mut caps = gst::Caps::new_empty();
+    if cuda {
+        let s = gst::Structure::builder("video/x-raw")
+            .field("format", gst::List::new(ACCEPTED_CUDA))
+            .build();
+        let features = gst::CapsFeatures::new([CUDA_MEMORY_FEATURE]);
+        caps.make_mut().append_structure_full(s, Some(features));
+    }
     for media in ["video/x-raw", "video/x-bayer"] {
         let formats = ACCEPTED.iter().filter(|a| a.0 == media).map(|a| a.1);
         let s = gst::Structure::builder(media).field("format", gst::List::new(formats)).build();
@@ -154,5 +171,26 @@ mod tests {
             accepted_list(),
             "video/x-raw BGR, RGB, BGRx, BGRA, RGBx, RGBA, GRAY8, GRAY16_LE, GRAY16_BE, YUY2, UYVY, NV12, NV21; video/x-bayer rggb, bggr, gbrg, grbg (8-bit)"
         );
+    }
+
+    #[test]
+    fn cuda_memory_is_accepted_only_when_the_context_is_shared() {
+        gst::init().unwrap();
+        let decoded: gst::Caps =
+            "video/x-raw(memory:CUDAMemory), format=NV12, width=1920, height=1080".parse().unwrap();
+        let p010: gst::Caps =
+            "video/x-raw(memory:CUDAMemory), format=P010_10LE, width=64, height=64"
+                .parse()
+                .unwrap();
+        let system: gst::Caps = "video/x-raw, format=NV12, width=64, height=64".parse().unwrap();
+        let (shared, alone) = (accepted_caps(true), accepted_caps(false));
+        assert!(decoded.can_intersect(&shared));
+        assert!(!decoded.can_intersect(&alone), "CUDA memory without a shared context");
+        assert!(!p010.can_intersect(&shared), "10-bit is not decoded by the kernels");
+        assert!(system.can_intersect(&shared) && system.can_intersect(&alone));
+        // CUDA memory first: a decoder that can give both gives CUDA memory.
+        let first = shared.features(0).expect("features");
+        assert!(first.contains(CUDA_MEMORY_FEATURE), "{shared}");
+        assert_eq!(shared.size(), alone.size() + 1);
     }
 }

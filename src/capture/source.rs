@@ -10,6 +10,7 @@ use gstreamer as gst;
 use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
 
+use super::cuda::{GpuShare, CUDA_CONTEXT_TYPE};
 use super::fault::{error_fault, offered_caps, parse_fault};
 use super::frame::{clock_kind, Frame};
 use super::time::{CaptureTime, ClockKind};
@@ -47,6 +48,9 @@ pub struct CaptureSource {
     live: bool,
     /// What backends did with this source's lent frames.
     reads: Arc<LentReads>,
+    /// The GPU backend's CUDA context, shared with the pipeline's CUDA elements: its
+    /// frames may then come in CUDA memory.
+    gpu: Option<Arc<GpuShare>>,
 }
 
 impl CaptureSource {
@@ -57,9 +61,21 @@ impl CaptureSource {
     /// for a source that is not live) are returned here; a live source's negotiation
     /// fails on the first [`CaptureSource::next`].
     pub fn start(description: &str) -> Result<CaptureSource> {
+        CaptureSource::start_on(description, None)
+    }
+
+    /// [`CaptureSource::start`], with the GPU backend's CUDA context shared with the
+    /// pipeline's CUDA elements when `gpu` is given (set on the pipeline as the
+    /// `gst.cuda.context` context, and the answer to their `need-context` messages): our
+    /// appsink then also accepts NV12 in CUDA memory ([`super::ACCEPTED_CUDA`]), which
+    /// the backend reads in place ([`Frame::device`]).
+    pub fn start_on(description: &str, gpu: Option<Arc<GpuShare>>) -> Result<CaptureSource> {
         let fail = |fault| Error::Capture { description: description.to_string(), fault };
         gst::init().map_err(|e| fail(CaptureError::Init(e.to_string())))?;
-        let (pipeline, sink, bus) = parse(description).map_err(fail)?;
+        let (pipeline, sink, bus) = parse(description, gpu.is_some()).map_err(fail)?;
+        if let Some(share) = &gpu {
+            share_context(&pipeline, &bus, share);
+        }
         let mut source = CaptureSource {
             description: description.to_string(),
             pipeline,
@@ -70,6 +86,7 @@ impl CaptureSource {
             stopped: false,
             live: false,
             reads: Arc::default(),
+            gpu,
         };
         source.play().map_err(|fault| source.fail(fault))?;
         Ok(source)
@@ -251,7 +268,10 @@ impl CaptureSource {
         }
         let offered = offered_caps(&self.sink);
         match offered {
-            Some(caps) if self.delivered == 0 && !caps.can_intersect(&accepted_caps()) => {
+            Some(caps)
+                if self.delivered == 0
+                    && !caps.can_intersect(&accepted_caps(self.gpu.is_some())) =>
+            {
                 CaptureError::NotNegotiated {
                     element: self.pipeline.name().to_string(),
                     offered: caps.to_string(),
@@ -294,6 +314,7 @@ impl Drop for CaptureSource {
 /// with its bus.
 fn parse(
     description: &str,
+    cuda: bool,
 ) -> std::result::Result<(gst::Pipeline, gst_app::AppSink, gst::Bus), CaptureError> {
     let line = format!(
         "{description} ! appsink name={SINK_NAME} max-buffers={SINK_MAX_BUFFERS} drop=false sync=false"
@@ -312,10 +333,30 @@ fn parse(
                 "our appsink `{SINK_NAME}` is not in the pipeline (is the name taken?)"
             ),
         })?;
-    sink.set_caps(Some(&accepted_caps()));
+    sink.set_caps(Some(&accepted_caps(cuda)));
     let bus = pipeline.bus().ok_or_else(|| CaptureError::State {
         state: "PLAYING".into(),
         message: "the pipeline has no bus".into(),
     })?;
     Ok((pipeline, sink, bus))
+}
+
+/// Give the pipeline's CUDA elements `share`'s context: set on the pipeline (a bin hands
+/// its contexts to its children, also to those added later), and given to any element that
+/// still asks for one (`need-context` of type `gst.cuda.context`, answered on the posting
+/// thread, as GStreamer's applications do).
+fn share_context(pipeline: &gst::Pipeline, bus: &gst::Bus, share: &Arc<GpuShare>) {
+    pipeline.set_context(share.context());
+    let share = share.clone();
+    bus.set_sync_handler(move |_, message| {
+        if let gst::MessageView::NeedContext(need) = message.view() {
+            if need.context_type() == CUDA_CONTEXT_TYPE {
+                if let Some(element) = message.src().and_then(|s| s.downcast_ref::<gst::Element>())
+                {
+                    element.set_context(share.context());
+                }
+            }
+        }
+        gst::BusSyncReply::Pass
+    });
 }

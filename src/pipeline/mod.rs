@@ -61,6 +61,8 @@ pub enum FrameView<'a> {
     Pixels(ImageView<'a>),
     /// A compressed frame.
     Compressed(crate::compressed::Compressed<'a>),
+    /// Pixel rows in device memory (a hardware decoder's CUDA memory).
+    Device(crate::image::DeviceView<'a>),
 }
 
 impl<'a> FrameView<'a> {
@@ -69,6 +71,7 @@ impl<'a> FrameView<'a> {
         match self {
             FrameView::Pixels(v) => Frame::Pixels(v),
             FrameView::Compressed(c) => Frame::Compressed(c),
+            FrameView::Device(d) => Frame::Device(d),
         }
     }
 }

@@ -30,7 +30,7 @@ def hooks_in(binary: Path) -> list[str]:
     return symbols + [s.decode() for s in STRINGS if s in data]
 
 
-@pytest.mark.parametrize("name", ["vision_preproc_node", "vision_preproc"])
+@pytest.mark.parametrize("name", ["vision_preproc_node", "vision_preproc_lifecycle_node", "vision_preproc"])
 def test_product_binaries_hold_no_test_hook_and_no_benchmark(name: str) -> None:
     product, hooked = BIN_DIR / name, HOOKED / name
     assert product.exists(), f"{product} missing: run `make build`"

@@ -13,7 +13,10 @@ services, as `ros2 lifecycle` and launch_ros' LifecycleNode drive it:
 - a configure that fails (backend cuda without a GPU; a `gst:` pipeline naming a missing
   element) leaves the node unconfigured and alive with the reason in the log and in
   /diagnostics; read-only parameters are set while unconfigured, and the next configure
-  runs the fixed pipeline, which cleanup stops (no GStreamer threads left)."""
+  runs the fixed pipeline, which cleanup stops (no GStreamer threads left);
+- a failure while active (`gpu_failure_policy: exit`, the fault injected by the test
+  hooks' build) goes through ErrorProcessing as rclcpp_lifecycle's does: the node is
+  unconfigured again, alive, the reason in its log and /diagnostics; configure retries."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from lifecycle_msgs.srv import ChangeState, GetAvailableStates, GetAvailableTran
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from rclpy.lifecycle import LifecycleNode
-from vptools.procs import LIFECYCLE_NODE_BIN, rss_mb
+from vptools.procs import INJECT_FAULT_ENV, LIFECYCLE_NODE_BIN, rss_mb
 from vptools.rosharness import RELIABLE, NodeProcess, Peer, call, frame_counts, image_msg, param, status_values
 from vptools.sources import photo_bgr
 
@@ -253,6 +256,8 @@ def test_a_configure_that_fails_leaves_the_node_unconfigured(tmp_path: Path) -> 
             assert failed and all(w in failed[-1] for w in words), proc.output()
             r = call(peer, SetParameters, f"{node}/set_parameters", SetParameters.Request(parameters=[fix]))
             assert r.results[0].successful, r.results[0].reason
+        # Set while unconfigured: they apply at the next configure (and the log says so).
+        assert 'parameter backend set to "cpu"; applies at the next configure' in proc.output(), proc.output()
         assert threads_added(pid, threads_idle) == []
         assert transition(peer, node, Transition.TRANSITION_CONFIGURE)
         assert peer.fresh_status().level == DiagnosticStatus.OK
@@ -270,6 +275,59 @@ def test_a_configure_that_fails_leaves_the_node_unconfigured(tmp_path: Path) -> 
     finally:
         peer.close()
         assert proc.stop() == 0, proc.output()
+
+
+def test_a_failure_while_active_goes_through_error_processing(tmp_path: Path) -> None:
+    """gpu_failure_policy exit and the second frame's backend call failing (the test hooks'
+    simulated CUDA fault on the CPU backend): the node deactivates itself with an error,
+    ErrorProcessing frees everything and the node is unconfigured, alive, the reason in its
+    log and /diagnostics (ERROR); configure and activate again publish."""
+    ns, node = "/lc_err", "/lc_err/vision_preproc"
+    args = ["-r", f"__ns:={ns}", *NODE_ARGS, "-p", "gpu_failure_policy:=exit"]
+    proc = NodeProcess(args, binary=LIFECYCLE_NODE_BIN, env={INJECT_FAULT_ENV: "2"}, log=tmp_path / "node.log").start()
+    peer = Driver(ns)
+    try:
+        peer.watch(node)
+        assert transition(peer, node, Transition.TRANSITION_CONFIGURE)
+        assert transition(peer, node, Transition.TRANSITION_ACTIVATE)
+        peer.wait_connected()
+        stamp = 1_000_000_000
+        peer.send_until_received(image_msg(CHELSEA, "bgr8", stamp, "cam"))
+        # Frames until the second one processed fails and the node has been through
+        # ErrorProcessing (its last event: errorprocessing -> unconfigured).
+        end = time.monotonic() + 10
+        while not any(e.goal_state.id == State.PRIMARY_STATE_UNCONFIGURED for e in peer.events):
+            assert time.monotonic() < end, f"no ErrorProcessing: {[e.goal_state.label for e in peer.events]}"
+            stamp += 1_000_000
+            peer.pub.publish(image_msg(CHELSEA, "bgr8", stamp, "cam"))
+            peer.spin_for(0.05)
+        P = State  # noqa: N806 (a short name for the table)
+        assert [(e.start_state.id, e.goal_state.id) for e in peer.events] == [
+            (P.PRIMARY_STATE_UNCONFIGURED, P.TRANSITION_STATE_CONFIGURING),
+            (P.TRANSITION_STATE_CONFIGURING, P.PRIMARY_STATE_INACTIVE),
+            (P.PRIMARY_STATE_INACTIVE, P.TRANSITION_STATE_ACTIVATING),
+            (P.TRANSITION_STATE_ACTIVATING, P.PRIMARY_STATE_ACTIVE),
+            (P.PRIMARY_STATE_ACTIVE, P.TRANSITION_STATE_DEACTIVATING),
+            (P.TRANSITION_STATE_DEACTIVATING, P.TRANSITION_STATE_ERRORPROCESSING),
+            (P.TRANSITION_STATE_ERRORPROCESSING, P.PRIMARY_STATE_UNCONFIGURED)]
+        assert state(peer, node) == "unconfigured" and proc.proc.poll() is None
+        status = peer.fresh_status()
+        assert status.level == DiagnosticStatus.ERROR, status
+        assert status.message.startswith("unconfigured: error while active: GPU failure, gpu_failure_policy exit: "
+                                         "CUDA: injected Sticky fault"), status.message
+        assert status_values(status)["Lifecycle state"] == "unconfigured", status_values(status)
+        # Configure retries; the fault plan counts the new backend's frames (the first is good).
+        assert transition(peer, node, Transition.TRANSITION_CONFIGURE)
+        assert transition(peer, node, Transition.TRANSITION_ACTIVATE)
+        received = len(peer.tensors)
+        peer.send_until_received(image_msg(CHELSEA, "bgr8", stamp + 1_000_000, "cam"))
+        assert len(peer.tensors) > received
+    finally:
+        peer.close()
+        assert proc.stop() == 0, proc.output()
+    log = proc.output()
+    assert re.search(r"GPU failure, gpu_failure_policy exit: CUDA: injected Sticky fault", log), log
+    assert "Error occurred while doing error handling." in log, log
 
 
 assert rclpy  # the peer's rclpy (imported for its side effects by vptools.rosharness)

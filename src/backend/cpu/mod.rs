@@ -280,7 +280,7 @@ impl Backend for CpuBackend {
         let pixels = HostPixels::of(image)?;
         let decode_us = match image {
             Input::Compressed(_) => decode_start.elapsed().as_secs_f32() * 1e6,
-            Input::Pixels(_) => 0.0,
+            Input::Pixels(_) | Input::Device(_) => 0.0,
         };
         let image = &pixels.view();
         let start = Instant::now();

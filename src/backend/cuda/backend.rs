@@ -411,6 +411,15 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn device_context(&self) -> Option<crate::image::DeviceContext> {
+        let ctx = &self.gpu.ctx;
+        Some(crate::image::DeviceContext {
+            handle: ctx.cu_ctx() as usize,
+            device: ctx.cu_device(),
+            keep: ctx.clone(),
+        })
+    }
+
     fn diagnostics(&self) -> Vec<(String, String)> {
         let d = &self.device;
         vec![

@@ -23,7 +23,7 @@ use crate::backend::{Frame, Out};
 use crate::compressed::{Codec, Compressed};
 use crate::config::MemoryMode;
 use crate::error::{CudaError, Error, Result};
-use crate::image::{Encoding, Lent};
+use crate::image::{DeviceMemory, Encoding, Lent};
 use crate::launch_kernel;
 use crate::nvtx::{self, Stage};
 use cudarc::driver::sys::{self, CUdeviceptr};
@@ -237,7 +237,9 @@ impl Gpu {
 
     /// Stage: each frame (`None`: a padded slot, nothing) into its pinned buffer, grown
     /// to the frame plus [`SRC_SLACK`] when needed (write-combined in `upload` mode,
-    /// mapped in `mapped` mode): the one CPU copy of a frame. A frame in lent memory
+    /// mapped in `mapped` mode): the one CPU copy of a frame. A frame in device memory is
+    /// neither copied nor uploaded (checked: [`Gpu::check_device`]; counted in its
+    /// source's `LentReads::on_device`). A frame in lent memory
     /// that the [`Registry`] takes is not copied: it is read in place (counted in its
     /// source's `LentReads`, as is a lent frame copied). A JPEG's compressed bytes go
     /// to the slot's cached pinned buffer instead (nvJPEG reads them on the host, which
@@ -257,6 +259,11 @@ impl Gpu {
         for (staging, frame) in into.iter_mut().zip(frames) {
             staging.in_place = None;
             let Some(source) = *frame else { continue };
+            if let Source::Device(memory) = source {
+                self.check_device(memory)?;
+                memory.count_read();
+                continue;
+            }
             if let Source::Pixels(data, Some(lent)) = source {
                 match self.registry.in_place(data, lent, SRC_SLACK) {
                     Ok(frame) => {
@@ -269,7 +276,9 @@ impl Gpu {
             }
             let len = source.staged_len();
             let (slot, kind) = match source {
-                Source::Pixels(..) => (&mut staging.host, self.pinned_kind(PinnedKind::Upload)),
+                Source::Pixels(..) | Source::Device(_) => {
+                    (&mut staging.host, self.pinned_kind(PinnedKind::Upload))
+                }
                 Source::Jpeg(_) => {
                     (&mut staging.compressed, self.pinned_kind(PinnedKind::Download))
                 }
@@ -280,6 +289,7 @@ impl Gpu {
             let host = unsafe { &mut buf.host_mut()[..len] };
             match source {
                 Source::Pixels(data, _) => copies.push((host, data)),
+                Source::Device(_) => {}
                 // A JPEG is small: here, piece by piece (with the standard Huffman tables
                 // put in when it has none).
                 Source::Jpeg(c) => {
@@ -297,6 +307,32 @@ impl Gpu {
         } else {
             use rayon::prelude::*;
             copies.into_par_iter().with_max_len(1).for_each(|(d, s)| parallel_copy(d, s));
+        }
+        Ok(())
+    }
+
+    /// A frame in device memory can be read in place by the kernels: it belongs to this
+    /// backend's context (GStreamer's CUDA context wraps it: `capture::GpuShare`), and its
+    /// memory starts and ends on 8-byte boundaries (the fused kernel's aligned 8-byte
+    /// reads, up to 7 bytes past the last byte it needs, stay inside it). Else an
+    /// operation error naming the cause, never a device failure.
+    fn check_device(&self, memory: &DeviceMemory) -> Result<()> {
+        if memory.context() != self.ctx.cu_ctx() as usize {
+            return Err(Error::Operation(format!(
+                "a frame in device memory of another CUDA context ({:#x}, the backend's is \
+                 {:#x}): GStreamer's CUDA elements must share the node's context",
+                memory.context(),
+                self.ctx.cu_ctx() as usize
+            )));
+        }
+        let end = memory.ptr().checked_add(memory.len() as u64);
+        if !memory.ptr().is_multiple_of(8) || !end.is_some_and(|e| e.is_multiple_of(8)) {
+            return Err(Error::Operation(format!(
+                "a frame in device memory at {:#x} of {} bytes: the kernels read it in place \
+                 only on 8-byte boundaries",
+                memory.ptr(),
+                memory.len()
+            )));
         }
         Ok(())
     }
@@ -417,6 +453,9 @@ pub(crate) enum Source<'s> {
     Pixels(&'s [u8], Option<&'s Lent>),
     /// A probed JPEG (decoded to tight rows of its `step`).
     Jpeg(&'s Compressed<'s>),
+    /// Pixel rows already in device memory (a hardware decoder's): nothing is staged or
+    /// uploaded, the kernels read them where they are.
+    Device(&'s DeviceMemory),
 }
 
 impl<'s> Source<'s> {
@@ -426,6 +465,7 @@ impl<'s> Source<'s> {
         match frame {
             Frame::Pixels(v) => Ok(Source::Pixels(v.data(), v.lent())),
             Frame::Compressed(c) if c.codec() == Codec::Jpeg => Ok(Source::Jpeg(c)),
+            Frame::Device(d) => Ok(Source::Device(d.memory())),
             Frame::Compressed(c) => Err(Error::misuse(
                 "staging a frame",
                 format!(
@@ -441,6 +481,7 @@ impl<'s> Source<'s> {
     pub(crate) fn staged_len(&self) -> usize {
         match *self {
             Source::Pixels(d, _) => d.len(),
+            Source::Device(_) => 0,
             Source::Jpeg(c) => {
                 crate::compressed::jpeg_pieces(c.data()).iter().map(|p| p.len()).sum()
             }
@@ -540,7 +581,13 @@ pub(super) unsafe fn submit_entry(
             _ => None,
         })
         .collect();
-    let mut frames: Vec<Option<CUdeviceptr>> = vec![None; w.frames.len()];
+    // Frames in device memory: read where they are.
+    let mut frames: Vec<Option<CUdeviceptr>> = (w.frames.iter())
+        .map(|f| match f {
+            Some(Source::Device(m)) => Some(m.ptr()),
+            _ => None,
+        })
+        .collect();
     if !jpegs.is_empty() {
         // SAFETY: as above; the entry is not reused before its last event.
         let dsts = unsafe { decode_jpegs(jpeg.gpu()?, e, &up, &jpegs) }?;

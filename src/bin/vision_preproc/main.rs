@@ -138,6 +138,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 "video inputs (video_decoder auto): {}",
                 vision_preproc::capture::decoders_status(cfg.video_decoder)
             );
+            println!("GStreamer CUDA memory: {}", vision_preproc::capture::cuda_status());
         }
         Command::RunFile(args) => run_file::run(args)?,
         Command::Replay(args) => replay::run(args)?,

@@ -17,7 +17,7 @@ use super::former::Former;
 use super::shared::{
     lock, pipeline_copies, Captured, PipelineState, Pixels, RateLimitedLog, Received, Shared,
 };
-use crate::capture::{CaptureSource, Frame};
+use crate::capture::{CaptureSource, Frame, GpuShare};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::image::LentReads;
@@ -128,6 +128,8 @@ pub(super) struct Started {
     first: Option<Frame>,
     /// What the backend does with its frames (the source counts there).
     reads: Arc<LentReads>,
+    /// The backend's CUDA context shared with the pipeline (restarts share it too).
+    gpu: Option<Arc<GpuShare>>,
 }
 
 /// Start the pipeline of `input` (a fault names the input, its element and the fix) and
@@ -137,11 +139,12 @@ pub(super) fn start(
     publishers: CameraPublishers,
     logger: &str,
     backend: &str,
+    gpu: Option<&Arc<GpuShare>>,
 ) -> Result<Started> {
     // The cause names the description (`gst:...`), the context the input.
     let in_input =
         |e: Error| Error::Ros { context: format!("input {}", input.index), message: e.to_string() };
-    let mut source = CaptureSource::start(&input.description).map_err(in_input)?;
+    let mut source = CaptureSource::start_on(&input.description, gpu.cloned()).map_err(in_input)?;
     let reads = Arc::new(LentReads::default());
     source.count_reads_in(reads.clone());
     // A live source negotiates its caps with its first frame: wait for it, so that caps
@@ -178,7 +181,7 @@ pub(super) fn start(
             "not published (no calibration)"
         },
     );
-    Ok(Started { input, source, publishers, first, reads })
+    Ok(Started { input, source, publishers, first, reads, gpu: gpu.cloned() })
 }
 
 impl Cameras {
@@ -219,6 +222,8 @@ impl Cameras {
                 log: RateLimitedLog::new(&shared.clock),
                 restart_log: RateLimitedLog::new(&shared.clock),
                 size_checked: false,
+                gpu: s.gpu,
+                device_raw_said: false,
             };
             let (source, first) = (s.source, s.first);
             threads.push(
@@ -257,6 +262,11 @@ struct Capture {
     restart_log: RateLimitedLog,
     /// The calibration's size was compared with the frames'.
     size_checked: bool,
+    /// The backend's CUDA context, shared with the pipeline at each (re)start.
+    gpu: Option<Arc<GpuShare>>,
+    /// Frames in CUDA memory not published on `image_raw` (they have no host bytes) were
+    /// said on the log.
+    device_raw_said: bool,
 }
 
 impl Capture {
@@ -350,7 +360,7 @@ impl Capture {
 
     /// Start the pipeline again: counted and logged (rate-limited), or the fault.
     fn restart(&mut self) -> Option<CaptureSource> {
-        match CaptureSource::start(&self.input.description) {
+        match CaptureSource::start_on(&self.input.description, self.gpu.clone()) {
             Ok(mut s) => {
                 let mut st = lock(&self.shared.inputs[self.input.index]);
                 if let Some(p) = st.pipeline.as_mut() {
@@ -423,7 +433,7 @@ impl Capture {
                     p.copied += 1;
                 } else {
                     p.in_place += 1;
-                    p.not_lent += u64::from(!frame.is_lent());
+                    p.not_lent += u64::from(!frame.is_lent() && frame.device().is_none());
                 }
             }
         }
@@ -451,12 +461,11 @@ impl Capture {
     /// camera_info with every frame (when calibrated), the frame on `image_raw` while
     /// someone subscribes.
     fn publish(&mut self, frame: &Frame, header: &Header) {
-        let view = frame.view();
         let ros_header = super::native::ros_header(header);
         if let Some(cal) = &self.input.calibration {
             if !self.size_checked {
                 self.size_checked = true;
-                if (cal.width, cal.height) != (view.width(), view.height()) {
+                if (cal.width, cal.height) != (frame.width(), frame.height()) {
                     r2r::log_warn!(
                         &self.shared.logger,
                         "input {} ({}): the calibration is for {}x{}, the frames are {}x{}: \
@@ -466,8 +475,8 @@ impl Capture {
                         self.input.name,
                         cal.width,
                         cal.height,
-                        view.width(),
-                        view.height()
+                        frame.width(),
+                        frame.height()
                     );
                 }
             }
@@ -479,6 +488,18 @@ impl Capture {
         if self.publishers.image.get_inter_process_subscription_count().unwrap_or(0) == 0 {
             return;
         }
+        let Some(view) = frame.view() else {
+            if !std::mem::replace(&mut self.device_raw_said, true) {
+                r2r::log_info!(
+                    &self.shared.logger,
+                    "input {} ({}): image_raw is not published: its frames are in CUDA \
+                     memory (read in place by the GPU, never on the host)",
+                    self.input.index,
+                    self.input.name
+                );
+            }
+            return;
+        };
         let msg = Image {
             header: ros_header,
             height: view.height(),

@@ -206,7 +206,7 @@ impl Idle {
 }
 
 /// The status of the unconfigured node, once a second: OK "unconfigured", or ERROR with
-/// the reason the last configure failed.
+/// the reason the last configure failed or the error that sent it through ErrorProcessing.
 async fn unconfigured_status(
     publisher: r2r::Publisher<DiagnosticArray>,
     state: Arc<AtomicU8>,
@@ -218,9 +218,7 @@ async fn unconfigured_status(
         tick.tick().await;
         let label = State::of_id(state.load(Ordering::Acquire)).unwrap_or(State::Unknown).label();
         let (level, message) = match lock(&failure).as_ref() {
-            Some(reason) => {
-                (DiagnosticStatus::ERROR as u8, format!("{label}: configure failed: {reason}"))
-            }
+            Some(reason) => (DiagnosticStatus::ERROR as u8, format!("{label}: {reason}")),
             None => (DiagnosticStatus::OK as u8, label.to_string()),
         };
         let status = DiagnosticStatus {
@@ -388,7 +386,8 @@ impl Managed {
             Held::Configured(running, _) => lock(&running.shared.fatal).clone(),
             _ => None,
         };
-        *lock(&self.failure) = reason;
+        *lock(&self.failure) =
+            reason.map(|r| format!("error while {}: {r}", self.machine.current().label()));
         let current = self.machine.current();
         let Some(t) = lifecycle::by_label(current, "deactivate")
             .or_else(|| lifecycle::by_label(current, "cleanup"))
@@ -424,7 +423,7 @@ impl Managed {
             Err(failed) => {
                 let (e, node) = *failed;
                 r2r::log_error!(&self.base.logger, "configure failed: {e}");
-                *lock(&self.failure) = Some(e.to_string());
+                *lock(&self.failure) = Some(format!("configure failed: {e}"));
                 self.unconfigured(node)
             }
         }

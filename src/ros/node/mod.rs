@@ -252,17 +252,41 @@ fn open_cameras(
     node: &mut r2r::Node,
     config: &Config,
     logger: &str,
-    (backend, made): (&str, &mut Made),
+    (backend, made): (&dyn Backend, &mut Made),
 ) -> Result<Vec<camera::Started>> {
-    camera::PipelineInput::of(config)?
+    let inputs = camera::PipelineInput::of(config)?;
+    let gpu = if inputs.is_empty() { None } else { share_gpu(backend, logger) };
+    inputs
         .into_iter()
         .map(|p| {
             let publishers = camera::CameraPublishers::create(node, &p.name)
                 .map_err(|e| ros_err(&format!("creating the publishers of {}", p.name), e))?;
             made.cameras.push(publishers.clone());
-            camera::start(p, publishers, logger, backend)
+            camera::start(p, publishers, logger, backend.name(), gpu.as_ref())
         })
         .collect()
+}
+
+/// The GPU backend's CUDA context shared with the pipeline inputs' CUDA elements, so that
+/// their frames may come in CUDA memory and be read in place; `None` (said on the log)
+/// for the CPU backend or without GStreamer's CUDA library: frames in system memory.
+fn share_gpu(backend: &dyn Backend, logger: &str) -> Option<Arc<crate::capture::GpuShare>> {
+    let device = backend.device_context()?;
+    match crate::capture::GpuShare::new(device) {
+        Ok(share) => {
+            r2r::log_info!(
+                logger,
+                "pipeline inputs share the GPU's CUDA context: frames in CUDA memory \
+                 (`{}`, NV12 from nvh264dec / nvh265dec) are read in place on the device",
+                crate::capture::CUDA_MEMORY_FEATURE
+            );
+            Some(share)
+        }
+        Err(why) => {
+            r2r::log_warn!(logger, "pipeline inputs in system memory only, not CUDA memory: {why}");
+            None
+        }
+    }
 }
 
 /// What starting made on the node: clones of its publishers, which the managed node
@@ -316,7 +340,7 @@ fn open(base: &Base, node: &mut r2r::Node, made: &mut Made) -> Result<Opened> {
         .map_err(|e| ros_err("creating the output publishers", e))?;
     made.outputs = Some(outputs.clone());
     log_batching(logger, config);
-    let pipelines = open_cameras(node, config, logger, (&backend_info.name, made))?;
+    let pipelines = open_cameras(node, config, logger, (backend.as_ref(), made))?;
     let ref_topic = resolved_topic(node, base.ros_args.as_ref(), "tensor_ref")?;
     let output_topics =
         [resolved_topic(node, base.ros_args.as_ref(), "tensor")?, ref_topic.clone()];

@@ -53,6 +53,12 @@ impl Server {
         if changes.is_empty() {
             return;
         }
+        // The managed node while unconfigured runs nothing: every change waits for configure.
+        let applies = if self.params().unconfigured {
+            "at the next configure"
+        } else {
+            "from the next frame"
+        };
         let mut event = ParameterEvent {
             stamp: self.clock.stamp(),
             node: self.node.clone(),
@@ -70,7 +76,7 @@ impl Server {
             } else {
                 r2r::log_info!(
                     &self.logger,
-                    "parameter {name} set to {}; applies from the next frame",
+                    "parameter {name} set to {}; applies {applies}",
                     show(value)
                 );
             }

@@ -114,9 +114,10 @@ pub(super) struct PipelineState {
 #[cfg_attr(not(feature = "gstreamer"), allow(dead_code))]
 pub(super) fn pipeline_copies(backend: &str) -> &'static str {
     if backend == "cuda" {
-        "read in place from GStreamer's buffers; the GPU reads a buffer of system memory \
-         where it is (registered with the driver once: no host copy), any other once copied \
-         into the pinned (integrated GPU: mapped) staging buffer"
+        "read in place from GStreamer's buffers; the GPU reads a buffer of CUDA memory (a \
+         hardware decoder's) on the device (no upload, no host copy) and a buffer of system \
+         memory where it is (registered with the driver once: no host copy), any other once \
+         copied into the pinned (integrated GPU: mapped) staging buffer"
     } else {
         "read in place from GStreamer's buffers by the CPU backend: no copy"
     }
@@ -134,6 +135,7 @@ impl PipelineState {
             );
         }
         let in_place = self.reads.in_place.load(Ordering::Relaxed);
+        let on_device = self.reads.on_device.load(Ordering::Relaxed);
         let staged = self.reads.staged.load(Ordering::Relaxed);
         let by: Vec<String> =
             lock(&self.reads.staged_by).iter().map(|(k, n)| format!("{k} {n}")).collect();
@@ -141,7 +143,8 @@ impl PipelineState {
             .as_ref()
             .map(|w| format!(" (by reason: {}; the last: {w})", by.join(", ")));
         format!(
-            "{frames} frames from GStreamer's buffers: the GPU read {in_place} in place \
+            "{frames} frames from GStreamer's buffers: the GPU read {on_device} in CUDA memory \
+             on the device (no upload, no host copy), {in_place} in place in system memory \
              (registered: no host copy) and {staged} after one host copy into its pinned \
              staging buffer{}; {} not lendable (not one block of system memory: one host \
              copy each); {layout}; frames replaced in the keep-latest slot are in none",
@@ -181,7 +184,7 @@ impl Received {
         let (header, encoding) = match &image {
             Pixels::Message(m) => (m.header(), m.encoding().to_string()),
             Pixels::Compressed(m) => (m.header(), m.format().to_string()),
-            Pixels::Captured(c) => (c.header.clone(), c.frame.view().encoding().name().to_string()),
+            Pixels::Captured(c) => (c.header.clone(), c.frame.encoding().name().to_string()),
         };
         let stamp_ns = i64::from(header.sec) * 1_000_000_000 + i64::from(header.nanosec);
         Received { image, header, stamp_ns, encoding, at }
@@ -246,7 +249,17 @@ impl Pixels {
             Pixels::Compressed(m) => Compressed::probe(m.format(), m.data(), &Limits::default())
                 .map(FrameView::Compressed)
                 .map_err(Invalid::Decode),
-            Pixels::Captured(c) => Ok(FrameView::Pixels(c.frame.view())),
+            Pixels::Captured(c) => Ok(match (c.frame.view(), c.frame.device()) {
+                (Some(v), _) => FrameView::Pixels(v),
+                (None, Some(d)) => FrameView::Device(d),
+                // A frame is one or the other (`capture::Frame`).
+                (None, None) => {
+                    return Err(Invalid::Image(crate::ImageError::ZeroSize {
+                        width: c.frame.width(),
+                        height: c.frame.height(),
+                    }))
+                }
+            }),
         }
     }
 }
