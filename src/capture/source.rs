@@ -96,10 +96,17 @@ impl CaptureSource {
     /// and set it PLAYING without waiting: its sink completes the change with the first
     /// buffer, which the caller pushes next. Its faults come from
     /// [`CaptureSource::next`]; every frame is kept (no older frame dropped by the sink).
-    pub(super) fn start_fed(description: &str) -> Result<CaptureSource> {
+    /// `gpu` as for [`CaptureSource::start_on`].
+    pub(super) fn start_fed(
+        description: &str,
+        gpu: Option<Arc<GpuShare>>,
+    ) -> Result<CaptureSource> {
         let fail = |fault| Error::Capture { description: description.to_string(), fault };
         gst::init().map_err(|e| fail(CaptureError::Init(e.to_string())))?;
-        let (pipeline, sink, bus) = parse(description).map_err(fail)?;
+        let (pipeline, sink, bus) = parse(description, gpu.is_some()).map_err(fail)?;
+        if let Some(share) = &gpu {
+            share_context(&pipeline, &bus, share);
+        }
         let source = CaptureSource {
             description: description.to_string(),
             pipeline,
@@ -110,6 +117,7 @@ impl CaptureSource {
             stopped: false,
             live: true,
             reads: Arc::default(),
+            gpu,
         };
         if let Err(e) = source.pipeline.set_state(gst::State::Playing) {
             let fault = source.bus_fault(gst::ClockTime::ZERO);

@@ -283,7 +283,9 @@ impl VideoFeed {
             description: format!("(video input, {codec})"),
             fault,
         })?;
-        let source = CaptureSource::start_fed(&choice.description())?;
+        // The CPU's decoders output system memory; NVIDIA's in CUDA memory would pass the
+        // backend's GpuShare here (CaptureSource::start_on's).
+        let source = CaptureSource::start_fed(&choice.description(), None)?;
         let src = source.app_src(SRC_NAME).ok_or_else(|| Error::Capture {
             description: choice.description(),
             fault: CaptureError::Link { message: format!("our appsrc `{SRC_NAME}` is missing") },
