@@ -85,6 +85,11 @@ impl Frame {
     }
 
     /// Never called: no frame exists.
+    pub fn pts_ns(&self) -> Option<u64> {
+        match *self {}
+    }
+
+    /// Never called: no frame exists.
     pub fn sequence(&self) -> u64 {
         match *self {}
     }
@@ -155,6 +160,66 @@ impl CaptureSource {
     /// Never called: no source exists.
     pub fn stop(self) -> Result<()> {
         match self {}
+    }
+}
+
+// The video inputs' plain data, as with GStreamer (one definition).
+#[path = "capture/video_types.rs"]
+mod video_types;
+pub use video_types::{DecoderChoice, Outcome, Packet, VideoCounts, VideoReport};
+
+/// What `vision_preproc info` says of the video decoders in this build.
+pub fn decoders_status(_policy: crate::config::VideoDecoder) -> String {
+    "none: this build has no GStreamer (cargo feature `gstreamer`)".to_string()
+}
+
+/// A video input's feed without GStreamer: every packet refused by name and counted.
+/// (`Config::validate` refuses the video transports in such a build; a compressed input's
+/// H.264 message can still arrive.)
+#[derive(Debug, Default)]
+pub struct VideoFeed {
+    report: std::sync::Mutex<VideoReport>,
+}
+
+impl VideoFeed {
+    /// A feed that refuses every packet.
+    pub fn new(_policy: crate::config::VideoDecoder, _limits: crate::compressed::Limits) -> Self {
+        VideoFeed::default()
+    }
+
+    /// Refused: no decoder in this build.
+    pub fn push(&self, _packet: &Packet<'_>) -> Outcome {
+        let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
+        r.counts.received += 1;
+        *r.counts.refused.entry("no decoder").or_default() += 1;
+        Outcome::Refused(NOT_COMPILED.to_string())
+    }
+
+    /// Never a pipeline.
+    pub fn take_started(&self, timeout: Duration) -> Option<(CaptureSource, u64)> {
+        std::thread::sleep(timeout);
+        None
+    }
+
+    /// Never called: no pipeline runs.
+    pub fn fault(&self, _generation: u64, _what: &str) -> bool {
+        false
+    }
+
+    /// Nothing to wait for: no stream is decoded.
+    pub fn pause(&self) {}
+
+    /// Never called: no frame is decoded.
+    pub fn decoded(&self) {}
+
+    /// No frame_id: no frame is decoded.
+    pub fn frame_id(&self) -> String {
+        String::new()
+    }
+
+    /// The counts (every packet refused).
+    pub fn report(&self) -> VideoReport {
+        self.report.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 

@@ -22,7 +22,9 @@
 //! `gst:` inputs) frames from a GStreamer pipeline as image views (no ROS: the node's
 //! inputs sit above it, beside `transport`), [`compressed`] JPEG/PNG payloads of
 //! `sensor_msgs/CompressedImage` decoded on the CPU into image views (no ROS; the node
-//! subscribes to them with `image_transport: compressed` or `input_transports`), [`nvtx`]
+//! subscribes to them with `image_transport: compressed` or `input_transports`), [`video`]
+//! video packets read before a decoder sees them (codec, key frames, sizes; no ROS, no
+//! GStreamer: `capture` decodes them for the node's video inputs), [`nvtx`]
 //! the profiler ranges of each frame and stage (loaded only when a tool asks). [`handoff`] is the zero-copy hand-off's pool (the node's side, used by
 //! the pipeline and the backends' device blocks); [`consumer`], a consumer process's side
 //! in Rust, sits above it and the backends (it imports the CUDA blocks), never below:
@@ -66,6 +68,7 @@ pub mod ros;
 #[path = "ros_stub.rs"]
 pub mod ros;
 pub mod transport;
+pub mod video;
 pub mod wire;
 
 pub use config::Config;

@@ -1,11 +1,14 @@
 //! The fuzz corpus as a plain test (stable Rust, no cargo-fuzz): every file of
 //! `fuzz/corpus/frame/` goes through the fuzz harness (`fuzz/harness.rs`: message
 //! validation + the CPU pipeline, with its properties asserted), plus the findings of the
-//! fuzzer as named regression cases. A counting allocator checks that headers claiming
+//! fuzzer as named regression cases; and every file of `fuzz/corpus/video/` through the
+//! video packet harness (`fuzz/video_harness.rs`: `video::probe` and its properties). A counting allocator checks that headers claiming
 //! gigabytes are rejected without allocating them.
 
 #[path = "../fuzz/harness.rs"]
 mod harness;
+#[path = "../fuzz/video_harness.rs"]
+mod video_harness;
 
 use harness::{Outcome, Settings};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -304,4 +307,44 @@ fn write_seed_corpus() {
     for (name, bytes) in seeds() {
         std::fs::write(dir.join(format!("seed-{name}")), bytes).unwrap();
     }
+}
+
+/// Every file of `fuzz/corpus/video/` through the video packet harness: no panic, the
+/// properties of `fuzz/video_harness.rs`, and the seeds' outcomes (real x264enc/x265enc
+/// packets of 64x48, and their damaged or mislabelled forms) as named.
+#[test]
+fn every_video_corpus_file_runs_clean() {
+    use video_harness::VideoOutcome::{Accepted, Refused};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/video");
+    let mut seen = 0;
+    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = e.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = std::fs::read(&path).unwrap();
+        let outcome = std::panic::catch_unwind(|| video_harness::run(&bytes))
+            .unwrap_or_else(|_| panic!("{name}: the video harness panicked"));
+        let want = match name.as_str() {
+            "seed-h264-key" | "seed-h265-key" | "seed-vp9-key" | "seed-av1-seq" => {
+                Some(Accepted { key: true })
+            }
+            // A key frame cut inside its slice data: its headers are whole (the decoder
+            // conceals the rest, docs/VIDEO.md).
+            "seed-h264-p" | "seed-h265-p" => Some(Accepted { key: false }),
+            "seed-h264-key-half" => Some(Accepted { key: true }),
+            "seed-h264-labelled-h265" | "seed-h265-labelled-h264" => {
+                Some(Refused("not the named codec"))
+            }
+            "seed-h264-key-cut-in-sps" => Some(Refused("truncated")),
+            "seed-h264-16k-sps" => Some(Refused("over the size limits")),
+            "seed-h264-avcc" | "seed-garbage" => Some(Refused("not Annex B")),
+            "seed-empty" => Some(Refused("empty")),
+            _ => None,
+        };
+        if let Some(want) = want {
+            assert_eq!(outcome, want, "{name}");
+        }
+        seen += 1;
+    }
+    assert!(seen >= 14, "only {seen} files in {}", dir.display());
+    assert!(LARGEST.load(Ordering::Relaxed) < ALLOCATION_LIMIT);
 }

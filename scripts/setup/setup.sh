@@ -3,7 +3,7 @@
 # with no ROS packages: apt packages (libclang, SQLite, GStreamer), a Python 3.11 venv
 # holding ROS 2 from PyPI wheels, colcon, the test tools, NVRTC and NVTX, the three wheel
 # fix-ups, the project's Python helpers (python/vptools) on the venv's path, the interface
-# package vision_preproc_msgs, the environment file, and the demo's sample bag.
+# packages (vision_preproc_msgs; copies of foxglove_msgs and ffmpeg_image_transport_msgs), the environment file, and the demo's sample bag.
 #
 # One ROS 2 distribution at a time, chosen by VP_ROS_DISTRO: jazzy (the default: the LTS
 # robot stacks run, supported to May 2029) or kilted (support ends 2026-12-31). Each has its
@@ -67,11 +67,13 @@ log "ROS 2 $DISTRO (VP_ROS_DISTRO): .ros -> .ros-$DISTRO, target -> target-$DIST
 # 1. System packages: r2r runs bindgen at build time (libclang); bags in sqlite3 storage
 # are read through the system's SQLite; the cargo feature `gstreamer` (src/capture/) links
 # Debian 12's GStreamer 1.22 and its tests run videotestsrc, pngdec, rgb2bayer and
-# gst-launch-1.0 (plugins base, good, bad; the tools); cmake builds the C/C++ consumer
-# (consumer_c/, with the base image's g++).
+# gst-launch-1.0 (plugins base, good, bad; the tools); video inputs decode with libav's
+# decoders (gstreamer1.0-libav) and their tests encode with x264enc (plugins ugly); cmake
+# builds the C/C++ consumer (consumer_c/, with the base image's g++).
 APT_PACKAGES=(libclang-dev clang libsqlite3-dev cmake
     libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-plugins-base
-    gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-tools)
+    gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-tools
+    gstreamer1.0-libav gstreamer1.0-plugins-ugly)
 missing=()
 # Named with the machine's architecture: `dpkg -s` refuses a bare name that is installed
 # for two (after `make aarch64`, which adds arm64's GStreamer), and would install again.
@@ -148,12 +150,18 @@ echo "$ROOT/python" >"$site/vision_preproc_vptools.pth"
 "$VENV/bin/python" "$ROOT/scripts/setup/write_env.py" "$ROOT" "$DISTRO" >"$ROS_DIR/env.sh.tmp"
 mv "$ROS_DIR/env.sh.tmp" "$ROS_DIR/env.sh"
 
-# 5. The interface package, built with colcon into .ros/install.
+# 5. The interface packages, built with colcon into .ros/install: vision_preproc_msgs, and
+# our copies of the video inputs' messages (foxglove_msgs' CompressedVideo,
+# ffmpeg_image_transport_msgs' FFMPEGPacket: no PyPI wheels; docs/VIDEO.md).
 msgs_hash="$(hash_of $(find "$ROOT/msgs" -type f | sort) "$ROS_DIR/venv.stamp")"
-if stamp_ok msgs "$msgs_hash" && [ -f "$PREFIX/share/vision_preproc_msgs/package.xml" ]; then
-    log "vision_preproc_msgs: up to date ($PREFIX)"
+msgs_built=true
+for m in "$ROOT"/msgs/*/package.xml; do
+    [ -f "$PREFIX/share/$(basename "$(dirname "$m")")/package.xml" ] || msgs_built=false
+done
+if stamp_ok msgs "$msgs_hash" && $msgs_built; then
+    log "interface packages: up to date ($PREFIX)"
 else
-    log "vision_preproc_msgs: building with colcon (about 20 s)"
+    log "interface packages: building with colcon (about a minute)"
     (
         # shellcheck disable=SC1091
         source "$ROS_DIR/env.sh"
@@ -167,7 +175,7 @@ else
     # r2r caches its generated message bindings by environment only: a changed message
     # of ours would keep the old bindings (an unknown type at run time). Rebuild r2r.
     if ls -d "$ROOT"/target/release/build/r2r-* >/dev/null 2>&1; then
-        log "vision_preproc_msgs changed: r2r's bindings are regenerated at the next build"
+        log "interface packages changed: r2r's bindings are regenerated at the next build"
         (source "$ROS_DIR/env.sh" && cd "$ROOT" && cargo clean --release -p r2r -p r2r_msg_gen -q)
     fi
     stamp_set msgs "$msgs_hash"

@@ -4,8 +4,11 @@
 //! A damaged bag is read as far as it goes: a truncated MCAP file yields the messages
 //! before the damage and then one error saying where it stopped.
 
+use crate::config::Transport;
 use crate::error::{Error, Result};
-use crate::wire::msgs::{COMPRESSED_IMAGE_TYPE, IMAGE_TYPE};
+use crate::wire::msgs::{
+    COMPRESSED_IMAGE_TYPE, FFMPEG_PACKET_TYPE, FOXGLOVE_VIDEO_TYPE, IMAGE_TYPE,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -24,9 +27,23 @@ impl TopicInfo {
         self.type_name == COMPRESSED_IMAGE_TYPE
     }
 
-    /// An image topic of either type: `sensor_msgs/msg/Image` or `CompressedImage`.
+    /// An image topic of any transport: `sensor_msgs/msg/Image`, `CompressedImage`, or a
+    /// video topic (`foxglove_msgs/msg/CompressedVideo`,
+    /// `ffmpeg_image_transport_msgs/msg/FFMPEGPacket`).
     pub fn is_image(&self) -> bool {
-        self.type_name == IMAGE_TYPE || self.is_compressed_image()
+        self.transport().is_some()
+    }
+
+    /// The image_transport transport its type is: `raw`, `compressed`, `foxglove`,
+    /// `ffmpeg`; `None` for any other type.
+    pub fn transport(&self) -> Option<Transport> {
+        match self.type_name.as_str() {
+            IMAGE_TYPE => Some(Transport::Raw),
+            COMPRESSED_IMAGE_TYPE => Some(Transport::Compressed),
+            FOXGLOVE_VIDEO_TYPE => Some(Transport::Foxglove),
+            FFMPEG_PACKET_TYPE => Some(Transport::Ffmpeg),
+            _ => None,
+        }
     }
 }
 
@@ -138,12 +155,13 @@ impl Bag {
         let message = match (wanted, images.as_slice()) {
             (None, [only]) => return Ok((*only).clone()),
             (Some(w), _) => format!(
-                "--topic {w}: not a {IMAGE_TYPE} or {COMPRESSED_IMAGE_TYPE} topic of this bag; \
-                 image topics: {:?}",
+                "--topic {w}: not a {IMAGE_TYPE}, {COMPRESSED_IMAGE_TYPE}, {FOXGLOVE_VIDEO_TYPE} \
+                 or {FFMPEG_PACKET_TYPE} topic of this bag; image topics: {:?}",
                 listed(&images)
             ),
             (None, []) => format!(
-                "no {IMAGE_TYPE} or {COMPRESSED_IMAGE_TYPE} topic; topics: {:?}",
+                "no {IMAGE_TYPE}, {COMPRESSED_IMAGE_TYPE}, {FOXGLOVE_VIDEO_TYPE} or \
+                 {FFMPEG_PACKET_TYPE} topic; topics: {:?}",
                 listed(&topics.iter().collect::<Vec<_>>())
             ),
             (None, many) => {

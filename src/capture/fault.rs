@@ -191,14 +191,20 @@ const PACKAGES: &[(&str, &[&str])] = &[
             "bayer2rgb",
             "h264parse",
             "h265parse",
+            "vp9parse",
+            "av1parse",
+            "av1dec",
             "srtsrc",
             "webrtcbin",
             "nvh264dec",
+            "nvh265dec",
+            "nvvp9dec",
+            "nvav1dec",
             "kmssink",
         ],
     ),
     ("gstreamer1.0-plugins-ugly", &["x264enc", "mpeg2dec"]),
-    ("gstreamer1.0-libav", &["avdec_h264", "avdec_h265", "avdec_mjpeg"]),
+    ("gstreamer1.0-libav", &["avdec_h264", "avdec_h265", "avdec_vp9", "avdec_mjpeg"]),
     (
         "JetPack's nvidia-l4t-gstreamer",
         &["nvarguscamerasrc", "nvvidconv", "nvv4l2decoder", "nvjpegdec"],
@@ -206,7 +212,7 @@ const PACKAGES: &[(&str, &[&str])] = &[
 ];
 
 /// The Debian 12 package of a GStreamer element, for the message of a missing one.
-fn debian_package(element: &str) -> &'static str {
+pub(super) fn debian_package(element: &str) -> &'static str {
     PACKAGES
         .iter()
         .find(|(_, elements)| elements.contains(&element))

@@ -46,6 +46,8 @@ pub struct Frame {
     encoding: Encoding,
     big_endian: bool,
     capture_time: Option<CaptureTime>,
+    /// The buffer's PTS, ns (a video input's: its packet's stamp).
+    pts_ns: Option<u64>,
     sequence: u64,
     /// The mapped buffer's memory, lent to the backend ([`lend`]).
     lent: Option<Lent>,
@@ -70,6 +72,7 @@ impl Frame {
             encoding,
             big_endian,
             capture_time,
+            pts_ns: None,
             sequence,
             lent: None,
             device: None,
@@ -97,6 +100,7 @@ impl Frame {
             .ok_or_else(|| bad(format!("caps {caps} are none of ours ({})", accepted_list())))?;
         let buffer =
             sample.buffer_owned().ok_or_else(|| bad("a sample without a buffer".into()))?;
+        let pts_ns = buffer.pts().map(|t| t.nseconds());
         if caps.features(0).is_some_and(|f| f.contains(CUDA_MEMORY_FEATURE)) {
             let time_seq = (capture_time, sequence);
             return Frame::on_device(buffer, caps, (encoding, big_endian), time_seq, reads);
@@ -136,7 +140,7 @@ impl Frame {
             capture_time,
             sequence,
         )?;
-        Ok(Frame { lent, ..frame })
+        Ok(Frame { lent, pts_ns, ..frame })
     }
 
     /// A sample in GStreamer's CUDA memory as a frame: one block of it, mapped for the
@@ -150,6 +154,7 @@ impl Frame {
         reads: &Arc<LentReads>,
     ) -> std::result::Result<Frame, CaptureError> {
         let bad = |message: String| CaptureError::Frame { message };
+        let pts_ns = buffer.pts().map(|t| t.nseconds());
         if !is_cuda_memory(&buffer) {
             return Err(bad(format!(
                 "caps {caps} say CUDA memory, but the buffer is not one block of GStreamer's \
@@ -201,6 +206,7 @@ impl Frame {
             encoding,
             big_endian,
             capture_time,
+            pts_ns,
             sequence,
             lent: None,
             device: Some(memory),
@@ -268,6 +274,11 @@ impl Frame {
     /// The buffer's capture time, when it has a PTS and the pipeline a clock.
     pub fn capture_time(&self) -> Option<&CaptureTime> {
         self.capture_time.as_ref()
+    }
+    /// The buffer's PTS in ns (a video input's frame: the stamp of the packet that carried
+    /// it), as the stream gave it.
+    pub fn pts_ns(&self) -> Option<u64> {
+        self.pts_ns
     }
     /// This frame's number among the frames its source delivered (0, 1, ...).
     pub fn sequence(&self) -> u64 {

@@ -32,7 +32,9 @@
 //! One file per concern: the pipeline's life cycle and bus (`source.rs`), a frame and its
 //! capture time (`frame.rs`), a buffer's layout against a view's (`layout.rs`), a fault
 //! named by its cause with the fix that fits the element (`fault.rs`), the memory lent to
-//! the backend (`lend.rs`); here the formats our appsink accepts.
+//! the backend (`lend.rs`), video packets into a decode pipeline (`video.rs`: the decoder
+//! chosen per machine, the stream's key frames and gaps); here the formats our appsink
+//! accepts.
 //!
 //! [`ImageView`]: crate::image::ImageView
 
@@ -43,6 +45,8 @@ mod layout;
 mod lend;
 mod source;
 mod time;
+mod video;
+mod video_types;
 
 use gstreamer as gst;
 
@@ -52,6 +56,10 @@ pub use cuda::{cuda_status, GpuShare, CUDA_MEMORY_FEATURE};
 pub use frame::Frame;
 pub use source::CaptureSource;
 pub use time::{CaptureTime, ClockKind};
+pub use video::{
+    choose_decoder, decoders_status, DecoderChoice, Outcome, Packet, VideoCounts, VideoFeed,
+    VideoReport,
+};
 
 /// The formats our appsink accepts, in order of preference: (media type, GStreamer
 /// `format`, our encoding, big-endian samples). One source for the appsink's caps, the

@@ -92,6 +92,43 @@ impl CaptureSource {
         Ok(source)
     }
 
+    /// Parse `description` (a video input's decode pipeline: a live appsrc at its head)
+    /// and set it PLAYING without waiting: its sink completes the change with the first
+    /// buffer, which the caller pushes next. Its faults come from
+    /// [`CaptureSource::next`]; every frame is kept (no older frame dropped by the sink).
+    /// `gpu` as for [`CaptureSource::start_on`].
+    pub(super) fn start_fed(
+        description: &str,
+        gpu: Option<Arc<GpuShare>>,
+    ) -> Result<CaptureSource> {
+        let fail = |fault| Error::Capture { description: description.to_string(), fault };
+        gst::init().map_err(|e| fail(CaptureError::Init(e.to_string())))?;
+        let (pipeline, sink, bus) = parse(description, gpu.is_some()).map_err(fail)?;
+        if let Some(share) = &gpu {
+            share_context(&pipeline, &bus, share);
+        }
+        let source = CaptureSource {
+            description: description.to_string(),
+            pipeline,
+            sink,
+            bus,
+            clock: None,
+            delivered: 0,
+            stopped: false,
+            live: true,
+            reads: Arc::default(),
+            gpu,
+        };
+        if let Err(e) = source.pipeline.set_state(gst::State::Playing) {
+            let fault = source.bus_fault(gst::ClockTime::ZERO);
+            return Err(source.fail(fault.unwrap_or_else(|| CaptureError::State {
+                state: "PLAYING".into(),
+                message: e.to_string(),
+            })));
+        }
+        Ok(source)
+    }
+
     /// Set the pipeline PLAYING and wait for it; a live source's appsink then drops the
     /// older frames.
     fn play(&mut self) -> std::result::Result<(), CaptureError> {
@@ -162,6 +199,11 @@ impl CaptureSource {
     /// frames were captured. A source that is not live (a file) has stream times instead.
     pub fn is_live(&self) -> bool {
         self.live
+    }
+
+    /// The appsrc named `name` in the pipeline (a video input's).
+    pub(super) fn app_src(&self, name: &str) -> Option<gst_app::AppSrc> {
+        self.pipeline.by_name(name).and_then(|e| e.downcast::<gst_app::AppSrc>().ok())
     }
 
     /// Frames delivered so far.

@@ -107,14 +107,18 @@ pub struct Config {
     /// camera drivers and `camera_calibration`; `""` = none); `[]`, or one entry per
     /// input (a topic input's entry must be `""`).
     pub camera_info_urls: Vec<String>,
-    /// The transport of the image topics: `raw` (`sensor_msgs/Image`) or `compressed`
-    /// (`sensor_msgs/CompressedImage` on `<topic>/compressed`), as image_transport's
-    /// subscribers take it.
+    /// The transport of the image topics: `raw` (`sensor_msgs/Image`), `compressed`
+    /// (`sensor_msgs/CompressedImage` on `<topic>/compressed`: JPEG, PNG, H.264, H.265),
+    /// `foxglove` (`foxglove_msgs/CompressedVideo` on `<topic>/foxglove`) or `ffmpeg`
+    /// (`ffmpeg_image_transport_msgs/FFMPEGPacket` on `<topic>/ffmpeg`), as
+    /// image_transport's subscribers take it.
     pub image_transport: Transport,
     /// Per input, its transport where it differs from `image_transport` (`[]`, or one
-    /// entry per input: `""` = `image_transport`, `raw`, `compressed`; a `gst:` input's
+    /// entry per input: `""` = `image_transport`, or a transport's name; a `gst:` input's
     /// entry must be `""`).
     pub input_transports: Vec<String>,
+    /// The decoders of video inputs: auto | cpu | nvidia | jetson (docs/VIDEO.md).
+    pub video_decoder: VideoDecoder,
     /// How a batch is formed (2+ inputs): latest | approximate_time.
     pub batch_policy: BatchPolicyChoice,
     /// `latest`: longest wait in ms after the first new frame before a batch is published
@@ -172,6 +176,7 @@ impl Default for Config {
             camera_info_urls: Vec::new(),
             image_transport: Transport::Raw,
             input_transports: Vec::new(),
+            video_decoder: VideoDecoder::Auto,
             batch_policy: BatchPolicyChoice::Latest,
             batch_timeout_ms: 50,
             max_interval_ms: 20,

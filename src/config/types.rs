@@ -224,8 +224,15 @@ pub enum Transport {
     /// `sensor_msgs/Image` on the topic itself.
     Raw,
     /// `sensor_msgs/CompressedImage` (JPEG, PNG) on `<topic>/compressed`, decoded where the
-    /// kernels run (docs/COMPRESSED.md).
+    /// kernels run (docs/COMPRESSED.md); H.264/H.265 ones (`format` `h264`, `h265`: Isaac
+    /// ROS's encoder) go to the input's video decoder (docs/VIDEO.md).
     Compressed,
+    /// `foxglove_msgs/CompressedVideo` on `<topic>/foxglove` (foxglove_compressed_video_transport),
+    /// decoded by the input's video decoder (docs/VIDEO.md).
+    Foxglove,
+    /// `ffmpeg_image_transport_msgs/FFMPEGPacket` on `<topic>/ffmpeg` (ffmpeg_image_transport),
+    /// decoded by the input's video decoder (docs/VIDEO.md).
+    Ffmpeg,
 }
 
 impl Transport {
@@ -234,7 +241,15 @@ impl Transport {
         match self {
             Transport::Raw => "raw",
             Transport::Compressed => "compressed",
+            Transport::Foxglove => "foxglove",
+            Transport::Ffmpeg => "ffmpeg",
         }
+    }
+
+    /// True for the transports that carry video packets only (`foxglove`, `ffmpeg`);
+    /// `compressed` carries them beside JPEG and PNG.
+    pub fn is_video(self) -> bool {
+        matches!(self, Transport::Foxglove | Transport::Ffmpeg)
     }
 
     /// A parameter value.
@@ -242,7 +257,37 @@ impl Transport {
         match s {
             "raw" => Some(Transport::Raw),
             "compressed" => Some(Transport::Compressed),
+            "foxglove" => Some(Transport::Foxglove),
+            "ffmpeg" => Some(Transport::Ffmpeg),
             _ => None,
+        }
+    }
+}
+
+/// Which decoders a video input may use (`video_decoder`; docs/VIDEO.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VideoDecoder {
+    /// NVIDIA's (GStreamer's `nvcodec`: nvh264dec, ...) where they are registered, else the
+    /// CPU's. Never the Jetson's: that one is asked for by name.
+    Auto,
+    /// The CPU's: gstreamer1.0-libav's `avdec_*` (AV1: `av1dec`).
+    Cpu,
+    /// NVIDIA's `nvcodec` decoders (NVDEC), refused where they are not registered.
+    Nvidia,
+    /// The Jetson's `nvv4l2decoder` (JetPack), its frames brought to system memory by
+    /// `nvvidconv`. Written from NVIDIA's documentation, not run here.
+    Jetson,
+}
+
+impl VideoDecoder {
+    /// The parameter value.
+    pub fn name(self) -> &'static str {
+        match self {
+            VideoDecoder::Auto => "auto",
+            VideoDecoder::Cpu => "cpu",
+            VideoDecoder::Nvidia => "nvidia",
+            VideoDecoder::Jetson => "jetson",
         }
     }
 }

@@ -288,9 +288,20 @@ impl Config {
                 return Err(Error::config(
                     "input_transports",
                     format!("{t:?} (item {i})"),
-                    "give \"\" (image_transport's), \"raw\" or \"compressed\"",
+                    "give \"\" (image_transport's), \"raw\", \"compressed\", \"foxglove\" or \"ffmpeg\"",
                 ));
             }
+        }
+        let video = (0..sources.len()).find(|&i| {
+            matches!(sources[i], InputSource::Topic(_)) && self.input_transport(i).is_video()
+        });
+        if let (Some(i), false) = (video, cfg!(feature = "gstreamer")) {
+            return Err(Error::config(
+                "image_transport",
+                format!("{} (input {i})", self.input_transport(i).name()),
+                "video inputs are decoded by GStreamer, which this build does not have: build \
+                 with the cargo feature `gstreamer` (a default one)",
+            ));
         }
         for (name, list, topic_entry) in [
             ("input_frame_ids", &self.input_frame_ids, true),

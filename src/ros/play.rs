@@ -5,15 +5,18 @@
 //! reason instead of being sent. A `sensor_msgs/CompressedImage` topic is published on
 //! `<image topic>/compressed`, where image_transport's `compressed` subscribers (and the
 //! node with `image_transport: compressed`) of `<image topic>` read it; its payload is
-//! sent as recorded (the subscriber judges it, as it would a camera's). With `--clock`
+//! sent as recorded (the subscriber judges it, as it would a camera's). A video topic
+//! (`foxglove_msgs/CompressedVideo`, `ffmpeg_image_transport_msgs/FFMPEGPacket`) goes out
+//! the same way on `<image topic>/foxglove` or `/ffmpeg` (docs/VIDEO.md). With `--clock`
 //! it also publishes `/clock` with the bag's time, for nodes with `use_sim_time`.
 
 use super::ros_err;
 use crate::bag::{Bag, PlayOptions, PlayStats};
+use crate::config::Transport;
 use crate::error::{Error, Result};
 use crate::wire::msgs::{
     CameraInfo as BagCameraInfo, CompressedImage as BagCompressedImage, Image as BagImage,
-    CAMERA_INFO_TYPE, COMPRESSED_IMAGE_TYPE, IMAGE_TYPE,
+    CAMERA_INFO_TYPE,
 };
 use r2r::builtin_interfaces::msg::Time;
 use r2r::rosgraph_msgs::msg::Clock;
@@ -71,13 +74,12 @@ impl ClockOut {
 }
 
 /// The topic a bag's image topic is published on: `image_topic` for `sensor_msgs/Image`,
-/// `<image_topic>/compressed` for `sensor_msgs/CompressedImage` (image_transport's name
-/// for the compressed transport of `image_topic`).
-fn published_image_topic(image_topic: &str, compressed: bool) -> String {
-    if compressed {
-        format!("{}/compressed", image_topic.trim_end_matches('/'))
-    } else {
-        image_topic.to_string()
+/// `<image_topic>/<transport>` for the others (image_transport's name for that transport
+/// of `image_topic`: `compressed`, `foxglove`, `ffmpeg`).
+fn published_image_topic(image_topic: &str, transport: Transport) -> String {
+    match transport {
+        Transport::Raw => image_topic.to_string(),
+        t => format!("{}/{}", image_topic.trim_end_matches('/'), t.name()),
     }
 }
 
@@ -111,12 +113,12 @@ fn wait_for_subscribers(
     Ok(())
 }
 
-/// The player's node and its publishers of images and camera_info (`out_topic`: images,
-/// compressed ones with `compressed`).
+/// The player's node and its publishers of images (`out_topic`, messages of
+/// `image_type`) and camera_info.
 fn create_player(
     opts: &PlayOptions,
     out_topic: &str,
-    compressed: bool,
+    image_type: &str,
 ) -> Result<(r2r::Node, (r2r::PublisherUntyped, r2r::PublisherUntyped))> {
     super::use_default_dds_profile();
     let ctx = r2r::Context::create().map_err(|e| ros_err("creating the ROS context", e))?;
@@ -126,7 +128,6 @@ fn create_player(
     // asked to publish reliable (as `ros2 bag play` does for a reliable recording).
     let qos = if opts.reliable { QosProfile::default() } else { QosProfile::sensor_data() };
     let qos = qos.keep_last(5);
-    let image_type = if compressed { COMPRESSED_IMAGE_TYPE } else { IMAGE_TYPE };
     let image_pub = node
         .create_publisher_untyped(out_topic, image_type, qos.clone())
         .map_err(|e| ros_err("creating the image publisher", e))?;
@@ -136,22 +137,22 @@ fn create_player(
     Ok((node, (image_pub, info_pub)))
 }
 
-/// Publish bag message `m` (an image, compressed or not, per `(is_image, compressed)`;
-/// else a camera_info) on its publisher of `(image, camera_info)`, restamped now with
-/// `restamp`, and count it; one that does not decode is skipped and said.
+/// Publish bag message `m` (an image of `transport` when `is_image`, else a camera_info)
+/// on its publisher of `(image, camera_info)`, restamped now with `restamp`, and count it;
+/// one that does not decode is skipped and said. (A video packet's CDR is sent as
+/// recorded: the node judges it, as it would a camera's.)
 fn republish(
     m: crate::bag::RawMessage,
-    (is_image, compressed): (bool, bool),
+    (is_image, transport): (bool, Transport),
     (image_pub, info_pub): &(r2r::PublisherUntyped, r2r::PublisherUntyped),
     restamp: bool,
     stats: &mut PlayStats,
 ) -> Result<()> {
-    let check = if is_image && compressed {
-        BagCompressedImage::decode(&m.data).map(|_| ())
-    } else if is_image {
-        BagImage::decode(&m.data).map(|_| ())
-    } else {
-        BagCameraInfo::decode(&m.data).map(|_| ())
+    let check = match (is_image, transport) {
+        (true, Transport::Compressed) => BagCompressedImage::decode(&m.data).map(|_| ()),
+        (true, Transport::Raw) => BagImage::decode(&m.data).map(|_| ()),
+        (true, _) => Ok(()),
+        (false, _) => BagCameraInfo::decode(&m.data).map(|_| ()),
     };
     if let Err(e) = check {
         stats.skipped.push(format!("{} at {}: {e}", m.topic, m.log_time));
@@ -177,14 +178,14 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
     let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
     let bag = Bag::open(&opts.input)?;
     let image = bag.image_topic(opts.topic.as_deref())?;
-    let compressed = image.is_compressed_image();
+    let transport = image.transport().unwrap_or(Transport::Raw);
     let image_topic = image.name;
-    let out_topic = published_image_topic(&opts.image_topic, compressed);
+    let out_topic = published_image_topic(&opts.image_topic, transport);
     let topics = bag.topics()?;
     let info_topic =
         topics.iter().find(|t| t.type_name == CAMERA_INFO_TYPE).map(|t| t.name.clone());
 
-    let (mut node, publishers) = create_player(opts, &out_topic, compressed)?;
+    let (mut node, publishers) = create_player(opts, &out_topic, &image.type_name)?;
     let image_pub = &publishers.0;
     let clock = ClockOut::create(&mut node, opts.clock_hz)?;
     wait_for_subscribers(&mut node, (image_pub, &out_topic), opts, &stopped)?;
@@ -228,7 +229,7 @@ pub fn play(opts: &PlayOptions) -> Result<PlayStats> {
             if let Some(c) = &clock {
                 c.publish(m.log_time)?;
             }
-            let kind = (m.topic == image_topic, compressed);
+            let kind = (m.topic == image_topic, transport);
             republish(m, kind, &publishers, opts.restamp, &mut stats)
         })?;
         stats.damage.extend(damage);

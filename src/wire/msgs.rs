@@ -386,6 +386,10 @@ impl FrameTiming {
 pub(crate) const IMAGE_TYPE: &str = "sensor_msgs/msg/Image";
 /// The ROS type name of compressed images (image_transport's `compressed` transport).
 pub(crate) const COMPRESSED_IMAGE_TYPE: &str = "sensor_msgs/msg/CompressedImage";
+/// The ROS type name of foxglove's video packets (transport `foxglove`).
+pub(crate) const FOXGLOVE_VIDEO_TYPE: &str = "foxglove_msgs/msg/CompressedVideo";
+/// The ROS type name of ffmpeg_image_transport's packets (transport `ffmpeg`).
+pub(crate) const FFMPEG_PACKET_TYPE: &str = "ffmpeg_image_transport_msgs/msg/FFMPEGPacket";
 /// The ROS type name of camera infos.
 pub(crate) const CAMERA_INFO_TYPE: &str = "sensor_msgs/msg/CameraInfo";
 /// The ROS type name of a single camera's output (`vision_preproc_msgs/Tensor`).

@@ -134,6 +134,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             println!("Fast DDS: {fastdds}");
             println!("Fast DDS profile: {profile}");
             println!("GStreamer: {}", vision_preproc::capture::status());
+            println!(
+                "video inputs (video_decoder auto): {}",
+                vision_preproc::capture::decoders_status(cfg.video_decoder)
+            );
             println!("GStreamer CUDA memory: {}", vision_preproc::capture::cuda_status());
         }
         Command::RunFile(args) => run_file::run(args)?,

@@ -638,13 +638,14 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     }
     let bag = Bag::open(&args.input)?;
     // Input i as a recording of the node's topics names it: `/<input>`, or
-    // `/<input>/compressed` when its transport is `compressed`.
+    // `/<input>/<transport>` for another transport (`compressed`; a video transport's
+    // topic is refused below: replay does not decode video).
     let recorded = |i: usize| {
         let input = cfg.inputs.get(i).map_or("image", String::as_str);
         let t = format!("/{}", input.trim_start_matches('/'));
         match cfg.input_transport(i) {
             Transport::Raw => t,
-            Transport::Compressed => format!("{}/compressed", t.trim_end_matches('/')),
+            other => format!("{}/{}", t.trim_end_matches('/'), other.name()),
         }
     };
     let names: Vec<String> = if args.topic.len() >= 2 {
@@ -666,6 +667,14 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         .into_iter()
         .map(|t| {
             let info = bag.image_topic(Some(&t))?;
+            if info.transport().is_some_and(|t| t.is_video()) {
+                anyhow::bail!(
+                    "{}: a video topic ({}): replay does not decode video; play the bag into \
+                     the node instead (`vision_preproc play`, docs/VIDEO.md)",
+                    info.name,
+                    info.type_name
+                );
+            }
             Ok(Input { compressed: info.is_compressed_image(), name: info.name })
         })
         .collect::<Result<Vec<_>>>()?;

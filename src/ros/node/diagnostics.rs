@@ -244,7 +244,14 @@ fn delivery_report(
     let transport = match transport.unwrap_or(crate::config::Transport::Raw) {
         crate::config::Transport::Raw => "raw (sensor_msgs/Image)",
         crate::config::Transport::Compressed => {
-            "compressed (sensor_msgs/CompressedImage, decoded by the backend)"
+            "compressed (sensor_msgs/CompressedImage: JPEG and PNG decoded by the backend, \
+             H.264 and H.265 by the input's video decoder)"
+        }
+        crate::config::Transport::Foxglove => {
+            "foxglove (foxglove_msgs/CompressedVideo, decoded in the node by GStreamer)"
+        }
+        crate::config::Transport::Ffmpeg => {
+            "ffmpeg (ffmpeg_image_transport_msgs/FFMPEGPacket, decoded in the node by GStreamer)"
         }
     };
     let mut values = vec![
@@ -253,6 +260,9 @@ fn delivery_report(
         (format!("{prefix}Input QoS"), qos),
         (format!("{prefix}Input publishers"), publishers.to_string()),
     ];
+    if let Some(feed) = lock(&shared.inputs[index]).video.as_ref() {
+        values.extend(video_values(&feed.report(), prefix));
+    }
     let input = Described { shared, topic: &topic, best_effort };
     let kernel = KernelUdp::read();
     match delivery {
@@ -299,6 +309,58 @@ fn delivery_report(
     // Late frames come in bursts, and a burst's frames replace each other in the node's
     // keep-latest slot: the transport is the cause of those drops, so it is named first.
     InputReport { values, warning, urgent: raised.late && !raised.lost }
+}
+
+/// A video input's keys (after `prefix`): its decoder, the packets by what became of
+/// them, the frames decoded, gaps and decoder faults, the last problem. Nothing until its
+/// first packet (a `compressed` input of JPEG or PNG has none).
+fn video_values(r: &crate::capture::VideoReport, prefix: &str) -> Vec<(String, String)> {
+    let c = &r.counts;
+    if c.received == 0 {
+        return Vec::new();
+    }
+    let decoder = match &r.decoder {
+        Some(d) => {
+            let size = r.size.map(|(w, h)| format!(" {w}x{h}")).unwrap_or_default();
+            format!("{}{size}: {} ({})", d.codec, d.decoder, d.why)
+        }
+        None => "none yet (waiting for a key frame)".to_string(),
+    };
+    let refused: Vec<String> = c.refused.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let mut values = vec![
+        (format!("{prefix}Input video decoder"), decoder),
+        (
+            format!("{prefix}Input video packets"),
+            format!(
+                "{} received: {} decoded, {} waiting for a key frame, {} refused{}",
+                c.received,
+                c.decoding,
+                c.waiting,
+                c.refused.values().sum::<u64>(),
+                if refused.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", refused.join(", "))
+                }
+            ),
+        ),
+        (
+            format!("{prefix}Input video frames"),
+            format!(
+                "{} out of the decoder; {} gaps (lost packets), {} decoder faults, {} decoder \
+                 starts{}",
+                c.frames,
+                c.gaps,
+                c.faults,
+                c.starts,
+                if r.waiting { "; waiting for a key frame" } else { "" }
+            ),
+        ),
+    ];
+    if let Some(p) = &r.last_problem {
+        values.push((format!("{prefix}Input video last problem"), p.clone()));
+    }
+    values
 }
 
 /// How long a pipeline input's last fault keeps its status at WARN after it runs again.

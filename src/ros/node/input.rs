@@ -7,16 +7,21 @@
 //! answer changes.
 
 use super::native::{NativeCompressed, NativeImage, RosArgs};
-use super::shared::{lock, Pixels, Received, Shared};
+use super::shared::{lock, Pixels, RateLimitedLog, Received, Shared};
+use super::video::{self, VideoMsg};
+use crate::capture::VideoFeed;
 use crate::config::{QosPreset, Transport};
 use crate::ros::participant::{Deliver, OwnParticipant};
 use crate::transport::{
     adapt_to_offers, Adapted, Durability, Offer, Reliability, NO_PUBLISHER_YET,
 };
 use futures::{FutureExt, Stream, StreamExt};
+use r2r::ffmpeg_image_transport_msgs::msg::FFMPEGPacket;
+use r2r::foxglove_msgs::msg::CompressedVideo;
 use r2r::qos::{DurabilityPolicy, ReliabilityPolicy};
 use r2r::sensor_msgs::msg::{CameraInfo, CompressedImage, Image};
 use r2r::QosProfile;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often `input_qos: auto` looks at the publishers again.
@@ -36,6 +41,8 @@ pub(super) enum Incoming {
     Raw(r2r::NativeMsg<Image>),
     /// `sensor_msgs/CompressedImage` (transport `compressed`).
     Compressed(r2r::NativeMsg<CompressedImage>),
+    /// A video packet (transports `foxglove`, `ffmpeg`): to the input's video feed.
+    Video(VideoMsg),
 }
 type CameraInfos = Box<dyn Stream<Item = CameraInfo> + Unpin>;
 
@@ -106,15 +113,14 @@ pub(super) struct Input {
     /// input's images and delivers them itself (`images` stays `None`).
     own: Option<OwnParticipant>,
     next_check: Instant,
+    /// The video feed of a video-capable transport (`foxglove`, `ffmpeg`, `compressed`),
+    /// with its refusals' log.
+    video: Option<(Arc<VideoFeed>, RateLimitedLog)>,
 }
 
 /// An image taken from input `index`'s subscription at `at`: counted by the input's
 /// delivery monitor.
-pub(super) fn arrived(shared: &Shared, index: usize, msg: Incoming, at: Instant) -> Received {
-    let image = match msg {
-        Incoming::Raw(m) => Pixels::Message(NativeImage::new(m)),
-        Incoming::Compressed(m) => Pixels::Compressed(NativeCompressed::new(m)),
-    };
+pub(super) fn arrived(shared: &Shared, index: usize, image: Pixels, at: Instant) -> Received {
     let bytes = match &image {
         Pixels::Message(m) => m.data().len(),
         Pixels::Compressed(m) => m.data().len(),
@@ -146,7 +152,7 @@ impl Input {
         (index, image, transport): (usize, &str, Transport),
         (preset, depth): (QosPreset, u32),
         shared: &Shared,
-        own: Option<Deliver>,
+        (own, video): (Option<Deliver>, Option<Arc<VideoFeed>>),
     ) -> Result<Input, String> {
         let (name, namespace) =
             (node.name().map_err(|e| e.to_string())?, node.namespace().map_err(|e| e.to_string())?);
@@ -162,7 +168,7 @@ impl Input {
         let info = camera_info_topic(image);
         let image_topic = match transport {
             Transport::Raw => image.to_string(),
-            Transport::Compressed => format!("{}/compressed", image.trim_end_matches('/')),
+            t => format!("{}/{}", image.trim_end_matches('/'), t.name()),
         };
         let mut input = Input {
             index,
@@ -175,6 +181,7 @@ impl Input {
             infos: None,
             own: None,
             next_check: Instant::now(),
+            video: video.map(|f| (f, RateLimitedLog::new(&shared.clock))),
         };
         if let Some(deliver) = own {
             let own = OwnParticipant::start(
@@ -240,6 +247,14 @@ impl Input {
                         node.subscribe_native::<CompressedImage>(topic, qos)?
                             .map(Incoming::Compressed),
                     ),
+                    Transport::Foxglove => Box::new(
+                        node.subscribe::<CompressedVideo>(topic, qos)?
+                            .map(|m| Incoming::Video(VideoMsg::Foxglove(m))),
+                    ),
+                    Transport::Ffmpeg => Box::new(
+                        node.subscribe::<FFMPEGPacket>(topic, qos)?
+                            .map(|m| Incoming::Video(VideoMsg::Ffmpeg(m))),
+                    ),
                 });
             }
         }
@@ -265,7 +280,24 @@ impl Input {
         let state = &shared.inputs[self.index];
         if let Some(images) = self.images.as_mut() {
             while let Some(Some(msg)) = images.next().now_or_never() {
-                out.push(arrived(shared, self.index, msg, at));
+                let image = match msg {
+                    Incoming::Raw(m) => Pixels::Message(NativeImage::new(m)),
+                    Incoming::Compressed(m) => Pixels::Compressed(NativeCompressed::new(m)),
+                    Incoming::Video(m) => {
+                        if let Some((feed, log)) = self.video.as_mut() {
+                            video::take(shared, self.index, (feed, log), &m.packet(), at);
+                        }
+                        continue;
+                    }
+                };
+                if let (Pixels::Compressed(c), Some((feed, log))) = (&image, self.video.as_mut()) {
+                    let header = c.header();
+                    if let Some(p) = video::compressed_packet(c.format(), c.data(), &header) {
+                        video::take(shared, self.index, (feed, log), &p, at);
+                        continue;
+                    }
+                }
+                out.push(arrived(shared, self.index, image, at));
             }
         }
         if let Some(infos) = self.infos.as_mut() {

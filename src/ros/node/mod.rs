@@ -29,6 +29,7 @@ mod rosout;
 mod shared;
 mod spin;
 mod stats;
+mod video;
 
 use super::dds::DdsSetup;
 use super::native::{self, RosArgs};
@@ -223,8 +224,12 @@ fn create_node() -> Result<(Base, r2r::Node)> {
     Ok((base, node))
 }
 
-/// The topic inputs of `config` (the pipeline inputs are the cameras').
-fn topic_inputs(config: &Config) -> Vec<spin::TopicInput> {
+/// The topic inputs of `config` (the pipeline inputs are the cameras'), with the video
+/// feeds of those that carry video.
+fn topic_inputs(
+    config: &Config,
+    feeds: &[(usize, Arc<crate::capture::VideoFeed>)],
+) -> Vec<spin::TopicInput> {
     config
         .input_sources()
         .iter()
@@ -234,6 +239,7 @@ fn topic_inputs(config: &Config) -> Vec<spin::TopicInput> {
                 index: i,
                 topic: t.clone(),
                 transport: config.input_transport(i),
+                video: feeds.iter().find(|(j, _)| *j == i).map(|(_, f)| f.clone()),
             }),
             InputSource::Pipeline(_) => None,
         })
@@ -307,6 +313,7 @@ struct Running {
     spinner: std::thread::JoinHandle<r2r::Node>,
     diagnostics: DiagnosticsPublishers,
     cameras: camera::Cameras,
+    decoders: video::Decoders,
     processor: std::thread::JoinHandle<()>,
     former: Arc<Mutex<former::Former>>,
     shared: Arc<Shared>,
@@ -360,8 +367,10 @@ fn start(
     };
     let config = &base.config;
     let former = Arc::new(Mutex::new(former::Former::new(config)));
+    let feeds = video::feeds(config);
+    video::log_decoders(&base.logger, config, &feeds);
     let subscriptions = spin::Subscriptions {
-        topics: topic_inputs(config),
+        topics: topic_inputs(config, &feeds),
         preset: config.input_qos,
         depth: config.input_qos_depth,
         participants: config.input_participants,
@@ -375,6 +384,9 @@ fn start(
     shared.lifecycle = base.lifecycle.clone();
     *shared.active.get_mut() = active;
     let shared = Arc::new(shared);
+    for (i, feed) in &feeds {
+        lock(&shared.inputs[*i]).video = Some(feed.clone());
+    }
     let pipeline = match Pipeline::new(config.clone(), opened.backend) {
         Ok(p) => p,
         Err(e) => return Err(failed(e, Some(node), made)),
@@ -387,9 +399,9 @@ fn start(
         Err(f) => return Err(failed(f.0, f.1, made)),
     };
     let work = (pipeline, opened.outputs, opened.ref_topic);
-    match spawn_threads(config, opened.pipelines, work, &former, &shared) {
-        Ok((cameras, processor)) => {
-            Ok(Running { spinner, diagnostics, cameras, processor, former, shared, made })
+    match spawn_threads(config, (opened.pipelines, &feeds), work, &former, &shared) {
+        Ok((cameras, decoders, processor)) => {
+            Ok(Running { spinner, diagnostics, cameras, decoders, processor, former, shared, made })
         }
         Err(e) => {
             shared.stop();
@@ -406,15 +418,17 @@ fn failed(e: Error, mut node: Option<r2r::Node>, made: Made) -> Failed {
     Box::new((e, node))
 }
 
-/// Start the capture threads of the pipeline inputs and the processing thread.
+/// Start the capture threads of the pipeline inputs, the decoding threads of the video
+/// inputs and the processing thread.
 fn spawn_threads(
     config: &Config,
-    pipelines: Vec<camera::Started>,
+    (pipelines, feeds): (Vec<camera::Started>, &[(usize, Arc<crate::capture::VideoFeed>)]),
     (pipeline, outputs, ref_topic): (Pipeline, Outputs, String),
     former: &Arc<Mutex<former::Former>>,
     shared: &Arc<Shared>,
-) -> Result<(camera::Cameras, std::thread::JoinHandle<()>)> {
+) -> Result<(camera::Cameras, video::Decoders, std::thread::JoinHandle<()>)> {
     let cameras = camera::Cameras::run(pipelines, config.stale_after_ms, former, shared)?;
+    let decoders = video::Decoders::run(feeds, former, shared)?;
     let handoff = handoff::Handoff::start(
         &pipeline,
         shared,
@@ -427,7 +441,7 @@ fn spawn_threads(
         .name("process".into())
         .spawn(move || process::process_loop(pipeline, &proc_shared, outputs, handoff))
         .map_err(|e| Error::io("starting the processing thread", e))?;
-    Ok((cameras, processor))
+    Ok((cameras, decoders, processor))
 }
 
 fn run() -> Result<Option<String>> {
@@ -493,11 +507,13 @@ fn wait_for_stop(
 /// and count what is left; the node comes back with the publishers the start made on
 /// it, and the shared state with the fatal error, if any.
 fn stop_threads(running: Running) -> Result<(r2r::Node, Made, Arc<Shared>)> {
-    let Running { spinner, diagnostics: _, cameras, processor, former, shared, made } = running;
+    let Running { spinner, diagnostics: _, cameras, decoders, processor, former, shared, made } =
+        running;
     shared.stop();
     // Every thread that pushes frames stops (pipelines to NULL, their threads joined)
     // before the former counts what it still holds.
     drop(cameras);
+    drop(decoders);
     let panicked = |thread: &str| Error::misuse(thread, "the thread panicked");
     processor.join().map_err(|_| panicked("processing thread"))?;
     let node = spinner.join().map_err(|_| panicked("spin thread"))?;

@@ -75,6 +75,9 @@ pub(super) struct InputState {
     pub monitor: DeliveryMonitor,
     /// A pipeline input's state (`None` for a topic).
     pub pipeline: Option<PipelineState>,
+    /// A video input's feed (transports `foxglove`, `ffmpeg`, `compressed`), for its
+    /// counts.
+    pub video: Option<Arc<crate::capture::VideoFeed>>,
 }
 
 /// What `/diagnostics` says about a pipeline input (written by its capture thread).

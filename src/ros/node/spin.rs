@@ -6,8 +6,10 @@
 //! until wrapped) and reported back before anything else starts.
 
 use super::former::Former;
-use super::input::{arrived, Incoming, Input};
+use super::input::{arrived, Input};
+use super::native::NativeImage;
 use super::native::RosArgs;
+use super::shared::Pixels;
 use super::shared::{lock, Shared};
 use crate::config::{InputParticipants, QosPreset, Transport};
 use crate::ros::participant::Deliver;
@@ -35,8 +37,11 @@ pub(super) struct TopicInput {
     pub index: usize,
     /// The image topic, relative (a compressed one's base topic).
     pub topic: String,
-    /// `raw` or `compressed` (`<topic>/compressed`).
+    /// Its transport (`<topic>/<transport>` for all but `raw`).
     pub transport: Transport,
+    /// The video feed of a transport that carries video (`foxglove`, `ffmpeg`,
+    /// `compressed`).
+    pub video: Option<std::sync::Arc<crate::capture::VideoFeed>>,
 }
 
 /// The spin thread, started: [`spin`] on its own thread, once it has subscribed (its
@@ -82,7 +87,8 @@ pub(super) fn spin(
         (subs.participants == InputParticipants::PerInput).then(|| {
             let (former, shared) = (former.clone(), shared.clone());
             Box::new(move |msg: r2r::NativeMsg<r2r::sensor_msgs::msg::Image>| {
-                let r = arrived(&shared, i, Incoming::Raw(msg), Instant::now());
+                let image = Pixels::Message(NativeImage::new(msg));
+                let r = arrived(&shared, i, image, Instant::now());
                 let mut former = lock(&former);
                 former.push(i, r, &shared);
                 // A deadline set by an earlier push (latest's batch_timeout_ms) is checked
@@ -102,7 +108,7 @@ pub(super) fn spin(
             (i, topic, t.transport),
             (subs.preset, subs.depth),
             &shared,
-            own,
+            (own, t.video.clone()),
         ) {
             Ok(input) => inputs.push(input),
             Err(e) => {

@@ -417,6 +417,7 @@ mod tests {
             "camera_info_urls",
             "image_transport",
             "input_transports",
+            "video_decoder",
             "batch_policy",
             "batch_timeout_ms",
             "max_interval_ms",
@@ -429,7 +430,7 @@ mod tests {
         }
         let read_only: Vec<&str> =
             PARAMETERS.iter().filter(|s| s.read_only).map(|s| s.name).collect();
-        assert_eq!(read_only.len(), 21, "{read_only:?}");
+        assert_eq!(read_only.len(), 22, "{read_only:?}");
     }
 
     #[test]
