@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -92,6 +94,19 @@ def r2r_runs_without_cfg_flags(release: Path) -> list[Path]:
     outputs = [p for p in release.glob("build/r2r-*/output")
                if "cargo:rerun-if-env-changed=IDL_PACKAGE_FILTER" in p.read_text()]
     return [p for p in outputs if "cargo:rustc-cfg=r2r__rosgraph_msgs__msg__Clock" not in p.read_text()]
+
+
+@pytest.fixture
+def run_dir():
+    """A private XDG_RUNTIME_DIR for a node's pool socket (`<dir>/vision_preproc/*.sock`):
+    short, because a socket's path must fit sockaddr_un's 108 bytes and pytest's tmp_path
+    grows with its run counter (/tmp/pytest-of-root/pytest-60/popen-gw1/<test name>...);
+    mode 0700 as the node requires; removed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix="vp-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

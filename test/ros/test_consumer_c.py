@@ -12,9 +12,9 @@ network image mapped back with `vp::to_source` equal the TensorRef's item and th
 (`/diagnostics`) and counts no bad client. Then the version 1 path (`consumer_c/test/take.cpp`:
 connected without the ready signal, fed the descriptors the peer receives on the topic,
 taken with `vp::Consumer::acquire`): every tensor taken is the `Tensor` of its stamp. The
-rclpy peer subscribes to `tensor` (the
-reference) and `tensor_ref` (the node writes blocks only while that topic has a
-subscriber) and publishes the camera's photographs.
+rclpy peer subscribes to `tensor` (the reference) and publishes the camera's photographs;
+while the C++ example reads, nothing subscribes to `tensor_ref` on DDS (a consumer on the
+ready signal is enough for the node to write blocks); the version 1 path then does.
 """
 
 from __future__ import annotations
@@ -70,13 +70,16 @@ def publish(peer: Peer, frames: int) -> None:
 def take_from_the_topic(peer: Peer, refs: dict[int, TensorRef], env: dict, lines: list[str]) -> None:
     """The version 1 path: consumer_c_take on the pool's socket, fed each TensorRef the
     peer receives (its output lines into `lines`)."""
-    socket_path = next(iter(refs.values())).socket_path
+    sockets = list((Path(env["XDG_RUNTIME_DIR"]) / "vision_preproc").glob("*.sock"))
+    assert len(sockets) == 1, sockets
+    socket_path = str(sockets[0])
     take = subprocess.Popen([str(TAKE), socket_path], env=dict(os.environ, **env), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     reader = threading.Thread(target=lambda: lines.extend(take.stdout), daemon=True)
     reader.start()
 
     def feed(m: TensorRef) -> None:
+        refs[stamp_ns(m.header)] = m
         take.stdin.write(f"{stamp_ns(m.header)} {m.block_index} {m.generation} {m.memory_kind} {m.byte_offset} "
                          f"{m.byte_size}\n")
         take.stdin.flush()
@@ -91,19 +94,16 @@ def take_from_the_topic(peer: Peer, refs: dict[int, TensorRef], env: dict, lines
     reader.join(timeout=5)
 
 
-def test_cpp_consumer_reads_the_tensors_in_place(tmp_path: Path) -> None:
+def test_cpp_consumer_reads_the_tensors_in_place(tmp_path: Path, run_dir: Path) -> None:
     if not EXAMPLE.exists() or not TAKE.exists():
         pytest.fail(f"{EXAMPLE} is missing: build consumer_c (scripts/test.sh's consumer_c stage: "
                     "cmake -S consumer_c -B target/consumer_c && cmake --build target/consumer_c)")
-    run = tmp_path / "run"
-    run.mkdir(mode=0o700)
-    env = {"XDG_RUNTIME_DIR": str(run)}  # this node's socket only: the example finds it ("auto")
+    env = {"XDG_RUNTIME_DIR": str(run_dir)}  # this node's socket only: the example finds it ("auto")
     args = ["-r", f"__ns:={NS}", "-p", "backend:=cpu", "-p", f"network_image_width:={NET_W}",
             "-p", f"network_image_height:={NET_H}", "-p", "resize_mode:=letterbox"]
     peer = Peer(NS, output_qos=RELIABLE)
     refs: dict[int, TensorRef] = {}
     statuses: list = []
-    peer.node.create_subscription(TensorRef, "tensor_ref", lambda m: refs.__setitem__(stamp_ns(m.header), m), 10)
     peer.node.create_subscription(DiagnosticArray, "/diagnostics", lambda m: statuses.extend(m.status), RELIABLE)
     dump = tmp_path / "dump.txt"
     with NodeProcess(args, env=env, log=tmp_path / "node.log") as node:

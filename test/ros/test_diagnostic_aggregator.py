@@ -7,8 +7,9 @@ aggregator reads its parameters (`analyzers: ros__parameters:`, AnalyzerGroup wi
 `expected`, `timeout` as generic_analyzer.cpp parses them: string arrays) and applies
 GenericAnalyzer::match (regex by std::regex_match, i.e. the whole name) to the status
 names that real nodes publish on /diagnostics: one camera at the root and in a namespace,
-four cameras batched in a nested namespace (which adds one status per camera). The names
-come from those nodes, not from a list here.
+four cameras batched in a nested namespace (which adds one status per camera), and the
+greenwave statuses, one per output topic named after it. The names come from those nodes,
+not from a list here.
 """
 
 from __future__ import annotations
@@ -102,12 +103,16 @@ def test_aggregator_analyzers_group_every_node_status(tmp_path: Path) -> None:
     for p in procs:
         p.__enter__()
     try:
-        # Three node statuses and one per camera of the batched node.
-        seen = published_statuses(20.0, len(nodes) + 4)
+        # Three node statuses, one per camera of the batched node, two topics per node.
+        seen = published_statuses(20.0, len(nodes) * 3 + 4)
     finally:
         for p in procs:
             p.__exit__(None, None, None)
-    ours = sorted(seen)
+    # The greenwave statuses (their names are topics: a leading slash), each node's two.
+    topics = sorted(n for n in seen if n.startswith("/"))
+    assert topics == sorted(f"{ns}/{t}" for ns in ["", "/agg_front_camera", "/agg_robot/perception"]
+                            for t in ["tensor", "tensor_ref"]), topics
+    ours = sorted(n for n in seen if not n.startswith("/"))
     batched = "agg_robot/perception/vision_preproc"
     cameras = [f"{batched}: camera {i}" for i in range(4)]
     assert ours == sorted(["vision_preproc", "agg_front_camera/vision_preproc", batched, *cameras]), \
@@ -120,8 +125,14 @@ def test_aggregator_analyzers_group_every_node_status(tmp_path: Path) -> None:
     for name in ours:
         placed[name] = [path for path, a in analyzers if matches(a, name)]
         assert len(placed[name]) == 1, f"status {name!r} is grouped under {placed[name]} (want exactly one analyzer)"
-    # Nodes in one group, their cameras in another.
-    assert {placed[n][0] for n in ours if n not in cameras} != {placed[c][0] for c in cameras}, placed
+    for name in topics:
+        placed[name] = [path for path, a in analyzers if matches(a, name)]
+        assert len(placed[name]) == 1, f"status {name!r} is grouped under {placed[name]} (want exactly one analyzer)"
+    # Nodes in one group, their cameras in another, the topics in a third.
+    groups = [{placed[n][0] for n in ours if n not in cameras}, {placed[c][0] for c in cameras},
+              {placed[t][0] for t in topics}]
+    assert all(len(g) == 1 for g in groups) and len(set.union(*groups)) == 3, placed
     # And nothing else: a node merely named alike is not grouped with them.
-    for stranger in ["vision_preproc_monitor", "camera/vision_preproc_bridge", "vision_preprocessor"]:
+    for stranger in ["vision_preproc_monitor", "camera/vision_preproc_bridge", "vision_preprocessor",
+                     "/camera/image_raw", "/tensor_refs"]:
         assert not any(matches(a, stranger) for _, a in analyzers), stranger

@@ -155,9 +155,12 @@ impl Handoff {
         let subscribed = |p: &r2r::PublisherUntyped| {
             p.get_inter_process_subscription_count().map_or(true, |n| n > 0)
         };
-        // A replaced backend's pool is replaced at once, subscribers or not (a device
-        // pool was released with its backend: it serves nothing any more).
-        let (wanted, epoch) = (subscribed(&self.tensor_ref), pipeline.backend_epoch());
+        // Wanted by a DDS subscriber of `tensor_ref` or a consumer on the pool's ready
+        // signal (a consumer without ROS: the C library, docs/HANDOFF.md). A replaced
+        // backend's pool is replaced at once, subscribers or not (a device pool was
+        // released with its backend: it serves nothing any more).
+        let on_signal = self.pool.signal_counts().0 > 0;
+        let (wanted, epoch) = (on_signal || subscribed(&self.tensor_ref), pipeline.backend_epoch());
         if !wanted && epoch == self.epoch {
             return SetOutputs::Go { block: None, fill: true };
         }
