@@ -70,13 +70,21 @@ impl CaptureSource {
     /// appsink then also accepts NV12 in CUDA memory ([`super::ACCEPTED_CUDA`]), which
     /// the backend reads in place ([`Frame::device`]).
     pub fn start_on(description: &str, gpu: Option<Arc<GpuShare>>) -> Result<CaptureSource> {
+        let mut source = Self::parsed(description, gpu, false)?;
+        source.play().map_err(|fault| source.fail(fault))?;
+        Ok(source)
+    }
+
+    /// `description` parsed (GStreamer initialized first), with `gpu`'s CUDA context given
+    /// to its elements; not started. `live`: a video input's decode pipeline.
+    fn parsed(description: &str, gpu: Option<Arc<GpuShare>>, live: bool) -> Result<CaptureSource> {
         let fail = |fault| Error::Capture { description: description.to_string(), fault };
         gst::init().map_err(|e| fail(CaptureError::Init(e.to_string())))?;
         let (pipeline, sink, bus) = parse(description, gpu.is_some()).map_err(fail)?;
         if let Some(share) = &gpu {
             share_context(&pipeline, &bus, share);
         }
-        let mut source = CaptureSource {
+        Ok(CaptureSource {
             description: description.to_string(),
             pipeline,
             sink,
@@ -84,12 +92,10 @@ impl CaptureSource {
             clock: None,
             delivered: 0,
             stopped: false,
-            live: false,
+            live,
             reads: Arc::default(),
             gpu,
-        };
-        source.play().map_err(|fault| source.fail(fault))?;
-        Ok(source)
+        })
     }
 
     /// Parse `description` (a video input's decode pipeline: a live appsrc at its head)
@@ -101,24 +107,7 @@ impl CaptureSource {
         description: &str,
         gpu: Option<Arc<GpuShare>>,
     ) -> Result<CaptureSource> {
-        let fail = |fault| Error::Capture { description: description.to_string(), fault };
-        gst::init().map_err(|e| fail(CaptureError::Init(e.to_string())))?;
-        let (pipeline, sink, bus) = parse(description, gpu.is_some()).map_err(fail)?;
-        if let Some(share) = &gpu {
-            share_context(&pipeline, &bus, share);
-        }
-        let source = CaptureSource {
-            description: description.to_string(),
-            pipeline,
-            sink,
-            bus,
-            clock: None,
-            delivered: 0,
-            stopped: false,
-            live: true,
-            reads: Arc::default(),
-            gpu,
-        };
+        let source = Self::parsed(description, gpu, true)?;
         if let Err(e) = source.pipeline.set_state(gst::State::Playing) {
             let fault = source.bus_fault(gst::ClockTime::ZERO);
             return Err(source.fail(fault.unwrap_or_else(|| CaptureError::State {

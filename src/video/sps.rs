@@ -58,20 +58,27 @@ pub(crate) fn h264_size(payload: &[u8]) -> Result<(u32, u32), Short> {
         b.bit()?; // mb_adaptive_frame_field_flag
     }
     b.bit()?; // direct_8x8_inference_flag
-    let (mut crop_x, mut crop_y) = (0, 0);
-    if b.bit()? == 1 {
-        let (l, r, t, bo) = (b.ue()?, b.ue()?, b.ue()?, b.ue()?);
-        let (unit_x, unit_y) = match chroma {
-            1 => (2, 2),
-            2 => (2, 1),
-            _ => (1, 1),
-        };
-        crop_x = unit_x * (u64::from(l) + u64::from(r));
-        crop_y = unit_y * (2 - frame_mbs_only) * (u64::from(t) + u64::from(bo));
-    }
+    let (crop_x, crop_y) = crop(&mut b, chroma)?;
+    let crop_y = crop_y * (2 - frame_mbs_only);
     let width = (width_mbs * 16).saturating_sub(crop_x);
     let height = ((2 - frame_mbs_only) * height_units * 16).saturating_sub(crop_y);
     Ok((clamp(width), clamp(height)))
+}
+
+/// The cropping window's flag and offsets (H.264 frame_cropping, H.265
+/// conformance_window: the same four values in chroma units): the pixels cropped
+/// horizontally and vertically (H.264 field coding doubles the vertical, its caller's).
+fn crop(b: &mut Bits<'_>, chroma: u32) -> Result<(u64, u64), Short> {
+    if b.bit()? == 0 {
+        return Ok((0, 0));
+    }
+    let (l, r, t, bo) = (b.ue()?, b.ue()?, b.ue()?, b.ue()?);
+    let (unit_x, unit_y) = match chroma {
+        1 => (2, 2),
+        2 => (2, 1),
+        _ => (1, 1),
+    };
+    Ok((unit_x * (u64::from(l) + u64::from(r)), unit_y * (u64::from(t) + u64::from(bo))))
 }
 
 /// A scaling list of `size` entries (7.3.2.1.1.1), skipped.
@@ -111,17 +118,7 @@ pub(crate) fn h265_size(payload: &[u8]) -> Result<(u32, u32), Short> {
         b.bit()?; // separate_colour_plane_flag
     }
     let (width, height) = (u64::from(b.ue()?), u64::from(b.ue()?));
-    let (mut crop_x, mut crop_y) = (0, 0);
-    if b.bit()? == 1 {
-        let (l, r, t, bo) = (b.ue()?, b.ue()?, b.ue()?, b.ue()?);
-        let (unit_x, unit_y) = match chroma {
-            1 => (2, 2),
-            2 => (2, 1),
-            _ => (1, 1),
-        };
-        crop_x = unit_x * (u64::from(l) + u64::from(r));
-        crop_y = unit_y * (u64::from(t) + u64::from(bo));
-    }
+    let (crop_x, crop_y) = crop(&mut b, chroma)?;
     Ok((clamp(width.saturating_sub(crop_x)), clamp(height.saturating_sub(crop_y))))
 }
 
