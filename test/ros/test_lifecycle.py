@@ -100,17 +100,21 @@ class Driver(Peer):
 
     def watch(self, node: str) -> None:
         self.events: list[TransitionEvent] = []
-        self.status: list[DiagnosticStatus] = []
+        # (stamp in ns, status): the stamp tells a status published before a transition
+        # answered from one after it, whatever order DDS and the executor deliver them in.
+        self.status: list[tuple[int, DiagnosticStatus]] = []
         self.node.create_subscription(TransitionEvent, f"{node}/transition_event", self.events.append, RELIABLE)
         name = node.strip("/")
         self.node.create_subscription(DiagnosticArray, "/diagnostics", lambda m: self.status.extend(
-            s for s in m.status if s.name == name), RELIABLE)
+            (m.header.stamp.sec * 1_000_000_000 + m.header.stamp.nanosec, s) for s in m.status if s.name == name),
+            RELIABLE)
 
     def fresh_status(self, timeout: float = 5.0) -> DiagnosticStatus:
-        """The first status published from now on."""
-        seen = len(self.status)
-        self.spin_until(lambda: len(self.status) > seen, timeout, "a /diagnostics status")
-        return self.status[-1]
+        """The first status stamped from now on (the node's clock is the system's here)."""
+        since = time.time_ns()
+        fresh = lambda: [s for stamp, s in self.status if stamp >= since]  # noqa: E731
+        self.spin_until(lambda: bool(fresh()), timeout, "a /diagnostics status")
+        return fresh()[0]
 
     def spin_for(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -265,8 +269,17 @@ def test_a_configure_that_fails_leaves_the_node_unconfigured(tmp_path: Path) -> 
         peer.spin_until(lambda: len(peer.tensors) >= 3, 15, "tensors from the pipeline")
         assert transition(peer, node, Transition.TRANSITION_DEACTIVATE)
         assert transition(peer, node, Transition.TRANSITION_CLEANUP)
-        # The pipeline's streaming threads end once GLib's pool lets them go.
-        peer.spin_until(lambda: threads_added(pid, threads_idle) == [], 10, "no thread beyond the idle node's")
+        # The pipeline's streaming threads go back to GLib's shared pool; the node tells
+        # its idle threads to exit, and one returned after that leaves within GLib's 15 s.
+        left: list[str] = []
+
+        def no_thread_left() -> bool:
+            left[:] = threads_added(pid, threads_idle)
+            return not left
+        try:
+            peer.spin_until(no_thread_left, 20, "no thread beyond the idle node's")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {left}") from None
         # Read-only again once configured: refused while inactive.
         assert transition(peer, node, Transition.TRANSITION_CONFIGURE)
         r = call(peer, SetParameters, f"{node}/set_parameters",
