@@ -328,13 +328,16 @@ pub enum CaptureError {
     /// A network source (`rtspsrc`, `udpsrc`, `souphttpsrc`, ...) cannot connect to its
     /// server or read from it (the resource errors of [`CaptureError::NoDevice`], and
     /// `Read`).
-    #[error("element `{element}` cannot reach {address}: {message}; check that the server is up and reachable from this machine (the address and port in the description, the network, a firewall)")]
+    #[error("element `{element}` cannot reach {address}: {message}; check that the server (a camera, a streaming server) is up and reachable from this machine (the address, port and path in the description, the network, a firewall); `{alone}` tries the source alone")]
     Unreachable {
         /// The element that reported it.
         element: String,
         /// The address or URI it connects to, from its `location`, `uri` or `host` and
         /// `port`.
         address: String,
+        /// The source alone in a `gst-launch-1.0` line (`gst-launch-1.0 rtspsrc
+        /// location=... ! fakesink`), to try it without the node.
+        alone: String,
         /// GStreamer's message (and its debug text).
         message: String,
     },

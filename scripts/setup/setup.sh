@@ -68,12 +68,14 @@ log "ROS 2 $DISTRO (VP_ROS_DISTRO): .ros -> .ros-$DISTRO, target -> target-$DIST
 # are read through the system's SQLite; the cargo feature `gstreamer` (src/capture/) links
 # Debian 12's GStreamer 1.22 and its tests run videotestsrc, pngdec, rgb2bayer and
 # gst-launch-1.0 (plugins base, good, bad; the tools); video inputs decode with libav's
-# decoders (gstreamer1.0-libav) and their tests encode with x264enc (plugins ugly); cmake
-# builds the C/C++ consumer (consumer_c/, with the base image's g++).
+# decoders (gstreamer1.0-libav) and their tests encode with x264enc (plugins ugly); the
+# RTSP camera of test/ros/test_rtsp.py is GStreamer's rtsp-server run by the system's
+# python3 (python3-gi, gir1.2-gst-rtsp-server-1.0: the venv's Python cannot load them);
+# cmake builds the C/C++ consumer (consumer_c/, with the base image's g++).
 APT_PACKAGES=(libclang-dev clang libsqlite3-dev cmake
     libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-plugins-base
     gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-tools
-    gstreamer1.0-libav gstreamer1.0-plugins-ugly)
+    gstreamer1.0-libav gstreamer1.0-plugins-ugly python3-gi gir1.2-gst-rtsp-server-1.0)
 missing=()
 # Named with the machine's architecture: `dpkg -s` refuses a bare name that is installed
 # for two (after `make aarch64`, which adds arm64's GStreamer), and would install again.

@@ -68,22 +68,32 @@ pub(super) fn error_fault(err: &gst::message::Error, sink: &gst_app::AppSink) ->
     let cannot_read = cannot_open || kind == Some(R::Read);
     let source = err.src().and_then(|s| s.downcast_ref::<gst::Element>()).and_then(source_kind);
     match source {
-        Some((SourceKind::Network, address)) if cannot_read => {
-            CaptureError::Unreachable { element, address, message }
+        Some(Opened { kind: SourceKind::Network, target, alone }) if cannot_read => {
+            CaptureError::Unreachable { element, address: target, alone, message }
         }
-        Some((SourceKind::File, path)) if cannot_read => {
-            CaptureError::NoFile { element, path, message }
+        Some(Opened { kind: SourceKind::File, target, .. }) if cannot_read => {
+            CaptureError::NoFile { element, path: target, message }
         }
         _ if cannot_open => CaptureError::NoDevice { element, message },
         _ => CaptureError::Element { element, message },
     }
 }
 
-/// A network or file source's kind ([`SOURCE_KINDS`]) and what it opens, as its
-/// properties name it; `None` for any other element.
-fn source_kind(element: &gst::Element) -> Option<(SourceKind, String)> {
+/// What a network or file source opens, as its properties name it.
+struct Opened {
+    kind: SourceKind,
+    /// The address, URI or path (`host:port` where two properties name it).
+    target: String,
+    /// The source alone in a `gst-launch-1.0` line, to try it without the node:
+    /// `gst-launch-1.0 rtspsrc location=rtsp://... ! fakesink`.
+    alone: String,
+}
+
+/// A network or file source's kind ([`SOURCE_KINDS`]) and what it opens; `None` for any
+/// other element.
+fn source_kind(element: &gst::Element) -> Option<Opened> {
     let factory = element.factory()?;
-    let &(_, kind, properties) = SOURCE_KINDS.iter().find(|s| s.0 == factory.name())?;
+    let &(source, kind, properties) = SOURCE_KINDS.iter().find(|s| s.0 == factory.name())?;
     let values: Option<Vec<String>> = properties
         .iter()
         .map(|&name| {
@@ -92,11 +102,25 @@ fn source_kind(element: &gst::Element) -> Option<(SourceKind, String)> {
             value.get::<Option<String>>().ok().flatten().filter(|v| !v.is_empty())
         })
         .collect();
-    let target = match values {
-        Some(values) => values.join(":"),
-        None => format!("(`{}` not set)", properties.join("`, `")),
+    let Some(values) = values else {
+        let target = format!("(`{}` not set)", properties.join("`, `"));
+        return Some(Opened { kind, target, alone: format!("gst-launch-1.0 {source} ! fakesink") });
     };
-    Some((kind, target))
+    let set: Vec<String> =
+        properties.iter().zip(&values).map(|(p, v)| format!("{p}={}", shell_word(v))).collect();
+    let alone = format!("gst-launch-1.0 {source} {} ! fakesink", set.join(" "));
+    Some(Opened { kind, target: values.join(":"), alone })
+}
+
+/// `value` as one word of a shell line: as it is when it holds only characters a shell
+/// leaves alone, else in single quotes.
+fn shell_word(value: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/:.,_-+=@%".contains(c);
+    if value.chars().all(plain) {
+        value.to_string()
+    } else {
+        format!("'{}'", value.replace('\'', r"'\''"))
+    }
 }
 
 /// What the description's last element can output (its caps), for the message of a
@@ -229,5 +253,12 @@ mod tests {
         assert_eq!(debian_package("rgb2bayer"), "gstreamer1.0-plugins-bad");
         assert_eq!(debian_package("v4l2src"), "gstreamer1.0-plugins-good");
         assert!(debian_package("nosuchelement").starts_with("one of"));
+    }
+
+    #[test]
+    fn a_network_source_alone_is_one_shell_word_per_property() {
+        assert_eq!(shell_word("rtsp://10.0.0.2:554/live"), "rtsp://10.0.0.2:554/live");
+        assert_eq!(shell_word("rtsp://cam/s?a=1&b=2"), "'rtsp://cam/s?a=1&b=2'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
     }
 }
