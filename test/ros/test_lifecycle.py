@@ -9,7 +9,8 @@ services, as `ros2 lifecycle` and launch_ros' LifecycleNode drive it:
   is published or counted, the transition events come in order, refused transitions are
   answered success: false;
 - after cleanup: no tensor_ref socket, no pool memory, no threads beyond the unconfigured
-  node's, resident memory back within a few MB of unconfigured (from /proc);
+  node's, resident memory back within a few MB of unconfigured (from /proc); cycle after
+  cycle, the heap after cleanup does not grow;
 - a configure that fails (backend cuda without a GPU; a `gst:` pipeline naming a missing
   element) leaves the node unconfigured and alive with the reason in the log and in
   /diagnostics; read-only parameters are set while unconfigured, and the next configure
