@@ -187,6 +187,11 @@ impl VideoFeed {
         VideoFeed::default()
     }
 
+    /// No decode pipeline to share it with.
+    pub fn with_gpu(self, _gpu: Option<Arc<GpuShare>>) -> Self {
+        self
+    }
+
     /// Refused: no decoder in this build.
     pub fn push(&self, _packet: &Packet<'_>) -> Outcome {
         let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());

@@ -220,8 +220,7 @@ impl CaptureSource {
     }
 
     /// Set the pipeline to NULL: its streaming threads are joined and its devices and
-    /// files closed, and GLib's idle pool threads (which would otherwise linger up to
-    /// 15 s) are told to exit. Frames still alive keep their own buffers.
+    /// files closed. Frames still alive keep their own buffers.
     pub fn stop(mut self) -> Result<()> {
         self.stop_inner()
     }
@@ -230,11 +229,9 @@ impl CaptureSource {
         if std::mem::replace(&mut self.stopped, true) {
             return Ok(());
         }
-        let stopped = self.pipeline.set_state(gst::State::Null).map(|_| ()).map_err(|e| {
+        self.pipeline.set_state(gst::State::Null).map(|_| ()).map_err(|e| {
             self.fail(CaptureError::State { state: "NULL".into(), message: e.to_string() })
-        });
-        gst::glib::ThreadPool::stop_unused_threads();
-        stopped
+        })
     }
 
     fn fail(&self, fault: CaptureError) -> Error {

@@ -25,12 +25,13 @@
 //! stamp as its PTS, and decoders reorder PTS with the frames, so B-frames come out in
 //! presentation order with their own stamps.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gstreamer as gst;
 use gstreamer_app as gst_app;
 
+use super::cuda::GpuShare;
 use super::fault::debian_package;
 use super::source::CaptureSource;
 use crate::compressed::Limits;
@@ -165,6 +166,9 @@ struct State {
 pub struct VideoFeed {
     policy: VideoDecoder,
     limits: Limits,
+    /// The GPU backend's CUDA context, shared with the decode pipelines: NVIDIA's
+    /// decoders then output CUDA memory, read in place.
+    gpu: Option<Arc<GpuShare>>,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -182,7 +186,15 @@ impl VideoFeed {
     /// A feed whose decoders are chosen under `policy`, refusing pictures over `limits`.
     pub fn new(policy: VideoDecoder, limits: Limits) -> VideoFeed {
         let state = State { resync: true, ..State::default() };
-        VideoFeed { policy, limits, state: Mutex::new(state), changed: Condvar::new() }
+        VideoFeed { policy, limits, gpu: None, state: Mutex::new(state), changed: Condvar::new() }
+    }
+
+    /// The feed with the GPU backend's CUDA context shared with its decode pipelines
+    /// (`None`: the CPU backend, or no GStreamer CUDA library): NVIDIA's decoders' frames
+    /// then stay in CUDA memory and the backend reads them in place.
+    pub fn with_gpu(mut self, gpu: Option<Arc<GpuShare>>) -> VideoFeed {
+        self.gpu = gpu;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -279,13 +291,14 @@ impl VideoFeed {
 
     /// Start a decode pipeline for `codec` and hand it to the input's thread.
     fn start(&self, st: &mut State, codec: Codec) -> Result<()> {
-        let choice = choose_decoder(codec, self.policy).map_err(|fault| Error::Capture {
+        let mut choice = choose_decoder(codec, self.policy).map_err(|fault| Error::Capture {
             description: format!("(video input, {codec})"),
             fault,
         })?;
-        // The CPU's decoders output system memory; NVIDIA's in CUDA memory would pass the
-        // backend's GpuShare here (CaptureSource::start_on's).
-        let source = CaptureSource::start_fed(&choice.description(), None)?;
+        if self.gpu.is_some() {
+            choice = choice.in_cuda_memory();
+        }
+        let source = CaptureSource::start_fed(&choice.description(), self.gpu.clone())?;
         let src = source.app_src(SRC_NAME).ok_or_else(|| Error::Capture {
             description: choice.description(),
             fault: CaptureError::Link { message: format!("our appsrc `{SRC_NAME}` is missing") },

@@ -26,6 +26,21 @@ pub struct DecoderChoice {
 pub(crate) const SRC_NAME: &str = "vision_preproc_src";
 
 impl DecoderChoice {
+    /// NVIDIA's decoder with its output left in CUDA memory (no caps filter to system
+    /// memory), for a pipeline that shares the GPU backend's CUDA context: our appsink
+    /// prefers NV12 in CUDA memory and the backend reads it in place. Other decoders are
+    /// unchanged (their output is system memory).
+    pub fn in_cuda_memory(mut self) -> DecoderChoice {
+        if self.decoder.starts_with("nvh26") || self.decoder.starts_with("nvvp9") {
+            self.tail = self.decoder.to_string();
+            self.why.push_str(
+                "; output in CUDA memory, read in place by the GPU backend (its CUDA context \
+                 shared with GStreamer's)",
+            );
+        }
+        self
+    }
+
     /// The launch description: our appsrc (live, TIME stamps, the codec's caps) and the
     /// chosen elements.
     pub fn description(&self) -> String {
@@ -114,4 +129,31 @@ pub struct VideoReport {
     pub last_problem: Option<String>,
     /// Waiting for a key frame now.
     pub waiting: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn choice(decoder: &'static str, tail: &str) -> DecoderChoice {
+        DecoderChoice {
+            codec: Codec::H264,
+            parser: "h264parse",
+            decoder,
+            tail: tail.to_string(),
+            why: "video_decoder auto".to_string(),
+        }
+    }
+
+    #[test]
+    fn only_nvidias_decoders_are_left_in_cuda_memory() {
+        let nv = choice("nvh264dec", "nvh264dec ! video/x-raw,format=NV12").in_cuda_memory();
+        assert!(nv.description().ends_with("! h264parse ! nvh264dec"), "{}", nv.description());
+        assert!(nv.why.contains("CUDA memory"), "{}", nv.why);
+        let cpu_tail = "avdec_h264 output-corrupt=false ! videoconvert ! video/x-raw,format=NV12";
+        let cpu = choice("avdec_h264", cpu_tail).in_cuda_memory();
+        assert_eq!((cpu.tail.as_str(), cpu.why.as_str()), (cpu_tail, "video_decoder auto"));
+        let jetson = "nvv4l2decoder ! nvvidconv ! video/x-raw,format=NV12";
+        assert_eq!(choice("nvv4l2decoder", jetson).in_cuda_memory().tail, jetson);
+    }
 }

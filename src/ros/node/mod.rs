@@ -35,6 +35,7 @@ use super::dds::DdsSetup;
 use super::native::{self, RosArgs};
 use super::ros_err;
 use crate::backend::Backend;
+use crate::capture::GpuShare;
 use crate::config::{Config, InputSource};
 use crate::error::{Error, Result};
 use crate::pipeline::{open_backend, Pipeline};
@@ -252,38 +253,44 @@ fn open_cameras(
     node: &mut r2r::Node,
     config: &Config,
     logger: &str,
-    (backend, made): (&dyn Backend, &mut Made),
+    (backend, gpu, made): (&dyn Backend, Option<&Arc<GpuShare>>, &mut Made),
 ) -> Result<Vec<camera::Started>> {
-    let inputs = camera::PipelineInput::of(config)?;
-    let gpu = if inputs.is_empty() { None } else { share_gpu(backend, logger) };
-    inputs
+    camera::PipelineInput::of(config)?
         .into_iter()
         .map(|p| {
             let publishers = camera::CameraPublishers::create(node, &p.name)
                 .map_err(|e| ros_err(&format!("creating the publishers of {}", p.name), e))?;
             made.cameras.push(publishers.clone());
-            camera::start(p, publishers, logger, backend.name(), gpu.as_ref())
+            camera::start(p, publishers, logger, backend.name(), gpu)
         })
         .collect()
 }
 
-/// The GPU backend's CUDA context shared with the pipeline inputs' CUDA elements, so that
-/// their frames may come in CUDA memory and be read in place; `None` (said on the log)
-/// for the CPU backend or without GStreamer's CUDA library: frames in system memory.
-fn share_gpu(backend: &dyn Backend, logger: &str) -> Option<Arc<crate::capture::GpuShare>> {
+/// The GPU backend's CUDA context shared with the CUDA elements of the pipeline inputs
+/// and the video inputs' decode pipelines, so that their frames may come in CUDA memory
+/// and be read in place; `None` (said on the log) for the CPU backend, without GStreamer's
+/// CUDA library, or when no input runs a GStreamer pipeline: frames in system memory.
+fn share_gpu(backend: &dyn Backend, config: &Config, logger: &str) -> Option<Arc<GpuShare>> {
+    let pipelines = config.input_sources().iter().any(|s| matches!(s, InputSource::Pipeline(_)));
+    if !pipelines && !video::has_video_inputs(config) {
+        return None;
+    }
     let device = backend.device_context()?;
-    match crate::capture::GpuShare::new(device) {
+    match GpuShare::new(device) {
         Ok(share) => {
             r2r::log_info!(
                 logger,
-                "pipeline inputs share the GPU's CUDA context: frames in CUDA memory \
-                 (`{}`, NV12 from nvh264dec / nvh265dec) are read in place on the device",
+                "pipeline and video inputs share the GPU's CUDA context: frames in CUDA \
+                 memory (`{}`, NV12 from nvh264dec / nvh265dec) are read in place on the device",
                 crate::capture::CUDA_MEMORY_FEATURE
             );
             Some(share)
         }
         Err(why) => {
-            r2r::log_warn!(logger, "pipeline inputs in system memory only, not CUDA memory: {why}");
+            r2r::log_warn!(
+                logger,
+                "pipeline and video inputs in system memory only, not CUDA memory: {why}"
+            );
             None
         }
     }
@@ -326,6 +333,8 @@ struct Opened {
     backend_info: BackendInfo,
     outputs: Outputs,
     pipelines: Vec<camera::Started>,
+    /// The CUDA context shared with the video inputs' decode pipelines.
+    gpu: Option<Arc<GpuShare>>,
     ref_topic: String,
     /// The resolved `tensor` and `tensor_ref` (the greenwave statuses).
     output_topics: [String; 2],
@@ -340,11 +349,12 @@ fn open(base: &Base, node: &mut r2r::Node, made: &mut Made) -> Result<Opened> {
         .map_err(|e| ros_err("creating the output publishers", e))?;
     made.outputs = Some(outputs.clone());
     log_batching(logger, config);
-    let pipelines = open_cameras(node, config, logger, (backend.as_ref(), made))?;
+    let gpu = share_gpu(backend.as_ref(), config, logger);
+    let pipelines = open_cameras(node, config, logger, (backend.as_ref(), gpu.as_ref(), made))?;
     let ref_topic = resolved_topic(node, base.ros_args.as_ref(), "tensor_ref")?;
     let output_topics =
         [resolved_topic(node, base.ros_args.as_ref(), "tensor")?, ref_topic.clone()];
-    Ok(Opened { backend, backend_info, outputs, pipelines, ref_topic, output_topics })
+    Ok(Opened { backend, backend_info, outputs, pipelines, gpu, ref_topic, output_topics })
 }
 
 /// A start that failed: its error, and the node when it could be kept (what the start
@@ -367,7 +377,7 @@ fn start(
     };
     let config = &base.config;
     let former = Arc::new(Mutex::new(former::Former::new(config)));
-    let feeds = video::feeds(config);
+    let feeds = video::feeds(config, opened.gpu.as_ref());
     video::log_decoders(&base.logger, config, &feeds);
     let subscriptions = spin::Subscriptions {
         topics: topic_inputs(config, &feeds),

@@ -11,7 +11,7 @@
 
 use super::former::Former;
 use super::shared::{lock, Captured, Pixels, RateLimitedLog, Received, Shared};
-use crate::capture::{decoders_status, CaptureSource, Frame, Outcome, Packet, VideoFeed};
+use crate::capture::{decoders_status, CaptureSource, Frame, GpuShare, Outcome, Packet, VideoFeed};
 use crate::compressed::Limits;
 use crate::config::{Config, InputSource, Transport};
 use crate::error::{Error, Result};
@@ -82,21 +82,35 @@ pub(super) fn compressed_packet<'a>(
     })
 }
 
-/// The video feeds of `config`: one per topic input whose transport carries video
-/// (`foxglove`, `ffmpeg`, and `compressed`, whose messages may), by batch slot.
-pub(super) fn feeds(config: &Config) -> Vec<(usize, Arc<VideoFeed>)> {
-    config
-        .input_sources()
-        .iter()
-        .enumerate()
-        .filter(|(i, s)| {
-            matches!(s, InputSource::Topic(_))
-                && matches!(
-                    config.input_transport(*i),
-                    Transport::Foxglove | Transport::Ffmpeg | Transport::Compressed
-                )
+/// The batch slots of `config`'s topic inputs whose transport carries video (`foxglove`,
+/// `ffmpeg`, and `compressed`, whose messages may).
+fn video_inputs(config: &Config) -> Vec<usize> {
+    let sources = config.input_sources();
+    let video = |i| {
+        matches!(
+            config.input_transport(i),
+            Transport::Foxglove | Transport::Ffmpeg | Transport::Compressed
+        )
+    };
+    (0..sources.len())
+        .filter(|&i| matches!(sources[i], InputSource::Topic(_)) && video(i))
+        .collect()
+}
+
+/// Whether `config` has an input that may carry video.
+pub(super) fn has_video_inputs(config: &Config) -> bool {
+    !video_inputs(config).is_empty()
+}
+
+/// The video feeds of `config`, one per input that may carry video, by batch slot; their
+/// decode pipelines share `gpu` (NVIDIA's decoders then output CUDA memory).
+pub(super) fn feeds(config: &Config, gpu: Option<&Arc<GpuShare>>) -> Vec<(usize, Arc<VideoFeed>)> {
+    video_inputs(config)
+        .into_iter()
+        .map(|i| {
+            let feed = VideoFeed::new(config.video_decoder, Limits::default());
+            (i, Arc::new(feed.with_gpu(gpu.cloned())))
         })
-        .map(|(i, _)| (i, Arc::new(VideoFeed::new(config.video_decoder, Limits::default()))))
         .collect()
 }
 
