@@ -19,7 +19,18 @@ for each of --paths:
   docs/HANDOFF.md), as TensorRefSubscription does by itself on the node's machine. The
   node's `Input frame copies` (/diagnostics) is the ledger of its host copies;
 - t: as b, the consumer on the `TensorRef` topic's messages (`fast_path=False`), as (a)
-  and (c) are.
+  and (c) are;
+- v: the camera process publishes an H.264 stream (a photograph panned across, x264enc
+  veryfast, no B-frames, a key frame a second: `foxglove_msgs/CompressedVideo` from `play`
+  of a bag of it, on `<image>/foxglove`) into a node with `image_transport: foxglove`,
+  which decodes it (docs/VIDEO.md: the CPU's avdec_h264 here, NVDEC on an NVIDIA GPU);
+  consumer on `tensor_ref`;
+- f: what users run today: the same stream decoded by a decoder process (PyAV's libavcodec,
+  slice threads, into bgr24 by swscale, in an rclpy process, as ffmpeg_image_transport's
+  subscriber does) and published as a bgr8 `sensor_msgs/Image` with the packet's stamp
+  into the node; consumer on `tensor_ref`. Against (v): decoding in the node against a
+  decoder process and a raw image over DDS. The CPU time of the node and of the decoder
+  process is kept per phase (`cpu_node_pct`, `cpu_decoder_pct`: % of one core).
 
 The consumers:
 
@@ -248,6 +259,60 @@ def consumer(topic: str, ns: str, seconds: float, out: Path, use_torch: bool = F
     rclpy.shutdown()
 
 
+def decoder(ns: str, seconds: float) -> None:
+    """Path f's decoder process: `<ns>/h264/foxglove` (CompressedVideo, H.264) decoded by
+    PyAV into bgr24 and published as a bgr8 Image on `<ns>/image` with the packet's stamp."""
+    import av
+    import rclpy
+    from foxglove_msgs.msg import CompressedVideo
+    from rclpy.qos import qos_profile_sensor_data
+    from sensor_msgs.msg import Image
+
+    rclpy.init()
+    node = rclpy.create_node("h264_decoder", namespace=ns)
+    ctx = av.CodecContext.create("h264", "r")
+    ctx.thread_type, ctx.thread_count = "SLICE", os.cpu_count() or 1
+    # As `play` publishes the other paths' images (best effort).
+    pub = node.create_publisher(Image, f"{ns}/image", qos_profile_sensor_data)
+
+    def on_packet(m) -> None:
+        try:
+            frames = ctx.decode(av.Packet(bytes(m.data)))
+        except av.error.FFmpegError:
+            return  # joined mid-stream: nothing until the next key frame, as a subscriber's decoder
+        for f in frames:
+            bgr = f.to_ndarray(format="bgr24")
+            img = Image(height=f.height, width=f.width, encoding="bgr8", step=f.width * 3)
+            img.header.stamp, img.header.frame_id = m.timestamp, m.frame_id
+            img.data = bgr.tobytes()
+            pub.publish(img)
+
+    node.create_subscription(CompressedVideo, f"{ns}/h264/foxglove", on_packet, qos_profile_sensor_data)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        rclpy.spin_once(node, timeout_sec=0.1)
+    node.destroy_node()
+    rclpy.shutdown()
+
+
+def cpu_s(pid: int) -> float:
+    """CPU time (user + system) of `pid` so far, in seconds (NaN once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def make_video_bag(path: Path, w: int, h: int, rate: float) -> Path:
+    """Paths v and f's camera: 60 frames of a photograph panned across, H.264 (x264enc
+    veryfast, no B-frames, a key frame every `rate` frames), CompressedVideo in a bag."""
+    from vptools.video import encode, pan_frames, write_video_bag
+    packets = encode(pan_frames("chelsea.png", w, h, 60), "h264", path.parent, gop=int(rate), fps=int(rate))
+    write_video_bag(path, "foxglove", "h264", packets)
+    return path
+
+
 def vm_rss_mb(pid: int) -> float:
     """VmRSS of `pid` (NaN once it is gone)."""
     from vptools.soak import rss_mb  # (the parent only: it sets the test run's ROS domain)
@@ -255,11 +320,14 @@ def vm_rss_mb(pid: int) -> float:
     return r["VmRSS"] if r else float("nan")
 
 
-def phase(a: argparse.Namespace, ns: str, path: str, r: int, node_pid: int, work: Path) -> dict:
-    """One consumer process on path `path`'s topic for --seconds, memory sampled every 0.5 s."""
+def phase(a: argparse.Namespace, ns: str, path: str, r: int, node_pid: int, work: Path,
+          decoder_pid: int | None = None) -> dict:
+    """One consumer process on path `path`'s topic for --seconds, memory sampled every
+    0.5 s; the CPU time of the node (and of path f's decoder process) over the phase."""
     time.sleep(1.0)
     topic = PATHS[path][0]
     out = work / f"{path}_{r}.json"
+    cpu0 = (time.monotonic(), cpu_s(node_pid), cpu_s(decoder_pid) if decoder_pid else float("nan"))
     c = subprocess.Popen([sys.executable, __file__, "--consumer", topic, "--seconds", str(a.seconds),
                           "--out", str(out), "--ns", ns, *(["--torch"] if a.torch else [])])
     node_rss, cons_rss, pss = [], [], []
@@ -268,10 +336,14 @@ def phase(a: argparse.Namespace, ns: str, path: str, r: int, node_pid: int, work
         cons_rss.append(vm_rss_mb(c.pid))
         pss.append(pss_mb(node_pid) + pss_mb(c.pid))
         time.sleep(0.5)
+    wall = time.monotonic() - cpu0[0]
+    cpu_node = 100 * (cpu_s(node_pid) - cpu0[1]) / wall
+    cpu_decoder = 100 * (cpu_s(decoder_pid) - cpu0[2]) / wall if decoder_pid else None
     return {**summary(json.loads(out.read_text()), path, r),
             "node_rss_max_mb": max(node_rss, default=float("nan")),
             "consumer_rss_max_mb": max(cons_rss, default=float("nan")),
-            "pss_sum_max_mb": max(pss, default=float("nan"))}
+            "pss_sum_max_mb": max(pss, default=float("nan")),
+            "cpu_node_pct": cpu_node, "cpu_decoder_pct": cpu_decoder}
 
 
 def summary(d: dict, path: str, r: int) -> dict:
@@ -315,6 +387,10 @@ def phase_line(p: dict) -> str:
                  f"done {g:.2f} ms, tensor usable {u:.2f} ms")
     if p.get("upload_p50_ms") is not None:
         line += f"; upload stage (host staging + copy to the GPU) p50 {p['upload_p50_ms']:.3f} ms"
+    if p.get("cpu_node_pct") is not None:
+        line += f"; CPU node {p['cpu_node_pct']:.0f} %"
+        if p.get("cpu_decoder_pct") is not None:
+            line += f", decoder process {p['cpu_decoder_pct']:.0f} %"
     if "node_rss_max_mb" in p:
         line += (f"; memory (max) node RSS {p['node_rss_max_mb']:.0f} MB, consumer RSS "
                  f"{p['consumer_rss_max_mb']:.0f} MB, node + consumer PSS {p['pss_sum_max_mb']:.0f} MB")
@@ -349,6 +425,11 @@ def print_ratio(phases: list[dict]) -> dict:
         ratios["t_over_b_p50"] = med("t", "age_p50_ms") / med("b", "age_p50_ms")
         print(f"camera stamp -> tensor usable p50: (b) on the topic / (b) on the socket "
               f"{ratios['t_over_b_p50']:.2f}x")
+    if any(p.get("path") == "v" for p in phases) and any(p.get("path") == "f" for p in phases):
+        for other in ("f", "a"):
+            ratios[f"{other}_over_v_p50"] = med(other, "age_p50_ms") / med("v", "age_p50_ms")
+        print(f"camera stamp -> tensor usable p50: decoder process (f) / decoded in the node (v) "
+              f"{ratios['f_over_v_p50']:.2f}x, raw over DDS (a) / (v) {ratios['a_over_v_p50']:.2f}x")
     if any(p.get("path") == "b" for p in phases):
         ratios["s_over_b_p50"] = med("s", "age_p50_ms") / med("b", "age_p50_ms")
         ratios["a_over_b_p50"] = med("a", "age_p50_ms") / med("b", "age_p50_ms")
@@ -368,6 +449,8 @@ PATHS = {
     "b": ("tensor_ref", "(b) in-node camera -> socket    "),
     "t": ("tensor_ref_topic", "(b) in-node camera -> tensor_ref"),
     "c": ("tensor_ref_topic", "(c) JPEG camera -> tensor_ref   "),
+    "v": ("tensor_ref_topic", "(v) H.264 camera -> node decodes"),
+    "f": ("tensor_ref_topic", "(f) H.264 -> decoder -> bgr8    "),
 }
 
 
@@ -398,8 +481,9 @@ def main() -> None:
     ap.add_argument("--consumer", choices=["tensor", "tensor_ref", "tensor_ref_topic", "both"],
                     help="run only the consumer process, on this topic (both: block bytes == Tensor bytes), "
                          "writing --out (the GPU machine's scenario starts node and camera itself)")
+    ap.add_argument("--decoder", action="store_true", help="run only path f's decoder process")
     ap.add_argument("--torch", action="store_true", help="the consumer makes CUDA torch tensors")
-    ap.add_argument("--paths", default="s,a", help="which of s, a, b, t, c to run (comma-separated; module docstring)")
+    ap.add_argument("--paths", default="s,a", help="which of s, a, b, t, c, v, f to run (comma-separated; module docstring)")
     ap.add_argument("--hold-ms", type=float, default=0.0, help="the consumer holds each frame this long")
     ap.add_argument("--batch", action="store_true", help="the consumer's node has several inputs (TensorBatch)")
     ap.add_argument("--executor", choices=["single", "events"], default="single",
@@ -421,6 +505,9 @@ def main() -> None:
     if a.consumer:
         consumer(a.consumer, a.ns, a.seconds, a.out, a.torch, a.hold_ms, a.batch, a.executor)
         return
+    if a.decoder:
+        decoder(a.ns, a.seconds)
+        return
     if a.report:
         # <path or topic>_<round>.json ("batch_tensor_ref_2": the tensor_ref phase of round 2
         # of a batch run; "events_gst_ref_1": a consumer with the EventsExecutor; the GPU
@@ -438,27 +525,33 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_handoff_"))
     bag = make_bag(work / "bag", a.width, a.height, a.rate)
     jpeg_bag = make_jpeg_bag(work / "jpeg_bag", a.width, a.height, a.rate)
+    paths = [p for p in a.paths.split(",") if p]
+    video_bag = make_video_bag(work / "video_bag", a.width, a.height, a.rate) if {"v", "f"} & set(paths) else None
     ns = "/bench_handoff"
     params = ["-r", f"__ns:={ns}", "-p", f"backend:={a.backend}", "-p", f"network_image_width:={a.network}",
               "-p", f"network_image_height:={a.network}"]
-    paths = [p for p in a.paths.split(",") if p]
-    assert set(paths) <= set(PATHS) and "s" in paths and "a" in paths, f"--paths {a.paths}: s and a, and b, t, c"
+    assert set(paths) <= set(PATHS) and "s" in paths and "a" in paths, f"--paths {a.paths}: s and a, and b, t, c, v, f"
     phases = []
     for r in range(a.rounds):
         for path in paths:
             # A node and a camera per phase: each phase's memory is its own.
             gst = ["-p", f'inputs:=["{gst_camera(a.width, a.height, a.rate)}"]']
-            camera = {"b": gst, "t": gst, "c": ["-p", "image_transport:=compressed"]}.get(path, [])
+            camera = {"b": gst, "t": gst, "c": ["-p", "image_transport:=compressed"],
+                      "v": ["-p", "image_transport:=foxglove"]}.get(path, [])
+            played = {"c": jpeg_bag, "v": video_bag, "f": video_bag}.get(path, bag)
             with NodeProcess(params + camera, log=work / f"node_{path}_{r}.log") as node:
+                dec = subprocess.Popen([sys.executable, __file__, "--decoder", "--ns", ns, "--seconds",
+                                        str(a.seconds + 10)]) if path == "f" else None
                 play = None if path in ("b", "t") else subprocess.Popen(
-                    [str(ROOT / "target" / "release" / "vision_preproc"), "play", str(jpeg_bag if path == "c" else bag),
-                     "--loop", "--restamp", "--image-topic", f"{ns}/image"], stdout=subprocess.DEVNULL)
+                    [str(ROOT / "target" / "release" / "vision_preproc"), "play", str(played), "--loop", "--restamp",
+                     "--image-topic", f"{ns}/h264" if path == "f" else f"{ns}/image"], stdout=subprocess.DEVNULL)
                 try:
-                    phases.append(phase(a, ns, path, r, node.proc.pid, work))
+                    phases.append(phase(a, ns, path, r, node.proc.pid, work, dec.pid if dec else None))
                 finally:
-                    if play:
-                        play.terminate()
-                        play.wait(timeout=10)
+                    for proc in (play, dec):
+                        if proc:
+                            proc.terminate()
+                            proc.wait(timeout=10)
             print(phase_line(phases[-1]), flush=True)
     ratios = print_ratio(phases)
     if a.json:

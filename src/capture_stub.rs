@@ -166,7 +166,7 @@ impl CaptureSource {
 // The video inputs' plain data, as with GStreamer (one definition).
 #[path = "capture/video_types.rs"]
 mod video_types;
-pub use video_types::{DecoderChoice, Outcome, Packet, VideoCounts, VideoReport};
+pub use video_types::{DecoderChoice, Outcome, Packet, Step, VideoCounts, VideoReport};
 
 /// What `vision_preproc info` says of the video decoders in this build.
 pub fn decoders_status(_policy: crate::config::VideoDecoder) -> String {
@@ -214,6 +214,9 @@ impl VideoFeed {
     /// Nothing to wait for: no stream is decoded.
     pub fn pause(&self) {}
 
+    /// Nothing to end: no stream is decoded.
+    pub fn finish(&self) {}
+
     /// Never called: no frame is decoded.
     pub fn decoded(&self) {}
 
@@ -225,6 +228,28 @@ impl VideoFeed {
     /// The counts (every packet refused).
     pub fn report(&self) -> VideoReport {
         self.report.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// A video input's frames without GStreamer: none (every packet was refused).
+#[derive(Debug)]
+pub struct VideoFrames;
+
+impl VideoFrames {
+    /// No frames: no pipeline runs.
+    pub fn new(_feed: Arc<VideoFeed>) -> VideoFrames {
+        VideoFrames
+    }
+
+    /// Waits `wait`: nothing comes.
+    pub fn step(&mut self, wait: Duration) -> Step<Frame> {
+        std::thread::sleep(wait);
+        Step::Idle
+    }
+
+    /// Always: no pipeline runs.
+    pub fn is_idle(&self) -> bool {
+        true
     }
 }
 

@@ -209,14 +209,16 @@ def frame_counts(status) -> dict[str, int]:
     return {k: int(v) for k, v in status_values(status).items() if k.startswith("Frames")}
 
 
-def call(peer: Peer, srv_type, name: str, request, timeout: float = 10.0, attempts: int = 3):
+def call(peer: Peer, srv_type, name: str, request, timeout: float = 10.0, attempts: int = 3, client=None):
     """Call service `name` of type `srv_type` from the peer and return the reply (every
     wait with a timeout). A request whose reply does not come within `timeout` is sent
     again, up to `attempts` times: a reply to a client created just before the call can be
     lost when the server has not matched the client's reply reader yet (discovery is slow
     under load; seen once: no get_parameters reply in 10 s). For idempotent services
-    (parameters)."""
-    client = peer.node.create_client(srv_type, name)
+    (parameters). `client`: the peer's client of that service to use; by default a new
+    one (which stays in the peer until it closes, and in what the server's participant
+    has discovered)."""
+    client = client or peer.node.create_client(srv_type, name)
     peer.spin_until(lambda: client.service_is_ready(), timeout, f"service {name}")
     for attempt in range(1, attempts + 1):
         future = client.call_async(request)

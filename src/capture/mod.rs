@@ -57,8 +57,8 @@ pub use frame::Frame;
 pub use source::CaptureSource;
 pub use time::{CaptureTime, ClockKind};
 pub use video::{
-    choose_decoder, decoders_status, DecoderChoice, Outcome, Packet, VideoCounts, VideoFeed,
-    VideoReport,
+    choose_decoder, decoders_status, DecoderChoice, Outcome, Packet, Step, VideoCounts, VideoFeed,
+    VideoFrames, VideoReport,
 };
 
 /// The formats our appsink accepts, in order of preference: (media type, GStreamer

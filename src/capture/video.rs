@@ -6,8 +6,9 @@
 //! ```text
 //! subscription (spin thread)         VideoFeed::push(packet)      probe, key frame, gaps,
 //!                                                                  start the pipeline at a key frame
-//! the input's thread (ros/node/)     VideoFeed::take_started     the newest pipeline
-//!                                    CaptureSource::next         decoded frames, in presentation
+//! the input's thread (ros/node/,      VideoFrames::step           the newest pipeline (taken with
+//!   or replay's loop)                                              VideoFeed::take_started), its
+//!                                                                  decoded frames in presentation
 //!                                                                  order, PTS = the packet's stamp
 //! ```
 //!
@@ -39,8 +40,9 @@ use crate::config::VideoDecoder;
 use crate::error::{CaptureError, Error, Result};
 use crate::video::{probe, Codec, Probe};
 
+use super::frame::Frame;
 use super::video_types::SRC_NAME;
-pub use super::video_types::{DecoderChoice, Outcome, Packet, VideoCounts, VideoReport};
+pub use super::video_types::{DecoderChoice, Outcome, Packet, Step, VideoCounts, VideoReport};
 
 /// The largest reorder depth taken for B-frames (H.264 allows 16 frames); a `pts` further
 /// below the highest starts a new count (a publisher started again).
@@ -350,6 +352,16 @@ impl VideoFeed {
         st.report.waiting = true;
     }
 
+    /// No more packets (the end of a bag): the running pipeline is told its stream ended,
+    /// so its decoder hands out the frames it still holds, and its end is not a fault.
+    pub fn finish(&self) {
+        let mut st = self.lock();
+        if let Some(old) = st.running.take() {
+            let _ = old.src.end_of_stream();
+        }
+        st.resync = true;
+    }
+
     /// A frame came out of the decoder.
     pub fn decoded(&self) {
         self.lock().report.counts.frames += 1;
@@ -363,6 +375,70 @@ impl VideoFeed {
     /// A snapshot for `/diagnostics`.
     pub fn report(&self) -> VideoReport {
         self.lock().report.clone()
+    }
+}
+
+/// The decoded frames of a feed's pipelines, in order, for the one thread that takes them
+/// (the node's per video input, `replay`'s): the newest pipeline taken from the feed, a
+/// pipeline replaced by a codec change drained first (its frames until its end of stream,
+/// or until it gives none for one wait), a pipeline's error or end told to the feed
+/// ([`VideoFeed::fault`]). Dropping it stops the pipelines it holds.
+pub struct VideoFrames {
+    feed: Arc<VideoFeed>,
+    current: Option<(CaptureSource, u64)>,
+    next: Option<(CaptureSource, u64)>,
+}
+
+impl VideoFrames {
+    /// The frames of `feed`'s pipelines.
+    pub fn new(feed: Arc<VideoFeed>) -> VideoFrames {
+        VideoFrames { feed, current: None, next: None }
+    }
+
+    /// One step, waiting up to `wait`: a frame (counted out of the decoder), a pipeline
+    /// taken, the running pipeline's fault, or nothing.
+    pub fn step(&mut self, wait: Duration) -> Step<Frame> {
+        if self.next.is_none() {
+            let w = if self.current.is_some() { Duration::ZERO } else { wait };
+            self.next = self.feed.take_started(w);
+        }
+        if self.current.is_none() && self.next.is_some() {
+            self.current = self.next.take();
+            return Step::Started;
+        }
+        let Some((source, generation)) = self.current.as_mut() else { return Step::Idle };
+        let (step, ended) = match source.next(wait) {
+            Ok(Some(frame)) => {
+                self.feed.decoded();
+                (Step::Frame(frame), false)
+            }
+            Ok(None) => (Step::Idle, self.next.is_some()),
+            Err(e) => {
+                let what = e.to_string();
+                let counted = self.feed.fault(*generation, &what);
+                (if counted { Step::Fault(what) } else { Step::Idle }, true)
+            }
+        };
+        if ended {
+            if let Some((s, _)) = self.current.take() {
+                let _ = s.stop();
+            }
+        }
+        step
+    }
+
+    /// No pipeline is held (every one taken has ended) and none was waiting to be taken
+    /// at the last step.
+    pub fn is_idle(&self) -> bool {
+        self.current.is_none() && self.next.is_none()
+    }
+}
+
+impl Drop for VideoFrames {
+    fn drop(&mut self) {
+        for (s, _) in [self.current.take(), self.next.take()].into_iter().flatten() {
+            let _ = s.stop();
+        }
     }
 }
 

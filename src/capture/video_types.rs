@@ -93,6 +93,22 @@ pub enum Outcome {
     Refused(String),
 }
 
+/// What one step of a video input's frames did (`VideoFrames::step`; generic over the
+/// frame, which the build without GStreamer does not have).
+#[derive(Debug)]
+pub enum Step<F> {
+    /// A frame out of the decoder.
+    Frame(F),
+    /// A new decode pipeline was taken (its decoder is in the feed's report).
+    Started,
+    /// The running pipeline failed or ended, with what: counted by the feed, and the
+    /// stream waits for its next key frame.
+    Fault(String),
+    /// Nothing within the wait (or a pipeline retired by a codec change or the end of the
+    /// packets ended).
+    Idle,
+}
+
 /// A video input's counts: every packet received is in exactly one of `decoding`,
 /// `waiting` or `refused`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

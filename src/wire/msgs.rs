@@ -119,6 +119,47 @@ impl<'a> CompressedImage<'a> {
     }
 }
 
+/// A video packet of a bag: `foxglove_msgs/CompressedVideo` or
+/// `ffmpeg_image_transport_msgs/FFMPEGPacket` (whose `width`, `height`, `flags` and
+/// `is_bigendian` are read and not used: the packet's own bytes say what it is), with
+/// `data` borrowed from the bag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VideoPacket<'a> {
+    /// FFMPEGPacket's `header`; CompressedVideo's `timestamp` and `frame_id`.
+    pub header: Header,
+    /// CompressedVideo's `format` (`h264`, ...), FFMPEGPacket's `encoding`
+    /// (`hevc;yuv420p;bgr8;bgr8`, ...).
+    pub format: String,
+    /// FFMPEGPacket's `pts` (`None` for CompressedVideo).
+    pub pts: Option<u64>,
+    /// `data`: the packet.
+    pub data: &'a [u8],
+}
+
+impl<'a> VideoPacket<'a> {
+    /// Decode a CDR `foxglove_msgs/CompressedVideo`.
+    pub fn decode_foxglove(cdr: &'a [u8]) -> Result<Self, CdrError> {
+        let mut r = Reader::new(cdr)?;
+        let (sec, nanosec) = (r.i32("timestamp.sec")?, r.u32("timestamp.nanosec")?);
+        let frame_id = r.string("frame_id")?;
+        let data = r.bytes("data")?;
+        let format = r.string("format")?;
+        Ok(VideoPacket { header: Header { sec, nanosec, frame_id }, format, pts: None, data })
+    }
+
+    /// Decode a CDR `ffmpeg_image_transport_msgs/FFMPEGPacket`.
+    pub fn decode_ffmpeg(cdr: &'a [u8]) -> Result<Self, CdrError> {
+        let mut r = Reader::new(cdr)?;
+        let header = Header::read(&mut r)?;
+        let (_width, _height) = (r.i32("width")?, r.i32("height")?);
+        let format = r.string("encoding")?;
+        let pts = r.u64("pts")?;
+        let (_flags, _big_endian) = (r.u8("flags")?, r.u8("is_bigendian")?);
+        let data = r.bytes("data")?;
+        Ok(VideoPacket { header, format, pts: Some(pts), data })
+    }
+}
+
 /// `sensor_msgs/CameraInfo` (the fields the node and the CLI use are all kept).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct CameraInfo {
@@ -464,6 +505,45 @@ mod tests {
         assert_eq!(old, FrameTiming { decode_us: 0.0, ..t });
         let err = FrameTiming::decode(&cdr[..cdr.len() - 10]).expect_err("truncated");
         assert_eq!(err.field, "dropped_since_last");
+    }
+
+    #[test]
+    fn video_packets_decode_and_truncation_names_the_field() {
+        // foxglove_msgs/CompressedVideo: timestamp, frame_id, data, format.
+        let mut w = Writer::new();
+        w.i32(7);
+        w.u32(9);
+        w.string("cam");
+        w.bytes(&[0, 0, 1, 0x65]);
+        w.string("h264");
+        let cdr = w.finish();
+        let header = Header { sec: 7, nanosec: 9, frame_id: "cam".into() };
+        let fox = VideoPacket::decode_foxglove(&cdr).expect("decodes");
+        let data: &[u8] = &[0, 0, 1, 0x65];
+        assert_eq!(
+            fox,
+            VideoPacket { header: header.clone(), format: "h264".into(), pts: None, data }
+        );
+        assert_eq!(
+            VideoPacket::decode_foxglove(&cdr[..cdr.len() - 3]).unwrap_err().field,
+            "format"
+        );
+        // ffmpeg_image_transport_msgs/FFMPEGPacket: header, width, height, encoding, pts
+        // (8-aligned), flags, is_bigendian, data.
+        let mut w = Writer::new();
+        header.write(&mut w);
+        w.i32(640);
+        w.i32(480);
+        w.string("hevc;yuv420p;bgr8;bgr8");
+        w.u64(1 << 40);
+        w.u8(1);
+        w.u8(0);
+        w.bytes(data);
+        let cdr = w.finish();
+        let ff = VideoPacket::decode_ffmpeg(&cdr).expect("decodes");
+        let format = "hevc;yuv420p;bgr8;bgr8".to_string();
+        assert_eq!(ff, VideoPacket { header, format, pts: Some(1 << 40), data });
+        assert_eq!(VideoPacket::decode_ffmpeg(&cdr[..cdr.len() - 2]).unwrap_err().field, "data");
     }
 
     #[test]

@@ -16,7 +16,9 @@ the decoded frames' equality (outside the colour conversion's clamping).
 
 from __future__ import annotations
 
+import json
 import subprocess
+from pathlib import Path
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
@@ -25,6 +27,7 @@ from foxglove_msgs.msg import CompressedVideo
 from sensor_msgs.msg import CompressedImage
 
 from vptools import oracle
+from vptools.bags import read_outputs
 from vptools.rosharness import NODE_BIN, NodeProcess, Peer, stamp_ns, tensor_array
 from vptools.rosharness import frame_counts as counts
 from vptools.rosharness import status_values as kv
@@ -304,3 +307,44 @@ def test_bags_of_each_kind_played_into_the_node(tmp_path) -> None:
             finally:
                 cam.peer.close()
             assert node.stop() == 0, node.output()[-3000:]
+
+
+def replay_bag(bag: Path, out: Path, config: dict, *extra: str) -> tuple[str, dict]:
+    """`vision_preproc replay` of the bag on the CPU backend: (stdout, the --json summary)."""
+    sets = [a for k, v in config.items() for a in ("--set", f"{k}={v}".replace(" ", ""))]
+    summary = out.parent / f"{out.name}.json"
+    r = subprocess.run([str(CLI), "replay", str(bag), "-o", str(out), "--backend", "cpu", "--json", str(summary),
+                        *sets, *extra], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr + r.stdout
+    return r.stdout, json.loads(summary.read_text())
+
+
+def test_bags_of_each_kind_replayed(tmp_path) -> None:
+    """A bag of each kind (rosbags: foxglove H.264 with B-frames and compressed H.264, each
+    starting mid-stream; ffmpeg H.265 from its start, whose encoder sends its parameter
+    sets only there) replayed by `vision_preproc replay` through the node's decode path:
+    the packets before the first key frame counted waiting for one, then every tensor (one
+    per frame from the key frame on, in presentation order, stamped with its frame's stamp)
+    equal to PyAV's frame. With `video_decoder: jetson` (no nvv4l2decoder here) each key
+    frame is refused by name, the other packets wait, and nothing is written."""
+    streams = {"foxglove": ("h264", 2, 2), "ffmpeg": ("h265", 0, 0), "compressed": ("h264", 0, 3)}
+    for kind, (codec, bframes, start) in streams.items():
+        packets = encode(pan_frames("coffee.png", 160, 120, 12), codec, tmp_path, bframes=bframes, gop=4)
+        assert [p.key for p in packets].count(True) == 3, [p.key for p in packets]
+        frames = decode(packets, codec)
+        bag_topic = write_video_bag(tmp_path / kind, kind, codec, packets[start:])
+        first_key = next(i for i, p in enumerate(packets) if i >= start and p.key)
+        n, waiting = len(packets) - start, first_key - start
+        out, summary = replay_bag(tmp_path / kind, tmp_path / f"{kind}_out", SMALL)
+        v = summary["video"][bag_topic]
+        assert (v["packets"], v["decoded"], v["waiting"], v["refused"]) == (n, n - waiting, waiting, {}), v
+        assert (v["frames"], v["starts"], v["faults"], v["decoder"]) == (n - waiting, 1, 0, f"avdec_{codec}"), v
+        assert f"topic {bag_topic} ({kind})" in out and f"waiting for a key frame {waiting}," in out, out
+        tensors, timings = read_outputs(tmp_path / f"{kind}_out")
+        assert summary["published"] == len(tensors) == len(timings) == n - waiting, (summary, len(tensors))
+        want = oracle_of([f for f in frames if f.stamp >= packets[first_key].stamp])
+        assert check_tensors(tensors, want, SMALL, f"{kind} bag replayed") == sorted(want), kind
+    out, summary = replay_bag(tmp_path / "foxglove", tmp_path / "jetson_out", SMALL, "--set", "video_decoder=jetson")
+    v = summary["video"]["/camera/image_raw/foxglove"]
+    assert (v["waiting"], v["refused"], summary["published"]) == (8, {"no decoder": 2}, 0), v
+    assert "nvv4l2decoder" in v["last_problem"] and "refused 2 (no decoder 2)" in out, (v, out)

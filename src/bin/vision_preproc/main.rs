@@ -22,6 +22,7 @@ mod input;
 mod play;
 mod record;
 mod replay;
+mod replay_video;
 mod run_file;
 
 use anyhow::{Context, Result};

@@ -1,18 +1,21 @@
 //! `vision_preproc replay IN [-o OUT]`: run the pipeline on every image of a bag (raw
-//! `sensor_msgs/Image` or `sensor_msgs/CompressedImage`) and write the tensors and timings
+//! `sensor_msgs/Image` or `sensor_msgs/CompressedImage`, or the frames of a video topic
+//! decoded by the node's decode path: `replay_video.rs`) and write the tensors and timings
 //! to a new rosbag2 MCAP bag.
 
 use crate::input::ConfigArgs;
+use crate::replay_video::{self, Decoded, Read, VideoTopic};
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
-use vision_preproc::bag::{Bag, BagWriter};
+use vision_preproc::bag::{Bag, BagWriter, RawMessage};
 use vision_preproc::compressed::{Compressed, DecodeError, Limits};
-use vision_preproc::config::{BackendChoice, Transport};
+use vision_preproc::config::{BackendChoice, Transport, VideoDecoder};
 use vision_preproc::percentile::nearest_rank;
 use vision_preproc::pipeline::{
     frame_timing, open_backend, set_header, slot_reason, Finished, FrameInput, FrameSet, FrameView,
@@ -32,8 +35,10 @@ pub struct ReplayArgs {
     /// Output bag folder (must not exist). Default: `<input>_tensors`.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// Image topic to process: sensor_msgs/msg/Image, or sensor_msgs/msg/CompressedImage
-    /// (JPEG, PNG: decoded by the backend). Default: the configuration's input with its
+    /// Image topic to process: sensor_msgs/msg/Image, sensor_msgs/msg/CompressedImage
+    /// (JPEG, PNG: decoded by the backend; H.264, H.265: by the video decoder), or a video
+    /// topic (foxglove_msgs/msg/CompressedVideo, ffmpeg_image_transport_msgs/msg/FFMPEGPacket:
+    /// decoded from the first key frame, as in the node; `video_decoder` chooses the decoder). Default: the configuration's input with its
     /// transport (`/<input>`, or `/<input>/compressed`) when the bag has that topic, else
     /// the bag's only image topic of either type. Give it two or more times (or a configuration with 2+ `inputs`, as bag topic
     /// names; an input whose transport is `compressed` is `<input>/compressed`) to batch
@@ -113,7 +118,7 @@ fn write_json(
     path: &std::path::Path,
     tally: &mut Tally,
     (output, backend, topics): (&std::path::Path, &str, &[String]),
-    damage: &[String],
+    (damage, videos): (&[String], &[(&str, &VideoTopic)]),
     wall: f64,
 ) -> Result<()> {
     let stages: serde_json::Map<String, serde_json::Value> = tally
@@ -139,6 +144,10 @@ fn write_json(
         "wall_s": wall,
         "per_s": unit as f64 / wall.max(1e-9),
         "stages_us": stages,
+        "video": videos
+            .iter()
+            .map(|(t, v)| (t.to_string(), replay_video::summary_json(v)))
+            .collect::<serde_json::Map<_, _>>(),
     });
     let text = serde_json::to_string_pretty(&doc).context("writing the summary as JSON")?;
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
@@ -152,16 +161,26 @@ fn output_dir(args: &ReplayArgs) -> PathBuf {
     })
 }
 
-/// A recorded image: its CDR.
-struct Recorded {
-    data: Vec<u8>,
+/// A recorded image: its message's CDR, or a frame decoded from a video topic's packets.
+enum Recorded {
+    Message(Vec<u8>),
+    Decoded { frame: Box<vision_preproc::capture::Frame>, header: Header },
 }
 
 /// An input of the replay: a bag topic and what its messages are.
 struct Input {
     name: String,
-    /// `sensor_msgs/CompressedImage` (else `sensor_msgs/Image`).
+    /// `sensor_msgs/CompressedImage` (else `sensor_msgs/Image` or a video topic).
     compressed: bool,
+    /// The transport its type is: `raw`, `compressed`, `foxglove`, `ffmpeg`.
+    transport: Transport,
+}
+
+impl Input {
+    /// Its messages are (or may be, for a compressed topic) video packets.
+    fn may_be_video(&self) -> bool {
+        self.transport != Transport::Raw
+    }
 }
 
 /// Counts of one replay, for its summary.
@@ -216,6 +235,7 @@ fn replay(
     let compressed: Vec<bool> = inputs.iter().map(|i| i.compressed).collect();
     let cfg = bag_config(cfg, topics)?;
     let batch = cfg.is_batch();
+    let policy = cfg.video_decoder;
     let output = output_dir(args);
     let (backend, _) = open_backend(&cfg, |w| eprintln!("{w}"))?;
     let backend_name = backend.name().to_string();
@@ -262,6 +282,7 @@ fn replay(
     let index = |t: &str| topics.iter().position(|x| x == t);
     let mut last_time = 0i64;
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let mut videos: Vec<Option<VideoTopic>> = inputs.iter().map(|_| None).collect();
     let damage = bag.for_each(&names, |m| {
         let Some(cam) = index(&m.topic) else { return Ok(()) };
         bar.inc(1);
@@ -270,33 +291,95 @@ fn replay(
         for set in deadline_sets(b, now, topics.len()) {
             process(Some(set), &mut out)?;
         }
-        let stamp_ns = vision_preproc::wire::msgs::header_stamp_ns(&m.data).unwrap_or(0);
-        let frame = Frame {
-            stamp_ns,
-            received_ns: now,
-            data: std::sync::Arc::new(Recorded { data: m.data }),
-        };
-        for set in b.push(cam, frame) {
-            process(Some((set, m.log_time)), &mut out)?;
+        for (frame, log_time) in arrivals(m, (&inputs[cam], &mut videos[cam]), policy) {
+            for set in b.push(cam, frame) {
+                process(Some((set, log_time)), &mut out)?;
+            }
         }
         last_time = now;
         Ok(())
     })?;
     bar.finish_and_clear();
-    let pending = end_of_bag(batcher.as_mut(), (settings, last_time), &mut out, &mut process)?;
+    let pending =
+        end_of_bag((batcher.as_mut(), &mut videos), (settings, last_time), &mut out, &mut process)?;
     let counts: Vec<_> =
         batcher.as_ref().map(|b| (0..b.len()).map(|i| b.counts(i)).collect()).unwrap_or_default();
     tally.frames = counts.iter().map(|c| c.received).sum();
     let wall = started.elapsed().as_secs_f64();
     let out_dir = out.finish()?;
-    println!("replay summary: {} -> {}", args.input.display(), out_dir.display());
-    print_counts(&tally, inputs, &backend_name, &counts, pending);
+    let ran = (out_dir.as_path(), backend_name.as_str(), inputs);
+    summarize(args, &mut tally, ran, (&counts, pending), (&damage, &videos), wall)
+}
+
+/// The summary of a replay (of `inputs` into `output` on `backend`): printed, and written
+/// as JSON with `--json`.
+fn summarize(
+    args: &ReplayArgs,
+    tally: &mut Tally,
+    (output, backend, inputs): (&std::path::Path, &str, &[Input]),
+    (counts, pending): (&[vision_preproc::transport::batch_sync::CameraCounts], u64),
+    (damage, videos): (&[String], &[Option<VideoTopic>]),
+    wall: f64,
+) -> Result<()> {
+    println!("replay summary: {} -> {}", args.input.display(), output.display());
+    print_counts(tally, inputs, backend, counts, pending);
+    let videos: Vec<(&str, &VideoTopic)> = inputs
+        .iter()
+        .zip(videos)
+        .filter_map(|(i, v)| Some((i.name.as_str(), v.as_ref()?)))
+        .collect();
+    for (topic, v) in &videos {
+        for line in replay_video::summary_lines(topic, v) {
+            println!("  {line}");
+        }
+    }
+    let batch = inputs.len() >= 2;
     let unit = if batch { ("batches", tally.sets as f64) } else { ("frames", tally.frames as f64) };
-    print_summary_tail(&mut tally, &damage, unit, wall);
+    print_summary_tail(tally, damage, unit, wall);
     if let Some(path) = &args.json {
-        write_json(path, &mut tally, (&out_dir, &backend_name, topics), &damage, wall)?;
+        let topics: Vec<String> = inputs.iter().map(|i| i.name.clone()).collect();
+        write_json(path, tally, (output, backend, &topics), (damage, &videos), wall)?;
     }
     Ok(())
+}
+
+/// The frames message `m` of an input brings: itself, received at its receive time; or
+/// for a video packet (into the input's decode path, started by its first) the frames
+/// its decoder gave since the last one, each received at its own packet's time.
+fn arrivals(
+    m: RawMessage,
+    (input, video): (&Input, &mut Option<VideoTopic>),
+    policy: VideoDecoder,
+) -> Vec<(Frame<Recorded>, u64)> {
+    if input.may_be_video() {
+        match replay_video::read(&m.data, input.transport) {
+            Ok(Read::Packet(p)) => {
+                let v = video.get_or_insert_with(|| VideoTopic::new(policy));
+                return v.push(&p, m.log_time).into_iter().map(decoded_frame).collect();
+            }
+            // A compressed image (JPEG, PNG), or a message that is not one: the compressed
+            // path reads it (and counts why not).
+            Ok(Read::NotVideo) => {}
+            Err(_) if input.compressed => {}
+            Err(e) => {
+                video.get_or_insert_with(|| VideoTopic::new(policy)).not_cdr(e);
+                return Vec::new();
+            }
+        }
+    }
+    let stamp_ns = vision_preproc::wire::msgs::header_stamp_ns(&m.data).unwrap_or(0);
+    let now = i64::try_from(m.log_time).unwrap_or(i64::MAX);
+    let data = Arc::new(Recorded::Message(m.data));
+    vec![(Frame { stamp_ns, received_ns: now, data }, m.log_time)]
+}
+
+/// A frame out of a video topic's decoder, into the frame-set former.
+fn decoded_frame(d: Decoded) -> (Frame<Recorded>, u64) {
+    let h = &d.header;
+    let stamp_ns = i64::from(h.sec) * 1_000_000_000 + i64::from(h.nanosec);
+    let received_ns = i64::try_from(d.received).unwrap_or(i64::MAX);
+    let data = Arc::new(Recorded::Decoded { frame: Box::new(d.frame), header: d.header });
+    (Frame { stamp_ns, received_ns, data }, d.received)
 }
 
 /// The sets formed by the deadlines (a timeout, a camera going stale) that passed before
@@ -319,11 +402,12 @@ fn deadline_sets(
     out
 }
 
-/// The end of the bag: the sets a timeout would still have published (`latest`), then
-/// every set in flight finished; returns the frames still pending.
+/// The end of the bag: the frames each video topic's decoder still held, the sets a
+/// timeout would still have published (`latest`), then every set in flight finished;
+/// returns the frames still pending.
 fn end_of_bag(
-    batcher: Option<&mut Batcher<Recorded>>,
-    (settings, last_time): (BatchSettings, i64),
+    (batcher, videos): (Option<&mut Batcher<Recorded>>, &mut [Option<VideoTopic>]),
+    (settings, mut last_time): (BatchSettings, i64),
     out: &mut BagWriter,
     process: &mut impl FnMut(
         Option<(Batch<Recorded>, u64)>,
@@ -332,6 +416,15 @@ fn end_of_bag(
 ) -> vision_preproc::Result<u64> {
     let mut pending = 0u64;
     if let Some(b) = batcher {
+        for (cam, v) in videos.iter_mut().enumerate() {
+            let last = v.as_mut().map(VideoTopic::finish).unwrap_or_default();
+            for (frame, log_time) in last.into_iter().map(decoded_frame) {
+                last_time = last_time.max(frame.received_ns);
+                for set in b.push(cam, frame) {
+                    process(Some((set, log_time)), out)?;
+                }
+            }
+        }
         let end = last_time.saturating_add(settings.batch_timeout).saturating_add(1);
         if settings.policy == BatchPolicy::Latest {
             for set in b.poll(end) {
@@ -386,7 +479,10 @@ fn print_counts(
 ) {
     let (rejected, skipped) =
         (tally.rejected.values().sum::<u64>(), tally.skipped.values().sum::<u64>());
-    let kind = |i: &Input| if i.compressed { " (compressed)" } else { "" };
+    let kind = |i: &Input| match i.transport {
+        Transport::Raw => String::new(),
+        t => format!(" ({})", t.name()),
+    };
     if inputs.len() >= 2 {
         println!("  {} cameras, backend {backend_name}", inputs.len());
         println!(
@@ -419,6 +515,8 @@ enum Layout {
     Raw { width: u32, height: u32, step: u32, big_endian: bool },
     /// A `sensor_msgs/CompressedImage` payload (its headers read when the set was formed).
     Compressed,
+    /// A frame out of a video topic's decoder.
+    Decoded,
 }
 
 /// One recorded frame of a set, decoded once: its message's fields and where its pixels
@@ -435,8 +533,12 @@ struct DecodedFrame {
 }
 
 impl DecodedFrame {
-    /// The frame, checked again in the bytes of its message `cdr`.
-    fn view<'a>(&'a self, cdr: &'a [u8]) -> Option<FrameView<'a>> {
+    /// The frame, checked again in the bytes of its message (or the decoded frame).
+    fn view<'a>(&'a self, recorded: &'a Recorded) -> Option<FrameView<'a>> {
+        let cdr = match recorded {
+            Recorded::Message(cdr) => cdr,
+            Recorded::Decoded { frame, .. } => return frame.view().map(FrameView::Pixels),
+        };
         let data = cdr.get(self.data.clone())?;
         match self.layout {
             Layout::Raw { width, height, step, big_endian } => {
@@ -447,6 +549,7 @@ impl DecodedFrame {
             Layout::Compressed => Compressed::probe(&self.encoding, data, &Limits::default())
                 .ok()
                 .map(FrameView::Compressed),
+            Layout::Decoded => None,
         }
     }
 }
@@ -534,7 +637,18 @@ impl<'t> RecordedSet<'t> {
                     tally.stale_slots += 1;
                     return None;
                 };
-                read_frame(&frame.data.data, (topics, compressed), i, *repeated, tally)
+                match &*frame.data {
+                    Recorded::Message(cdr) => {
+                        read_frame(cdr, (topics, compressed), i, *repeated, tally)
+                    }
+                    Recorded::Decoded { frame, header } => Some(DecodedFrame {
+                        header: header.clone(),
+                        encoding: frame.encoding().name().to_string(),
+                        layout: Layout::Decoded,
+                        data: 0..0,
+                        repeated: *repeated,
+                    }),
+                }
             })
             .collect();
         RecordedSet { batch, frames, topics, log_time, formed_at }
@@ -550,7 +664,7 @@ impl FrameSet for RecordedSet<'_> {
             .zip(&self.frames)
             .map(|(item, d)| {
                 let (Item::Frame { frame, .. }, Some(d)) = (item, d) else { return None };
-                d.view(&frame.data.data)
+                d.view(&frame.data)
             })
             .collect();
         let empty = Header::default();
@@ -638,8 +752,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     }
     let bag = Bag::open(&args.input)?;
     // Input i as a recording of the node's topics names it: `/<input>`, or
-    // `/<input>/<transport>` for another transport (`compressed`; a video transport's
-    // topic is refused below: replay does not decode video).
+    // `/<input>/<transport>` for another transport (`compressed`, `foxglove`, `ffmpeg`).
     let recorded = |i: usize| {
         let input = cfg.inputs.get(i).map_or("image", String::as_str);
         let t = format!("/{}", input.trim_start_matches('/'));
@@ -667,15 +780,8 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         .into_iter()
         .map(|t| {
             let info = bag.image_topic(Some(&t))?;
-            if info.transport().is_some_and(|t| t.is_video()) {
-                anyhow::bail!(
-                    "{}: a video topic ({}): replay does not decode video; play the bag into \
-                     the node instead (`vision_preproc play`, docs/VIDEO.md)",
-                    info.name,
-                    info.type_name
-                );
-            }
-            Ok(Input { compressed: info.is_compressed_image(), name: info.name })
+            let transport = info.transport().unwrap_or(Transport::Raw);
+            Ok(Input { compressed: info.is_compressed_image(), transport, name: info.name })
         })
         .collect::<Result<Vec<_>>>()?;
     replay(&args, cfg, &bag, &inputs)

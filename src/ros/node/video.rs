@@ -11,7 +11,9 @@
 
 use super::former::Former;
 use super::shared::{lock, Captured, Pixels, RateLimitedLog, Received, Shared};
-use crate::capture::{decoders_status, CaptureSource, Frame, GpuShare, Outcome, Packet, VideoFeed};
+use crate::capture::{
+    decoders_status, Frame, GpuShare, Outcome, Packet, Step, VideoFeed, VideoFrames,
+};
 use crate::compressed::Limits;
 use crate::config::{Config, InputSource, Transport};
 use crate::error::{Error, Result};
@@ -221,55 +223,25 @@ impl Decoding {
         self.stop.load(Ordering::Acquire) || self.shared.is_stopped()
     }
 
-    /// Take the newest pipeline and its frames until the node stops. A pipeline replaced
-    /// (a codec change) is drained first: its frames until its end of stream, or until it
-    /// gives none for [`POLL`].
+    /// Take the feed's frames ([`VideoFrames`]: the newest pipeline, one replaced by a
+    /// codec change drained first) into the former until the node stops; a pipeline's
+    /// start and fault are logged.
     fn run(mut self) {
-        let mut current: Option<(CaptureSource, u64)> = None;
-        let mut next: Option<(CaptureSource, u64)> = None;
+        let mut frames = VideoFrames::new(self.feed.clone());
         while !self.stopping() {
-            if next.is_none() {
-                let wait = if current.is_some() { Duration::ZERO } else { POLL };
-                next = self.feed.take_started(wait);
-            }
-            if current.is_none() && next.is_some() {
-                current = next.take();
-                self.log_start();
-            }
-            let Some((source, generation)) = current.as_mut() else { continue };
-            let ended = match source.next(POLL) {
-                Ok(Some(frame)) => {
-                    self.feed.decoded();
-                    self.deliver(frame);
-                    false
-                }
-                Ok(None) => next.is_some(),
-                Err(e) => {
-                    self.fault(*generation, &e.to_string());
-                    true
-                }
-            };
-            if ended {
-                if let Some((s, _)) = current.take() {
-                    let _ = s.stop();
-                }
-            }
-        }
-        for (s, _) in [current, next].into_iter().flatten() {
-            let _ = s.stop();
-        }
-    }
-
-    /// A pipeline's error or end: a fault of the running one is logged (rate-limited).
-    fn fault(&mut self, generation: u64, what: &str) {
-        if self.feed.fault(generation, what) {
-            self.log.warn(
-                &self.shared.logger,
-                &format!(
-                    "input {}: video decoder: {what}; decoding starts again at the next key frame",
-                    self.index
+            match frames.step(POLL) {
+                Step::Frame(frame) => self.deliver(frame),
+                Step::Started => self.log_start(),
+                Step::Fault(what) => self.log.warn(
+                    &self.shared.logger,
+                    &format!(
+                        "input {}: video decoder: {what}; decoding starts again at the next key \
+                         frame",
+                        self.index
+                    ),
                 ),
-            );
+                Step::Idle => {}
+            }
         }
     }
 
