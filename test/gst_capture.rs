@@ -44,29 +44,12 @@ fn capture_all(description: &str) -> Vec<Frame> {
 
 /// The fault a pipeline ends in, from `start` or a later `next`.
 fn fault_of(description: &str) -> (CaptureError, String) {
-    fault_within(description, WAIT)
-        .unwrap_or_else(|| panic!("`{description}`: no fault within {WAIT:?}"))
-}
-
-/// [`fault_of`] for `rtspsrc`, tried up to 3 times, a second each: GStreamer 1.22's
-/// rtspsrc loses its error now and then (1 start in 10 to 20 here) when its connection
-/// fails while it opens and PLAYING interrupts the open (its log: "the stream was in
-/// error", and no error message; the node's stall restart catches that). A server that
-/// accepts and then closes the connection lost it in most starts: not tested here.
-fn rtsp_fault_of(description: &str) -> (CaptureError, String) {
-    (0..3)
-        .find_map(|_| fault_within(description, Duration::from_secs(1)))
-        .unwrap_or_else(|| panic!("`{description}`: no fault in 3 starts"))
-}
-
-/// The fault `description` names at start or within `wait` of running; `None` if none.
-fn fault_within(description: &str, wait: Duration) -> Option<(CaptureError, String)> {
     let error = match CaptureSource::start(description) {
         Err(e) => e,
         Ok(mut source) => loop {
-            match source.next(wait) {
+            match source.next(WAIT) {
                 Ok(Some(_)) => continue,
-                Ok(None) => return None,
+                Ok(None) => panic!("`{description}`: no fault within {WAIT:?}"),
                 Err(e) => break e,
             }
         },
@@ -75,7 +58,7 @@ fn fault_within(description: &str, wait: Duration) -> Option<(CaptureError, Stri
     match error {
         Error::Capture { description: d, fault } => {
             assert_eq!(d, description);
-            Some((fault, message))
+            (fault, message)
         }
         other => panic!("not a capture error: {other:?}"),
     }
@@ -451,21 +434,38 @@ fn faults_are_named_with_their_fix() {
     let port = closed.local_addr().unwrap().port();
     drop(closed);
     let url = format!("rtsp://127.0.0.1:{port}/x");
-    let (fault, message) =
-        rtsp_fault_of(&format!("rtspsrc location={url} ! rtpjpegdepay ! jpegdec"));
+    let (fault, message) = fault_of(&format!("rtspsrc location={url} ! rtpjpegdepay ! jpegdec"));
     assert!(
         matches!(&fault, CaptureError::Unreachable { element, address, .. }
         if element.starts_with("rtspsrc") && *address == url),
         "{fault:?}"
     );
-    // (`rtspsrc1` where the first start lost its error, rtsp_fault_of)
-    assert!(message.contains(&format!(" cannot reach {url}: ")), "{message}");
+    assert!(message.contains(&format!("element `rtspsrc0` cannot reach {url}: ")), "{message}");
     assert!(
         message.contains("check that the server (a camera, a streaming server) is up"),
         "{message}"
     );
     let alone = format!("gst-launch-1.0 rtspsrc location={url} ! fakesink");
     assert!(message.contains(&format!("`{alone}` tries the source alone")), "{message}");
+    assert!(!message.contains("v4l2-ctl") && !message.contains("device"), "{message}");
+
+    // A server that goes away once connected (its end of the RTSP connection closes, as a
+    // camera's that dies) is the same fault, named with the source alone to try (quoted:
+    // the URL holds `?` and `&`). rtspsrc connects twice (it tries again once); our own
+    // connect ends the server's wait for a second one where it did not.
+    let dying = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = dying.local_addr().unwrap();
+    let dying_url = format!("rtsp://{at}/cam?a=1&b=2");
+    let server = std::thread::spawn(move || dying.incoming().take(2).for_each(drop));
+    let (fault, message) = fault_of(&format!("rtspsrc location={dying_url} ! rtph264depay"));
+    let _ = std::net::TcpStream::connect(at);
+    server.join().unwrap();
+    assert!(
+        matches!(&fault, CaptureError::Unreachable { element, address, alone, .. }
+        if element.starts_with("rtspsrc") && *address == dying_url
+            && *alone == format!("gst-launch-1.0 rtspsrc location='{dying_url}' ! fakesink")),
+        "{fault:?}"
+    );
     assert!(!message.contains("v4l2-ctl") && !message.contains("device"), "{message}");
 
     let (fault, message) = fault_of(&format!("tcpclientsrc host=127.0.0.1 port={port} ! jpegdec"));

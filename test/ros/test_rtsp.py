@@ -53,14 +53,11 @@ RATE_REL = 0.2
 #: A live stamp (the frame's capture time on the node's clock) is older than the tensor
 #: that carries it when it arrives here, by at most this much (median), seconds.
 STAMP_AGE_S = 0.25
-#: From the server listening again to the first tensor of its stream, seconds. The node
-#: restarts the pipeline after a backoff (0.1 s, doubled after each failed start: the
-#: server is down for under a second here) and the RTSP session reaches its first key
-#: frame within 0.1 to 1.6 s; but in about half the runs here one start, made while the
-#: server process comes up, neither fails nor delivers (rtspsrc: no error, no frame): it is
-#: taken for started after START_TIMEOUT (5 s, src/capture/source.rs) and restarted as a
-#: stall after STALL_MIN (5 s, src/ros/node/camera.rs): 8.3 to 9.8 s measured.
-RECOVERY_S = 14.0
+#: From the server listening again to the first tensor of its stream, seconds: the node's
+#: wait before its next start (0.1 s, doubled after each failed one, at most BACKOFF_MAX,
+#: 5 s, src/ros/node/camera.rs) and the RTSP session to the first key frame (0.1 s here).
+#: (Measured 0.13 to 0.36 s: the server is down for about a second here.)
+RECOVERY_S = 6.0
 SERVER = ROOT / "python" / "vptools" / "rtsp_camera.py"
 
 
