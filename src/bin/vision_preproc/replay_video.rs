@@ -20,6 +20,15 @@ use vision_preproc::wire::msgs::{CompressedImage, Header, VideoPacket};
 /// How long the end of a replay waits for a decoder's last frames (after its end of
 /// stream) before it says what is left in it.
 const END_WAIT: Duration = Duration::from_secs(10);
+/// How many packets a topic's decoder may hold beyond the frames taken out of it before
+/// the replay waits for its frames: the bag is read far faster than it decodes, and the
+/// frames that pile up meanwhile (3 MB each at 1080p) are memory; B-frames' reorder depth
+/// and the decoder's frame threads hold a few packets each.
+const MAX_AHEAD: u64 = 8;
+/// How long one wait for a frame lasts: a decoder that gives none in this time holds more
+/// than [`MAX_AHEAD`] packets (a deeper reorder, more threads) or dropped some (a frame
+/// libav knows to be corrupt), and the replay stops waiting for those.
+const PACE_WAIT: Duration = Duration::from_millis(500);
 
 /// A frame out of a topic's decoder.
 pub struct Decoded {
@@ -75,6 +84,9 @@ pub struct VideoTopic {
     first_undecodable: Option<String>,
     /// Frames the decoder still held when the replay ended ([`END_WAIT`]).
     pub left_in_decoder: bool,
+    /// Packets the decoder holds or dropped that the replay no longer waits for
+    /// ([`PACE_WAIT`]).
+    unwaited: u64,
 }
 
 impl VideoTopic {
@@ -89,6 +101,7 @@ impl VideoTopic {
             undecodable: 0,
             first_undecodable: None,
             left_in_decoder: false,
+            unwaited: 0,
         }
     }
 
@@ -99,7 +112,8 @@ impl VideoTopic {
     }
 
     /// Push `packet` (received at `log_time`) into the feed, and take the frames the
-    /// decoder has given so far.
+    /// decoder has given so far, waiting for them while it holds more than [`MAX_AHEAD`]
+    /// packets (the memory of a long bag stays that of a few frames).
     pub fn push(&mut self, packet: &VideoPacket<'_>, log_time: u64) -> Vec<Decoded> {
         let h = &packet.header;
         let stamp_ns =
@@ -115,7 +129,28 @@ impl VideoTopic {
         if self.feed.push(&p) == vision_preproc::capture::Outcome::Decoding {
             self.times.insert(stamp_ns, log_time);
         }
-        self.take(Duration::ZERO, None)
+        let mut out = self.take(Duration::ZERO, None);
+        self.pace(&mut out);
+        out
+    }
+
+    /// Take frames, waiting, while the decoder holds more than [`MAX_AHEAD`] packets.
+    fn pace(&mut self, out: &mut Vec<Decoded>) {
+        loop {
+            let c = self.feed.report().counts;
+            let ahead = c.decoding.saturating_sub(c.frames + self.unwaited);
+            if ahead <= MAX_AHEAD {
+                return;
+            }
+            match self.frames.step(PACE_WAIT) {
+                Step::Frame(frame) => self.decoded(frame, out),
+                Step::Started | Step::Fault(_) => {}
+                Step::Idle => {
+                    self.unwaited += ahead - MAX_AHEAD;
+                    return;
+                }
+            }
+        }
     }
 
     /// The end of the bag: the running decoder told its stream ended, and every frame it
