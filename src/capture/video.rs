@@ -226,12 +226,8 @@ impl VideoFeed {
         }
         sequence_gap(&mut st, packet.sequence);
         if st.running.as_ref().is_some_and(|r| r.codec != codec) {
-            // A new codec: its own pipeline from its first key frame. The old one is told
-            // its stream ended, so its decoder hands out the frames it still holds.
-            if let Some(old) = st.running.take() {
-                let _ = old.src.end_of_stream();
-            }
-            st.resync = true;
+            // A new codec: its own pipeline from its first key frame.
+            end_stream(&mut st);
         }
         let needs_sets = matches!(codec, Codec::H264 | Codec::H265);
         if !probe.parameter_sets.is_empty() {
@@ -355,11 +351,7 @@ impl VideoFeed {
     /// No more packets (the end of a bag): the running pipeline is told its stream ended,
     /// so its decoder hands out the frames it still holds, and its end is not a fault.
     pub fn finish(&self) {
-        let mut st = self.lock();
-        if let Some(old) = st.running.take() {
-            let _ = old.src.end_of_stream();
-        }
-        st.resync = true;
+        end_stream(&mut self.lock());
     }
 
     /// A frame came out of the decoder.
@@ -440,6 +432,15 @@ impl Drop for VideoFrames {
             let _ = s.stop();
         }
     }
+}
+
+/// The running pipeline is told its stream ended, so its decoder hands out the frames it
+/// still holds (its end is then no fault); the next packets wait for a key frame.
+fn end_stream(st: &mut State) {
+    if let Some(old) = st.running.take() {
+        let _ = old.src.end_of_stream();
+    }
+    st.resync = true;
 }
 
 /// Refuse a packet: counted by `kind`, and the stream waits for a key frame.
