@@ -130,6 +130,15 @@ impl CpuBackend {
     }
 }
 
+/// Name the threads of rayon's global pool, the CPU backend's workers: `cpu-worker-N` in
+/// `top -H`, gdb and `/proc/<pid>/task` (unnamed, they would carry the process's name, as
+/// the ROS libraries' helper threads do). Their number is rayon's (`RAYON_NUM_THREADS`,
+/// else one per CPU). Call before the pool's first use; once it has started, nothing.
+pub fn name_worker_threads() {
+    let _ =
+        rayon::ThreadPoolBuilder::new().thread_name(|i| format!("cpu-worker-{i}")).build_global();
+}
+
 /// Store f32 values as little-endian bytes of `dtype` into `out` (`src.len()` elements
 /// of `dtype`; a shorter `out` stores fewer).
 pub fn store(src: &[f32], dtype: DType, out: &mut [u8]) {

@@ -168,6 +168,7 @@ struct Base {
 /// Listen for signals, read the parameters, set up DDS and create the node with its
 /// `/rosout` and clock.
 fn create_node() -> Result<(Base, r2r::Node)> {
+    crate::backend::cpu::name_worker_threads();
     // Listen for SIGINT/SIGTERM before anything else: a signal during start-up then
     // ends the node as a later one does (it used to kill it, or be lost).
     let rt = tokio::runtime::Builder::new_multi_thread()
