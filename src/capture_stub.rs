@@ -220,6 +220,11 @@ impl VideoFeed {
     /// Never called: no frame is decoded.
     pub fn decoded(&self) {}
 
+    /// Nothing in a decoder: no packet is decoded.
+    pub fn in_decoder(&self) -> u64 {
+        0
+    }
+
     /// No frame_id: no frame is decoded.
     pub fn frame_id(&self) -> String {
         String::new()

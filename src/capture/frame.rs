@@ -56,15 +56,15 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// A frame over `bytes`, checked once here as an [`ImageView`] (so `view` is).
-    fn new(
+    /// A frame over `bytes` (system or device memory), unchecked: nothing lent, no PTS.
+    fn unchecked(
         bytes: Bytes,
         (width, height, step): (u32, u32, u32),
         (encoding, big_endian): (Encoding, bool),
         capture_time: Option<CaptureTime>,
         sequence: u64,
-    ) -> std::result::Result<Frame, CaptureError> {
-        let frame = Frame {
+    ) -> Frame {
+        Frame {
             bytes,
             width,
             height,
@@ -76,8 +76,20 @@ impl Frame {
             sequence,
             lent: None,
             device: None,
-        };
-        ImageView::with_encoding(width, height, step, encoding, big_endian, frame.data())
+        }
+    }
+
+    /// A frame over `bytes`, checked once here as an [`ImageView`] (so `view` is).
+    fn new(
+        bytes: Bytes,
+        geometry: (u32, u32, u32),
+        format: (Encoding, bool),
+        capture_time: Option<CaptureTime>,
+        sequence: u64,
+    ) -> std::result::Result<Frame, CaptureError> {
+        let frame = Frame::unchecked(bytes, geometry, format, capture_time, sequence);
+        let f = &frame;
+        ImageView::with_encoding(f.width, f.height, f.step, f.encoding, f.big_endian, f.data())
             .map_err(|e| CaptureError::Frame { message: e.to_string() })?;
         Ok(frame)
     }
@@ -198,19 +210,15 @@ impl Frame {
         };
         DeviceView::new(width, height, step, encoding, &memory)
             .map_err(|e| CaptureError::Frame { message: e.to_string() })?;
-        Ok(Frame {
-            bytes: Bytes::Device { _mapping: mapped },
-            width,
-            height,
-            step,
-            encoding,
-            big_endian,
+        let bytes = Bytes::Device { _mapping: mapped };
+        let frame = Frame::unchecked(
+            bytes,
+            (width, height, step),
+            (encoding, big_endian),
             capture_time,
-            pts_ns,
             sequence,
-            lent: None,
-            device: Some(memory),
-        })
+        );
+        Ok(Frame { pts_ns, device: Some(memory), ..frame })
     }
 
     fn data(&self) -> &[u8] {

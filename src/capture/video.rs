@@ -364,6 +364,13 @@ impl VideoFeed {
         self.lock().frame_id.clone()
     }
 
+    /// Packets pushed into the decoder and not out as frames yet (held for reordering,
+    /// being decoded, or dropped by the decoder).
+    pub fn in_decoder(&self) -> u64 {
+        let c = &self.lock().report.counts;
+        c.decoding.saturating_sub(c.frames)
+    }
+
     /// A snapshot for `/diagnostics`.
     pub fn report(&self) -> VideoReport {
         self.lock().report.clone()

@@ -133,7 +133,8 @@ impl CpuBackend {
 /// Name the threads of rayon's global pool, the CPU backend's workers: `cpu-worker-N` in
 /// `top -H`, gdb and `/proc/<pid>/task` (unnamed, they would carry the process's name, as
 /// the ROS libraries' helper threads do). Their number is rayon's (`RAYON_NUM_THREADS`,
-/// else one per CPU). Call before the pool's first use; once it has started, nothing.
+/// else one per CPU). The nodes call it first thing (the CLI does not: `bench-cpu --threads`
+/// sizes the pool itself). Once the pool has started, it does nothing.
 pub fn name_worker_threads() {
     let _ =
         rayon::ThreadPoolBuilder::new().thread_name(|i| format!("cpu-worker-{i}")).build_global();

@@ -98,7 +98,6 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    vision_preproc::backend::cpu::name_worker_threads();
     // Errors as one clear message (the chain of causes), exit code 1; never a backtrace.
     match run(Cli::parse()) {
         Ok(code) => code,

@@ -137,8 +137,7 @@ impl VideoTopic {
     /// Take frames, waiting, while the decoder holds more than [`MAX_AHEAD`] packets.
     fn pace(&mut self, out: &mut Vec<Decoded>) {
         loop {
-            let c = self.feed.report().counts;
-            let ahead = c.decoding.saturating_sub(c.frames + self.unwaited);
+            let ahead = self.feed.in_decoder().saturating_sub(self.unwaited);
             if ahead <= MAX_AHEAD {
                 return;
             }
