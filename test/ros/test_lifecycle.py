@@ -118,7 +118,9 @@ def wait_no_thread_added(peer: Driver, pid: int, before: list[str]) -> None:
     """Until the process has no thread beyond `before` and the CPU workers (10 s): a
     pipeline's streaming threads go back to GLib's shared pool, the node stops the idle
     ones, and one returned a moment later leaves within GLib's idle time (the node lowers
-    it to 1 s). On failure, the stacks of all threads."""
+    it to 1 s); a thread just started carries its parent's name until it names itself
+    (the idle node's `spin` thread, started again as a transition ends: under CI's load
+    this once read as a third unnamed CPU worker). On failure, the stacks of all threads."""
     left: list[str] = []
 
     def none_left() -> bool:
