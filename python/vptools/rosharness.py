@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -78,9 +79,16 @@ class Camera:
         return int(out.split("play: ")[1].split(" images")[0])
 
     def stop(self) -> None:
+        """SIGINT, as `ros2 launch` stops a process (rclpy then removes its Fast DDS
+        shared-memory files); SIGKILL after 5 s. A SIGKILLed camera leaves its files in
+        /dev/shm (docs/RELIABILITY.md, *Shutdown*)."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
 
 
 def frame_msg(frame, stamp_ns: int, frame_id: str) -> Image:
