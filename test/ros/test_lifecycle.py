@@ -89,8 +89,14 @@ def states(peer: Driver, node: str) -> list[tuple]:
 
 
 def threads(pid: int) -> list[str]:
-    """The names of the process's threads."""
-    return sorted(Path(f"/proc/{pid}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{pid}/task"))
+    """The names of the process's threads (one that ends while they are read is left out)."""
+    names = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            names.append(Path(f"/proc/{pid}/task/{t}/comm").read_text().strip())
+        except FileNotFoundError:
+            pass
+    return sorted(names)
 
 
 def threads_added(pid: int, before: list[str]) -> list[str]:
