@@ -101,8 +101,8 @@ def threads(pid: int) -> list[str]:
 
 def threads_added(pid: int, before: list[str]) -> list[str]:
     """The threads the process has now that it had not in `before` (names, as a multiset),
-    without rayon's global pool: the CPU backend's workers (`cpu-worker-N`), process-wide,
-    started at its first use and kept, at most one per CPU."""
+    without rayon's global pool: the CPU backend's workers (`cpu-worker-N`, process-wide, at
+    most one per CPU; the node starts them with itself, so they are normally in `before`)."""
     added = list((Counter(threads(pid)) - Counter(before)).elements())
     workers = [t for t in added if t.startswith("cpu-worker-")]
     assert len(workers) <= (os.cpu_count() or 1), added
@@ -125,8 +125,9 @@ def wait_no_thread_added(peer: Driver, pid: int, before: list[str]) -> None:
     pipeline's streaming threads go back to GLib's shared pool, the node stops the idle
     ones, and one returned a moment later leaves within GLib's idle time (the node lowers
     it to 1 s); a thread just started carries its parent's name until it names itself
-    (the idle node's `spin` thread, started again as a transition ends: under CI's load
-    this once read as a third unnamed CPU worker). On failure, the stacks of all threads."""
+    (the idle node's `spin` thread, started again as a transition ends: most likely the
+    third "CPU worker" of a CI run when the workers were unnamed and counted). On failure,
+    the stacks of all threads."""
     left: list[str] = []
 
     def none_left() -> bool:

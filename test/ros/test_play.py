@@ -21,11 +21,11 @@ CLI = ROOT / "target" / "release" / "vision_preproc"
 def play_until_every_stamp(peer: Peer, bag: Path, ns: str, stamps: list[int]) -> str:
     """`play --loop` the bag into the node in `ns` until the peer has a tensor of every
     stamp, then stop it with SIGINT; its summary. Looped, not played once: a frame
-    published before the node's subscription has matched play's publisher, or while a
-    loaded machine holds the node back, is lost (best effort, as a camera's), and what is
-    asserted here is the tensors' bytes, not DDS's discovery (CI's run of a single pass
-    once missed a frame). The loop repeats the recorded stamps, so a stamp's tensor is
-    the same frame's in every pass."""
+    published before the node's subscription has matched play's publisher is lost (best
+    effort, as a camera's), one that comes while a loaded machine holds the node back is
+    dropped (and counted), and what is asserted here is the tensors' bytes (CI's run of a
+    single pass once missed a frame). The loop repeats the recorded stamps, so a stamp's
+    tensor is the same frame's in every pass."""
     p = subprocess.Popen([str(CLI), "play", str(bag), "--loop", "--image-topic", f"{ns}/image",
                           "--camera-info-topic", f"{ns}/camera_info", "--wait-subscribers", "1"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
