@@ -111,8 +111,7 @@ fn count_tensor(stats: &mut RecordStats, msg: &[u8], t: u64, batch: bool) {
     if batch {
         if let Ok(b) = crate::wire::msgs::TensorBatch::decode(msg) {
             for it in b.items.iter().filter(|i| i.valid && !i.repeated) {
-                let h = &it.header;
-                stats.e2e_ms.push(ms(i64::from(h.sec) * 1_000_000_000 + i64::from(h.nanosec)));
+                stats.e2e_ms.push(ms(it.header.stamp_ns()));
             }
         }
     } else if let Ok(stamp) = crate::wire::msgs::header_stamp_ns(msg) {

@@ -16,6 +16,11 @@ pub struct Header {
 }
 
 impl Header {
+    /// The stamp in ns since the epoch (negative before it).
+    pub fn stamp_ns(&self) -> i64 {
+        i64::from(self.sec) * 1_000_000_000 + i64::from(self.nanosec)
+    }
+
     fn read(r: &mut Reader<'_>) -> Result<Self, CdrError> {
         Ok(Header {
             sec: r.i32("header.stamp.sec")?,
@@ -346,8 +351,7 @@ impl<'a> TensorBatch<'a> {
 /// `std_msgs/Header` (Image, Tensor, FrameTiming, ...), without decoding the rest.
 pub fn header_stamp_ns(cdr: &[u8]) -> Result<i64, CdrError> {
     let mut r = Reader::new(cdr)?;
-    let h = Header::read(&mut r)?;
-    Ok(i64::from(h.sec) * 1_000_000_000 + i64::from(h.nanosec))
+    Ok(Header::read(&mut r)?.stamp_ns())
 }
 
 /// `vision_preproc_msgs/FrameTiming`.

@@ -375,8 +375,7 @@ fn arrivals(
 
 /// A frame out of a video topic's decoder, into the frame-set former.
 fn decoded_frame(d: Decoded) -> (Frame<Recorded>, u64) {
-    let h = &d.header;
-    let stamp_ns = i64::from(h.sec) * 1_000_000_000 + i64::from(h.nanosec);
+    let stamp_ns = d.header.stamp_ns();
     let received_ns = i64::try_from(d.received).unwrap_or(i64::MAX);
     let data = Arc::new(Recorded::Decoded { frame: Box::new(d.frame), header: d.header });
     (Frame { stamp_ns, received_ns, data }, d.received)

@@ -116,8 +116,7 @@ impl VideoTopic {
     /// packets (the memory of a long bag stays that of a few frames).
     pub fn push(&mut self, packet: &VideoPacket<'_>, log_time: u64) -> Vec<Decoded> {
         let h = &packet.header;
-        let stamp_ns =
-            u64::try_from(i64::from(h.sec) * 1_000_000_000 + i64::from(h.nanosec)).unwrap_or(0);
+        let stamp_ns = u64::try_from(h.stamp_ns()).unwrap_or(0);
         let p = Packet {
             format: &packet.format,
             codec: Codec::from_format(&packet.format),

@@ -186,7 +186,7 @@ impl Received {
             Pixels::Compressed(m) => (m.header(), m.format().to_string()),
             Pixels::Captured(c) => (c.header.clone(), c.frame.encoding().name().to_string()),
         };
-        let stamp_ns = i64::from(header.sec) * 1_000_000_000 + i64::from(header.nanosec);
+        let stamp_ns = header.stamp_ns();
         Received { image, header, stamp_ns, encoding, at }
     }
 }
