@@ -297,11 +297,9 @@ def decoder(ns: str, seconds: float) -> None:
 
 def cpu_s(pid: int) -> float:
     """CPU time (user + system) of `pid` so far, in seconds (NaN once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return float("nan")
+    from vptools.procs import cpu_s as cpu
+    s = cpu(pid)
+    return float("nan") if s is None else s
 
 
 def make_video_bag(path: Path, w: int, h: int, rate: float) -> Path:

@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 
 from vptools.fastdds import profile_var, with_profile
+from vptools.procs import cpu_s
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.randint(150, 230)))
@@ -101,10 +102,10 @@ def bag_for(w: int, h: int, cache: Path) -> Path:
 def proc_sample(pid: int) -> tuple[float, dict] | None:
     """(utime + stime in seconds, {VmRSS, RssAnon, RssFile, RssShmem, Pss, Pss_Anon, Pss_Shmem}
     in MB) of a process."""
+    cpu = cpu_s(pid)
+    if cpu is None:
+        return None
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        cpu = (int(stat[11]) + int(stat[12])) / ticks
         rss = {}
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             key = line.split(":")[0]

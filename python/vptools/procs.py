@@ -77,6 +77,15 @@ class NodeProcess:
             self.stop()
 
 
+def cpu_s(pid: int) -> float | None:
+    """The process's CPU time so far (user + system), s; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def rss_mb(pid: int) -> dict | None:
     """VmRSS and its parts (RssAnon: heap; RssShmem: shared memory, e.g. the Fast DDS
     segments, counted as their pages are touched), MB."""
